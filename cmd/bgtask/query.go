@@ -1,0 +1,248 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/engine/api"
+)
+
+func listCmd(g *globals) *cobra.Command {
+	var (
+		q      engine.ListQuery
+		state  string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List tasks, newest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			q.Phase = engine.Phase(state)
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := requestContext(cmd.Context())
+			defer cancel()
+			reply, err := c.api.List(ctx, q)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(g.stdout, reply.Tasks)
+			}
+			return printTaskTable(g.stdout, reply)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&state, "state", "", "only tasks in this state: armed, running, ended, persisted, fired, cancelled")
+	f.IntVar(&q.Limit, "limit", 100, "at most this many tasks (0: all)")
+	f.BoolVar(&asJSON, "json", false, "print a JSON array of tasks")
+	return cmd
+}
+
+func printTaskTable(w io.Writer, reply api.ListReply) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tSTATUS\tEXIT\tAGE\tCOMMAND")
+	for _, t := range reply.Tasks {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Phase, dash(t.Status), exitString(t.ExitCode),
+			age(t.ArmedAt), oneLine(t.Command, 60))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if reply.Total > len(reply.Tasks) {
+		_, err := fmt.Fprintf(w, "(%d of %d tasks; --limit 0 shows all)\n", len(reply.Tasks), reply.Total)
+		return err
+	}
+	return nil
+}
+
+func showCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "show ID",
+		Short: "Show a task's current state",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := requestContext(cmd.Context())
+			defer cancel()
+			t, err := c.api.Get(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(g.stdout, t)
+			}
+			return printTask(g.stdout, t)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the task as JSON")
+	return cmd
+}
+
+func printTask(w io.Writer, t api.TaskView) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(tw, "%s:\t%s\n", k, v)
+		}
+	}
+	row("id", t.ID)
+	row("state", string(t.Phase))
+	row("status", t.Status)
+	row("command", t.Command)
+	row("cwd", t.Spec.Cwd)
+	row("kind", t.Spec.Kind)
+	row("target", t.Spec.Target)
+	row("armed", stamp(&t.ArmedAt))
+	if t.Worker != "" {
+		row("worker", t.Worker+" on "+t.Host)
+	}
+	if t.PID != 0 {
+		row("pid", fmt.Sprint(t.PID))
+	}
+	row("started", stamp(t.SpawnedAt))
+	row("last tick", stamp(t.LastTickAt))
+	row("ended", stamp(t.EndedAt))
+	if t.ExitCode != nil {
+		exit := fmt.Sprint(*t.ExitCode)
+		if t.Run.Signal != "" {
+			exit += " (signal " + t.Run.Signal + ")"
+		}
+		row("exit code", exit)
+	}
+	row("reason", t.Reason)
+	row("fired", stamp(t.FiredAt))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if t.Run != nil && len(t.Run.Tail) > 0 {
+		fmt.Fprintf(w, "\noutput (last %d lines):\n", len(t.Run.Tail))
+		for _, line := range t.Run.Tail {
+			fmt.Fprintln(w, "  "+line)
+		}
+	}
+	return nil
+}
+
+func historyCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "history ID",
+		Short: "Print a task's events in order",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := requestContext(cmd.Context())
+			defer cancel()
+			h, err := c.api.History(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(g.stdout, h.Events)
+			}
+			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "SEQ\tTIME\tTYPE\tWRITER\tEPOCH\tPAYLOAD")
+			for _, e := range h.Events {
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\n", e.Seq, e.Time.Local().Format("15:04:05.000"), e.Type, e.Writer, e.Epoch, oneLine(string(e.Payload), 80))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of events, each with type, seq and time")
+	return cmd
+}
+
+func cancelCmd(g *globals) *cobra.Command {
+	var (
+		reason string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "cancel ID",
+		Short: "Cancel a task: stop its process group (TERM, then KILL); nothing is delivered",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := requestContext(cmd.Context())
+			defer cancel()
+			t, err := c.api.Cancel(ctx, args[0], reason)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(g.stdout, t)
+			}
+			_, err = fmt.Fprintf(g.stdout, "cancelled %s\n", t.ID)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why, kept in the task's history")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the cancelled task as JSON")
+	return cmd
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func exitString(code *int) string {
+	if code == nil {
+		return "-"
+	}
+	return fmt.Sprint(*code)
+}
+
+func age(t time.Time) string {
+	d := time.Since(t)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+func stamp(t *time.Time) string {
+	if t == nil || t.IsZero() {
+		return ""
+	}
+	return t.Local().Format("2006-01-02 15:04:05.000")
+}
+
+func oneLine(s string, max int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > max {
+		return s[:max-1] + "…"
+	}
+	return s
+}

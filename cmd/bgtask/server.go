@@ -1,0 +1,299 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/engine/api"
+	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/projections"
+)
+
+type serverOptions struct {
+	listen   string
+	noWorker bool
+	worker   workerOptions
+	logLevel string
+}
+
+func serverCmd(g *globals) *cobra.Command {
+	var o serverOptions
+	cmd := &cobra.Command{
+		Use:   "server",
+		Short: "Run bgtask all-in-one: embedded NATS JetStream, engine, projector and a worker",
+		Long: `Run bgtask all-in-one on this machine: an embedded NATS server with JetStream
+(file storage in the home directory), the engine that serves the API on
+bgtask.register and friends, the dispatcher that delivers wake-ups, the projector
+that rebuilds state from the stream, and a worker.
+
+The server listens on loopback only and requires the credentials it generates
+into the home directory (credentials.json, mode 0600). It writes server.json there
+so that every client command finds it through --home or $BGTASK_HOME. Only one
+server runs per home. SIGINT or SIGTERM stops it cleanly.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runServer(cmd.Context(), g, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.listen, "listen", "127.0.0.1:0", "loopback HOST:PORT for NATS clients; port 0 reuses the last port if free, else picks one")
+	f.BoolVar(&o.noWorker, "no-worker", false, "run no worker in the server (tasks wait for 'bgtask worker' processes)")
+	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	o.worker.register(f)
+	return cmd
+}
+
+func newLogger(w interface{ Write([]byte) (int, error) }, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, &exitError{code: exitUsage, err: fmt.Errorf("--log-level: %w", err)}
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+func runServer(ctx context.Context, g *globals, o serverOptions) error {
+	logger, err := newLogger(g.stderr, o.logLevel)
+	if err != nil {
+		return err
+	}
+	home, err := homeDir(g.home)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		return fmt.Errorf("create home: %w", err)
+	}
+	lock, err := lockHome(home)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	creds, err := loadOrCreateCredentials(home)
+	if err != nil {
+		return fmt.Errorf("credentials: %w", err)
+	}
+	host, port, err := listenAddress(o.listen, home)
+	if err != nil {
+		return &exitError{code: exitUsage, err: err}
+	}
+	ns, err := startNATS(home, host, port, creds, logger)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	}()
+	nc, err := connectInProcess(ns, creds, "bgtask-engine")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+
+	base := engine.Base{Logger: logger}
+	node, err := startNode(ctx, nc, base, "engine@"+hostName())
+	if err != nil {
+		return err
+	}
+	defer node.stop()
+	if !o.noWorker {
+		w, err := startWorker(ctx, ns, creds, o.worker, base)
+		if err != nil {
+			return err
+		}
+		defer w.Stop() // runs before node.stop: the exits it records are dispatched on the next start at the latest
+	}
+	if err := writeDiscovery(home, discovery{URL: ns.ClientURL(), PID: os.Getpid(), Version: version()}); err != nil {
+		return fmt.Errorf("write discovery file: %w", err)
+	}
+	defer os.Remove(filepath.Join(home, discoveryFile))
+	logger.Info("bgtask server ready", "home", home, "url", ns.ClientURL())
+	<-ctx.Done()
+	logger.Info("bgtask server stopping")
+	return nil
+}
+
+// node is the engine side of a deployment: projector, dispatcher and API.
+type node struct {
+	projector  *projections.Projector
+	dispatcher *engine.Dispatcher
+	api        *api.Server
+}
+
+func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer string) (*node, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	store, err := events.OpenStore(ctx, js, events.StreamConfig{})
+	if err != nil {
+		return nil, err
+	}
+	inbox, err := events.OpenInbox(ctx, js, events.InboxConfig{})
+	if err != nil {
+		return nil, err
+	}
+	n := &node{}
+	var dispatcher *engine.Dispatcher
+	n.projector = projections.New(store, func(s engine.State) { dispatcher.Notify(s) }, base)
+	dispatcher = engine.NewDispatcher(store, inbox, n.projector, writer, 4, base)
+	n.dispatcher = dispatcher
+	if err := n.projector.Start(ctx); err != nil {
+		return nil, err
+	}
+	if err := dispatcher.Start(ctx); err != nil {
+		n.projector.Stop()
+		return nil, err
+	}
+	all, _ := n.projector.List(engine.ListQuery{})
+	dispatcher.Recover(all)
+	n.api, err = api.Serve(nc, engine.NewService(store, writer, base), n.projector, store, version(), base)
+	if err != nil {
+		dispatcher.Stop()
+		n.projector.Stop()
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *node) stop() {
+	_ = n.api.Stop()
+	n.dispatcher.Stop()
+	n.projector.Stop()
+}
+
+// startWorker runs the server's own worker on a connection of its own, as a worker
+// on another host would.
+func startWorker(ctx context.Context, ns *server.Server, creds credentials, o workerOptions, base engine.Base) (*workerHandle, error) {
+	nc, err := connectInProcess(ns, creds, "bgtask-worker")
+	if err != nil {
+		return nil, err
+	}
+	w, err := newWorker(ctx, nc, o, base)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+// connectInProcess connects a component of the server to the embedded NATS server
+// without going through the network.
+func connectInProcess(ns *server.Server, creds credentials, name string) (*nats.Conn, error) {
+	auth, err := creds.natsOption()
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect("", nats.InProcessServer(ns), auth, nats.Name(name))
+	if err != nil {
+		return nil, fmt.Errorf("connect to the embedded server: %w", err)
+	}
+	return nc, nil
+}
+
+// listenAddress parses --listen. Only loopback addresses are accepted: registering a
+// task is running a command. Port 0 prefers the port of the previous run, so workers
+// and clients that reconnect find the server where it was.
+func listenAddress(listen, home string) (string, int, error) {
+	host, portStr, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", 0, fmt.Errorf("--listen %q: want HOST:PORT: %w", listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("--listen %q: bad port", listen)
+	}
+	if host == "localhost" {
+		host = "127.0.0.1"
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() {
+		return "", 0, fmt.Errorf("--listen %q: the embedded server listens on loopback only (127.0.0.1, ::1); use an external NATS cluster for other hosts", listen)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+		if d, err := readDiscovery(home); err == nil {
+			if prev := previousPort(d.URL, host); prev > 0 {
+				port = prev
+			}
+		}
+	}
+	return host, port, nil
+}
+
+// previousPort returns the port of a previous server URL if it is free on host now,
+// else 0.
+func previousPort(previous, host string) int {
+	u, err := url.Parse(previous)
+	if err != nil {
+		return 0
+	}
+	port, err := strconv.Atoi(u.Port())
+	if err != nil || port == 0 {
+		return 0
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(host, u.Port()))
+	if err != nil {
+		return 0
+	}
+	l.Close()
+	return port
+}
+
+func startNATS(home, host string, port int, creds credentials, logger *slog.Logger) (*server.Server, error) {
+	pub, err := creds.publicKey()
+	if err != nil {
+		return nil, fmt.Errorf("credentials: %w", err)
+	}
+	ns, err := server.NewServer(&server.Options{
+		ServerName: "bgtask",
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   filepath.Join(home, storeDir),
+		Nkeys:      []*server.NkeyUser{{Nkey: pub}},
+		NoSigs:     true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded NATS: %w", err)
+	}
+	ns.SetLoggerV2(natsLogger{logger.With("component", "nats")}, false, false, false)
+	ns.Start()
+	if !ns.ReadyForConnections(30 * time.Second) {
+		ns.Shutdown()
+		return nil, errors.New("embedded NATS did not start (is the port in use?)")
+	}
+	return ns, nil
+}
+
+// natsLogger sends the embedded server's warnings and errors to the server's log.
+type natsLogger struct{ l *slog.Logger }
+
+func (n natsLogger) Noticef(format string, v ...any) { n.l.Debug(fmt.Sprintf(format, v...)) }
+func (n natsLogger) Warnf(format string, v ...any)   { n.l.Warn(fmt.Sprintf(format, v...)) }
+func (n natsLogger) Fatalf(format string, v ...any)  { n.l.Error(fmt.Sprintf(format, v...)) }
+func (n natsLogger) Errorf(format string, v ...any)  { n.l.Error(fmt.Sprintf(format, v...)) }
+func (n natsLogger) Debugf(format string, v ...any)  { n.l.Debug(fmt.Sprintf(format, v...)) }
+func (n natsLogger) Tracef(format string, v ...any)  {}
+
+func hostName() string {
+	h, err := os.Hostname()
+	if err != nil {
+		return "localhost"
+	}
+	return h
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+)
+
+func waitCmd(g *globals) *cobra.Command {
+	var (
+		timeout time.Duration
+		asJSON  bool
+	)
+	cmd := &cobra.Command{
+		Use:   "wait ID",
+		Short: "Block until a task has fired (or was cancelled) and print its wake-up",
+		Long: `Block until the task has fired or was cancelled, then print its wake-up: the
+prompt, or with --json an object with at least id, status, exit_code and prompt.
+status is the outcome: succeeded (exit 0), failed or cancelled.
+
+Waiting does not consume the wake-up: it stays in the target's inbox.
+With --timeout, exits with status 124 if the task has not fired in time.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			reqCtx, cancel := requestContext(ctx)
+			t, err := c.api.Get(reqCtx, args[0])
+			cancel()
+			if err != nil {
+				return err
+			}
+			state := t.State
+			if !state.Phase.Terminal() {
+				if timeout > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, timeout)
+					defer cancel()
+				}
+				state, err = follow(ctx, c, t.ID)
+				if errors.Is(err, context.DeadlineExceeded) {
+					return &exitError{code: exitTimeout, err: fmt.Errorf("timed out after %s waiting for task %s (%s)", timeout, t.ID, state.Phase)}
+				}
+				if err != nil {
+					return err
+				}
+			}
+			w := state.CancelledWakeup()
+			if state.Wakeup != nil {
+				w = *state.Wakeup
+			}
+			if asJSON {
+				return printJSON(g.stdout, w)
+			}
+			return printWakeup(g.stdout, w)
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 0, "give up after this long (exit status 124); 0 waits forever")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the wake-up as JSON")
+	return cmd
+}
+
+// follow reads a task's events until it is fired or cancelled, and returns its state.
+// On a timeout it returns the state reached so far with the context's error.
+func follow(ctx context.Context, c *client, id string) (engine.State, error) {
+	js, err := c.jetstream()
+	if err != nil {
+		return engine.State{}, err
+	}
+	store, err := events.ConnectStore(ctx, js)
+	if err != nil {
+		return engine.State{}, err
+	}
+	var s engine.State
+	err = store.Follow(ctx, id, 0, func(rec events.Record, decodeErr error) bool {
+		if decodeErr == nil {
+			s, _ = engine.Apply(s, rec)
+		}
+		return !s.Phase.Terminal()
+	})
+	return s, err
+}
+
+func printWakeup(w io.Writer, wake events.Wakeup) error {
+	_, err := io.WriteString(w, strings.TrimRight(wake.Prompt, "\n")+"\n")
+	return err
+}

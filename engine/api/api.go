@@ -1,0 +1,291 @@
+// Package api is bgtask's request/reply API over NATS: a NATS micro service (so
+// `nats micro ls` finds it) with one endpoint per operation, and the client that the
+// CLI and programs use to call it.
+//
+// Every reply is JSON. A failed request gets an error object that names the field
+// and the reason, and the micro error headers:
+//
+//	{"error": {"code": 400, "field": "cwd", "message": "cwd: \"/nope\" does not exist or cannot be read"}}
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+)
+
+// Subjects of the endpoints.
+const (
+	SubjectRegister = "bgtask.register"
+	SubjectCancel   = "bgtask.cancel"
+	SubjectGet      = "bgtask.get"
+	SubjectList     = "bgtask.list"
+	SubjectHistory  = "bgtask.history"
+)
+
+// ServiceName is the micro service's name.
+const ServiceName = "bgtask"
+
+// Queries is the read side the API serves from.
+type Queries interface {
+	engine.TaskReader
+	List(q engine.ListQuery) ([]engine.State, int)
+	// WaitFor blocks until the reader has applied every event up to seq.
+	WaitFor(ctx context.Context, seq uint64) error
+}
+
+// TaskView is a task as the API and the CLI show it.
+type TaskView struct {
+	engine.State
+	Command  string `json:"command"`
+	ExitCode *int   `json:"exit_code"`
+}
+
+// View builds the view of a state.
+func View(s engine.State) TaskView {
+	v := TaskView{State: s, Command: s.Spec.CommandLine()}
+	if s.Run != nil {
+		code := s.Run.ExitCode
+		v.ExitCode = &code
+	}
+	return v
+}
+
+// Registered is the reply to a registration.
+type Registered struct {
+	ID string `json:"id"`
+	// Created is false when the idempotency key was registered before.
+	Created bool `json:"created"`
+}
+
+// IDRequest names a task.
+type IDRequest struct {
+	ID string `json:"id"`
+}
+
+// CancelRequest asks to cancel a task.
+type CancelRequest struct {
+	ID     string `json:"id"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// ListReply is the reply to a list request.
+type ListReply struct {
+	Tasks []TaskView `json:"tasks"`
+	Total int        `json:"total"`
+}
+
+// HistoryReply is a task's events in order.
+type HistoryReply struct {
+	Events []events.Record `json:"events"`
+}
+
+// Error is the error object of a failed request.
+type Error struct {
+	Code    int    `json:"code"`
+	Field   string `json:"field,omitempty"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return e.Message }
+
+type errorReply struct {
+	Error *Error `json:"error"`
+}
+
+// Server serves the API.
+type Server struct {
+	svc     *engine.Service
+	queries Queries
+	store   events.Store
+	base    engine.Base
+	micro   micro.Service
+}
+
+// Serve starts the micro service on nc. Endpoints share a queue group, so several
+// engines can serve one deployment.
+func Serve(nc *nats.Conn, svc *engine.Service, queries Queries, store events.Store, version string, base engine.Base) (*Server, error) {
+	s := &Server{svc: svc, queries: queries, store: store, base: base.WithDefaults()}
+	m, err := micro.AddService(nc, micro.Config{
+		Name:        ServiceName,
+		Version:     version,
+		Description: "bgtask: durable supervisor for background work",
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.micro = m
+	endpoints := []struct {
+		name, subject string
+		handle        func(context.Context, []byte) (any, error)
+	}{
+		{"register", SubjectRegister, s.register},
+		{"cancel", SubjectCancel, s.cancel},
+		{"get", SubjectGet, s.get},
+		{"list", SubjectList, s.list},
+		{"history", SubjectHistory, s.history},
+	}
+	for _, ep := range endpoints {
+		handle := ep.handle
+		err := m.AddEndpoint(ep.name, micro.ContextHandler(context.Background(), func(ctx context.Context, req micro.Request) {
+			ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			s.respond(ctx, req, handle)
+		}), micro.WithEndpointSubject(ep.subject))
+		if err != nil {
+			_ = m.Stop()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Stop stops serving.
+func (s *Server) Stop() error { return s.micro.Stop() }
+
+func (s *Server) respond(ctx context.Context, req micro.Request, handle func(context.Context, []byte) (any, error)) {
+	out, err := handle(ctx, req.Data())
+	if err != nil {
+		e := toError(err)
+		if e.Code >= 500 {
+			s.base.Logger.Error("request failed", "subject", req.Subject(), "err", err)
+		}
+		body, _ := json.Marshal(errorReply{Error: e})
+		_ = req.Error(strconv.Itoa(e.Code), e.Message, body)
+		return
+	}
+	_ = req.RespondJSON(out)
+}
+
+func toError(err error) *Error {
+	var fe *engine.FieldError
+	var apiErr *Error
+	switch {
+	case errors.As(err, &apiErr):
+		return apiErr
+	case errors.As(err, &fe):
+		return &Error{Code: 400, Field: fe.Field, Message: fe.Error()}
+	case errors.Is(err, engine.ErrNotFound):
+		return &Error{Code: 404, Field: "id", Message: err.Error()}
+	case errors.Is(err, engine.ErrFinished), errors.Is(err, engine.ErrWrongPhase):
+		return &Error{Code: 409, Message: err.Error()}
+	}
+	return &Error{Code: 500, Message: err.Error()}
+}
+
+func decode(data []byte, v any) error {
+	if err := json.Unmarshal(data, v); err != nil {
+		return &Error{Code: 400, Field: "request", Message: "request: not valid JSON: " + err.Error()}
+	}
+	return nil
+}
+
+func requireID(id string) error {
+	if id == "" {
+		return &Error{Code: 400, Field: "id", Message: "id: required"}
+	}
+	return nil
+}
+
+func (s *Server) register(ctx context.Context, data []byte) (any, error) {
+	id, created, err := s.svc.Register(ctx, data)
+	if err != nil {
+		return nil, err
+	}
+	return Registered{ID: id, Created: created}, nil
+}
+
+func (s *Server) cancel(ctx context.Context, data []byte) (any, error) {
+	var req CancelRequest
+	if err := decode(data, &req); err != nil {
+		return nil, err
+	}
+	if err := requireID(req.ID); err != nil {
+		return nil, err
+	}
+	state, err := s.svc.Cancel(ctx, req.ID, req.Reason)
+	if err != nil {
+		return nil, err
+	}
+	return View(state), nil
+}
+
+func (s *Server) get(ctx context.Context, data []byte) (any, error) {
+	var req IDRequest
+	if err := decode(data, &req); err != nil {
+		return nil, err
+	}
+	if err := requireID(req.ID); err != nil {
+		return nil, err
+	}
+	state, err := s.task(ctx, req.ID)
+	if err != nil {
+		return nil, err
+	}
+	return View(state), nil
+}
+
+// task reads a task from the projection, after waiting for the projection to catch
+// up with the stream if it does not know the task yet: a client that registered a
+// task and asks for it at once must find it.
+func (s *Server) task(ctx context.Context, id string) (engine.State, error) {
+	if state, ok := s.queries.Task(id); ok {
+		return state, nil
+	}
+	last, err := s.store.Last(ctx, id)
+	if errors.Is(err, events.ErrNotFound) {
+		return engine.State{}, fmt.Errorf("%w: %s", engine.ErrNotFound, id)
+	}
+	if err != nil {
+		return engine.State{}, err
+	}
+	if err := s.queries.WaitFor(ctx, last.Seq); err != nil {
+		return engine.State{}, err
+	}
+	if state, ok := s.queries.Task(id); ok {
+		return state, nil
+	}
+	return engine.State{}, fmt.Errorf("%w: %s", engine.ErrNotFound, id)
+}
+
+func (s *Server) list(_ context.Context, data []byte) (any, error) {
+	var q engine.ListQuery
+	if len(data) > 0 {
+		if err := decode(data, &q); err != nil {
+			return nil, err
+		}
+	}
+	states, total := s.queries.List(q)
+	reply := ListReply{Tasks: make([]TaskView, len(states)), Total: total}
+	for i, st := range states {
+		reply.Tasks[i] = View(st)
+	}
+	return reply, nil
+}
+
+func (s *Server) history(ctx context.Context, data []byte) (any, error) {
+	var req IDRequest
+	if err := decode(data, &req); err != nil {
+		return nil, err
+	}
+	if err := requireID(req.ID); err != nil {
+		return nil, err
+	}
+	hist, err := s.store.History(ctx, req.ID)
+	if errors.Is(err, events.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %s", engine.ErrNotFound, req.ID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return HistoryReply{Events: hist}, nil
+}

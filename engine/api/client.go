@@ -1,0 +1,79 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/bgtask/bgtask/engine"
+)
+
+// Client calls the API.
+type Client struct {
+	nc *nats.Conn
+}
+
+// NewClient returns a client over nc.
+func NewClient(nc *nats.Conn) *Client { return &Client{nc: nc} }
+
+// Register arms a spec (raw JSON, validated by the engine).
+func (c *Client) Register(ctx context.Context, spec []byte) (Registered, error) {
+	var out Registered
+	return out, c.call(ctx, SubjectRegister, spec, &out)
+}
+
+// Cancel cancels a task.
+func (c *Client) Cancel(ctx context.Context, id, reason string) (TaskView, error) {
+	var out TaskView
+	return out, c.callJSON(ctx, SubjectCancel, CancelRequest{ID: id, Reason: reason}, &out)
+}
+
+// Get returns a task.
+func (c *Client) Get(ctx context.Context, id string) (TaskView, error) {
+	var out TaskView
+	return out, c.callJSON(ctx, SubjectGet, IDRequest{ID: id}, &out)
+}
+
+// List returns tasks, newest first.
+func (c *Client) List(ctx context.Context, q engine.ListQuery) (ListReply, error) {
+	var out ListReply
+	return out, c.callJSON(ctx, SubjectList, q, &out)
+}
+
+// History returns a task's events in order.
+func (c *Client) History(ctx context.Context, id string) (HistoryReply, error) {
+	var out HistoryReply
+	return out, c.callJSON(ctx, SubjectHistory, IDRequest{ID: id}, &out)
+}
+
+func (c *Client) callJSON(ctx context.Context, subject string, req, out any) error {
+	data, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	return c.call(ctx, subject, data, out)
+}
+
+// ErrNoServer: nothing serves the API on this connection.
+var ErrNoServer = errors.New("no bgtask server answers (is `bgtask server` running?)")
+
+func (c *Client) call(ctx context.Context, subject string, data []byte, out any) error {
+	msg, err := c.nc.RequestWithContext(ctx, subject, data)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return ErrNoServer
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", subject, err)
+	}
+	var reply errorReply
+	if json.Unmarshal(msg.Data, &reply) == nil && reply.Error != nil {
+		return reply.Error
+	}
+	if err := json.Unmarshal(msg.Data, out); err != nil {
+		return fmt.Errorf("%s: unreadable reply: %w", subject, err)
+	}
+	return nil
+}

@@ -1,0 +1,179 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/bgtask/bgtask/events"
+)
+
+// Meta is who decides, and when.
+type Meta struct {
+	Writer string
+	Now    time.Time
+}
+
+// Command is a request to change a task. Decide turns it into the one event it
+// produces, or an error that says why it cannot happen in the task's state.
+type Command interface {
+	decide(s State, m Meta) (events.Payload, uint64, error)
+}
+
+// Decide returns the event that command c appends to a task in state s.
+func Decide(s State, c Command, m Meta) (events.Event, error) {
+	payload, epoch, err := c.decide(s, m)
+	if err != nil {
+		return events.Event{}, err
+	}
+	return events.New(s.ID, m.Writer, epoch, m.Now, payload)
+}
+
+// Arm registers a task. The spec must be valid; the state is the empty state of its id.
+type Arm struct{ Spec Spec }
+
+// Spawn takes the lease of an armed task.
+type Spawn struct{ Host string }
+
+// Tick reports that the run is alive.
+type Tick struct {
+	PID         int
+	OutputBytes int64
+}
+
+// Exit records how the command ended.
+type Exit struct{ Run events.Exited }
+
+// Fail records that the command could not run.
+type Fail struct{ Reason string }
+
+// PersistCompletion fixes the outcome and renders the wake-up.
+type PersistCompletion struct{}
+
+// Fire records that the wake-up was delivered to the inbox at InboxSeq.
+type Fire struct{ InboxSeq uint64 }
+
+// Cancel ends an armed or running task without a wake-up.
+type Cancel struct{ Reason string }
+
+func (c Arm) decide(s State, _ Meta) (events.Payload, uint64, error) {
+	if s.Phase != "" {
+		return nil, 0, ErrWrongPhase
+	}
+	raw, err := json.Marshal(c.Spec)
+	if err != nil {
+		return nil, 0, err
+	}
+	return &events.Armed{Spec: raw}, 0, nil
+}
+
+func (c Spawn) decide(s State, m Meta) (events.Payload, uint64, error) {
+	if s.Phase != PhaseArmed {
+		return nil, 0, phaseError(s)
+	}
+	return &events.Spawned{Worker: m.Writer, Host: c.Host}, s.Epoch + 1, nil
+}
+
+func (c Tick) decide(s State, m Meta) (events.Payload, uint64, error) {
+	if err := s.leaseHeldBy(m.Writer); err != nil {
+		return nil, 0, err
+	}
+	return &events.Tick{PID: c.PID, OutputBytes: c.OutputBytes}, s.Epoch, nil
+}
+
+func (c Exit) decide(s State, m Meta) (events.Payload, uint64, error) {
+	if err := s.leaseHeldBy(m.Writer); err != nil {
+		return nil, 0, err
+	}
+	run := c.Run
+	return &run, s.Epoch, nil
+}
+
+func (c Fail) decide(s State, m Meta) (events.Payload, uint64, error) {
+	if s.Phase != PhaseArmed {
+		if err := s.leaseHeldBy(m.Writer); err != nil {
+			return nil, 0, err
+		}
+	}
+	return &events.Failed{Reason: c.Reason}, s.Epoch, nil
+}
+
+func (PersistCompletion) decide(s State, _ Meta) (events.Payload, uint64, error) {
+	if s.Phase != PhaseEnded {
+		return nil, 0, phaseError(s)
+	}
+	return &events.CompletionPersisted{Wakeup: s.wakeup()}, s.Epoch, nil
+}
+
+func (c Fire) decide(s State, _ Meta) (events.Payload, uint64, error) {
+	if s.Phase != PhasePersisted {
+		return nil, 0, phaseError(s)
+	}
+	return &events.Fired{Subject: events.InboxSubject(s.Spec.Target), InboxSeq: c.InboxSeq}, s.Epoch, nil
+}
+
+func (c Cancel) decide(s State, _ Meta) (events.Payload, uint64, error) {
+	switch s.Phase {
+	case PhaseArmed, PhaseRunning:
+		return &events.Cancelled{Reason: c.Reason}, s.Epoch, nil
+	case "":
+		return nil, 0, ErrNotFound
+	case PhaseEnded, PhasePersisted:
+		return nil, 0, fmt.Errorf("%w: the command has already ended (%s); its wake-up is being delivered", ErrFinished, s.Status)
+	default:
+		return nil, 0, fmt.Errorf("%w: it is %s", ErrFinished, s.Phase)
+	}
+}
+
+func phaseError(s State) error {
+	if s.Phase == "" {
+		return ErrNotFound
+	}
+	return fmt.Errorf("%w: task %s is %s", ErrWrongPhase, s.ID, s.Phase)
+}
+
+func (s State) leaseHeldBy(writer string) error {
+	if s.Phase != PhaseRunning {
+		return phaseError(s)
+	}
+	if s.Worker != writer {
+		return fmt.Errorf("%w: %s holds task %s, not %s", ErrNotOwner, s.Worker, s.ID, writer)
+	}
+	return nil
+}
+
+// wakeup builds what the caller will receive for a task whose run has ended.
+func (s State) wakeup() events.Wakeup {
+	w := events.Wakeup{
+		ID:      s.ID,
+		Status:  s.Status,
+		Reason:  s.Reason,
+		Kind:    s.Spec.Kind,
+		Command: s.Spec.CommandLine(),
+		Target:  s.Spec.Target,
+		Origin:  s.Spec.Origin,
+	}
+	if r := s.Run; r != nil {
+		code := r.ExitCode
+		started, ended := r.StartedAt, r.EndedAt
+		w.ExitCode, w.Signal, w.Tail = &code, r.Signal, r.Tail
+		w.StartedAt, w.EndedAt = &started, &ended
+	}
+	vars := promptVars(w, s.Spec.Kind)
+	if s.Spec.Prompt == "" {
+		w.Prompt = defaultPrompt(w, vars)
+	} else {
+		w.Prompt = render(s.Spec.Prompt, vars, s.Spec.Origin)
+	}
+	return w
+}
+
+// CancelledWakeup is what `wait` reports for a cancelled task: nothing is delivered,
+// but a waiter still learns how it ended.
+func (s State) CancelledWakeup() events.Wakeup {
+	return events.Wakeup{
+		ID: s.ID, Status: StatusCancelled, Reason: s.Reason, Kind: s.Spec.Kind,
+		Command: s.Spec.CommandLine(), Target: s.Spec.Target, Origin: s.Spec.Origin,
+		Prompt: fmt.Sprintf("Background task %s was cancelled.\nCommand: %s\n", s.ID, s.Spec.CommandLine()),
+	}
+}

@@ -1,0 +1,208 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/bgtask/bgtask/events"
+)
+
+// TaskReader gives the current state of a task, as far as the reader has seen.
+type TaskReader interface {
+	Task(id string) (State, bool)
+}
+
+// ListQuery selects tasks.
+type ListQuery struct {
+	Phase Phase `json:"state,omitempty"`
+	// Limit caps the answer; 0 means all.
+	Limit int `json:"limit,omitempty"`
+}
+
+// Dispatcher turns ended tasks into exactly one wake-up: it appends
+// completion-persisted, then publishes the wake-up to the inbox with the task id as
+// message id, then appends fired. Every append is conditional, so a second
+// dispatcher (or a second attempt) loses the race instead of writing twice, and a
+// task found between persisted and fired is delivered with a check of the inbox.
+type Dispatcher struct {
+	base    Base
+	store   events.Store
+	inbox   events.Inbox
+	tasks   TaskReader
+	writer  string
+	workers int
+
+	mu      sync.Mutex
+	queue   []string
+	queued  map[string]bool
+	wake    chan struct{}
+	cancel  context.CancelFunc
+	stopped sync.WaitGroup
+}
+
+// NewDispatcher returns a dispatcher with workers parallel deliveries.
+func NewDispatcher(store events.Store, inbox events.Inbox, tasks TaskReader, writer string, workers int, base Base) *Dispatcher {
+	if workers < 1 {
+		workers = 1
+	}
+	return &Dispatcher{
+		base: base.WithDefaults(), store: store, inbox: inbox, tasks: tasks, writer: writer,
+		workers: workers, queued: map[string]bool{}, wake: make(chan struct{}, 1),
+	}
+}
+
+// Notify is called with every task state the projector applies live. A run that has
+// just ended is queued.
+func (d *Dispatcher) Notify(s State) {
+	if s.Phase == PhaseEnded {
+		d.enqueue(s.ID)
+	}
+}
+
+// Recover queues every task that ended or was persisted but not fired: work a
+// previous process left when it stopped or crashed.
+func (d *Dispatcher) Recover(states []State) {
+	for _, s := range states {
+		if s.Phase == PhaseEnded || s.Phase == PhasePersisted {
+			d.enqueue(s.ID)
+		}
+	}
+}
+
+func (d *Dispatcher) enqueue(id string) {
+	d.mu.Lock()
+	if !d.queued[id] {
+		d.queued[id] = true
+		d.queue = append(d.queue, id)
+	}
+	d.mu.Unlock()
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (d *Dispatcher) next() (string, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.queue) == 0 {
+		return "", false
+	}
+	id := d.queue[0]
+	d.queue = d.queue[1:]
+	delete(d.queued, id)
+	return id, true
+}
+
+// Start runs the delivery loops until Stop.
+func (d *Dispatcher) Start(ctx context.Context) error {
+	ctx, d.cancel = context.WithCancel(ctx)
+	for range d.workers {
+		d.stopped.Add(1)
+		go func() {
+			defer d.stopped.Done()
+			d.loop(ctx)
+		}()
+	}
+	return nil
+}
+
+// Stop ends the loops; a delivery in progress is abandoned at its next step and
+// finished by whoever recovers the task.
+func (d *Dispatcher) Stop() {
+	if d.cancel != nil {
+		d.cancel()
+	}
+	d.stopped.Wait()
+}
+
+func (d *Dispatcher) loop(ctx context.Context) {
+	for {
+		id, ok := d.next()
+		if !ok {
+			select {
+			case <-ctx.Done():
+				return
+			case <-d.wake:
+				continue
+			}
+		}
+		// Another loop may be waiting on the same signal for the rest of the queue.
+		select {
+		case d.wake <- struct{}{}:
+		default:
+		}
+		backoff := 50 * time.Millisecond
+		for {
+			err := d.Complete(ctx, id)
+			if err == nil || ctx.Err() != nil {
+				break
+			}
+			d.base.Logger.Warn("delivery failed, retrying", "task", id, "err", err, "in", backoff)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 5*time.Second)
+		}
+	}
+}
+
+// Complete drives one task from ended to fired. It is safe to call for any task, any
+// number of times, from any number of processes.
+func (d *Dispatcher) Complete(ctx context.Context, id string) error {
+	s, ok := d.tasks.Task(id)
+	if !ok {
+		var err error
+		if s, err = Load(ctx, d.store, id); err != nil {
+			return err
+		}
+	}
+	// A completion this call did not persist may have been delivered by an attempt
+	// whose outcome is unknown: check the inbox before publishing.
+	recheck := s.Phase == PhasePersisted
+	for conflicts := 0; ; {
+		var c Command
+		switch s.Phase {
+		case PhaseEnded:
+			c = PersistCompletion{}
+		case PhasePersisted:
+			var since time.Time
+			if recheck && s.PersistedAt != nil {
+				since = *s.PersistedAt
+			}
+			seq, err := d.inbox.Deliver(ctx, *s.Wakeup, since)
+			if err != nil {
+				return err
+			}
+			c = Fire{InboxSeq: seq}
+		default:
+			return nil // fired, cancelled, or not ended yet: nothing to deliver
+		}
+		ev, err := Decide(s, c, Meta{Writer: d.writer, Now: d.base.Now()})
+		if err != nil {
+			return err
+		}
+		seq, err := d.store.Append(ctx, ev, s.Seq)
+		if errors.Is(err, events.ErrConflict) && conflicts < 10 {
+			conflicts++
+			recheck = true
+			if s, err = Load(ctx, d.store, id); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if s, err = Apply(s, events.Record{Seq: seq, Event: ev}); err != nil {
+			return err
+		}
+		if s.Phase == PhaseFired {
+			d.base.Logger.Info("fired", "task", id, "status", s.Status, "inbox_seq", s.InboxSeq)
+		}
+	}
+}

@@ -1,0 +1,129 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/bgtask/bgtask/events"
+)
+
+// Base is what every long-running part carries: a logger and a clock, so tests can
+// see what happened and drive time.
+type Base struct {
+	Logger *slog.Logger
+	Now    func() time.Time
+}
+
+// WithDefaults fills in a discarding logger and the wall clock.
+func (b Base) WithDefaults() Base {
+	if b.Logger == nil {
+		b.Logger = slog.New(slog.DiscardHandler)
+	}
+	if b.Now == nil {
+		b.Now = time.Now
+	}
+	return b
+}
+
+// keyNamespace makes task ids for idempotency keys: the same key always names the
+// same task, so "arm once" is the event log's own first-event condition and needs no
+// second store that could disagree with it.
+var keyNamespace = uuid.MustParse("6f3c1a52-2a4e-4d0c-9f57-6b1f0b9b7a10")
+
+// TaskID returns the id a spec registers under: derived from its idempotency key if
+// it has one, else a new time-ordered UUID v7.
+func TaskID(spec Spec) (string, error) {
+	if spec.IdempotencyKey != "" {
+		return uuid.NewSHA1(keyNamespace, []byte(spec.IdempotencyKey)).String(), nil
+	}
+	id, err := uuid.NewV7()
+	return id.String(), err
+}
+
+// Service registers and cancels tasks.
+type Service struct {
+	base   Base
+	store  events.Store
+	writer string
+}
+
+// NewService returns a service that appends as writer (the engine's identity).
+func NewService(store events.Store, writer string, base Base) *Service {
+	return &Service{base: base.WithDefaults(), store: store, writer: writer}
+}
+
+// Register validates a spec and arms it. It returns the task id and whether this
+// call armed it (false: the idempotency key was registered before).
+func (s *Service) Register(ctx context.Context, raw []byte) (string, bool, error) {
+	spec, err := ParseSpec(raw)
+	if err != nil {
+		return "", false, err
+	}
+	id, err := TaskID(spec)
+	if err != nil {
+		return "", false, err
+	}
+	ev, err := Decide(State{ID: id}, Arm{Spec: spec}, s.meta())
+	if err != nil {
+		return "", false, err
+	}
+	_, err = s.store.Append(ctx, ev, 0)
+	switch {
+	case err == nil:
+		s.base.Logger.Info("armed", "task", id, "command", spec.CommandLine(), "target", spec.Target)
+		return id, true, nil
+	case errors.Is(err, events.ErrConflict) && spec.IdempotencyKey != "":
+		return id, false, nil
+	default:
+		return "", false, err
+	}
+}
+
+// Cancel appends cancelled to an armed or running task; the worker that runs it sees
+// the event and stops the command's process group.
+func (s *Service) Cancel(ctx context.Context, id, reason string) (State, error) {
+	return s.update(ctx, id, Cancel{Reason: reason})
+}
+
+// update decides c on the task's current state and appends the result, deciding
+// again on the new state if another writer got there first.
+func (s *Service) update(ctx context.Context, id string, c Command) (State, error) {
+	for attempt := 0; ; attempt++ {
+		state, err := Load(ctx, s.store, id)
+		if err != nil {
+			return State{}, err
+		}
+		ev, err := Decide(state, c, s.meta())
+		if err != nil {
+			return state, err
+		}
+		seq, err := s.store.Append(ctx, ev, state.Seq)
+		if errors.Is(err, events.ErrConflict) && attempt < 10 {
+			continue
+		}
+		if err != nil {
+			return state, err
+		}
+		return Apply(state, events.Record{Seq: seq, Event: ev})
+	}
+}
+
+func (s *Service) meta() Meta { return Meta{Writer: s.writer, Now: s.base.Now()} }
+
+// Load rebuilds one task's state from its history in the store.
+func Load(ctx context.Context, store events.Store, id string) (State, error) {
+	history, err := store.History(ctx, id)
+	if errors.Is(err, events.ErrNotFound) {
+		return State{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return State{}, err
+	}
+	state, _ := Replay(history)
+	return state, nil
+}

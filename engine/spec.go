@@ -1,0 +1,179 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/bgtask/bgtask/events"
+)
+
+// MaxSpecBytes is the largest spec accepted at registration. A spec is a command and
+// its routing data, not a payload: 64 KiB leaves room for long commands and origins
+// while keeping every armed event small.
+const MaxSpecBytes = 64 << 10
+
+// DefaultTarget receives wake-ups of specs that name none.
+const DefaultTarget = "default"
+
+// Spec is what a caller asks bgtask to run and how to wake it.
+type Spec struct {
+	// Command is a shell string, run with bash -c in the worker's login environment.
+	Command string `json:"command,omitempty"`
+	// Argv runs a program without a shell; argv[0] is looked up in the login PATH.
+	Argv []string `json:"argv,omitempty"`
+	// Cwd is an absolute directory; empty means the worker's home directory.
+	Cwd string `json:"cwd,omitempty"`
+	// Env is added to the worker's login environment.
+	Env map[string]string `json:"env,omitempty"`
+	// Kind is a free label, for people and filters.
+	Kind string `json:"kind,omitempty"`
+	// Prompt is the wake-up's template; see Render.
+	Prompt string `json:"prompt,omitempty"`
+	// Target names the inbox the wake-up goes to.
+	Target string `json:"target,omitempty"`
+	// Origin is opaque routing data returned in the wake-up.
+	Origin json.RawMessage `json:"origin,omitempty"`
+	// IdempotencyKey makes registration idempotent: the same key, the same task.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+}
+
+// ParseSpec decodes and validates a spec. Every rejection is a *FieldError.
+func ParseSpec(data []byte) (Spec, error) {
+	if len(data) > MaxSpecBytes {
+		return Spec{}, fieldErr("spec", "%d bytes is over the limit of %d", len(data), MaxSpecBytes)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var s Spec
+	if err := dec.Decode(&s); err != nil {
+		return Spec{}, decodeError(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return Spec{}, fieldErr("spec", "unexpected data after the JSON object")
+	}
+	if err := s.Validate(); err != nil {
+		return Spec{}, err
+	}
+	return s, nil
+}
+
+func decodeError(err error) error {
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) && typeErr.Field != "" {
+		return fieldErr(typeErr.Field, "must be %s, not %s", jsonKind(typeErr.Type.Kind().String()), typeErr.Value)
+	}
+	if msg := err.Error(); strings.HasPrefix(msg, "json: unknown field ") {
+		name := strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)
+		return fieldErr(name, "unknown field")
+	}
+	return fieldErr("spec", "not a JSON object: %v", err)
+}
+
+func jsonKind(goKind string) string {
+	switch goKind {
+	case "string":
+		return "a string"
+	case "slice":
+		return "an array"
+	case "map", "struct":
+		return "an object"
+	}
+	return goKind
+}
+
+// Validate checks a spec and fills in defaults.
+func (s *Spec) Validate() error {
+	switch {
+	case strings.TrimSpace(s.Command) == "" && len(s.Argv) == 0:
+		return fieldErr("command", "required: give a shell command or argv")
+	case s.Command != "" && len(s.Argv) > 0:
+		return fieldErr("argv", "give command or argv, not both")
+	case len(s.Argv) > 0 && s.Argv[0] == "":
+		return fieldErr("argv", "argv[0] is empty")
+	}
+	if strings.ContainsRune(s.Command, 0) {
+		return fieldErr("command", "contains a NUL byte")
+	}
+	for i, a := range s.Argv {
+		if strings.ContainsRune(a, 0) {
+			return fieldErr("argv", "argv[%d] contains a NUL byte", i)
+		}
+	}
+	if s.Cwd != "" {
+		if !filepath.IsAbs(s.Cwd) {
+			return fieldErr("cwd", "%q is not an absolute path", s.Cwd)
+		}
+		info, err := os.Stat(s.Cwd)
+		switch {
+		case err != nil:
+			return fieldErr("cwd", "%q does not exist or cannot be read", s.Cwd)
+		case !info.IsDir():
+			return fieldErr("cwd", "%q is not a directory", s.Cwd)
+		}
+	}
+	for k, v := range s.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return fieldErr("env", "invalid variable name %q", k)
+		}
+		if strings.ContainsRune(v, 0) {
+			return fieldErr("env", "value of %s contains a NUL byte", k)
+		}
+	}
+	if len(s.Kind) > 64 || strings.ContainsAny(s.Kind, "\x00\n\r") {
+		return fieldErr("kind", "must be one line of at most 64 bytes")
+	}
+	if s.Target == "" {
+		s.Target = DefaultTarget
+	}
+	if !events.ValidToken(s.Target) {
+		return fieldErr("target", "%q: use 1-128 letters, digits, '-' or '_'", s.Target)
+	}
+	if len(s.IdempotencyKey) > 256 {
+		return fieldErr("idempotency_key", "longer than 256 bytes")
+	}
+	if len(s.Origin) > 0 && string(s.Origin) == "null" {
+		s.Origin = nil
+	}
+	if err := checkTemplate(s.Prompt); err != nil {
+		return fieldErr("prompt", "%v", err)
+	}
+	return nil
+}
+
+// CommandLine is the command as a person reads it.
+func (s Spec) CommandLine() string {
+	if s.Command != "" {
+		return s.Command
+	}
+	quoted := make([]string, len(s.Argv))
+	for i, a := range s.Argv {
+		quoted[i] = shellQuote(a)
+	}
+	return strings.Join(quoted, " ")
+}
+
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r == '-' || r == '_' || r == '.' || r == '/' || r == '=' || r == ':' ||
+			r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// decodeSpec reads a spec back from an armed event. It was validated when it was
+// armed; it is not checked again, since a cwd may since have gone.
+func decodeSpec(raw json.RawMessage) (Spec, error) {
+	var s Spec
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return Spec{}, fmt.Errorf("armed spec: %w", err)
+	}
+	return s, nil
+}

@@ -1,0 +1,190 @@
+package engine
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/bgtask/bgtask/events"
+)
+
+// Phase is where a task is in its lifecycle.
+type Phase string
+
+const (
+	PhaseArmed     Phase = "armed"     // registered, waiting for a worker
+	PhaseRunning   Phase = "running"   // a worker holds it and runs the command
+	PhaseEnded     Phase = "ended"     // the run is over (exited or failed); outcome not yet persisted
+	PhasePersisted Phase = "persisted" // completion persisted; wake-up not yet fired
+	PhaseFired     Phase = "fired"     // the wake-up is in the inbox: done
+	PhaseCancelled Phase = "cancelled" // cancelled: done, nothing delivered
+)
+
+// Terminal reports whether nothing more will happen to a task in this phase.
+func (p Phase) Terminal() bool { return p == PhaseFired || p == PhaseCancelled }
+
+// Outcomes: the status of a finished task.
+const (
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
+	StatusCancelled = "cancelled"
+)
+
+// State is a task's current state, folded from its events.
+type State struct {
+	ID    string `json:"id"`
+	Spec  Spec   `json:"spec"`
+	Phase Phase  `json:"state"`
+	// Status is the outcome, once known.
+	Status string `json:"status,omitempty"`
+	// Seq is the stream sequence of the task's last event: the condition of its next append.
+	Seq uint64 `json:"seq"`
+	// Epoch counts spawns; a worker's appends carry the epoch of its spawn.
+	Epoch       uint64         `json:"epoch"`
+	Worker      string         `json:"worker,omitempty"`
+	Host        string         `json:"host,omitempty"`
+	PID         int            `json:"pid,omitempty"`
+	ArmedAt     time.Time      `json:"armed_at"`
+	SpawnedAt   *time.Time     `json:"spawned_at,omitempty"`
+	LastTickAt  *time.Time     `json:"last_tick_at,omitempty"`
+	OutputBytes int64          `json:"output_bytes,omitempty"`
+	Run         *events.Exited `json:"run,omitempty"`
+	Reason      string         `json:"reason,omitempty"`
+	Wakeup      *events.Wakeup `json:"wakeup,omitempty"`
+	PersistedAt *time.Time     `json:"persisted_at,omitempty"`
+	FiredAt     *time.Time     `json:"fired_at,omitempty"`
+	InboxSeq    uint64         `json:"inbox_seq,omitempty"`
+	EndedAt     *time.Time     `json:"ended_at,omitempty"`
+	Events      int            `json:"events"`
+}
+
+// TransitionError is an event that does not fit the task's state. It is reported,
+// never fatal: the state is left as it was, apart from the sequence.
+type TransitionError struct {
+	Seq   uint64
+	Type  events.Type
+	Phase Phase
+	Err   error
+}
+
+func (e *TransitionError) Error() string {
+	phase := e.Phase
+	if phase == "" {
+		phase = "new"
+	}
+	return fmt.Sprintf("event %s at seq %d in phase %s: %v", e.Type, e.Seq, phase, e.Err)
+}
+
+func (e *TransitionError) Unwrap() error { return e.Err }
+
+// Apply folds one event into a task's state. It never fails the fold: an event that
+// does not fit is returned as an error with the state unchanged except for Seq, which
+// always follows the stream, so the next conditional append is made against the real
+// last event.
+func Apply(s State, rec events.Record) (State, error) {
+	next, err := apply(s, rec)
+	if err != nil {
+		s.Seq = rec.Seq
+		return s, &TransitionError{Seq: rec.Seq, Type: rec.Type, Phase: s.Phase, Err: err}
+	}
+	next.Seq = rec.Seq
+	next.Events++
+	return next, nil
+}
+
+func apply(s State, rec events.Record) (State, error) {
+	payload, err := rec.Decode()
+	if err != nil {
+		return s, err
+	}
+	at := rec.Time
+	switch p := payload.(type) {
+	case *events.Armed:
+		if s.Phase != "" {
+			return s, ErrWrongPhase
+		}
+		spec, err := decodeSpec(p.Spec)
+		if err != nil {
+			return s, err
+		}
+		s.ID, s.Spec, s.Phase, s.ArmedAt = rec.TaskID, spec, PhaseArmed, at
+	case *events.Spawned:
+		if s.Phase != PhaseArmed {
+			return s, ErrWrongPhase
+		}
+		if rec.Epoch != s.Epoch+1 {
+			return s, fmt.Errorf("spawn epoch %d after epoch %d", rec.Epoch, s.Epoch)
+		}
+		s.Phase, s.Epoch, s.Worker, s.Host, s.SpawnedAt = PhaseRunning, rec.Epoch, rec.Writer, p.Host, &at
+	case *events.Tick:
+		if err := s.ownedBy(rec); err != nil {
+			return s, err
+		}
+		if p.PID != 0 {
+			s.PID = p.PID
+		}
+		s.LastTickAt, s.OutputBytes = &at, p.OutputBytes
+	case *events.Exited:
+		if err := s.ownedBy(rec); err != nil {
+			return s, err
+		}
+		run := *p
+		s.Phase, s.Run, s.EndedAt = PhaseEnded, &run, &p.EndedAt
+		if p.ExitCode == 0 && p.Signal == "" {
+			s.Status = StatusSucceeded
+		} else {
+			s.Status = StatusFailed
+		}
+	case *events.Failed:
+		if s.Phase == PhaseRunning {
+			if err := s.ownedBy(rec); err != nil {
+				return s, err
+			}
+		} else if s.Phase != PhaseArmed {
+			return s, ErrWrongPhase
+		}
+		s.Phase, s.Status, s.Reason, s.EndedAt = PhaseEnded, StatusFailed, p.Reason, &at
+	case *events.CompletionPersisted:
+		if s.Phase != PhaseEnded {
+			return s, ErrWrongPhase
+		}
+		w := p.Wakeup
+		s.Phase, s.Status, s.Wakeup, s.PersistedAt = PhasePersisted, w.Status, &w, &at
+	case *events.Fired:
+		if s.Phase != PhasePersisted {
+			return s, ErrWrongPhase
+		}
+		s.Phase, s.FiredAt, s.InboxSeq = PhaseFired, &at, p.InboxSeq
+	case *events.Cancelled:
+		if s.Phase != PhaseArmed && s.Phase != PhaseRunning {
+			return s, ErrWrongPhase
+		}
+		s.Phase, s.Status, s.Reason, s.EndedAt = PhaseCancelled, StatusCancelled, p.Reason, &at
+	default:
+		return s, fmt.Errorf("no transition for %s", rec.Type)
+	}
+	return s, nil
+}
+
+// ownedBy checks that a run event comes from the spawn that holds the task.
+func (s State) ownedBy(rec events.Record) error {
+	if s.Phase != PhaseRunning {
+		return ErrWrongPhase
+	}
+	if rec.Epoch != s.Epoch || rec.Writer != s.Worker {
+		return fmt.Errorf("%w: %s at epoch %d, lease is %s at epoch %d", ErrNotOwner, rec.Writer, rec.Epoch, s.Worker, s.Epoch)
+	}
+	return nil
+}
+
+// Replay folds a whole history. Events that do not fit are skipped and returned.
+func Replay(history []events.Record) (State, []error) {
+	var s State
+	var problems []error
+	for _, rec := range history {
+		var err error
+		if s, err = Apply(s, rec); err != nil {
+			problems = append(problems, err)
+		}
+	}
+	return s, problems
+}

@@ -1,0 +1,198 @@
+package events
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Version is the envelope version written by this code. A reader accepts every
+// version up to it; an event with a higher version is reported as unknown.
+const Version = 1
+
+// Type names an event on the wire. The names are the stream's vocabulary: they never
+// change, whatever the Go types are called.
+type Type string
+
+const (
+	TypeArmed               Type = "armed"
+	TypeSpawned             Type = "spawned"
+	TypeTick                Type = "tick"
+	TypeStalled             Type = "stalled" // reserved: written by the watch rules
+	TypeExited              Type = "exited"
+	TypeCompletionPersisted Type = "completion-persisted"
+	TypeFired               Type = "fired"
+	TypeCancelled           Type = "cancelled"
+	TypeLost                Type = "lost" // reserved: written when a lease expires
+	TypeFailed              Type = "failed"
+)
+
+// Known reports whether t is a type this version of bgtask understands.
+func (t Type) Known() bool {
+	switch t {
+	case TypeArmed, TypeSpawned, TypeTick, TypeStalled, TypeExited,
+		TypeCompletionPersisted, TypeFired, TypeCancelled, TypeLost, TypeFailed:
+		return true
+	}
+	return false
+}
+
+// Event is the versioned envelope of every lifecycle event.
+type Event struct {
+	V       int             `json:"v"`
+	ID      string          `json:"id"`
+	TaskID  string          `json:"task_id"`
+	Type    Type            `json:"type"`
+	Time    time.Time       `json:"time"`
+	Writer  string          `json:"writer"`
+	Epoch   uint64          `json:"epoch"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+}
+
+// Record is an event as stored: with its stream sequence.
+type Record struct {
+	Seq uint64 `json:"seq"`
+	Event
+}
+
+// Payload is implemented by every typed event payload.
+type Payload interface {
+	EventType() Type
+}
+
+// New builds an event for task with a fresh time-ordered id.
+func New(taskID, writer string, epoch uint64, at time.Time, p Payload) (Event, error) {
+	raw, err := json.Marshal(p)
+	if err != nil {
+		return Event{}, fmt.Errorf("encode %s payload: %w", p.EventType(), err)
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Event{}, err
+	}
+	return Event{
+		V:       Version,
+		ID:      id.String(),
+		TaskID:  taskID,
+		Type:    p.EventType(),
+		Time:    at.UTC(),
+		Writer:  writer,
+		Epoch:   epoch,
+		Payload: raw,
+	}, nil
+}
+
+// Decode returns the event's typed payload.
+func (e Event) Decode() (Payload, error) {
+	if e.V < 1 || e.V > Version {
+		return nil, fmt.Errorf("event %s: unsupported envelope version %d", e.ID, e.V)
+	}
+	var p Payload
+	switch e.Type {
+	case TypeArmed:
+		p = &Armed{}
+	case TypeSpawned:
+		p = &Spawned{}
+	case TypeTick:
+		p = &Tick{}
+	case TypeExited:
+		p = &Exited{}
+	case TypeCompletionPersisted:
+		p = &CompletionPersisted{}
+	case TypeFired:
+		p = &Fired{}
+	case TypeCancelled:
+		p = &Cancelled{}
+	case TypeFailed:
+		p = &Failed{}
+	default:
+		return nil, fmt.Errorf("event %s: unknown type %q", e.ID, e.Type)
+	}
+	if len(e.Payload) > 0 {
+		if err := json.Unmarshal(e.Payload, p); err != nil {
+			return nil, fmt.Errorf("event %s: decode %s payload: %w", e.ID, e.Type, err)
+		}
+	}
+	return p, nil
+}
+
+// Armed registers a task. The spec is kept as the exact JSON the engine validated,
+// so the stream holds what the caller asked for.
+type Armed struct {
+	Spec json.RawMessage `json:"spec"`
+}
+
+// Spawned records that a worker took the task and started its command.
+type Spawned struct {
+	Worker string `json:"worker"`
+	Host   string `json:"host,omitempty"`
+}
+
+// Tick is a running task's heartbeat. The first one after the start carries the
+// command's PID (spawned is appended before the command starts, so that only the
+// lease holder ever starts it).
+type Tick struct {
+	PID         int   `json:"pid,omitempty"`
+	OutputBytes int64 `json:"output_bytes"`
+}
+
+// Exited records how the command ended.
+type Exited struct {
+	ExitCode  int       `json:"exit_code"`
+	Signal    string    `json:"signal,omitempty"`
+	Tail      []string  `json:"tail,omitempty"`
+	StartedAt time.Time `json:"started_at"`
+	EndedAt   time.Time `json:"ended_at"`
+}
+
+// Failed records that the command could not run at all.
+type Failed struct {
+	Reason string `json:"reason"`
+}
+
+// CompletionPersisted fixes the task's outcome and the exact wake-up that will be
+// delivered, before anything is delivered.
+type CompletionPersisted struct {
+	Wakeup Wakeup `json:"wakeup"`
+}
+
+// Fired records that the wake-up is in the inbox.
+type Fired struct {
+	Subject  string `json:"subject"`
+	InboxSeq uint64 `json:"inbox_seq"`
+}
+
+// Cancelled ends a task without a wake-up.
+type Cancelled struct {
+	Reason string `json:"reason,omitempty"`
+}
+
+func (*Armed) EventType() Type               { return TypeArmed }
+func (*Spawned) EventType() Type             { return TypeSpawned }
+func (*Tick) EventType() Type                { return TypeTick }
+func (*Exited) EventType() Type              { return TypeExited }
+func (*Failed) EventType() Type              { return TypeFailed }
+func (*CompletionPersisted) EventType() Type { return TypeCompletionPersisted }
+func (*Fired) EventType() Type               { return TypeFired }
+func (*Cancelled) EventType() Type           { return TypeCancelled }
+
+// Wakeup is what the caller receives, exactly once: in the inbox, from `bgtask wait`
+// and in the completion-persisted event.
+type Wakeup struct {
+	ID        string          `json:"id"`
+	Status    string          `json:"status"`
+	ExitCode  *int            `json:"exit_code"`
+	Signal    string          `json:"signal,omitempty"`
+	Reason    string          `json:"reason,omitempty"`
+	Prompt    string          `json:"prompt"`
+	Result    string          `json:"result,omitempty"`
+	Tail      []string        `json:"tail,omitempty"`
+	Kind      string          `json:"kind,omitempty"`
+	Command   string          `json:"command"`
+	Target    string          `json:"target"`
+	Origin    json.RawMessage `json:"origin,omitempty"`
+	StartedAt *time.Time      `json:"started_at,omitempty"`
+	EndedAt   *time.Time      `json:"ended_at,omitempty"`
+}

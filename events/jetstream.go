@@ -1,0 +1,227 @@
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// StreamConfig is how the event stream is created.
+type StreamConfig struct {
+	Replicas int
+	// Duplicates is JetStream's dedupe window for event ids. A retry after it has
+	// passed is still resolved, by comparing the task's last event id.
+	Duplicates time.Duration
+}
+
+func (c StreamConfig) withDefaults() StreamConfig {
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.Duplicates == 0 {
+		c.Duplicates = 2 * time.Minute
+	}
+	return c
+}
+
+// JetStreamStore is the Store over a JetStream stream.
+type JetStreamStore struct {
+	js     jetstream.JetStream
+	stream jetstream.Stream
+}
+
+var _ Store = (*JetStreamStore)(nil)
+
+// OpenStore creates or updates the event stream and returns a store over it.
+func OpenStore(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*JetStreamStore, error) {
+	cfg = cfg.withDefaults()
+	stream, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamName,
+		Description: "bgtask lifecycle events, one subject per task and type",
+		Subjects:    []string{SubjectPrefix + ".>"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		Discard:     jetstream.DiscardNew,
+		Replicas:    cfg.Replicas,
+		Duplicates:  cfg.Duplicates,
+		AllowDirect: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create stream %s: %w", StreamName, err)
+	}
+	return &JetStreamStore{js: js, stream: stream}, nil
+}
+
+// Append implements Store.
+func (s *JetStreamStore) Append(ctx context.Context, ev Event, expect uint64) (uint64, error) {
+	if !ValidToken(ev.TaskID) {
+		return 0, fmt.Errorf("events: invalid task id %q", ev.TaskID)
+	}
+	data, err := json.Marshal(ev)
+	if err != nil {
+		return 0, err
+	}
+	msg := &nats.Msg{Subject: TaskSubject(ev.TaskID, ev.Type), Data: data, Header: nats.Header{}}
+	ack, err := s.js.PublishMsg(ctx, msg,
+		jetstream.WithMsgID(ev.ID),
+		jetstream.WithExpectStream(StreamName),
+		jetstream.WithExpectLastSequenceForSubject(expect, TaskFilter(ev.TaskID)))
+	if err == nil {
+		return ack.Sequence, nil
+	}
+	if !isWrongLastSequence(err) {
+		return 0, fmt.Errorf("append %s to task %s: %w", ev.Type, ev.TaskID, err)
+	}
+	// Either another writer won, or this is a retry of our own append whose ack was
+	// lost: the two look the same to the server, so ask which event is last.
+	last, lerr := s.Last(ctx, ev.TaskID)
+	if lerr == nil && last.ID == ev.ID {
+		return last.Seq, nil
+	}
+	return 0, ErrConflict
+}
+
+func isWrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// Last implements Store.
+func (s *JetStreamStore) Last(ctx context.Context, taskID string) (Record, error) {
+	if !ValidToken(taskID) {
+		return Record{}, ErrNotFound
+	}
+	raw, err := s.stream.GetLastMsgForSubject(ctx, TaskFilter(taskID))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return Record{}, ErrNotFound
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("read last event of task %s: %w", taskID, err)
+	}
+	return DecodeRecord(raw.Sequence, raw.Data)
+}
+
+// History implements Store.
+func (s *JetStreamStore) History(ctx context.Context, taskID string) ([]Record, error) {
+	last, err := s.Last(ctx, taskID)
+	if err != nil {
+		return nil, err
+	}
+	cons, err := s.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{TaskFilter(taskID)},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read history of task %s: %w", taskID, err)
+	}
+	var out []Record
+	for {
+		// The events up to last are stored, so a no-wait fetch returns them at once.
+		batch, err := cons.FetchNoWait(256)
+		if err != nil {
+			return nil, fmt.Errorf("read history of task %s: %w", taskID, err)
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			meta, err := msg.Metadata()
+			if err != nil {
+				return nil, err
+			}
+			rec, err := DecodeRecord(meta.Sequence.Stream, msg.Data())
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, rec)
+			if rec.Seq >= last.Seq {
+				return out, nil
+			}
+		}
+		if err := batch.Error(); err != nil {
+			return nil, fmt.Errorf("read history of task %s: %w", taskID, err)
+		}
+		if n == 0 {
+			return out, nil // the tail was removed while we read
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// LastSeq implements Store.
+func (s *JetStreamStore) LastSeq(ctx context.Context) (uint64, error) {
+	info, err := s.stream.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.State.LastSeq, nil
+}
+
+// DecodeRecord decodes one stored event.
+func DecodeRecord(seq uint64, data []byte) (Record, error) {
+	var ev Event
+	if err := json.Unmarshal(data, &ev); err != nil {
+		return Record{Seq: seq}, fmt.Errorf("event at seq %d: %w", seq, err)
+	}
+	return Record{Seq: seq, Event: ev}, nil
+}
+
+// ConnectStore returns a store over an event stream that the server created.
+func ConnectStore(ctx context.Context, js jetstream.JetStream) (*JetStreamStore, error) {
+	stream, err := js.Stream(ctx, StreamName)
+	if err != nil {
+		return nil, fmt.Errorf("find stream %s (is bgtask server running?): %w", StreamName, err)
+	}
+	return &JetStreamStore{js: js, stream: stream}, nil
+}
+
+// Follow calls fn with every event after sequence after, in order, then waits for new
+// ones; taskID limits it to one task, "" follows the whole log. A record that does not
+// decode is passed with its error, so one bad event cannot stop a reader. Follow
+// returns when fn returns false (nil) or ctx ends (its error).
+func (s *JetStreamStore) Follow(ctx context.Context, taskID string, after uint64, fn func(Record, error) bool) error {
+	cfg := jetstream.OrderedConsumerConfig{}
+	if taskID != "" {
+		cfg.FilterSubjects = []string{TaskFilter(taskID)}
+	}
+	if after > 0 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = after + 1
+	}
+	cons, err := s.stream.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("follow events: %w", err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(1024))
+	if err != nil {
+		return fmt.Errorf("follow events: %w", err)
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("follow events: %w", err)
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return fmt.Errorf("follow events: %w", err)
+		}
+		if !fn(DecodeRecord(meta.Sequence.Stream, msg.Data())) {
+			return nil
+		}
+	}
+}

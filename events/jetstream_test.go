@@ -1,0 +1,266 @@
+package events_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/events/eventstest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func openStore(t *testing.T) (*events.JetStreamStore, *eventstest.Server) {
+	t.Helper()
+	srv := eventstest.Run(t)
+	store, err := events.OpenStore(context.Background(), srv.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, srv
+}
+
+func mustEvent(t *testing.T, task string, p events.Payload) events.Event {
+	t.Helper()
+	ev, err := events.New(task, "test", 0, time.Now(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+func TestAppendIsConditionalOnTheTasksLastEvent(t *testing.T) {
+	t.Parallel()
+	store, _ := openStore(t)
+	ctx := context.Background()
+
+	armed, err := store.Append(ctx, mustEvent(t, "t1", &events.Armed{Spec: []byte(`{}`)}), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second "first event" for the same task loses: the task is no longer empty.
+	if _, err := store.Append(ctx, mustEvent(t, "t1", &events.Armed{Spec: []byte(`{}`)}), 0); !errors.Is(err, events.ErrConflict) {
+		t.Fatalf("second armed: got %v, want ErrConflict", err)
+	}
+	// Another task's events do not move t1's sequence.
+	if _, err := store.Append(ctx, mustEvent(t, "t2", &events.Armed{Spec: []byte(`{}`)}), 0); err != nil {
+		t.Fatal(err)
+	}
+	spawned, err := store.Append(ctx, mustEvent(t, "t1", &events.Spawned{Worker: "w1"}), armed)
+	if err != nil {
+		t.Fatalf("spawned after armed: %v", err)
+	}
+	// A writer that still believes armed is last is fenced.
+	if _, err := store.Append(ctx, mustEvent(t, "t1", &events.Spawned{Worker: "w2"}), armed); !errors.Is(err, events.ErrConflict) {
+		t.Fatalf("stale spawned: got %v, want ErrConflict", err)
+	}
+	last, err := store.Last(ctx, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := last.Seq, spawned; got != want {
+		t.Fatalf("last seq = %d, want %d", got, want)
+	}
+}
+
+func TestConcurrentWritersExactlyOneWins(t *testing.T) {
+	t.Parallel()
+	store, srv := openStore(t)
+	ctx := context.Background()
+	armed, err := store.Append(ctx, mustEvent(t, "race", &events.Armed{Spec: []byte(`{}`)}), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const writers = 16
+	var wg sync.WaitGroup
+	results := make(chan error, writers)
+	for i := range writers {
+		_, js := srv.Connect(t)
+		s, err := events.ConnectStore(ctx, js)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := s.Append(ctx, mustEvent(t, "race", &events.Spawned{Worker: string(rune('a' + i))}), armed)
+			results <- err
+		}()
+	}
+	wg.Wait()
+	close(results)
+	won := 0
+	for err := range results {
+		switch {
+		case err == nil:
+			won++
+		case !errors.Is(err, events.ErrConflict):
+			t.Fatalf("unexpected error: %v", err)
+		}
+	}
+	if won != 1 {
+		t.Fatalf("%d writers won, want exactly 1", won)
+	}
+	hist, err := store.History(ctx, "race")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(hist); got != 2 {
+		t.Fatalf("history has %d events, want 2", got)
+	}
+}
+
+func TestRetriedAppendIsRecordedOnce(t *testing.T) {
+	t.Parallel()
+	store, _ := openStore(t)
+	ctx := context.Background()
+	armed := mustEvent(t, "t1", &events.Armed{Spec: []byte(`{}`)})
+	first, err := store.Append(ctx, armed, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same event again, as after a lost ack: the CAS fails on a single server, and
+	// the store recognises its own event instead of reporting a conflict.
+	again, err := store.Append(ctx, armed, 0)
+	if err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	if again != first {
+		t.Fatalf("retry seq = %d, want %d", again, first)
+	}
+	// A retry that no longer is the last event is a conflict, not a silent success.
+	if _, err := store.Append(ctx, mustEvent(t, "t1", &events.Tick{}), first); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Append(ctx, armed, 0); !errors.Is(err, events.ErrConflict) {
+		t.Fatalf("late retry: got %v, want ErrConflict", err)
+	}
+	hist, err := store.History(ctx, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist) != 2 {
+		t.Fatalf("history has %d events, want 2", len(hist))
+	}
+}
+
+func TestHistoryIsInOrderAndPerTask(t *testing.T) {
+	t.Parallel()
+	store, _ := openStore(t)
+	ctx := context.Background()
+	var seq uint64
+	var err error
+	want := []events.Type{events.TypeArmed}
+	if seq, err = store.Append(ctx, mustEvent(t, "a", &events.Armed{Spec: []byte(`{}`)}), 0); err != nil {
+		t.Fatal(err)
+	}
+	var other uint64
+	for i := range 300 {
+		if other, err = store.Append(ctx, mustEvent(t, "b", &events.Tick{}), other); err != nil {
+			t.Fatal(err)
+		}
+		if i%100 == 0 {
+			if seq, err = store.Append(ctx, mustEvent(t, "a", &events.Tick{OutputBytes: int64(i)}), seq); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, events.TypeTick)
+		}
+	}
+	hist, err := store.History(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist) != len(want) {
+		t.Fatalf("history has %d events, want %d", len(hist), len(want))
+	}
+	for i, rec := range hist {
+		if rec.Type != want[i] || rec.TaskID != "a" {
+			t.Fatalf("event %d = %s of %s", i, rec.Type, rec.TaskID)
+		}
+		if i > 0 && rec.Seq <= hist[i-1].Seq {
+			t.Fatalf("history out of order at %d", i)
+		}
+	}
+	bHist, err := store.History(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bHist) != 300 {
+		t.Fatalf("task b has %d events, want 300", len(bHist))
+	}
+	if _, err := store.History(ctx, "nope"); !errors.Is(err, events.ErrNotFound) {
+		t.Fatalf("unknown task: got %v, want ErrNotFound", err)
+	}
+}
+
+func TestFollowReportsUndecodableEventsAndGoesOn(t *testing.T) {
+	t.Parallel()
+	store, srv := openStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := srv.JS.Publish(ctx, events.TaskSubject("x", events.TypeTick), []byte("not json")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Append(ctx, mustEvent(t, "y", &events.Armed{Spec: []byte(`{}`)}), 0); err != nil {
+		t.Fatal(err)
+	}
+	var bad, good int
+	err := store.Follow(ctx, "", 0, func(rec events.Record, err error) bool {
+		if err != nil {
+			bad++
+		} else {
+			good++
+		}
+		return good < 1
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bad != 1 || good != 1 {
+		t.Fatalf("bad=%d good=%d, want 1 and 1", bad, good)
+	}
+}
+
+func TestInboxDeliversOnceAcrossARecheck(t *testing.T) {
+	t.Parallel()
+	srv := eventstest.Run(t)
+	ctx := context.Background()
+	const window = 100 * time.Millisecond
+	inbox, err := events.OpenInbox(ctx, srv.JS, events.InboxConfig{Duplicates: window})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := events.Wakeup{ID: "task-1", Status: "succeeded", Target: "default"}
+	persisted := time.Now()
+	// Nothing there yet: the recheck finds nothing and publishes.
+	seq, err := inbox.Deliver(ctx, w, persisted)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second attempt, as after a crash before fired was written, finds the first
+	// even when JetStream's dedupe window has passed (as after a long outage).
+	time.Sleep(3 * window)
+	again, err := inbox.Deliver(ctx, w, persisted)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again != seq {
+		t.Fatalf("redelivery seq = %d, want %d", again, seq)
+	}
+	stream, err := srv.JS.Stream(ctx, events.InboxStreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		t.Fatalf("inbox has %d messages, want 1", info.State.Msgs)
+	}
+}

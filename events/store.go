@@ -1,0 +1,66 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"time"
+)
+
+// Subjects and streams. A task id and a target are single subject tokens, so one
+// subject filter holds exactly one task's history or one target's inbox.
+const (
+	StreamName      = "BGTASK_EVENTS"
+	SubjectPrefix   = "bgtask.events"
+	InboxStreamName = "BGTASK_INBOX"
+	InboxPrefix     = "bgtask.deliver"
+)
+
+var (
+	// ErrConflict means the append lost the race: another event was written to the
+	// task after the history the writer decided on. Re-read and decide again.
+	ErrConflict = errors.New("events: the task changed since it was read")
+	// ErrNotFound means the task has no events.
+	ErrNotFound = errors.New("events: no such task")
+)
+
+// TaskSubject is the subject of one event of a task.
+func TaskSubject(taskID string, t Type) string { return SubjectPrefix + "." + taskID + "." + string(t) }
+
+// TaskFilter matches every event of one task.
+func TaskFilter(taskID string) string { return SubjectPrefix + "." + taskID + ".>" }
+
+// TypeFilter matches one event type of every task.
+func TypeFilter(t Type) string { return SubjectPrefix + ".*." + string(t) }
+
+// InboxSubject is where the wake-ups for a target are published.
+func InboxSubject(target string) string { return InboxPrefix + "." + target }
+
+var tokenPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+
+// ValidToken reports whether s can be used as one subject token (a task id or a
+// target): no dots, wildcards or spaces.
+func ValidToken(s string) bool { return tokenPattern.MatchString(s) }
+
+// Store is the event log. Implementations must make Append atomic with its
+// condition and idempotent by event id.
+type Store interface {
+	// Append writes ev if the task's last event is still at sequence expect (0: the
+	// task has no events yet). It returns the event's sequence, or ErrConflict. A retry
+	// of an append that already succeeded returns the original sequence.
+	Append(ctx context.Context, ev Event, expect uint64) (uint64, error)
+	// History returns a task's events in order, or ErrNotFound.
+	History(ctx context.Context, taskID string) ([]Record, error)
+	// Last returns a task's last event, or ErrNotFound.
+	Last(ctx context.Context, taskID string) (Record, error)
+	// LastSeq is the sequence of the last event in the whole log (0 if empty).
+	LastSeq(ctx context.Context) (uint64, error)
+}
+
+// Inbox holds delivered wake-ups.
+type Inbox interface {
+	// Deliver publishes w to its target's inbox with the task id as message id and
+	// returns its inbox sequence. With recheckSince set, a wake-up already in the inbox
+	// (from an attempt whose outcome is unknown) is found and not published again.
+	Deliver(ctx context.Context, w Wakeup, recheckSince time.Time) (uint64, error)
+}

@@ -1,0 +1,210 @@
+// Package projections rebuilds bgtask's current state from the event stream and
+// answers queries from it. The projector reads the whole stream when it starts, so
+// after any restart the state it serves is the state the stream implies; it then
+// follows new events live.
+package projections
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+)
+
+// Log is the part of the event store the projector reads.
+type Log interface {
+	Follow(ctx context.Context, taskID string, after uint64, fn func(events.Record, error) bool) error
+	LastSeq(ctx context.Context) (uint64, error)
+}
+
+// Problem is an event the projector could not apply: corrupt, unknown, or out of
+// place. It is reported and skipped; it never stops the projector.
+type Problem struct {
+	Seq    uint64 `json:"seq"`
+	TaskID string `json:"task_id,omitempty"`
+	Err    string `json:"error"`
+}
+
+// maxProblems bounds the problems kept in memory; the count is kept in full.
+const maxProblems = 1000
+
+// Projector holds every task's current state.
+type Projector struct {
+	base   engine.Base
+	log    Log
+	notify func(engine.State)
+
+	mu           sync.RWMutex
+	tasks        map[string]engine.State
+	applied      uint64
+	live         bool
+	problems     []Problem
+	problemCount int
+	advanced     chan struct{} // closed and replaced whenever applied moves
+
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error
+}
+
+// New returns a projector over log. notify, if set, is called with a task's new state
+// for every event applied after the initial replay; it must not block.
+func New(log Log, notify func(engine.State), base engine.Base) *Projector {
+	return &Projector{
+		base: base.WithDefaults(), log: log, notify: notify,
+		tasks: map[string]engine.State{}, advanced: make(chan struct{}),
+	}
+}
+
+// Start replays the stream up to its current end and returns once the state is
+// complete; it keeps following new events until Stop.
+func (p *Projector) Start(ctx context.Context) error {
+	target, err := p.log.LastSeq(ctx)
+	if err != nil {
+		return fmt.Errorf("projector: %w", err)
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	p.cancel, p.done = cancel, make(chan struct{})
+	go func() {
+		defer close(p.done)
+		err := p.log.Follow(runCtx, "", 0, p.apply)
+		if err != nil && runCtx.Err() == nil {
+			p.base.Logger.Error("projector stopped following the stream", "err", err)
+			p.mu.Lock()
+			p.err = err
+			p.mu.Unlock()
+		}
+	}()
+	if err := p.WaitFor(ctx, target); err != nil {
+		p.Stop()
+		return fmt.Errorf("projector: replay: %w", err)
+	}
+	p.mu.Lock()
+	p.live = true
+	n := len(p.tasks)
+	p.mu.Unlock()
+	p.base.Logger.Info("projector ready", "tasks", n, "seq", target)
+	return nil
+}
+
+// Stop ends following.
+func (p *Projector) Stop() {
+	if p.cancel != nil {
+		p.cancel()
+		<-p.done
+	}
+}
+
+func (p *Projector) apply(rec events.Record, decodeErr error) bool {
+	p.mu.Lock()
+	var changed *engine.State
+	if decodeErr != nil {
+		p.report(Problem{Seq: rec.Seq, Err: decodeErr.Error()})
+	} else {
+		next, err := engine.Apply(p.tasks[rec.TaskID], rec)
+		if err != nil {
+			p.report(Problem{Seq: rec.Seq, TaskID: rec.TaskID, Err: err.Error()})
+		}
+		if next.ID != "" {
+			p.tasks[rec.TaskID] = next
+			if err == nil && p.live {
+				changed = &next
+			}
+		}
+	}
+	p.applied = rec.Seq
+	close(p.advanced)
+	p.advanced = make(chan struct{})
+	p.mu.Unlock()
+	if changed != nil && p.notify != nil {
+		p.notify(*changed)
+	}
+	return true
+}
+
+func (p *Projector) report(pr Problem) {
+	p.problemCount++
+	if len(p.problems) < maxProblems {
+		p.problems = append(p.problems, pr)
+	}
+	p.base.Logger.Warn("event skipped", "seq", pr.Seq, "task", pr.TaskID, "err", pr.Err)
+}
+
+// WaitFor blocks until every event up to seq has been applied.
+func (p *Projector) WaitFor(ctx context.Context, seq uint64) error {
+	for {
+		p.mu.RLock()
+		applied, advanced, err := p.applied, p.advanced, p.err
+		p.mu.RUnlock()
+		if applied >= seq {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-advanced:
+		case <-p.done:
+			p.mu.RLock()
+			err := p.err
+			p.mu.RUnlock()
+			if err == nil {
+				err = errors.New("projector stopped")
+			}
+			return err
+		}
+	}
+}
+
+// Task implements engine.TaskReader.
+func (p *Projector) Task(id string) (engine.State, bool) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	s, ok := p.tasks[id]
+	return s, ok
+}
+
+// List returns the tasks that match q, newest first, and how many matched in all.
+func (p *Projector) List(q engine.ListQuery) ([]engine.State, int) {
+	p.mu.RLock()
+	out := make([]engine.State, 0, len(p.tasks))
+	for _, s := range p.tasks {
+		if q.Phase == "" || s.Phase == q.Phase {
+			out = append(out, s)
+		}
+	}
+	p.mu.RUnlock()
+	slices.SortFunc(out, func(a, b engine.State) int {
+		if c := b.ArmedAt.Compare(a.ArmedAt); c != 0 {
+			return c
+		}
+		return cmp.Compare(b.ID, a.ID)
+	})
+	total := len(out)
+	if q.Limit > 0 && len(out) > q.Limit {
+		out = out[:q.Limit]
+	}
+	return out, total
+}
+
+// Problems returns the events that could not be applied (at most the first 1000)
+// and how many there were.
+func (p *Projector) Problems() ([]Problem, int) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return slices.Clone(p.problems), p.problemCount
+}
+
+// Applied is the sequence of the last event applied.
+func (p *Projector) Applied() uint64 {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.applied
+}

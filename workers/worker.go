@@ -1,0 +1,263 @@
+// Package workers runs tasks. A worker takes a task by appending spawned on top of
+// its armed event, conditional on armed still being the task's last event, so only
+// one worker can ever take it; it then runs the command in its own process group in
+// the user's login environment, appends ticks while it runs and exited when it ends.
+// Every append is conditional on the worker's own last event: when the engine
+// cancels the task, the next append fails, and the worker stops the process group.
+package workers
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+)
+
+// ConsumerName is the durable consumer of armed events that all workers share, so
+// each armed task is offered to one worker at a time.
+const ConsumerName = "workers"
+
+// Config configures a worker.
+type Config struct {
+	// ID is the worker's identity, the writer of its events. Default: host-<random>.
+	ID string
+	// MaxTasks is how many commands it runs at once; it takes no task beyond that.
+	MaxTasks int
+	// TickInterval is how often a running task's tick is appended.
+	TickInterval time.Duration
+	// KillGrace is how long a cancelled command has between TERM and KILL.
+	KillGrace time.Duration
+	// TailLines is how many lines of output an exited event keeps.
+	TailLines int
+	// Env is the environment commands run in; nil resolves the login environment.
+	Env  []string
+	Base engine.Base
+}
+
+// Defaults.
+const (
+	DefaultMaxTasks     = 64
+	DefaultTickInterval = 10 * time.Second
+	DefaultKillGrace    = 10 * time.Second
+	DefaultTailLines    = 50
+	// MaxLineBytes caps each output line kept in an event.
+	MaxLineBytes = 2000
+)
+
+func (c Config) withDefaults() Config {
+	if c.MaxTasks <= 0 {
+		c.MaxTasks = DefaultMaxTasks
+	}
+	if c.TickInterval <= 0 {
+		c.TickInterval = DefaultTickInterval
+	}
+	if c.KillGrace <= 0 {
+		c.KillGrace = DefaultKillGrace
+	}
+	if c.TailLines <= 0 {
+		c.TailLines = DefaultTailLines
+	}
+	if c.ID == "" {
+		c.ID = hostname() + "-" + randomHex(4)
+	}
+	c.Base = c.Base.WithDefaults()
+	return c
+}
+
+// Worker takes armed tasks and runs them.
+type Worker struct {
+	cfg   Config
+	host  string
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	store events.Store
+	env   func() []string
+	slots chan struct{}
+
+	mu   sync.Mutex
+	runs map[string]*run
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	sub    *nats.Subscription
+}
+
+// New returns a worker that appends through store and reads armed tasks with js.
+func New(nc *nats.Conn, js jetstream.JetStream, store events.Store, cfg Config) *Worker {
+	cfg = cfg.withDefaults()
+	w := &Worker{
+		cfg: cfg, host: hostname(), nc: nc, js: js, store: store,
+		slots: make(chan struct{}, cfg.MaxTasks), runs: map[string]*run{},
+	}
+	w.env = sync.OnceValue(func() []string {
+		if cfg.Env != nil {
+			return cfg.Env
+		}
+		env, err := LoginEnv(context.Background())
+		if err != nil {
+			cfg.Base.Logger.Warn("using the worker's own environment", "err", err)
+			return os.Environ()
+		}
+		return env
+	})
+	return w
+}
+
+// ID is the worker's identity.
+func (w *Worker) ID() string { return w.cfg.ID }
+
+// Start begins taking tasks.
+func (w *Worker) Start(ctx context.Context) error {
+	cons, err := w.js.CreateOrUpdateConsumer(ctx, events.StreamName, jetstream.ConsumerConfig{
+		Durable:       ConsumerName,
+		Description:   "armed tasks, shared by all bgtask workers",
+		FilterSubject: events.TypeFilter(events.TypeArmed),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("worker: consumer %s: %w", ConsumerName, err)
+	}
+	// Cancellations are published on the task's subject; a core subscription sees
+	// them at once. One that is missed is still caught by the next conditional append.
+	w.sub, err = w.nc.Subscribe(events.TypeFilter(events.TypeCancelled), w.onCancelled)
+	if err != nil {
+		return fmt.Errorf("worker: subscribe to cancellations: %w", err)
+	}
+	go w.env() // a login shell is slow: resolve it before the first task needs it
+	ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		w.takeLoop(ctx, cons)
+	}()
+	w.cfg.Base.Logger.Info("worker started", "worker", w.cfg.ID, "max_tasks", w.cfg.MaxTasks)
+	return nil
+}
+
+// Stop takes no more tasks, stops the running commands' process groups and records
+// how they ended.
+func (w *Worker) Stop() {
+	if w.cancel == nil {
+		return
+	}
+	_ = w.sub.Unsubscribe()
+	w.cancel()
+	w.wg.Wait()
+}
+
+// Running returns the ids of the tasks this worker runs now.
+func (w *Worker) Running() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ids := make([]string, 0, len(w.runs))
+	for id := range w.runs {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+func (w *Worker) takeLoop(ctx context.Context, cons jetstream.Consumer) {
+	backoff := 50 * time.Millisecond
+	for {
+		select {
+		case w.slots <- struct{}{}: // wait for capacity before asking for a task
+		case <-ctx.Done():
+			return
+		}
+		msg, err := cons.Next(jetstream.FetchContext(ctx))
+		if err != nil {
+			<-w.slots
+			if ctx.Err() != nil {
+				return
+			}
+			if !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
+				w.cfg.Base.Logger.Warn("worker: fetching armed tasks", "err", err)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(backoff):
+				}
+				backoff = min(2*backoff, 5*time.Second)
+			}
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			defer func() { <-w.slots }()
+			w.take(ctx, msg)
+		}()
+	}
+}
+
+// take tries to become the owner of an armed task and runs it if it did.
+func (w *Worker) take(ctx context.Context, msg jetstream.Msg) {
+	log := w.cfg.Base.Logger
+	meta, err := msg.Metadata()
+	if err != nil {
+		_ = msg.Term()
+		return
+	}
+	rec, err := events.DecodeRecord(meta.Sequence.Stream, msg.Data())
+	if err == nil {
+		var armed engine.State
+		if armed, err = engine.Apply(engine.State{}, rec); err == nil {
+			r := &run{w: w, state: armed, cancelled: make(chan struct{})}
+			switch err = r.append(ctx, engine.Spawn{Host: w.host}); {
+			case err == nil:
+				_ = msg.Ack()
+				r.execute(ctx)
+			case errors.Is(err, errFenced):
+				_ = msg.Ack() // another worker took it, or it was cancelled first
+			default:
+				log.Warn("worker: could not take task, will retry", "task", rec.TaskID, "err", err)
+				_ = msg.NakWithDelay(time.Second)
+			}
+			return
+		}
+	}
+	log.Error("worker: unreadable armed event skipped", "seq", meta.Sequence.Stream, "err", err)
+	_ = msg.Term()
+}
+
+func (w *Worker) onCancelled(m *nats.Msg) {
+	// bgtask.events.<task-id>.cancelled
+	parts := strings.Split(m.Subject, ".")
+	if len(parts) != 4 {
+		return
+	}
+	w.mu.Lock()
+	r := w.runs[parts[2]]
+	w.mu.Unlock()
+	if r != nil {
+		r.cancel()
+	}
+}
+
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "localhost"
+	}
+	return h
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
