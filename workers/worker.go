@@ -136,11 +136,13 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("worker: subscribe to cancellations: %w", err)
 	}
-	go w.env() // a login shell is slow: resolve it before the first task needs it
 	ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
+		// A login shell takes a second or two: take no task before it is resolved,
+		// so tasks go to workers that can start them at once.
+		w.env()
 		w.takeLoop(ctx, cons)
 	}()
 	w.cfg.Base.Logger.Info("worker started", "worker", w.cfg.ID, "max_tasks", w.cfg.MaxTasks)

@@ -14,9 +14,9 @@ import (
 
 func addCmd(g *globals) *cobra.Command {
 	var (
-		spec     engine.Spec
-		env      []string
-		origin   string
+		spec   engine.Spec
+		env    []string
+		origin string
 		asJSON bool
 		noCwd  bool
 	)

@@ -1,0 +1,334 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+	"go.uber.org/goleak"
+
+	"github.com/bgtask/bgtask/events"
+)
+
+// bin is the bgtask binary built from this checkout.
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "bgtask-integration-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = filepath.Join(dir, "bgtask")
+	args := []string{"build", "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, "../cmd/bgtask")...)
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build bgtask:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// proc is a bgtask process started by a test: a server or a worker.
+type proc struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// start runs bgtask with args in the background; it is killed when the test ends.
+func start(t *testing.T, home string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"--home", home}, args...)...)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.Env = append(os.Environ(), "BGTASK_HOME="+home)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{t: t, cmd: cmd, out: out, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.signal(syscall.SIGKILL)
+		<-p.done
+		if t.Failed() {
+			t.Logf("output of bgtask %s:\n%s", strings.Join(args, " "), out.String())
+		}
+	})
+	return p
+}
+
+func (p *proc) signal(sig syscall.Signal) {
+	select {
+	case <-p.done:
+	default:
+		_ = p.cmd.Process.Signal(sig)
+	}
+}
+
+// stop sends sig and waits for the process to end.
+func (p *proc) stop(sig syscall.Signal) {
+	p.t.Helper()
+	p.signal(sig)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		p.t.Fatalf("bgtask did not stop after %v:\n%s", sig, p.out.String())
+	}
+}
+
+// startServer starts `bgtask server` on home and waits until it serves requests.
+func startServer(t *testing.T, home string, args ...string) *proc {
+	t.Helper()
+	args = append([]string{"server", "--listen", "127.0.0.1:0", "--tick", "200ms", "--kill-grace", "2s", "--log-level", "debug"}, args...)
+	p := start(t, home, args...)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		// The discovery file is written once the API serves; it must be this process's.
+		data, err := os.ReadFile(filepath.Join(home, "server.json"))
+		var d struct{ PID int }
+		if err == nil && json.Unmarshal(data, &d) == nil && d.PID == p.cmd.Process.Pid {
+			return p
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("server exited at start:\n%s", p.out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server not ready after 30s:\n%s", p.out.String())
+		}
+	}
+}
+
+// result is what a CLI command did.
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// run runs a bgtask client command to its end.
+func run(t *testing.T, home string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--home", home}, args...)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("bgtask %v: %v", args, err)
+	}
+	return result{stdout: stdout.String(), stderr: stderr.String(), code: code}
+}
+
+// ok runs a command that must succeed and returns its stdout.
+func ok(t *testing.T, home string, args ...string) string {
+	t.Helper()
+	r := run(t, home, args...)
+	if r.code != 0 {
+		t.Fatalf("bgtask %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+	}
+	return r.stdout
+}
+
+func decodeJSON[T any](t *testing.T, s string) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal([]byte(s), &v); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, s)
+	}
+	return v
+}
+
+// add registers a command through the CLI and returns its id.
+func add(t *testing.T, home string, args ...string) string {
+	t.Helper()
+	out := ok(t, home, append([]string{"add", "--json"}, args...)...)
+	return decodeJSON[struct{ ID string }](t, out).ID
+}
+
+// wakeup is the JSON of `wait --json` and of an inbox message.
+type wakeup struct {
+	ID       string   `json:"id"`
+	Status   string   `json:"status"`
+	ExitCode *int     `json:"exit_code"`
+	Signal   string   `json:"signal"`
+	Prompt   string   `json:"prompt"`
+	Tail     []string `json:"tail"`
+	Target   string   `json:"target"`
+	Origin   any      `json:"origin"`
+}
+
+func waitFor(t *testing.T, home, id string) wakeup {
+	t.Helper()
+	return decodeJSON[wakeup](t, ok(t, home, "wait", id, "--json", "--timeout", "45s"))
+}
+
+type historyEvent struct {
+	Seq    uint64          `json:"seq"`
+	Type   string          `json:"type"`
+	Time   time.Time       `json:"time"`
+	Writer string          `json:"writer"`
+	Epoch  uint64          `json:"epoch"`
+	Raw    json.RawMessage `json:"payload"`
+}
+
+func history(t *testing.T, home, id string) []historyEvent {
+	t.Helper()
+	return decodeJSON[[]historyEvent](t, ok(t, home, "history", id, "--json"))
+}
+
+func countTypes(h []historyEvent) map[string]int {
+	n := map[string]int{}
+	for _, e := range h {
+		n[e.Type]++
+	}
+	return n
+}
+
+// connect opens a NATS connection to a running server the way a program would: the
+// URL from server.json, the nkey from credentials.json.
+func connect(t *testing.T, home string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	var d struct{ URL string }
+	var c struct {
+		Seed string `json:"nkey_seed"`
+	}
+	for file, v := range map[string]any{"server.json": &d, "credentials.json": &c} {
+		data, err := os.ReadFile(filepath.Join(home, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(data, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kp, err := nkeys.FromSeed([]byte(c.Seed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(d.URL, nats.Nkey(pub, kp.Sign))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+// allEvents reads the whole event stream.
+func allEvents(t *testing.T, js jetstream.JetStream) []events.Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	store, err := events.ConnectStore(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := store.LastSeq(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []events.Record
+	if last == 0 {
+		return nil
+	}
+	err = store.Follow(ctx, "", 0, func(rec events.Record, err error) bool {
+		if err != nil {
+			t.Errorf("undecodable event at %d: %v", rec.Seq, err)
+		}
+		out = append(out, rec)
+		return rec.Seq < last
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// eventually polls cond until it holds or the deadline passes: for conditions that
+// no event announces, such as a process being gone.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// processGone reports whether pid has exited: no such process, or a zombie that
+// only waits for a parent that is not ours to reap it.
+func processGone(pid int) bool {
+	if errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+		return true
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	// pid (comm) state ...: the state follows the last ')'.
+	fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	return len(fields) > 0 && fields[0] == "Z"
+}

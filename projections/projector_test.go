@@ -1,0 +1,180 @@
+package projections_test
+
+import (
+	"context"
+	"encoding/json"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/events/eventstest"
+	"github.com/bgtask/bgtask/projections"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// writer appends through the engine's decisions, as the real writers do.
+type writer struct {
+	t     *testing.T
+	store *events.JetStreamStore
+}
+
+func (w writer) do(s engine.State, c engine.Command, who string) engine.State {
+	w.t.Helper()
+	ev, err := engine.Decide(s, c, engine.Meta{Writer: who, Now: time.Now()})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	seq, err := w.store.Append(context.Background(), ev, s.Seq)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	next, err := engine.Apply(s, events.Record{Seq: seq, Event: ev})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return next
+}
+
+func (w writer) arm(command string) engine.State {
+	spec := engine.Spec{Command: command, Target: engine.DefaultTarget}
+	id, err := engine.TaskID(spec)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return w.do(engine.State{ID: id}, engine.Arm{Spec: spec}, "engine")
+}
+
+func (w writer) run(s engine.State, exit int) engine.State {
+	s = w.do(s, engine.Spawn{Host: "h"}, "w1")
+	s = w.do(s, engine.Tick{PID: 42}, "w1")
+	return w.do(s, engine.Exit{Run: events.Exited{ExitCode: exit, Tail: []string{"out"}, StartedAt: time.Now(), EndedAt: time.Now()}}, "w1")
+}
+
+func TestReplayedStateEqualsLiveState(t *testing.T) {
+	t.Parallel()
+	srv := eventstest.Run(t)
+	ctx := context.Background()
+	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var notified []engine.Phase
+	live := projections.New(store, func(s engine.State) {
+		mu.Lock()
+		notified = append(notified, s.Phase)
+		mu.Unlock()
+	}, engine.Base{})
+	if err := live.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer live.Stop()
+
+	w := writer{t: t, store: store}
+	fired := w.run(w.arm("echo a"), 0)
+	fired = w.do(fired, engine.PersistCompletion{}, "engine")
+	fired = w.do(fired, engine.Fire{InboxSeq: 1}, "engine")
+	w.run(w.arm("exit 1"), 1)
+	w.do(w.arm("sleep 1"), engine.Cancel{Reason: "test"}, "engine")
+	w.arm("still armed")
+	// A corrupt message and an event that does not fit its task are skipped, not fatal.
+	if _, err := srv.JS.Publish(ctx, events.TaskSubject(fired.ID, events.TypeTick), []byte("{broken")); err != nil {
+		t.Fatal(err)
+	}
+	stray, err := events.New(fired.ID, "intruder", 9, time.Now(), &events.Tick{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	strayJSON, err := json.Marshal(stray)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Published around the store, as a hostile or buggy client could.
+	if _, err := srv.JS.Publish(ctx, events.TaskSubject(fired.ID, events.TypeTick), strayJSON); err != nil {
+		t.Fatal(err)
+	}
+	last, err := store.LastSeq(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := live.WaitFor(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+
+	replayed := projections.New(store, nil, engine.Base{})
+	if err := replayed.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer replayed.Stop()
+
+	liveTasks, liveTotal := live.List(engine.ListQuery{})
+	replayTasks, replayTotal := replayed.List(engine.ListQuery{})
+	if liveTotal != 4 || replayTotal != 4 {
+		t.Fatalf("tasks: live %d, replayed %d, want 4", liveTotal, replayTotal)
+	}
+	if !reflect.DeepEqual(liveTasks, replayTasks) {
+		t.Fatalf("replayed state differs from live state:\nlive:     %+v\nreplayed: %+v", liveTasks, replayTasks)
+	}
+	for _, p := range []*projections.Projector{live, replayed} {
+		if _, n := p.Problems(); n != 2 {
+			t.Fatalf("problems = %d, want the corrupt event and the stray tick", n)
+		}
+	}
+	if s, _ := replayed.Task(fired.ID); s.Phase != engine.PhaseFired || s.Status != engine.StatusSucceeded || s.PID != 42 {
+		t.Fatalf("fired task replayed as %+v", s)
+	}
+	counts := map[engine.Phase]int{}
+	for _, s := range replayTasks {
+		counts[s.Phase]++
+	}
+	if want := map[engine.Phase]int{engine.PhaseFired: 1, engine.PhaseEnded: 1, engine.PhaseCancelled: 1, engine.PhaseArmed: 1}; !reflect.DeepEqual(counts, want) {
+		t.Fatalf("phases = %v, want %v", counts, want)
+	}
+	if armed, total := replayed.List(engine.ListQuery{Phase: engine.PhaseArmed, Limit: 10}); total != 1 || len(armed) != 1 {
+		t.Fatalf("list of armed tasks: %d of %d", len(armed), total)
+	}
+	if page, total := replayed.List(engine.ListQuery{Limit: 2}); len(page) != 2 || total != 4 {
+		t.Fatalf("limit 2: got %d of %d", len(page), total)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// The live projector notified every event it applied, and no skipped one.
+	if len(notified) != int(last)-2 {
+		t.Fatalf("notified %d times, want %d (every valid event)", len(notified), last-2)
+	}
+}
+
+func TestStartReturnsOnlyWhenTheWholeStreamIsApplied(t *testing.T) {
+	t.Parallel()
+	srv := eventstest.Run(t)
+	ctx := context.Background()
+	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := writer{t: t, store: store}
+	for range 500 {
+		w.arm("true")
+	}
+	notifications := 0
+	p := projections.New(store, func(engine.State) { notifications++ }, engine.Base{})
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	if _, total := p.List(engine.ListQuery{}); total != 500 {
+		t.Fatalf("after Start: %d tasks, want 500", total)
+	}
+	if notifications != 0 {
+		t.Fatalf("replay notified %d times; only live events notify", notifications)
+	}
+	if got := p.Applied(); got != 500 {
+		t.Fatalf("applied = %d, want 500", got)
+	}
+}
