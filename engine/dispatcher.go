@@ -140,6 +140,10 @@ func (d *Dispatcher) loop(ctx context.Context) {
 			if err == nil || ctx.Err() != nil {
 				break
 			}
+			if errors.Is(err, ErrNotFound) || errors.Is(err, ErrWrongPhase) {
+				d.base.Logger.Error("task cannot be delivered", "task", id, "err", err)
+				break
+			}
 			d.base.Logger.Warn("delivery failed, retrying", "task", id, "err", err, "in", backoff)
 			select {
 			case <-ctx.Done():

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -68,8 +69,11 @@ func render(tmpl string, vars map[string]string, origin json.RawMessage) string 
 // originValue looks up a dotted key in the origin object: strings as they are,
 // anything else as JSON, a missing key as "".
 func originValue(origin json.RawMessage, key string) string {
+	// Numbers stay as written: a 64-bit chat id must not come back rounded.
+	dec := json.NewDecoder(bytes.NewReader(origin))
+	dec.UseNumber()
 	var v any
-	if json.Unmarshal(origin, &v) != nil {
+	if dec.Decode(&v) != nil {
 		return ""
 	}
 	for _, part := range strings.Split(key, ".") {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 
 	"github.com/bgtask/bgtask/events"
@@ -48,6 +49,9 @@ func ParseSpec(data []byte) (Spec, error) {
 	if len(data) > MaxSpecBytes {
 		return Spec{}, fieldErr("spec", "%d bytes is over the limit of %d", len(data), MaxSpecBytes)
 	}
+	if err := checkFieldNames(data); err != nil {
+		return Spec{}, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var s Spec
@@ -61,6 +65,32 @@ func ParseSpec(data []byte) (Spec, error) {
 		return Spec{}, err
 	}
 	return s, nil
+}
+
+// specFields are the spec's field names as written on the wire.
+var specFields = func() map[string]bool {
+	fields := map[string]bool{}
+	t := reflect.TypeFor[Spec]()
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		fields[name] = true
+	}
+	return fields
+}()
+
+// checkFieldNames rejects field names that encoding/json would match without regard
+// to case ("Command"): a spec uses exactly the documented names.
+func checkFieldNames(data []byte) error {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(data, &fields) != nil {
+		return nil // not an object: the decoder reports it
+	}
+	for name := range fields {
+		if !specFields[name] {
+			return fieldErr(name, "unknown field")
+		}
+	}
+	return nil
 }
 
 func decodeError(err error) error {

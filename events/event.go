@@ -29,16 +29,6 @@ const (
 	TypeFailed              Type = "failed"
 )
 
-// Known reports whether t is a type this version of bgtask understands.
-func (t Type) Known() bool {
-	switch t {
-	case TypeArmed, TypeSpawned, TypeTick, TypeStalled, TypeExited,
-		TypeCompletionPersisted, TypeFired, TypeCancelled, TypeLost, TypeFailed:
-		return true
-	}
-	return false
-}
-
 // Event is the versioned envelope of every lifecycle event.
 type Event struct {
 	V       int             `json:"v"`
@@ -118,8 +108,8 @@ func (e Event) Decode() (Payload, error) {
 	return p, nil
 }
 
-// Armed registers a task. The spec is kept as the exact JSON the engine validated,
-// so the stream holds what the caller asked for.
+// Armed registers a task. The spec is the engine's validated spec with its defaults
+// filled in, so every reader sees the same task whatever defaults later versions use.
 type Armed struct {
 	Spec json.RawMessage `json:"spec"`
 }

@@ -88,9 +88,10 @@ func (in *JetStreamInbox) Deliver(ctx context.Context, w Wakeup, recheckSince ti
 // find returns the sequence of the message with id msgID on subject since a time, or 0.
 func (in *JetStreamInbox) find(ctx context.Context, subject, msgID string, since time.Time) (uint64, error) {
 	cons, err := in.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subject},
-		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
-		OptStartTime:   &since,
+		FilterSubjects:    []string{subject},
+		DeliverPolicy:     jetstream.DeliverByStartTimePolicy,
+		OptStartTime:      &since,
+		InactiveThreshold: shortReadInactivity,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("search inbox %s: %w", subject, err)

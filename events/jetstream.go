@@ -117,7 +117,8 @@ func (s *JetStreamStore) History(ctx context.Context, taskID string) ([]Record, 
 		return nil, err
 	}
 	cons, err := s.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{TaskFilter(taskID)},
+		FilterSubjects:    []string{TaskFilter(taskID)},
+		InactiveThreshold: shortReadInactivity,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read history of task %s: %w", taskID, err)
@@ -165,6 +166,10 @@ func (s *JetStreamStore) LastSeq(ctx context.Context) (uint64, error) {
 	}
 	return info.State.LastSeq, nil
 }
+
+// shortReadInactivity lets the server remove the consumer of a one-off read soon
+// after it is done, instead of keeping it for the default five minutes.
+const shortReadInactivity = 5 * time.Second
 
 // DecodeRecord decodes one stored event.
 func DecodeRecord(seq uint64, data []byte) (Record, error) {
