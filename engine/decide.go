@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/bgtask/bgtask/events"
@@ -43,6 +44,13 @@ type Tick struct {
 
 // Exit records how the command ended.
 type Exit struct{ Run events.Exited }
+
+// Stall records that the command printed nothing for SilentFor and what the spec's
+// on_stall does about it.
+type Stall struct {
+	SilentFor time.Duration
+	Action    string
+}
 
 // Fail records that the command could not run.
 type Fail struct{ Reason string }
@@ -87,6 +95,26 @@ func (c Exit) decide(s State, m Meta) (events.Payload, uint64, error) {
 	}
 	run := c.Run
 	return &run, s.Epoch, nil
+}
+
+func (c Stall) decide(s State, m Meta) (events.Payload, uint64, error) {
+	if err := s.leaseHeldBy(m.Writer); err != nil {
+		return nil, 0, err
+	}
+	switch c.Action {
+	case OnStallNotify:
+		if s.StallNotified {
+			return nil, 0, fmt.Errorf("%w: the caller was already told task %s stalled", ErrWrongPhase, s.ID)
+		}
+	case OnStallRespawn:
+		if s.Respawns >= s.Spec.Respawns() {
+			return nil, 0, fmt.Errorf("%w: task %s was respawned %d times, its limit", ErrWrongPhase, s.ID, s.Respawns)
+		}
+	case OnStallKill:
+	default:
+		return nil, 0, fmt.Errorf("unknown stall action %q", c.Action)
+	}
+	return &events.Stalled{SilentFor: c.SilentFor.String(), Action: c.Action}, s.Epoch, nil
 }
 
 func (c Fail) decide(s State, m Meta) (events.Payload, uint64, error) {
@@ -154,17 +182,69 @@ func (s State) wakeup() events.Wakeup {
 		Origin:  s.Spec.Origin,
 	}
 	if r := s.Run; r != nil {
-		code := r.ExitCode
 		started, ended := r.StartedAt, r.EndedAt
-		w.ExitCode, w.Signal, w.Tail = &code, r.Signal, r.Tail
+		w.Signal, w.Tail, w.MatchedLine = r.Signal, r.Tail, r.MatchedLine
 		w.StartedAt, w.EndedAt = &started, &ended
+		if !r.KeptRunning {
+			code := r.ExitCode
+			w.ExitCode = &code
+		}
 	}
+	w.Result = s.result()
+	w.Prompt = s.render(w)
+	return w
+}
+
+// render fills the spec's prompt template, or the default prompt, for w.
+func (s State) render(w events.Wakeup) string {
 	vars := promptVars(w, s.Spec.Kind)
 	if s.Spec.Prompt == "" {
-		w.Prompt = defaultPrompt(w, vars)
-	} else {
-		w.Prompt = render(s.Spec.Prompt, vars, s.Spec.Origin)
+		return defaultPrompt(w, vars)
 	}
+	return render(s.Spec.Prompt, vars, s.Spec.Origin)
+}
+
+// result is the wake-up's {{result}}: what the spec's result rule selects, cut at
+// max_result_bytes with a note that says so.
+func (s State) result() string {
+	var out string
+	r := s.Spec.Result
+	switch {
+	case s.Run == nil:
+		return ""
+	case r != nil && r.Type == ResultCommand:
+		out = s.Run.Result
+		if s.Run.ResultError != "" {
+			out = "(result command failed: " + s.Run.ResultError + ")\n" + out
+		}
+	case r != nil && r.Type == ResultMatchedLine:
+		out = s.Run.MatchedLine
+	default:
+		lines := DefaultTailLines
+		if r != nil && r.Lines > 0 {
+			lines = r.Lines
+		}
+		tail := s.Run.Tail
+		if len(tail) > lines {
+			tail = tail[len(tail)-lines:]
+		}
+		out = strings.Join(tail, "\n")
+	}
+	if limit := s.Spec.maxResultBytes(); len(out) > limit {
+		out = strings.ToValidUTF8(out[:limit], "") + fmt.Sprintf("\n[result truncated: %d of %d bytes]", limit, len(out))
+	}
+	return out
+}
+
+// StallNotice is the wake-up sent when a task stalls and its spec says notify: the
+// task goes on, and its final wake-up follows.
+func (s State) StallNotice() events.Wakeup {
+	w := events.Wakeup{
+		ID: s.ID, Status: StatusStalled, Kind: s.Spec.Kind, Command: s.Spec.CommandLine(),
+		Target: s.Spec.Target, Origin: s.Spec.Origin, Notice: StatusStalled,
+		Reason: "no output for " + s.Spec.StallAfter + "; the command is still running",
+	}
+	w.Prompt = s.render(w)
 	return w
 }
 

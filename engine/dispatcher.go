@@ -37,6 +37,7 @@ type Dispatcher struct {
 	mu      sync.Mutex
 	queue   []string
 	queued  map[string]bool
+	notices map[string]bool // tasks with a stall notice to deliver
 	wake    chan struct{}
 	cancel  context.CancelFunc
 	stopped sync.WaitGroup
@@ -49,15 +50,18 @@ func NewDispatcher(store events.Store, inbox events.Inbox, tasks TaskReader, wri
 	}
 	return &Dispatcher{
 		base: base.WithDefaults(), store: store, inbox: inbox, tasks: tasks, writer: writer,
-		workers: workers, queued: map[string]bool{}, wake: make(chan struct{}, 1),
+		workers: workers, queued: map[string]bool{}, notices: map[string]bool{}, wake: make(chan struct{}, 1),
 	}
 }
 
 // Notify is called with every task state the projector applies live. A run that has
-// just ended is queued.
+// just ended is queued, and so is a stall the caller is to be told of.
 func (d *Dispatcher) Notify(s State) {
-	if s.Phase == PhaseEnded {
-		d.enqueue(s.ID)
+	switch {
+	case s.Phase == PhaseEnded:
+		d.enqueue(s.ID, false)
+	case s.LastType == events.TypeStalled && s.Stall.Action == OnStallNotify:
+		d.enqueue(s.ID, true)
 	}
 }
 
@@ -66,16 +70,19 @@ func (d *Dispatcher) Notify(s State) {
 func (d *Dispatcher) Recover(states []State) {
 	for _, s := range states {
 		if s.Phase == PhaseEnded || s.Phase == PhasePersisted {
-			d.enqueue(s.ID)
+			d.enqueue(s.ID, false)
 		}
 	}
 }
 
-func (d *Dispatcher) enqueue(id string) {
+func (d *Dispatcher) enqueue(id string, notice bool) {
 	d.mu.Lock()
 	if !d.queued[id] {
 		d.queued[id] = true
 		d.queue = append(d.queue, id)
+	}
+	if notice {
+		d.notices[id] = true
 	}
 	d.mu.Unlock()
 	select {
@@ -84,16 +91,18 @@ func (d *Dispatcher) enqueue(id string) {
 	}
 }
 
-func (d *Dispatcher) next() (string, bool) {
+func (d *Dispatcher) next() (id string, notice, ok bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if len(d.queue) == 0 {
-		return "", false
+		return "", false, false
 	}
-	id := d.queue[0]
+	id = d.queue[0]
 	d.queue = d.queue[1:]
+	notice = d.notices[id]
 	delete(d.queued, id)
-	return id, true
+	delete(d.notices, id)
+	return id, notice, true
 }
 
 // Start runs the delivery loops until Stop.
@@ -120,7 +129,7 @@ func (d *Dispatcher) Stop() {
 
 func (d *Dispatcher) loop(ctx context.Context) {
 	for {
-		id, ok := d.next()
+		id, notice, ok := d.next()
 		if !ok {
 			select {
 			case <-ctx.Done():
@@ -136,7 +145,7 @@ func (d *Dispatcher) loop(ctx context.Context) {
 		}
 		backoff := 50 * time.Millisecond
 		for {
-			err := d.Complete(ctx, id)
+			err := d.deliver(ctx, id, notice)
 			if err == nil || ctx.Err() != nil {
 				break
 			}
@@ -153,6 +162,26 @@ func (d *Dispatcher) loop(ctx context.Context) {
 			backoff = min(2*backoff, 5*time.Second)
 		}
 	}
+}
+
+func (d *Dispatcher) deliver(ctx context.Context, id string, notice bool) error {
+	if notice {
+		if err := d.Notice(ctx, id); err != nil {
+			return err
+		}
+	}
+	return d.Complete(ctx, id)
+}
+
+// Notice delivers a task's stall notice. It is sent at most once: the worker writes
+// one notify stall per task, and the inbox drops a repeat of its message id.
+func (d *Dispatcher) Notice(ctx context.Context, id string) error {
+	s, ok := d.tasks.Task(id)
+	if !ok || !s.StallNotified {
+		return nil
+	}
+	_, err := d.inbox.Deliver(ctx, s.StallNotice(), time.Time{})
+	return err
 }
 
 // Complete drives one task from ended to fired. It is safe to call for any task, any

@@ -60,7 +60,7 @@ func NewService(store events.Store, writer string, base Base) *Service {
 // Register validates a spec and arms it. It returns the task id and whether this
 // call armed it (false: the idempotency key was registered before).
 func (s *Service) Register(ctx context.Context, raw []byte) (string, bool, error) {
-	spec, err := ParseSpec(raw)
+	spec, err := ParseSpecAt(raw, s.base.Now())
 	if err != nil {
 		return "", false, err
 	}

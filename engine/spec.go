@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"time"
 
 	"github.com/bgtask/bgtask/events"
 )
@@ -42,10 +43,32 @@ type Spec struct {
 	Origin json.RawMessage `json:"origin,omitempty"`
 	// IdempotencyKey makes registration idempotent: the same key, the same task.
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
+
+	// Completion decides when the task is done (default: when the command exits).
+	Completion *Completion `json:"completion,omitempty"`
+	// KeepRunning leaves the command running after its completion rule matched.
+	KeepRunning bool `json:"keep_running,omitempty"`
+	// StallAfter is how long the command may print nothing before it is stalled.
+	StallAfter string `json:"stall_after,omitempty"`
+	// OnStall is notify (default), kill or respawn.
+	OnStall string `json:"on_stall,omitempty"`
+	// MaxRespawns bounds on_stall respawn (default 1).
+	MaxRespawns *int `json:"max_respawns,omitempty"`
+	// Deadline is a duration from registration or an RFC 3339 time; the engine
+	// stores it as a time.
+	Deadline string `json:"deadline,omitempty"`
+	// Result decides the wake-up's {{result}} (default: the last 50 lines).
+	Result *Result `json:"result,omitempty"`
+	// MaxResultBytes truncates the result (default 32 KiB).
+	MaxResultBytes int `json:"max_result_bytes,omitempty"`
 }
 
-// ParseSpec decodes and validates a spec. Every rejection is a *FieldError.
-func ParseSpec(data []byte) (Spec, error) {
+// ParseSpec decodes and validates a spec registered now.
+func ParseSpec(data []byte) (Spec, error) { return ParseSpecAt(data, time.Now()) }
+
+// ParseSpecAt decodes and validates a spec registered at now (a relative deadline
+// counts from it). Every rejection is a *FieldError.
+func ParseSpecAt(data []byte, now time.Time) (Spec, error) {
 	if len(data) > MaxSpecBytes {
 		return Spec{}, fieldErr("spec", "%d bytes is over the limit of %d", len(data), MaxSpecBytes)
 	}
@@ -62,6 +85,9 @@ func ParseSpec(data []byte) (Spec, error) {
 		return Spec{}, fieldErr("spec", "unexpected data after the JSON object")
 	}
 	if err := s.Validate(); err != nil {
+		return Spec{}, err
+	}
+	if err := s.validateWatch(now); err != nil {
 		return Spec{}, err
 	}
 	return s, nil

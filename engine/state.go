@@ -26,8 +26,15 @@ func (p Phase) Terminal() bool { return p == PhaseFired || p == PhaseCancelled }
 const (
 	StatusSucceeded = "succeeded"
 	StatusFailed    = "failed"
+	StatusStalled   = "stalled"
+	StatusTimedOut  = "timed_out"
 	StatusCancelled = "cancelled"
+	StatusLost      = "lost"
 )
+
+// ReasonNoMatch is the reason of a task whose command exited before its
+// completion rule matched.
+const ReasonNoMatch = "exited before the completion rule matched"
 
 // State is a task's current state, folded from its events.
 type State struct {
@@ -54,7 +61,13 @@ type State struct {
 	FiredAt     *time.Time     `json:"fired_at,omitempty"`
 	InboxSeq    uint64         `json:"inbox_seq,omitempty"`
 	EndedAt     *time.Time     `json:"ended_at,omitempty"`
-	Events      int            `json:"events"`
+	// Stall is the last stall of the current run; StallNotified: the caller was told.
+	Stall         *events.Stalled `json:"stall,omitempty"`
+	StallNotified bool            `json:"stall_notified,omitempty"`
+	// Respawns counts runs started again after a stall.
+	Respawns int         `json:"respawns,omitempty"`
+	LastType events.Type `json:"last_event"`
+	Events   int         `json:"events"`
 }
 
 // TransitionError is an event that does not fit the task's state. It is reported,
@@ -87,6 +100,7 @@ func Apply(s State, rec events.Record) (State, error) {
 		return s, &TransitionError{Seq: rec.Seq, Type: rec.Type, Phase: s.Phase, Err: err}
 	}
 	next.Seq = rec.Seq
+	next.LastType = rec.Type
 	next.Events++
 	return next, nil
 }
@@ -129,10 +143,20 @@ func apply(s State, rec events.Record) (State, error) {
 		}
 		run := *p
 		s.Phase, s.Run, s.EndedAt = PhaseEnded, &run, &p.EndedAt
-		if p.ExitCode == 0 && p.Signal == "" {
-			s.Status = StatusSucceeded
-		} else {
-			s.Status = StatusFailed
+		s.Status, s.Reason = outcome(s, p)
+	case *events.Stalled:
+		if err := s.ownedBy(rec); err != nil {
+			return s, err
+		}
+		stall := *p
+		s.Stall = &stall
+		switch p.Action {
+		case OnStallNotify:
+			s.StallNotified = true
+		case OnStallRespawn:
+			// The same worker starts the command again with the next spawn.
+			s.Phase = PhaseArmed
+			s.Respawns++
 		}
 	case *events.Failed:
 		if s.Phase == PhaseRunning {
@@ -163,6 +187,28 @@ func apply(s State, rec events.Record) (State, error) {
 		return s, fmt.Errorf("no transition for %s", rec.Type)
 	}
 	return s, nil
+}
+
+// outcome is the status of a run that ended, from the facts the worker recorded
+// and the rules of the spec.
+func outcome(s State, run *events.Exited) (status, reason string) {
+	switch {
+	case run.Matched:
+		return StatusSucceeded, ""
+	case run.StoppedBy == events.StoppedByDeadline:
+		return StatusTimedOut, "the deadline " + s.Spec.Deadline + " passed"
+	case run.StoppedBy == events.StoppedByStall:
+		silent := s.Spec.StallAfter
+		if s.Stall != nil {
+			silent = s.Stall.SilentFor
+		}
+		return StatusStalled, "no output for " + silent
+	case s.Spec.Completion != nil:
+		return StatusFailed, ReasonNoMatch
+	case run.ExitCode == 0 && run.Signal == "":
+		return StatusSucceeded, ""
+	}
+	return StatusFailed, ""
 }
 
 // ownedBy checks that a run event comes from the spawn that holds the task.

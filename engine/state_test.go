@@ -392,7 +392,7 @@ func TestApplyRejectsEventsThatDoNotFit(t *testing.T) {
 		}, errAny},
 		{"reserved type without a transition", engine.PhaseRunning, func(f *fold) events.Event {
 			ev := f.event(workerA, 1, &events.Tick{})
-			ev.Type = events.TypeStalled
+			ev.Type = events.TypeLost
 			return ev
 		}, errAny},
 		{"payload of the wrong JSON type", engine.PhaseRunning, func(f *fold) events.Event {

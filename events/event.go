@@ -20,7 +20,7 @@ const (
 	TypeArmed               Type = "armed"
 	TypeSpawned             Type = "spawned"
 	TypeTick                Type = "tick"
-	TypeStalled             Type = "stalled" // reserved: written by the watch rules
+	TypeStalled             Type = "stalled"
 	TypeExited              Type = "exited"
 	TypeCompletionPersisted Type = "completion-persisted"
 	TypeFired               Type = "fired"
@@ -89,6 +89,8 @@ func (e Event) Decode() (Payload, error) {
 		p = &Tick{}
 	case TypeExited:
 		p = &Exited{}
+	case TypeStalled:
+		p = &Stalled{}
 	case TypeCompletionPersisted:
 		p = &CompletionPersisted{}
 	case TypeFired:
@@ -128,13 +130,39 @@ type Tick struct {
 	OutputBytes int64 `json:"output_bytes"`
 }
 
-// Exited records how the command ended.
+// Exited records how the run ended: the command's exit, or the watch rule that
+// ended it.
 type Exited struct {
 	ExitCode  int       `json:"exit_code"`
 	Signal    string    `json:"signal,omitempty"`
 	Tail      []string  `json:"tail,omitempty"`
 	StartedAt time.Time `json:"started_at"`
 	EndedAt   time.Time `json:"ended_at"`
+	// Matched: the completion rule matched MatchedLine.
+	Matched     bool   `json:"matched,omitempty"`
+	MatchedLine string `json:"matched_line,omitempty"`
+	// StoppedBy names the rule that stopped the command: match, deadline or stall.
+	StoppedBy string `json:"stopped_by,omitempty"`
+	// KeptRunning: the rule matched and the command was left running (no exit code).
+	KeptRunning bool `json:"kept_running,omitempty"`
+	// Result is the stdout of the spec's result command; ResultError says why it has none.
+	Result      string `json:"result,omitempty"`
+	ResultError string `json:"result_error,omitempty"`
+	OutputBytes int64  `json:"output_bytes,omitempty"`
+}
+
+// Ways a watch rule stops a command.
+const (
+	StoppedByMatch    = "match"
+	StoppedByDeadline = "deadline"
+	StoppedByStall    = "stall"
+)
+
+// Stalled records that the command printed nothing for SilentFor, and what the
+// spec's on_stall did about it.
+type Stalled struct {
+	SilentFor string `json:"silent_for"`
+	Action    string `json:"action"`
 }
 
 // Failed records that the command could not run at all.
@@ -163,6 +191,7 @@ func (*Armed) EventType() Type               { return TypeArmed }
 func (*Spawned) EventType() Type             { return TypeSpawned }
 func (*Tick) EventType() Type                { return TypeTick }
 func (*Exited) EventType() Type              { return TypeExited }
+func (*Stalled) EventType() Type             { return TypeStalled }
 func (*Failed) EventType() Type              { return TypeFailed }
 func (*CompletionPersisted) EventType() Type { return TypeCompletionPersisted }
 func (*Fired) EventType() Type               { return TypeFired }
@@ -171,13 +200,18 @@ func (*Cancelled) EventType() Type           { return TypeCancelled }
 // Wakeup is what the caller receives, exactly once: in the inbox, from `bgtask wait`
 // and in the completion-persisted event.
 type Wakeup struct {
-	ID        string          `json:"id"`
-	Status    string          `json:"status"`
-	ExitCode  *int            `json:"exit_code"`
-	Signal    string          `json:"signal,omitempty"`
-	Reason    string          `json:"reason,omitempty"`
-	Prompt    string          `json:"prompt"`
-	Result    string          `json:"result,omitempty"`
+	ID       string `json:"id"`
+	Status   string `json:"status"`
+	ExitCode *int   `json:"exit_code"`
+	Signal   string `json:"signal,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+	Prompt   string `json:"prompt"`
+	Result   string `json:"result,omitempty"`
+	// MatchedLine is the stdout line that completed the task, for completion rules.
+	MatchedLine string `json:"matched_line,omitempty"`
+	// Notice is set on a wake-up that is not the task's end: "stalled" for on_stall
+	// notify. The task goes on, and its final wake-up follows.
+	Notice    string          `json:"notice,omitempty"`
 	Tail      []string        `json:"tail,omitempty"`
 	Kind      string          `json:"kind,omitempty"`
 	Command   string          `json:"command"`

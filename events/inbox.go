@@ -66,9 +66,12 @@ const recheckSkew = time.Minute
 // persisted: a delivery attempt whose result was lost (a crash, a lost ack) can only
 // have happened after it, so only that part of the target's inbox is searched.
 func (in *JetStreamInbox) Deliver(ctx context.Context, w Wakeup, recheckSince time.Time) (uint64, error) {
-	subject := InboxSubject(w.Target)
+	subject, msgID := InboxSubject(w.Target), w.ID
+	if w.Notice != "" {
+		msgID += "." + w.Notice // a notice does not take the final wake-up's id
+	}
 	if !recheckSince.IsZero() {
-		seq, err := in.find(ctx, subject, w.ID, recheckSince.Add(-recheckSkew))
+		seq, err := in.find(ctx, subject, msgID, recheckSince.Add(-recheckSkew))
 		if err != nil || seq > 0 {
 			return seq, err
 		}
@@ -78,7 +81,7 @@ func (in *JetStreamInbox) Deliver(ctx context.Context, w Wakeup, recheckSince ti
 		return 0, err
 	}
 	ack, err := in.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: data},
-		jetstream.WithMsgID(w.ID), jetstream.WithExpectStream(InboxStreamName))
+		jetstream.WithMsgID(msgID), jetstream.WithExpectStream(InboxStreamName))
 	if err != nil {
 		return 0, fmt.Errorf("deliver %s to %s: %w", w.ID, subject, err)
 	}

@@ -54,6 +54,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// childEnv is the environment of the bgtask processes a test starts. A binary built
+// with -race waits a second at exit by default; a race must fail the test at once.
+func childEnv(home string) []string {
+	return append(os.Environ(), "BGTASK_HOME="+home, "GORACE=atexit_sleep_ms=0 halt_on_error=1")
+}
+
 // proc is a bgtask process started by a test: a server or a worker.
 type proc struct {
 	t    *testing.T
@@ -85,7 +91,7 @@ func start(t *testing.T, home string, args ...string) *proc {
 	cmd := exec.Command(bin, append([]string{"--home", home}, args...)...)
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.Env = append(os.Environ(), "BGTASK_HOME="+home)
+	cmd.Env = childEnv(home)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +132,7 @@ func (p *proc) stop(sig syscall.Signal) {
 // startServer starts `bgtask server` on home and waits until it serves requests.
 func startServer(t *testing.T, home string, args ...string) *proc {
 	t.Helper()
-	args = append([]string{"server", "--listen", "127.0.0.1:0", "--tick", "200ms", "--kill-grace", "2s", "--log-level", "debug"}, args...)
+	args = append([]string{"server", "--listen", "127.0.0.1:0", "--tick", "200ms", "--kill-grace", "2s"}, args...)
 	p := start(t, home, args...)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -159,6 +165,7 @@ func run(t *testing.T, home string, args ...string) result {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, append([]string{"--home", home}, args...)...)
+	cmd.Env = childEnv(home)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -332,3 +339,6 @@ func processGone(pid int) bool {
 	fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
 	return len(fields) > 0 && fields[0] == "Z"
 }
+
+// killGroup ends a process group a test left running on purpose.
+func killGroup(pgid int) error { return syscall.Kill(-pgid, syscall.SIGKILL) }

@@ -70,9 +70,13 @@ func mergeEnv(base []string, overrides map[string]string, extra ...string) []str
 }
 
 // lookPath finds an argv[0] in the PATH of env (not the worker's own PATH: the
-// command runs in the login environment).
-func lookPath(name string, env []string) (string, error) {
+// command runs in the login environment), as a shell in dir would: a relative PATH
+// entry such as "." is relative to dir.
+func lookPath(name string, env []string, dir string) (string, error) {
 	if strings.Contains(name, "/") {
+		if !filepath.IsAbs(name) {
+			name = filepath.Join(dir, name)
+		}
 		return name, nil
 	}
 	path := ""
@@ -81,11 +85,11 @@ func lookPath(name string, env []string) (string, error) {
 			path = v
 		}
 	}
-	for _, dir := range filepath.SplitList(path) {
-		if dir == "" {
-			dir = "."
+	for _, entry := range filepath.SplitList(path) {
+		if !filepath.IsAbs(entry) {
+			entry = filepath.Join(dir, entry)
 		}
-		p := filepath.Join(dir, name)
+		p := filepath.Join(entry, name)
 		if info, err := os.Stat(p); err == nil && !info.IsDir() && info.Mode()&0o111 != 0 {
 			return p, nil
 		}

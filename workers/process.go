@@ -2,6 +2,7 @@ package workers
 
 import (
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"syscall"
@@ -20,24 +21,23 @@ const waitDelay = time.Second
 // process is one running command, the leader of its own process group.
 type process struct {
 	cmd     *exec.Cmd
-	tail    *Tail
 	started time.Time
 	exited  chan struct{} // closed when the command has been reaped
 	result  events.Exited
 }
 
 // startProcess starts a spec's command in its own process group, in env and dir,
-// with stdin from /dev/null and stdout and stderr into one tail.
-func startProcess(spec engine.Spec, env []string, dir string, tail *Tail) (*process, error) {
+// with stdin from /dev/null. stdout and stderr must never block.
+func startProcess(spec engine.Spec, env []string, dir string, stdout, stderr io.Writer) (*process, error) {
 	var cmd *exec.Cmd
 	if spec.Command != "" {
-		bash, err := lookPath("bash", env)
+		bash, err := lookPath("bash", env, dir)
 		if err != nil {
 			return nil, err
 		}
 		cmd = exec.Command(bash, "-c", spec.Command)
 	} else {
-		path, err := lookPath(spec.Argv[0], env)
+		path, err := lookPath(spec.Argv[0], env, dir)
 		if err != nil {
 			return nil, err
 		}
@@ -48,13 +48,13 @@ func startProcess(spec engine.Spec, env []string, dir string, tail *Tail) (*proc
 		return nil, errors.New("working directory " + dir + " does not exist")
 	}
 	cmd.Dir, cmd.Env = dir, env
-	cmd.Stdout, cmd.Stderr = tail, tail // one writer: exec gives both one pipe, in order
+	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.WaitDelay = waitDelay
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	p := &process{cmd: cmd, tail: tail, started: time.Now(), exited: make(chan struct{})}
+	p := &process{cmd: cmd, started: time.Now(), exited: make(chan struct{})}
 	go p.wait()
 	return p, nil
 }
@@ -64,7 +64,6 @@ func (p *process) wait() {
 	_ = p.cmd.Wait() // the outcome is in ProcessState; ErrWaitDelay only means a pipe was left open
 	p.result = events.Exited{
 		ExitCode:  p.cmd.ProcessState.ExitCode(),
-		Tail:      p.tail.Lines(),
 		StartedAt: p.started.UTC(),
 		EndedAt:   time.Now().UTC(),
 	}
@@ -83,7 +82,7 @@ func signalName(sig syscall.Signal) string {
 }
 
 // stop ends the whole process group: TERM, then KILL after grace. Members left
-// after the leader exited are killed too, so no grandchild outlives a cancel.
+// after the leader exited are killed too, so no grandchild outlives a stop.
 func (p *process) stop(grace time.Duration) {
 	pgid := p.cmd.Process.Pid
 	_ = syscall.Kill(-pgid, syscall.SIGTERM)

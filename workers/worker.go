@@ -24,6 +24,9 @@ import (
 	"github.com/bgtask/bgtask/events"
 )
 
+// pullWait is how long one request for an armed task waits.
+const pullWait = 5 * time.Second
+
 // ConsumerName is the durable consumer of armed events that all workers share, so
 // each armed task is offered to one worker at a time.
 const ConsumerName = "workers"
@@ -82,6 +85,7 @@ type Worker struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	store events.Store
+	logs  *events.Logs
 	env   func() []string
 	slots chan struct{}
 
@@ -119,6 +123,11 @@ func (w *Worker) ID() string { return w.cfg.ID }
 
 // Start begins taking tasks.
 func (w *Worker) Start(ctx context.Context) error {
+	logs, err := events.ConnectLogs(ctx, w.js)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	w.logs = logs
 	cons, err := w.js.CreateOrUpdateConsumer(ctx, events.StreamName, jetstream.ConsumerConfig{
 		Durable:       ConsumerName,
 		Description:   "armed tasks, shared by all bgtask workers",
@@ -179,13 +188,17 @@ func (w *Worker) takeLoop(ctx context.Context, cons jetstream.Consumer) {
 		case <-ctx.Done():
 			return
 		}
-		msg, err := cons.Next(jetstream.FetchContext(ctx))
+		// A short pull: a request lost with a restarted server is replaced within
+		// seconds instead of waiting out a long expiry.
+		pullCtx, cancelPull := context.WithTimeout(ctx, pullWait)
+		msg, err := cons.Next(jetstream.FetchContext(pullCtx))
+		cancelPull()
 		if err != nil {
 			<-w.slots
 			if ctx.Err() != nil {
 				return
 			}
-			if !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
+			if !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
 				w.cfg.Base.Logger.Warn("worker: fetching armed tasks", "err", err)
 				select {
 				case <-ctx.Done():

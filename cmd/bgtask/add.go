@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,14 +13,20 @@ import (
 	"github.com/bgtask/bgtask/engine"
 )
 
+type addOptions struct {
+	cwd, kind, prompt, target, key, origin string
+	env                                    []string
+	noCwd, keepRunning, asJSON             bool
+	completeJSON                           []string
+	completeRegex                          string
+	stallAfter, onStall, deadline          string
+	maxRespawns                            int
+	result                                 string
+	specFile                               string
+}
+
 func addCmd(g *globals) *cobra.Command {
-	var (
-		spec   engine.Spec
-		env    []string
-		origin string
-		asJSON bool
-		noCwd  bool
-	)
+	var o addOptions
 	cmd := &cobra.Command{
 		Use:   "add [flags] -- COMMAND...",
 		Short: "Register a command to run in the background; prints the task id",
@@ -28,38 +35,30 @@ command, run with 'bash -c' in the worker's login environment. The task id is
 printed at once; the command runs in the background, and when it ends the wake-up
 goes to the target's inbox ('bgtask inbox', 'bgtask wait ID').
 
+By default the task is done when the command exits (exit 0: succeeded). A
+completion rule ends it earlier, when a stdout line matches: the outcome is then
+succeeded and the command's process group is stopped unless --keep-running.
+A command that exits before its rule matched has failed.
+
+--stall-after ends or reports a command that prints nothing for that long
+(--on-stall notify: wake the caller once with status stalled and keep watching;
+kill: stop it, outcome stalled; respawn: start it again, at most --max-respawns
+times). --deadline stops it when the time passes, outcome timed_out.
+
 The prompt template may use {{result}} {{exit_code}} {{status}} {{reason}}
-{{task_id}} {{kind}} {{command}} {{tail}} {{duration}} and {{origin.KEY}}.`,
+{{task_id}} {{kind}} {{command}} {{tail}} {{duration}} and {{origin.KEY}}.
+--spec reads a whole JSON spec (see the README); flags given too override it.`,
 		Example: `  bgtask add -- make test
   bgtask add --kind deploy --target agent-7 --origin '{"session":"s1"}' -- ./deploy.sh prod
+  bgtask add --complete-on-json type=watch.complete --result matched-line -- ./watch --json
+  bgtask add --complete-on-regex '^BUILD (OK|FAILED)$' --stall-after 5m --on-stall kill -- make
+  bgtask add --deadline 30m --result 'command:gh run view 42 --json conclusion' -- gh run watch 42
   id=$(bgtask add --json -- 'sleep 5; echo done' | jq -r .id)`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dash := cmd.ArgsLenAtDash(); dash > 0 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("unexpected arguments before --: %q", args[:dash])}
 			}
-			spec.Command = strings.Join(args, " ")
-			var err error
-			if !noCwd && spec.Cwd == "" {
-				if spec.Cwd, err = os.Getwd(); err != nil {
-					return fmt.Errorf("--cwd: %w", err)
-				}
-			}
-			if spec.Cwd != "" && !filepath.IsAbs(spec.Cwd) {
-				if spec.Cwd, err = filepath.Abs(spec.Cwd); err != nil {
-					return err
-				}
-			}
-			if spec.Env, err = parseEnv(env); err != nil {
-				return err
-			}
-			if origin != "" {
-				if !json.Valid([]byte(origin)) {
-					return &exitError{code: exitUsage, err: fmt.Errorf("--origin: not valid JSON")}
-				}
-				spec.Origin = json.RawMessage(origin)
-			}
-			// The engine validates; the CLI only shapes the request.
-			raw, err := json.Marshal(spec)
+			raw, err := o.spec(cmd, args)
 			if err != nil {
 				return err
 			}
@@ -74,7 +73,7 @@ The prompt template may use {{result}} {{exit_code}} {{status}} {{reason}}
 			if err != nil {
 				return err
 			}
-			if asJSON {
+			if o.asJSON {
 				return printJSONLine(g.stdout, reg)
 			}
 			_, err = fmt.Fprintln(g.stdout, reg.ID)
@@ -82,29 +81,166 @@ The prompt template may use {{result}} {{exit_code}} {{status}} {{reason}}
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&spec.Cwd, "cwd", "", "working directory of the command (default: the current directory)")
-	f.BoolVar(&noCwd, "no-cwd", false, "run in the worker's home directory instead of the current directory")
-	f.StringVar(&spec.Kind, "kind", "", "a label for the task (build, deploy, ...)")
-	f.StringVar(&spec.Prompt, "prompt", "", "template of the wake-up's prompt (default: a summary with the output tail)")
-	f.StringVar(&spec.Target, "target", "", "inbox the wake-up goes to (default \"default\")")
-	f.StringVar(&spec.IdempotencyKey, "idempotency-key", "", "the same key registers the same task once and returns its id")
-	f.StringArrayVar(&env, "env", nil, "KEY=VALUE added to the command's environment (repeatable)")
-	f.StringVar(&origin, "origin", "", "JSON returned as-is in the wake-up (routing data of the caller)")
-	f.BoolVar(&asJSON, "json", false, "print {\"id\": ...} as JSON")
+	f.StringVar(&o.cwd, "cwd", "", "working directory of the command (default: the current directory)")
+	f.BoolVar(&o.noCwd, "no-cwd", false, "run in the worker's home directory instead of the current directory")
+	f.StringVar(&o.kind, "kind", "", "a label for the task (build, deploy, ...)")
+	f.StringVar(&o.prompt, "prompt", "", "template of the wake-up's prompt (default: a summary with the output tail)")
+	f.StringVar(&o.target, "target", "", "inbox the wake-up goes to (default \"default\")")
+	f.StringVar(&o.key, "idempotency-key", "", "the same key registers the same task once and returns its id")
+	f.StringArrayVar(&o.env, "env", nil, "KEY=VALUE added to the command's environment (repeatable)")
+	f.StringVar(&o.origin, "origin", "", "JSON returned as-is in the wake-up (routing data of the caller)")
+	f.StringArrayVar(&o.completeJSON, "complete-on-json", nil, "done when a stdout line is a JSON object with KEY=VALUE (repeatable; VALUE* matches a prefix; a.b reaches nested keys)")
+	f.StringVar(&o.completeRegex, "complete-on-regex", "", "done when a stdout line matches this Go regular expression")
+	f.BoolVar(&o.keepRunning, "keep-running", false, "leave the command running when its completion rule matched")
+	f.StringVar(&o.stallAfter, "stall-after", "", "a command that prints nothing for this long is stalled (e.g. 5m)")
+	f.StringVar(&o.onStall, "on-stall", "", "notify (default), kill or respawn")
+	f.IntVar(&o.maxRespawns, "max-respawns", engine.DefaultMaxRespawns, "how many times --on-stall respawn starts the command again")
+	f.StringVar(&o.deadline, "deadline", "", "stop the command as timed_out after this long (30m) or at this RFC 3339 time")
+	f.StringVar(&o.result, "result", "", "the wake-up's {{result}}: tail:N, matched-line, or command:ARGV (words, or a JSON array)")
+	f.StringVar(&o.specFile, "spec", "", "a whole JSON spec from a file ('-' for stdin); flags given too override it")
+	f.BoolVar(&o.asJSON, "json", false, "print {\"id\": ...} as JSON")
 	return cmd
 }
 
-func parseEnv(pairs []string) (map[string]string, error) {
-	if len(pairs) == 0 {
-		return nil, nil
+// spec builds the registration: the --spec document if any, with every flag given on
+// the command line set over it. The engine validates; the CLI only shapes it.
+func (o *addOptions) spec(cmd *cobra.Command, args []string) ([]byte, error) {
+	doc := map[string]any{}
+	if o.specFile != "" {
+		if err := readSpecFile(o.specFile, doc); err != nil {
+			return nil, err
+		}
 	}
-	env := make(map[string]string, len(pairs))
+	changed := cmd.Flags().Changed
+	set := func(flag, field string, v any) {
+		if changed(flag) {
+			doc[field] = v
+		}
+	}
+	if len(args) > 0 {
+		doc["command"] = strings.Join(args, " ")
+		delete(doc, "argv")
+	}
+	switch {
+	case o.noCwd:
+		delete(doc, "cwd")
+	case changed("cwd"):
+		cwd, err := filepath.Abs(o.cwd)
+		if err != nil {
+			return nil, err
+		}
+		doc["cwd"] = cwd
+	case doc["cwd"] == nil:
+		cwd, err := os.Getwd()
+		if err != nil {
+			return nil, fmt.Errorf("--cwd: %w", err)
+		}
+		doc["cwd"] = cwd
+	}
+	set("kind", "kind", o.kind)
+	set("prompt", "prompt", o.prompt)
+	set("target", "target", o.target)
+	set("idempotency-key", "idempotency_key", o.key)
+	if changed("env") {
+		env, err := parseKeyValues("--env", o.env)
+		if err != nil {
+			return nil, err
+		}
+		doc["env"] = env
+	}
+	if changed("origin") {
+		if !json.Valid([]byte(o.origin)) {
+			return nil, usageErr("--origin: not valid JSON")
+		}
+		doc["origin"] = json.RawMessage(o.origin)
+	}
+	if changed("complete-on-json") && changed("complete-on-regex") {
+		return nil, usageErr("--complete-on-json and --complete-on-regex: give one completion rule")
+	}
+	if changed("complete-on-json") {
+		match, err := parseKeyValues("--complete-on-json", o.completeJSON)
+		if err != nil {
+			return nil, err
+		}
+		doc["completion"] = map[string]any{"type": engine.CompleteOnJSON, "match": match}
+	}
+	if changed("complete-on-regex") {
+		doc["completion"] = map[string]any{"type": engine.CompleteOnPattern, "regex": o.completeRegex}
+	}
+	set("keep-running", "keep_running", o.keepRunning)
+	set("stall-after", "stall_after", o.stallAfter)
+	set("on-stall", "on_stall", o.onStall)
+	set("max-respawns", "max_respawns", o.maxRespawns)
+	set("deadline", "deadline", o.deadline)
+	if changed("result") {
+		r, err := parseResult(o.result)
+		if err != nil {
+			return nil, err
+		}
+		doc["result"] = r
+	}
+	return json.Marshal(doc)
+}
+
+func readSpecFile(path string, doc map[string]any) error {
+	var data []byte
+	var err error
+	if path == "-" {
+		data, err = io.ReadAll(io.LimitReader(os.Stdin, engine.MaxSpecBytes+1))
+	} else {
+		data, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return fmt.Errorf("--spec: %w", err)
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(data, &fields); err != nil {
+		return usageErr("--spec %s: not a JSON object: %v", path, err)
+	}
+	for k, v := range fields {
+		doc[k] = v
+	}
+	return nil
+}
+
+// parseResult reads --result: tail:N, matched-line, or command:ARGV.
+func parseResult(v string) (map[string]any, error) {
+	kind, arg, _ := strings.Cut(v, ":")
+	switch kind {
+	case "tail":
+		var lines int
+		if _, err := fmt.Sscan(arg, &lines); err != nil {
+			return nil, usageErr("--result tail:N: %q is not a number of lines", arg)
+		}
+		return map[string]any{"type": engine.ResultTail, "lines": lines}, nil
+	case "matched-line", "matched_line":
+		return map[string]any{"type": engine.ResultMatchedLine}, nil
+	case "command":
+		var argv []string
+		if strings.HasPrefix(strings.TrimSpace(arg), "[") {
+			if err := json.Unmarshal([]byte(arg), &argv); err != nil {
+				return nil, usageErr("--result command:[...]: %v", err)
+			}
+		} else {
+			argv = strings.Fields(arg)
+		}
+		return map[string]any{"type": engine.ResultCommand, "argv": argv}, nil
+	}
+	return nil, usageErr("--result %q: want tail:N, matched-line or command:ARGV", v)
+}
+
+func parseKeyValues(flag string, pairs []string) (map[string]string, error) {
+	out := make(map[string]string, len(pairs))
 	for _, kv := range pairs {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
-			return nil, &exitError{code: exitUsage, err: fmt.Errorf("--env %q: want KEY=VALUE", kv)}
+			return nil, usageErr("%s %q: want KEY=VALUE", flag, kv)
 		}
-		env[k] = v
+		out[k] = v
 	}
-	return env, nil
+	return out, nil
+}
+
+func usageErr(format string, args ...any) error {
+	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...)}
 }

@@ -125,10 +125,24 @@ func printTask(w io.Writer, t api.TaskView) error {
 		}
 		row("exit code", exit)
 	}
+	if t.Run != nil && t.Run.KeptRunning {
+		row("exit code", "none: the command was left running")
+	}
 	row("reason", t.Reason)
+	row("matched line", oneLine(t.MatchedLine, 200))
+	if t.Respawns > 0 {
+		row("respawns", fmt.Sprint(t.Respawns))
+	}
+	row("deadline", t.Spec.Deadline)
 	row("fired", stamp(t.FiredAt))
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if t.Result != "" {
+		fmt.Fprintln(w, "\nresult:")
+		for _, line := range strings.Split(t.Result, "\n") {
+			fmt.Fprintln(w, "  "+line)
+		}
 	}
 	if t.Run != nil && len(t.Run.Tail) > 0 {
 		fmt.Fprintf(w, "\noutput (last %d lines):\n", len(t.Run.Tail))

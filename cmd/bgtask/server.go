@@ -147,6 +147,9 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer stri
 	if err != nil {
 		return nil, err
 	}
+	if _, err := events.OpenLogs(ctx, js, events.LogConfig{}); err != nil {
+		return nil, err
+	}
 	n := &node{}
 	var dispatcher *engine.Dispatcher
 	n.projector = projections.New(store, func(s engine.State) { dispatcher.Notify(s) }, base)

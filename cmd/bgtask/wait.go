@@ -49,7 +49,7 @@ With --timeout, exits with status 124 if the task has not fired in time.`,
 					ctx, cancel = context.WithTimeout(ctx, timeout)
 					defer cancel()
 				}
-				state, err = follow(ctx, c, t.ID)
+				state, err = follow(ctx, c, t.ID, func(s engine.State) bool { return s.Phase.Terminal() })
 				if errors.Is(err, context.DeadlineExceeded) {
 					return &exitError{code: exitTimeout, err: fmt.Errorf("timed out after %s waiting for task %s (%s)", timeout, t.ID, state.Phase)}
 				}
@@ -72,9 +72,9 @@ With --timeout, exits with status 124 if the task has not fired in time.`,
 	return cmd
 }
 
-// follow reads a task's events until it is fired or cancelled, and returns its state.
-// On a timeout it returns the state reached so far with the context's error.
-func follow(ctx context.Context, c *client, id string) (engine.State, error) {
+// follow reads a task's events until its state satisfies done, and returns that
+// state. On a timeout it returns the state reached so far with the context's error.
+func follow(ctx context.Context, c *client, id string, done func(engine.State) bool) (engine.State, error) {
 	js, err := c.jetstream()
 	if err != nil {
 		return engine.State{}, err
@@ -88,7 +88,7 @@ func follow(ctx context.Context, c *client, id string) (engine.State, error) {
 		if decodeErr == nil {
 			s, _ = engine.Apply(s, rec)
 		}
-		return !s.Phase.Terminal()
+		return !done(s)
 	})
 	return s, err
 }

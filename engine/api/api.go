@@ -43,19 +43,28 @@ type Queries interface {
 	WaitFor(ctx context.Context, seq uint64) error
 }
 
-// TaskView is a task as the API and the CLI show it.
+// TaskView is a task as the API and the CLI show it: its state, with the fields a
+// reader looks for first at the top.
 type TaskView struct {
 	engine.State
-	Command  string `json:"command"`
-	ExitCode *int   `json:"exit_code"`
+	Command     string `json:"command"`
+	ExitCode    *int   `json:"exit_code"`
+	MatchedLine string `json:"matched_line,omitempty"`
+	Result      string `json:"result,omitempty"`
 }
 
 // View builds the view of a state.
 func View(s engine.State) TaskView {
 	v := TaskView{State: s, Command: s.Spec.CommandLine()}
 	if s.Run != nil {
-		code := s.Run.ExitCode
-		v.ExitCode = &code
+		v.MatchedLine = s.Run.MatchedLine
+		if !s.Run.KeptRunning {
+			code := s.Run.ExitCode
+			v.ExitCode = &code
+		}
+	}
+	if s.Wakeup != nil {
+		v.Result = s.Wakeup.Result
 	}
 	return v
 }

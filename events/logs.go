@@ -1,0 +1,356 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The output of every task is kept in its own stream, one subject per task and
+// output stream, in chunks: bgtask.logs.<task-id>.stdout and .stderr.
+const (
+	LogStreamName = "BGTASK_LOGS"
+	LogPrefix     = "bgtask.logs"
+	Stdout        = "stdout"
+	Stderr        = "stderr"
+)
+
+// Log chunk headers: where the chunk starts in its output stream, and the end mark a
+// worker writes when the output is complete.
+const (
+	LogOffsetHeader = "Bgtask-Offset"
+	LogEOFHeader    = "Bgtask-Eof"
+)
+
+// Limits of the task logs.
+const (
+	// MaxLogBytes is how much of each of a task's stdout and stderr is kept: past it,
+	// the oldest chunks are dropped (and counted: the first kept chunk's offset says
+	// how many bytes went).
+	MaxLogBytes = 4 << 20
+	// logChunkBytes is the largest chunk one message holds.
+	logChunkBytes = 64 << 10
+	// logPendingBytes bounds the output waiting to be published; past it the oldest
+	// waiting bytes are dropped, so a flood never blocks the command or grows memory.
+	// It equals MaxLogBytes: what it drops is older than the last MaxLogBytes, which
+	// would go anyway, so the output kept is always one unbroken end of the stream.
+	logPendingBytes = MaxLogBytes
+	// logFlushInterval is how long output may wait to be published.
+	logFlushInterval = 100 * time.Millisecond
+)
+
+// LogSubject is the subject of one output stream of a task.
+func LogSubject(taskID, stream string) string { return LogPrefix + "." + taskID + "." + stream }
+
+// LogFilter matches both output streams of a task.
+func LogFilter(taskID string) string { return LogPrefix + "." + taskID + ".*" }
+
+// LogConfig is how the log stream is created.
+type LogConfig struct {
+	Replicas int
+	// MaxAge is how long output is kept after it was written.
+	MaxAge time.Duration
+	// MaxBytes bounds the whole log stream; the oldest output goes first.
+	MaxBytes int64
+}
+
+// Logs is the task output store over JetStream.
+type Logs struct {
+	js     jetstream.JetStream
+	stream jetstream.Stream
+}
+
+// OpenLogs creates or updates the log stream.
+func OpenLogs(ctx context.Context, js jetstream.JetStream, cfg LogConfig) (*Logs, error) {
+	if cfg.Replicas == 0 {
+		cfg.Replicas = 1
+	}
+	if cfg.MaxAge == 0 {
+		cfg.MaxAge = 7 * 24 * time.Hour
+	}
+	if cfg.MaxBytes == 0 {
+		cfg.MaxBytes = 4 << 30
+	}
+	stream, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        LogStreamName,
+		Description: "bgtask command output, one subject per task and output stream",
+		Subjects:    []string{LogPrefix + ".>"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		Discard:     jetstream.DiscardOld,
+		Replicas:    cfg.Replicas,
+		MaxAge:      cfg.MaxAge,
+		MaxBytes:    cfg.MaxBytes,
+		AllowDirect: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create stream %s: %w", LogStreamName, err)
+	}
+	return &Logs{js: js, stream: stream}, nil
+}
+
+// ConnectLogs returns the log store a server created.
+func ConnectLogs(ctx context.Context, js jetstream.JetStream) (*Logs, error) {
+	stream, err := js.Stream(ctx, LogStreamName)
+	if err != nil {
+		return nil, fmt.Errorf("find stream %s (is bgtask server running?): %w", LogStreamName, err)
+	}
+	return &Logs{js: js, stream: stream}, nil
+}
+
+// LogChunk is a piece of a task's output.
+type LogChunk struct {
+	Stream string
+	Offset int64
+	Data   []byte
+	// EOF marks the end of the output stream: Offset is then its total size.
+	EOF bool
+}
+
+// Read calls fn with a task's output chunks in the order they were written, from
+// the given streams (both if none). With follow it waits for more until every
+// stream read has ended or ctx is done; without, it returns at the current end.
+func (l *Logs) Read(ctx context.Context, taskID string, streams []string, follow bool, fn func(LogChunk) error) error {
+	if len(streams) == 0 {
+		streams = []string{Stdout, Stderr}
+	}
+	filters := make([]string, len(streams))
+	for i, s := range streams {
+		filters[i] = LogSubject(taskID, s)
+	}
+	cons, err := l.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects:    filters,
+		InactiveThreshold: shortReadInactivity,
+	})
+	if err != nil {
+		return fmt.Errorf("read logs of %s: %w", taskID, err)
+	}
+	open := len(streams)
+	for open > 0 {
+		var batch jetstream.MessageBatch
+		if follow {
+			batch, err = cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
+		} else {
+			batch, err = cons.FetchNoWait(256)
+		}
+		if err != nil {
+			return fmt.Errorf("read logs of %s: %w", taskID, err)
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			chunk := decodeChunk(msg)
+			if chunk.EOF {
+				open--
+			}
+			if err := fn(chunk); err != nil {
+				return err
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return fmt.Errorf("read logs of %s: %w", taskID, err)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if n == 0 && !follow {
+			return nil
+		}
+	}
+	return nil
+}
+
+func decodeChunk(msg jetstream.Msg) LogChunk {
+	subject := msg.Subject()
+	stream := subject[len(subject)-len(Stdout):] // stdout and stderr have one length
+	offset, _ := strconv.ParseInt(msg.Headers().Get(LogOffsetHeader), 10, 64)
+	return LogChunk{Stream: stream, Offset: offset, Data: msg.Data(), EOF: msg.Headers().Get(LogEOFHeader) != ""}
+}
+
+// LogWriter keeps one output stream of one task in the log stream. Write never
+// blocks and never fails: output is buffered and published in chunks by a
+// goroutine of its own, and what cannot be kept is dropped and counted.
+type LogWriter struct {
+	logs    *Logs
+	subject string
+	ctx     context.Context
+	cancel  context.CancelFunc
+
+	mu       sync.Mutex
+	pending  []byte
+	offset   int64 // offset of pending[0] in the output stream
+	dropped  int64
+	kept     []keptChunk // published chunks still in the stream, oldest first
+	keptSize int64
+	closed   bool
+	wake     chan struct{}
+	done     chan struct{}
+}
+
+type keptChunk struct {
+	seq  uint64
+	size int64
+}
+
+// Writer starts a writer for one output stream of a task. offset continues an
+// output that an earlier run of the same task began.
+func (l *Logs) Writer(taskID, stream string, offset int64) *LogWriter {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &LogWriter{
+		logs: l, subject: LogSubject(taskID, stream), ctx: ctx, cancel: cancel,
+		offset: offset, wake: make(chan struct{}, 1), done: make(chan struct{}),
+	}
+	go w.run()
+	return w
+}
+
+// Write implements io.Writer.
+func (w *LogWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	if !w.closed {
+		w.pending = append(w.pending, p...)
+		if over := len(w.pending) - logPendingBytes; over > 0 {
+			w.pending = w.pending[over:]
+			w.offset += int64(over)
+			w.dropped += int64(over)
+		}
+	}
+	full := len(w.pending) >= logChunkBytes
+	w.mu.Unlock()
+	if full { // a full chunk goes now; less waits for the next tick
+		w.signal()
+	}
+	return len(p), nil
+}
+
+func (w *LogWriter) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Close publishes what is left and the end mark, waiting at most until ctx ends.
+// It returns the total size of the output and how many of its bytes were dropped.
+func (w *LogWriter) Close(ctx context.Context) (total, dropped int64) {
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
+	w.signal()
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		w.cancel()
+		<-w.done
+	}
+	w.cancel()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	total = w.offset + int64(len(w.pending))
+	w.dropped += int64(len(w.pending))
+	w.offset, w.pending = total, nil
+	return total, w.dropped
+}
+
+func (w *LogWriter) run() {
+	defer close(w.done)
+	ticker := time.NewTicker(logFlushInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-w.wake:
+		case <-ticker.C:
+		case <-w.ctx.Done():
+			return
+		}
+		w.mu.Lock()
+		closed := w.closed
+		w.mu.Unlock()
+		if w.flush() && closed {
+			w.publishEOF()
+			return
+		}
+	}
+}
+
+// flush publishes the pending output in chunks. It reports whether all of it went;
+// what did not stays pending for the next flush.
+func (w *LogWriter) flush() bool {
+	for {
+		w.mu.Lock()
+		n := min(len(w.pending), logChunkBytes)
+		chunk := append([]byte(nil), w.pending[:n]...)
+		offset := w.offset
+		w.mu.Unlock()
+		if n == 0 {
+			return true
+		}
+		if !w.publish(chunk, offset) {
+			return false
+		}
+	}
+}
+
+func (w *LogWriter) publish(chunk []byte, offset int64) bool {
+	msg := &nats.Msg{Subject: w.subject, Data: chunk, Header: nats.Header{}}
+	msg.Header.Set(LogOffsetHeader, strconv.FormatInt(offset, 10))
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	ack, err := w.logs.js.PublishMsg(ctx, msg)
+	if err != nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	// Output dropped from the front while the chunk was on its way is already gone.
+	if consumed := offset + int64(len(chunk)) - w.offset; consumed > 0 {
+		w.pending = w.pending[consumed:]
+		w.offset += consumed
+	}
+	w.kept = append(w.kept, keptChunk{seq: ack.Sequence, size: int64(len(chunk))})
+	w.keptSize += int64(len(chunk))
+	w.trim()
+	return true
+}
+
+// trim drops the oldest chunks once the kept output is over MaxLogBytes. It purges
+// down to three quarters of the limit, so a steady flood purges now and then, not
+// with every chunk.
+func (w *LogWriter) trim() {
+	if w.keptSize <= MaxLogBytes {
+		return
+	}
+	var drop int
+	var size int64
+	for drop < len(w.kept)-1 && w.keptSize-size > MaxLogBytes*3/4 {
+		size += w.kept[drop].size
+		drop++
+	}
+	firstKept := w.kept[drop].seq
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	if err := w.logs.stream.Purge(ctx, jetstream.WithPurgeSubject(w.subject), jetstream.WithPurgeSequence(firstKept)); err != nil {
+		return // tried again after the next chunk
+	}
+	w.kept = w.kept[drop:]
+	w.keptSize -= size
+	w.dropped += size
+}
+
+func (w *LogWriter) publishEOF() {
+	w.mu.Lock()
+	total := w.offset + int64(len(w.pending))
+	w.mu.Unlock()
+	msg := &nats.Msg{Subject: w.subject, Header: nats.Header{}}
+	msg.Header.Set(LogOffsetHeader, strconv.FormatInt(total, 10))
+	msg.Header.Set(LogEOFHeader, "1")
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	_, _ = w.logs.js.PublishMsg(ctx, msg)
+}

@@ -1,0 +1,137 @@
+package events_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/events/eventstest"
+)
+
+func openLogs(t *testing.T) *events.Logs {
+	t.Helper()
+	srv := eventstest.Run(t)
+	logs, err := events.OpenLogs(context.Background(), srv.JS, events.LogConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return logs
+}
+
+type readResult struct {
+	data    map[string]*bytes.Buffer
+	first   map[string]int64
+	eof     map[string]int64
+	chunks  int
+	offsets map[string]int64 // next expected offset per stream
+}
+
+func readAll(t *testing.T, logs *events.Logs, task string, follow bool, streams ...string) readResult {
+	t.Helper()
+	r := readResult{data: map[string]*bytes.Buffer{}, first: map[string]int64{}, eof: map[string]int64{}, offsets: map[string]int64{}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := logs.Read(ctx, task, streams, follow, func(c events.LogChunk) error {
+		if c.EOF {
+			r.eof[c.Stream] = c.Offset
+			return nil
+		}
+		if r.data[c.Stream] == nil {
+			r.data[c.Stream] = &bytes.Buffer{}
+			r.first[c.Stream] = c.Offset
+		} else if c.Offset != r.offsets[c.Stream] {
+			t.Fatalf("%s chunk at offset %d, want %d: a gap in kept output", c.Stream, c.Offset, r.offsets[c.Stream])
+		}
+		r.offsets[c.Stream] = c.Offset + int64(len(c.Data))
+		r.data[c.Stream].Write(c.Data)
+		r.chunks++
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestLogWriterKeepsEveryByteInOrder(t *testing.T) {
+	t.Parallel()
+	logs := openLogs(t)
+	out := logs.Writer("t1", events.Stdout, 0)
+	errw := logs.Writer("t1", events.Stderr, 0)
+	var want bytes.Buffer
+	for i := range 3000 {
+		line := fmt.Sprintf("line-%d\n", i)
+		want.WriteString(line)
+		out.Write([]byte(line))
+	}
+	errw.Write([]byte("oops\n"))
+	ctx := context.Background()
+	if total, dropped := out.Close(ctx); total != int64(want.Len()) || dropped != 0 {
+		t.Fatalf("stdout total %d dropped %d, want %d and 0", total, dropped, want.Len())
+	}
+	errw.Close(ctx)
+
+	r := readAll(t, logs, "t1", false)
+	if got := r.data[events.Stdout].String(); got != want.String() {
+		t.Fatalf("stdout differs: %d bytes, want %d", len(got), want.Len())
+	}
+	if got := r.data[events.Stderr].String(); got != "oops\n" {
+		t.Fatalf("stderr = %q", got)
+	}
+	if r.eof[events.Stdout] != int64(want.Len()) || r.eof[events.Stderr] != 5 {
+		t.Fatalf("end marks = %v", r.eof)
+	}
+	only := readAll(t, logs, "t1", false, events.Stderr)
+	if only.data[events.Stdout] != nil || only.data[events.Stderr].String() != "oops\n" {
+		t.Fatal("reading stderr alone returned stdout")
+	}
+}
+
+func TestLogWriterKeepsTheLastBytesAndCountsTheDrop(t *testing.T) {
+	t.Parallel()
+	logs := openLogs(t)
+	w := logs.Writer("flood", events.Stdout, 0)
+	block := bytes.Repeat([]byte("0123456789abcdef"), 4096) // 64 KiB
+	const blocks = 160                                      // 10 MiB, over the 4 MiB kept
+	for i := range blocks {
+		block[0] = byte('A' + i%26)
+		w.Write(block)
+	}
+	total, dropped := w.Close(context.Background())
+	if total != int64(blocks*len(block)) {
+		t.Fatalf("total = %d, want %d", total, blocks*len(block))
+	}
+	r := readAll(t, logs, "flood", false)
+	kept := int64(r.data[events.Stdout].Len())
+	if kept > events.MaxLogBytes || kept == 0 {
+		t.Fatalf("kept %d bytes, want at most %d", kept, events.MaxLogBytes)
+	}
+	if r.first[events.Stdout]+kept != total {
+		t.Fatalf("kept output is not the end: first offset %d + %d kept != %d", r.first[events.Stdout], kept, total)
+	}
+	if dropped < r.first[events.Stdout] {
+		t.Fatalf("dropped %d, but output before offset %d is gone", dropped, r.first[events.Stdout])
+	}
+}
+
+func TestLogReadFollowsUntilTheEndMark(t *testing.T) {
+	t.Parallel()
+	logs := openLogs(t)
+	w := logs.Writer("live", events.Stdout, 0)
+	w.Write([]byte("first\n"))
+	got := make(chan readResult, 1)
+	go func() { got <- readAll(t, logs, "live", true, events.Stdout) }()
+	w.Write([]byte("second\n"))
+	w.Close(context.Background())
+	select {
+	case r := <-got:
+		if s := r.data[events.Stdout].String(); s != "first\nsecond\n" {
+			t.Fatalf("followed %q", s)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("follow did not end at the end mark")
+	}
+}

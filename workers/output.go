@@ -1,0 +1,92 @@
+package workers
+
+import (
+	"bytes"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bgtask/bgtask/engine"
+)
+
+// output is where one stream of a command's output goes: every writer it feeds
+// never blocks, so reading it never slows the command down more than a copy.
+type output struct {
+	writers []io.Writer
+	last    *atomic.Int64 // unix nanos of the last output on any stream
+}
+
+func (o output) Write(p []byte) (int, error) {
+	o.last.Store(time.Now().UnixNano())
+	for _, w := range o.writers {
+		_, _ = w.Write(p) // Tail, LogWriter and lineWatch never fail
+	}
+	return len(p), nil
+}
+
+// lineWatch applies a completion rule to each stdout line. A line longer than
+// engine.MatchLineBytes is matched on its beginning; the rest is skipped without
+// being kept, so no line is too long to read.
+type lineWatch struct {
+	match   engine.LineMatcher
+	mu      sync.Mutex
+	line    []byte
+	skipped bool
+	matched *string // the first line that matched
+	hit     chan struct{}
+}
+
+func newLineWatch(match engine.LineMatcher) *lineWatch {
+	return &lineWatch{match: match, hit: make(chan struct{})}
+}
+
+func (l *lineWatch) Write(p []byte) (int, error) {
+	n := len(p)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for len(p) > 0 && l.matched == nil {
+		chunk, rest, newline := bytes.Cut(p, []byte{'\n'})
+		if room := engine.MatchLineBytes - len(l.line); len(chunk) > room {
+			chunk, l.skipped = chunk[:room], true
+		}
+		l.line = append(l.line, chunk...)
+		if !newline {
+			break
+		}
+		l.check()
+		p = rest
+	}
+	return n, nil
+}
+
+// check matches the line collected so far and starts the next one.
+func (l *lineWatch) check() {
+	line := bytes.TrimSuffix(l.line, []byte{'\r'})
+	if l.match(line) {
+		kept := line[:min(len(line), MaxLineBytes)]
+		s := string(bytes.ToValidUTF8(kept, []byte("\uFFFD")))
+		l.matched = &s
+		close(l.hit)
+	}
+	l.line, l.skipped = l.line[:0], false
+}
+
+// finish matches a last line that ended without a newline.
+func (l *lineWatch) finish() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.matched == nil && len(l.line) > 0 {
+		l.check()
+	}
+}
+
+// result returns the matched line, if any.
+func (l *lineWatch) result() (string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.matched == nil {
+		return "", false
+	}
+	return *l.matched, true
+}

@@ -1,0 +1,221 @@
+package workers_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/workers"
+)
+
+// procStat returns a process's state letter and process group from /proc, ok false
+// if /proc does not know it.
+func procStat(pid int) (state byte, pgrp int, ok bool) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	// pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	fields := strings.Fields(string(data[i+1:]))
+	if len(fields) < 3 {
+		return 0, 0, false
+	}
+	pgrp, err = strconv.Atoi(fields[2])
+	if err != nil {
+		return 0, 0, false
+	}
+	return fields[0][0], pgrp, true
+}
+
+// dead reports whether a process state is a process that has ended but was not yet
+// reaped. The killed processes are not this test's children: once their parent is
+// gone they belong to PID 1, which in a container may reap them late.
+func dead(state byte) bool { return state == 'Z' || state == 'X' }
+
+// alive reports whether pid is a running process.
+func alive(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return false
+	}
+	if state, _, ok := procStat(pid); ok && dead(state) {
+		return false
+	}
+	return true
+}
+
+// groupAlive lists the running members of process group pgid.
+func groupAlive(pgid int) []int {
+	if err := syscall.Kill(-pgid, 0); errors.Is(err, syscall.ESRCH) {
+		return nil
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return []int{pgid} // no /proc: the group exists, as far as we can tell
+	}
+	var members []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if state, pgrp, ok := procStat(pid); ok && pgrp == pgid && !dead(state) {
+			members = append(members, pid)
+		}
+	}
+	return members
+}
+
+// waitGone waits until no process of group pgid runs.
+func waitGone(t *testing.T, timeout time.Duration, pgid int) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		members := groupAlive(pgid)
+		if len(members) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process group %d still runs %v after %v", pgid, members, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitPIDsGone waits until none of pids runs.
+func waitPIDsGone(t *testing.T, timeout time.Duration, pids ...int) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		running := slices.DeleteFunc(slices.Clone(pids), func(pid int) bool { return !alive(pid) })
+		if len(running) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes %v still run after %v", running, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// readPID waits for a command to write a pid (and its newline) to path.
+func readPID(t *testing.T, path string) int {
+	t.Helper()
+	var pid int
+	eventually(t, 10*time.Second, "pid in "+filepath.Base(path), func() bool {
+		data, err := os.ReadFile(path)
+		if err != nil || !strings.HasSuffix(string(data), "\n") {
+			return false
+		}
+		pid, err = strconv.Atoi(strings.TrimSpace(string(data)))
+		return err == nil && pid > 0
+	})
+	return pid
+}
+
+func TestExitIsRecordedPromptlyWhenABackgroundChildHoldsTheOutput(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startWorker(t, workers.Config{})
+	id := b.arm(t, engine.Spec{Command: "sleep 600 & echo started", Cwd: t.TempDir()})
+	pgid := b.waitFor(t, id, 20*time.Second, "started", hasPID).PID
+	// The sleeper outlives the command, in the command's process group.
+	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+
+	st := b.waitFor(t, id, 5*time.Second, "ended while the sleeper holds stdout", ended)
+	if st.Run == nil {
+		t.Fatalf("no run: %q", st.Reason)
+	}
+	if got, want := st.Run.ExitCode, 0; got != want {
+		t.Errorf("exit code = %d, want %d", got, want)
+	}
+	if got, want := st.Run.Tail, []string{"started"}; !slices.Equal(got, want) {
+		t.Errorf("tail = %q, want %q", got, want)
+	}
+	if took := st.Run.EndedAt.Sub(st.Run.StartedAt); took > 5*time.Second {
+		t.Errorf("run lasted %v, want the exit recorded within seconds", took)
+	}
+}
+
+func TestCancelKillsTheWholeProcessTree(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	w := b.startWorker(t, workers.Config{KillGrace: 300 * time.Millisecond})
+	tests := []struct {
+		name string
+		// command starts a child ($DIR/c) that starts a grandchild ($DIR/gc).
+		command string
+	}{
+		{name: "all die on TERM", command: `bash -c 'sleep 600 & echo $! > "$DIR/gc"; wait' & echo $! > "$DIR/c"; wait`},
+		// The leader dies on TERM; the grandchild left behind still gets KILL.
+		{name: "grandchild ignores TERM", command: `bash -c '(trap "" TERM; exec sleep 600) & echo $! > "$DIR/gc"; wait' & echo $! > "$DIR/c"; wait`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			id := b.arm(t, engine.Spec{Command: tt.command, Env: map[string]string{"DIR": dir}, Cwd: dir})
+			leader := b.waitFor(t, id, 20*time.Second, "started", hasPID).PID
+			t.Cleanup(func() { _ = syscall.Kill(-leader, syscall.SIGKILL) })
+			child, grandchild := readPID(t, filepath.Join(dir, "c")), readPID(t, filepath.Join(dir, "gc"))
+			if !alive(child) || !alive(grandchild) {
+				t.Fatalf("child %d or grandchild %d not running before the cancel", child, grandchild)
+			}
+
+			b.cancel(t, id)
+
+			waitPIDsGone(t, 10*time.Second, leader, child, grandchild)
+			waitGone(t, 10*time.Second, leader)
+			eventually(t, 10*time.Second, "done with the task", func() bool { return !slices.Contains(w.Running(), id) })
+			h := b.history(t, id)
+			if got := h[len(h)-1].Type; got != events.TypeCancelled {
+				t.Errorf("history = %v, want it to end with cancelled", types(h))
+			}
+			for _, rec := range h {
+				if rec.Type == events.TypeExited || rec.Type == events.TypeFailed {
+					t.Errorf("history = %v, want no end of run besides the cancel", types(h))
+				}
+			}
+		})
+	}
+}
+
+func TestCancelKillsACommandThatIgnoresTERMAfterTheGrace(t *testing.T) {
+	t.Parallel()
+	const grace = 300 * time.Millisecond
+	b := setup(t)
+	w := b.startWorker(t, workers.Config{KillGrace: grace})
+	dir := t.TempDir()
+	ready := filepath.Join(dir, "ready")
+	id := b.arm(t, engine.Spec{
+		Command: `trap '' TERM; : > "$READY"; sleep 600; echo unreachable`,
+		Env:     map[string]string{"READY": ready},
+		Cwd:     dir,
+	})
+	pgid := b.waitFor(t, id, 20*time.Second, "started", hasPID).PID
+	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+	eventually(t, 10*time.Second, "ready", func() bool { _, err := os.Stat(ready); return err == nil })
+
+	start := time.Now()
+	b.cancel(t, id)
+	waitGone(t, 10*time.Second, pgid)
+	if took := time.Since(start); took < grace {
+		t.Errorf("gone %v after the cancel, want TERM ignored for the grace of %v", took, grace)
+	}
+	eventually(t, 10*time.Second, "done with the task", func() bool { return len(w.Running()) == 0 })
+	h := b.history(t, id)
+	if got := h[len(h)-1].Type; got != events.TypeCancelled {
+		t.Errorf("history = %v, want it to end with cancelled", types(h))
+	}
+}

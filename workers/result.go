@@ -1,0 +1,62 @@
+package workers
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"syscall"
+
+	"github.com/bgtask/bgtask/engine"
+)
+
+// limitedBuffer keeps the first n bytes written to it and counts the rest.
+type limitedBuffer struct {
+	buf   bytes.Buffer
+	limit int
+	total int
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	b.total += len(p)
+	if room := b.limit - b.buf.Len(); room > 0 {
+		b.buf.Write(p[:min(room, len(p))])
+	}
+	return len(p), nil
+}
+
+// resultCommand runs a spec's result command after its run ended, in the task's
+// cwd and environment, and returns its stdout, or why it has none. The engine
+// truncates the result to the spec's max_result_bytes; this keeps at most the limit
+// of that setting.
+func resultCommand(ctx context.Context, res engine.Result, env []string, dir string) (string, string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), res.ResultTimeout())
+	defer cancel()
+	path, err := lookPath(res.Argv[0], env, dir)
+	if err != nil {
+		return "", err.Error()
+	}
+	cmd := exec.CommandContext(ctx, path, res.Argv[1:]...)
+	cmd.Args[0] = res.Argv[0]
+	cmd.Dir, cmd.Env = dir, env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = waitDelay
+	stdout := &limitedBuffer{limit: engine.MaxResultBytesLimit + 1}
+	stderr := &limitedBuffer{limit: 4096}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	err = cmd.Run()
+	out := stdout.buf.String()
+	switch {
+	case ctx.Err() != nil:
+		return out, fmt.Sprintf("timed out after %s", res.ResultTimeout())
+	case err != nil:
+		msg := err.Error()
+		if first, _, _ := strings.Cut(strings.TrimSpace(stderr.buf.String()), "\n"); first != "" {
+			msg += ": " + first
+		}
+		return out, msg
+	}
+	return out, ""
+}

@@ -1,0 +1,815 @@
+package workers_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/events/eventstest"
+	"github.com/bgtask/bgtask/workers"
+)
+
+// bundle is one test's JetStream server with the streams a bgtask server creates:
+// the event store and the task logs.
+type bundle struct {
+	srv   *eventstest.Server
+	store *events.JetStreamStore
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	ctx := context.Background()
+	srv := eventstest.Run(t)
+	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Workers write command output to the log stream; the server creates it.
+	if _, err := events.OpenLogs(ctx, srv.JS, events.LogConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	return &bundle{srv: srv, store: store}
+}
+
+// startWorker starts a worker on the bundle's own connection.
+func (b *bundle) startWorker(t *testing.T, cfg workers.Config) *workers.Worker {
+	t.Helper()
+	return startWorker(t, b.srv.Conn, b.srv.JS, b.store, cfg)
+}
+
+// startWorker starts a worker stopped when the test ends. Unless the test says
+// otherwise, it runs commands in this process's environment (not the machine's login
+// shell), ticks rarely so that histories hold only the events a test expects, and
+// kills after a short grace.
+func startWorker(t *testing.T, nc *nats.Conn, js jetstream.JetStream, store events.Store, cfg workers.Config) *workers.Worker {
+	t.Helper()
+	if cfg.ID == "" {
+		cfg.ID = "test-worker"
+	}
+	if cfg.Env == nil {
+		cfg.Env = os.Environ()
+	}
+	if cfg.TickInterval == 0 {
+		cfg.TickInterval = time.Minute
+	}
+	if cfg.KillGrace == 0 {
+		cfg.KillGrace = 300 * time.Millisecond
+	}
+	if cfg.Base.Logger == nil {
+		// The worker's log goes with the test's output: a failure shows what it did.
+		cfg.Base.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	w := workers.New(nc, js, store, cfg)
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatalf("start worker %s: %v", cfg.ID, err)
+	}
+	t.Cleanup(w.Stop)
+	return w
+}
+
+// testWriter writes to the test's log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
+
+// arm registers a task the way the engine does: an armed event as its first event.
+func (b *bundle) arm(t *testing.T, spec engine.Spec) string {
+	t.Helper()
+	return arm(t, b.store, spec)
+}
+
+func arm(t *testing.T, store events.Store, spec engine.Spec) string {
+	t.Helper()
+	if spec.Target == "" {
+		spec.Target = engine.DefaultTarget
+	}
+	id, err := engine.TaskID(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := engine.Decide(engine.State{ID: id}, engine.Arm{Spec: spec}, engine.Meta{Writer: "test", Now: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Append(context.Background(), ev, 0); err != nil {
+		t.Fatalf("arm %q: %v", spec.CommandLine(), err)
+	}
+	return id
+}
+
+// waitFor follows a task's events until cond holds for its state, and fails the test
+// if it does not within timeout. Every event must fit the state machine.
+func (b *bundle) waitFor(t *testing.T, id string, timeout time.Duration, what string, cond func(engine.State) bool) engine.State {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var (
+		st       engine.State
+		problems []error
+		reached  bool
+	)
+	err := b.store.Follow(ctx, id, 0, func(rec events.Record, err error) bool {
+		if err != nil {
+			problems = append(problems, err)
+			return true
+		}
+		if st, err = engine.Apply(st, rec); err != nil {
+			problems = append(problems, err)
+		}
+		reached = cond(st)
+		return !reached
+	})
+	for _, p := range problems {
+		t.Errorf("task %s: bad event: %v", id, p)
+	}
+	if !reached {
+		t.Fatalf("task %s: not %s within %v (follow: %v); phase %q after %d events", id, what, timeout, err, st.Phase, st.Events)
+	}
+	return st
+}
+
+func ended(s engine.State) bool { return s.Phase == engine.PhaseEnded }
+
+func hasPID(s engine.State) bool { return s.PID != 0 }
+
+func (b *bundle) history(t *testing.T, id string) []events.Record {
+	t.Helper()
+	return history(t, b.store, id)
+}
+
+func history(t *testing.T, store events.Store, id string) []events.Record {
+	t.Helper()
+	h, err := store.History(context.Background(), id)
+	if err != nil {
+		t.Fatalf("history of %s: %v", id, err)
+	}
+	return h
+}
+
+func types(h []events.Record) []events.Type {
+	out := make([]events.Type, len(h))
+	for i, rec := range h {
+		out[i] = rec.Type
+	}
+	return out
+}
+
+func payload[T events.Payload](t *testing.T, rec events.Record) T {
+	t.Helper()
+	p, err := rec.Decode()
+	if err != nil {
+		t.Fatalf("decode %s at seq %d: %v", rec.Type, rec.Seq, err)
+	}
+	v, ok := p.(T)
+	if !ok {
+		t.Fatalf("event at seq %d is %s (%T), want %T", rec.Seq, rec.Type, p, v)
+	}
+	return v
+}
+
+// cancel appends a cancelled event the way the engine does: decided on the task's
+// state and conditional on its last event. A tick that lands in between only
+// means deciding again.
+func (b *bundle) cancel(t *testing.T, id string) {
+	t.Helper()
+	ctx := context.Background()
+	for range 20 {
+		st, err := engine.Load(ctx, b.store, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := engine.Decide(st, engine.Cancel{Reason: "test"}, engine.Meta{Writer: "engine", Now: time.Now()})
+		if err != nil {
+			t.Fatalf("cancel %s in phase %s: %v", id, st.Phase, err)
+		}
+		_, err = b.store.Append(ctx, ev, st.Seq)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, events.ErrConflict) {
+			t.Fatalf("cancel %s: %v", id, err)
+		}
+	}
+	t.Fatalf("cancel %s: lost the race 20 times", id)
+}
+
+// eventually polls cond until it holds, failing the test after timeout.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not %s within %v", what, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestWorkerRunsACommandAndRecordsItsHistory(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	w := b.startWorker(t, workers.Config{ID: "worker-e2e"})
+	id := b.arm(t, engine.Spec{Command: "echo out; echo err >&2; exit 7", Cwd: t.TempDir()})
+
+	st := b.waitFor(t, id, 20*time.Second, "ended", ended)
+	if got, want := st.Status, engine.StatusFailed; got != want {
+		t.Errorf("status = %q, want %q", got, want)
+	}
+	h := b.history(t, id)
+	if got, want := types(h), []events.Type{events.TypeArmed, events.TypeSpawned, events.TypeTick, events.TypeExited}; !slices.Equal(got, want) {
+		t.Fatalf("history = %v, want %v", got, want)
+	}
+	for _, rec := range h[1:] {
+		if rec.Writer != w.ID() || rec.Epoch != 1 {
+			t.Errorf("%s written by %q at epoch %d, want %q at epoch 1", rec.Type, rec.Writer, rec.Epoch, w.ID())
+		}
+	}
+	if got, want := payload[*events.Spawned](t, h[1]).Worker, w.ID(); got != want {
+		t.Errorf("spawned worker = %q, want %q", got, want)
+	}
+	if pid := payload[*events.Tick](t, h[2]).PID; pid <= 0 {
+		t.Errorf("first tick pid = %d, want the command's pid", pid)
+	}
+	exited := payload[*events.Exited](t, h[3])
+	if got, want := exited.ExitCode, 7; got != want {
+		t.Errorf("exit code = %d, want %d", got, want)
+	}
+	if exited.Signal != "" {
+		t.Errorf("signal = %q, want none", exited.Signal)
+	}
+	// stdout and stderr are read from two pipes: each keeps its order, their
+	// interleaving is the order bgtask read them in.
+	if got := exited.Tail; len(got) != 2 || !slices.Contains(got, "out") || !slices.Contains(got, "err") {
+		t.Errorf("tail = %q, want out and err", got)
+	}
+	if exited.StartedAt.IsZero() || exited.EndedAt.Before(exited.StartedAt) {
+		t.Errorf("run from %v to %v, want a start and an end after it", exited.StartedAt, exited.EndedAt)
+	}
+	if got := w.Running(); len(got) != 0 {
+		t.Errorf("Running() = %q after the exit, want none", got)
+	}
+}
+
+func TestWorkerRecordsHowCommandsEnd(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startWorker(t, workers.Config{})
+	tests := []struct {
+		name    string
+		spec    engine.Spec
+		code    int
+		signal  string
+		tail    []string
+		success bool
+		// sortByStream compares the tail with odd lines (stdout) before even ones
+		// (stderr): two pipes keep each stream's order, not their interleaving.
+		sortByStream bool
+	}{
+		{name: "success", spec: engine.Spec{Command: "echo hi"}, code: 0, tail: []string{"hi"}, success: true},
+		{name: "exit code", spec: engine.Spec{Command: "exit 3"}, code: 3, tail: nil},
+		{name: "killed by TERM", spec: engine.Spec{Command: "echo before; kill -TERM $$; echo after"}, code: 143, signal: "TERM", tail: []string{"before"}},
+		{name: "killed by KILL", spec: engine.Spec{Command: "kill -KILL $$"}, code: 137, signal: "KILL"},
+		{name: "last line without newline", spec: engine.Spec{Command: `printf 'a\nb'`}, code: 0, tail: []string{"a", "b"}, success: true},
+		{name: "stdout and stderr each in order", spec: engine.Spec{Command: "echo 1; echo 2 >&2; echo 3; echo 4 >&2"}, tail: []string{"1", "3", "2", "4"}, sortByStream: true, success: true},
+		{name: "stdin is empty", spec: engine.Spec{Command: "cat; echo done"}, tail: []string{"done"}, success: true},
+		{name: "argv runs without a shell", spec: engine.Spec{Argv: []string{"printf", "%s", "a b"}}, tail: []string{"a b"}, success: true},
+		{name: "argv does not expand", spec: engine.Spec{Argv: []string{"printf", `%s\n`, "$HOME; echo injected `id`"}}, tail: []string{"$HOME; echo injected `id`"}, success: true},
+		{name: "argv exit code", spec: engine.Spec{Argv: []string{"false"}}, code: 1},
+		{name: "cwd", spec: engine.Spec{Command: "pwd", Cwd: "/"}, tail: []string{"/"}, success: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if tt.spec.Cwd == "" {
+				tt.spec.Cwd = t.TempDir()
+			}
+			id := b.arm(t, tt.spec)
+			st := b.waitFor(t, id, 20*time.Second, "ended", ended)
+			if st.Run == nil {
+				t.Fatalf("ended without a run (reason %q), want an exit", st.Reason)
+			}
+			if got, want := st.Run.ExitCode, tt.code; got != want {
+				t.Errorf("exit code = %d, want %d", got, want)
+			}
+			if got, want := st.Run.Signal, tt.signal; got != want {
+				t.Errorf("signal = %q, want %q", got, want)
+			}
+			got := st.Run.Tail
+			if tt.sortByStream {
+				got = slices.Clone(got)
+				slices.SortStableFunc(got, func(a, b string) int { return oddFirst(a) - oddFirst(b) })
+			}
+			if want := tt.tail; !slices.Equal(got, want) {
+				t.Errorf("tail = %q, want %q", st.Run.Tail, want)
+			}
+			if got, want := st.Status == engine.StatusSucceeded, tt.success; got != want {
+				t.Errorf("status = %q, want succeeded: %v", st.Status, want)
+			}
+		})
+	}
+}
+
+func TestWorkerRecordsACommandThatCannotStartAsFailed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	w := b.startWorker(t, workers.Config{ID: "worker-failed"})
+	notExecutable := filepath.Join(t.TempDir(), "not-executable")
+	if err := os.WriteFile(notExecutable, []byte("echo no\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(t.TempDir(), "gone")
+	tests := []struct {
+		name   string
+		spec   engine.Spec
+		reason string // the reason names what was wrong
+	}{
+		// Validated at registration, but a directory can go before the task runs.
+		{name: "missing cwd", spec: engine.Spec{Command: "true", Cwd: missing}, reason: missing},
+		{name: "argv program not in PATH", spec: engine.Spec{Argv: []string{"bgtask-no-such-program", "x"}}, reason: "bgtask-no-such-program"},
+		{name: "argv path does not exist", spec: engine.Spec{Argv: []string{"/nonexistent/bgtask-prog"}}, reason: "/nonexistent/bgtask-prog"},
+		{name: "argv path not executable", spec: engine.Spec{Argv: []string{notExecutable}}, reason: notExecutable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if tt.spec.Cwd == "" {
+				tt.spec.Cwd = t.TempDir()
+			}
+			id := b.arm(t, tt.spec)
+			st := b.waitFor(t, id, 20*time.Second, "ended", ended)
+			if got, want := st.Status, engine.StatusFailed; got != want {
+				t.Errorf("status = %q, want %q", got, want)
+			}
+			if st.Run != nil {
+				t.Errorf("run = %+v, want none: the command never started", st.Run)
+			}
+			if !strings.Contains(st.Reason, tt.reason) {
+				t.Errorf("reason = %q, want it to name %q", st.Reason, tt.reason)
+			}
+			h := b.history(t, id)
+			if got, want := types(h), []events.Type{events.TypeArmed, events.TypeSpawned, events.TypeFailed}; !slices.Equal(got, want) {
+				t.Fatalf("history = %v, want %v", got, want)
+			}
+			if rec := h[2]; rec.Writer != w.ID() || rec.Epoch != 1 {
+				t.Errorf("failed written by %q at epoch %d, want %q at epoch 1", rec.Writer, rec.Epoch, w.ID())
+			}
+		})
+	}
+}
+
+func TestWorkerRunsCommandsInItsEnvPlusTheSpecsEnv(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// A tool only the worker's environment can find: not in this process's PATH.
+	tools := t.TempDir()
+	echo, err := exec.LookPath("echo")
+	if err != nil {
+		t.Skip("no echo program")
+	}
+	// A symlink, not a written script: a script being written while another test
+	// forks can fail to exec with "text file busy".
+	if err := os.Symlink(echo, filepath.Join(tools, "bgtask-test-tool")); err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(),
+		"BGTASK_FROM_WORKER=worker",
+		"BGTASK_OVERRIDDEN=worker",
+		"PATH="+tools+":"+os.Getenv("PATH"))
+	b.startWorker(t, workers.Config{Env: env})
+
+	tests := []struct {
+		name string
+		spec engine.Spec
+		// want is the tail; "$ID" stands for the task id.
+		want []string
+	}{
+		{
+			name: "worker env, spec env, spec wins, task id",
+			spec: engine.Spec{
+				Command: `echo "$BGTASK_FROM_WORKER"; echo "$BGTASK_FROM_SPEC"; echo "$BGTASK_OVERRIDDEN"; echo "$BGTASK_TASK_ID"`,
+				Env:     map[string]string{"BGTASK_FROM_SPEC": "spec", "BGTASK_OVERRIDDEN": "spec"},
+			},
+			want: []string{"worker", "spec", "spec", "$ID"},
+		},
+		{
+			name: "spec cannot forge the task id",
+			spec: engine.Spec{Command: `echo "$BGTASK_TASK_ID"`, Env: map[string]string{"BGTASK_TASK_ID": "forged"}},
+			want: []string{"$ID"},
+		},
+		{
+			name: "argv found in the worker env's PATH",
+			spec: engine.Spec{Argv: []string{"bgtask-test-tool", "from", "the", "tool"}},
+			want: []string{"from the tool"},
+		},
+		{
+			name: "argv env",
+			spec: engine.Spec{Argv: []string{"printenv", "BGTASK_FROM_SPEC"}, Env: map[string]string{"BGTASK_FROM_SPEC": "argv"}},
+			want: []string{"argv"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			tt.spec.Cwd = t.TempDir()
+			id := b.arm(t, tt.spec)
+			st := b.waitFor(t, id, 20*time.Second, "ended", ended)
+			if st.Run == nil {
+				t.Fatalf("no run: %q", st.Reason)
+			}
+			want := slices.Clone(tt.want)
+			for i := range want {
+				want[i] = strings.ReplaceAll(want[i], "$ID", id)
+			}
+			if got := st.Run.Tail; !slices.Equal(got, want) {
+				t.Errorf("tail = %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+func TestEachTaskIsSpawnedExactlyOnceByCompetingWorkers(t *testing.T) {
+	t.Parallel()
+	const tasks = 200
+	b := setup(t)
+	var ws []*workers.Worker
+	for i := range 3 {
+		nc, js := b.srv.Connect(t)
+		store, err := events.ConnectStore(context.Background(), js)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws = append(ws, startWorker(t, nc, js, store, workers.Config{ID: fmt.Sprintf("worker-%d", i), MaxTasks: 2}))
+	}
+	ids := make([]string, tasks)
+	for i := range ids {
+		ids[i] = b.arm(t, engine.Spec{Command: "true", Cwd: "/"})
+	}
+
+	// Follow the whole log until every task has ended.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	endedN := 0
+	err := b.store.Follow(ctx, "", 0, func(rec events.Record, err error) bool {
+		if err != nil {
+			t.Errorf("bad event: %v", err)
+			return true
+		}
+		if rec.Type == events.TypeExited || rec.Type == events.TypeFailed {
+			endedN++
+		}
+		return endedN < tasks
+	})
+	if err != nil {
+		t.Fatalf("%d of %d tasks ended: %v", endedN, tasks, err)
+	}
+
+	spawnsBy := map[string]int{}
+	for _, id := range ids {
+		h := b.history(t, id)
+		count := map[events.Type]int{}
+		var spawner string
+		for _, rec := range h {
+			count[rec.Type]++
+			switch rec.Type {
+			case events.TypeSpawned:
+				spawner = rec.Writer
+				spawnsBy[rec.Writer]++
+			case events.TypeExited, events.TypeTick:
+				if rec.Writer != spawner {
+					t.Errorf("task %s: %s by %q, but %q spawned it", id, rec.Type, rec.Writer, spawner)
+				}
+			}
+		}
+		if count[events.TypeSpawned] != 1 || count[events.TypeExited] != 1 || count[events.TypeFailed] != 0 {
+			t.Errorf("task %s: history %v, want exactly one spawned and one exited", id, types(h))
+		}
+		if _, problems := engine.Replay(h); len(problems) > 0 {
+			t.Errorf("task %s: history does not replay: %v", id, problems)
+		}
+	}
+	if len(spawnsBy) < 2 {
+		t.Errorf("spawns by worker = %v, want the workers to share the tasks", spawnsBy)
+	}
+	t.Logf("spawns by worker: %v", spawnsBy)
+}
+
+func TestWorkerRunsNoMoreThanMaxTasksAtOnce(t *testing.T) {
+	t.Parallel()
+	const maxTasks, tasks = 2, 4
+	b := setup(t)
+	w := b.startWorker(t, workers.Config{MaxTasks: maxTasks, TickInterval: 50 * time.Millisecond})
+	dir := t.TempDir()
+	gate := filepath.Join(dir, "go")
+
+	// Sample Running() the whole time, not only at the moments the test looks.
+	var maxRunning atomic.Int64
+	sampling, stopSampling := context.WithCancel(context.Background())
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for sampling.Err() == nil {
+			n := int64(len(w.Running()))
+			if n > maxRunning.Load() {
+				maxRunning.Store(n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	defer func() { stopSampling(); <-sampled }()
+
+	ids := make([]string, tasks)
+	for i := range ids {
+		ids[i] = b.arm(t, engine.Spec{
+			Command: `while [ ! -e "$GATE" ]; do sleep 0.05; done`,
+			Env:     map[string]string{"GATE": gate},
+			Cwd:     dir,
+		})
+	}
+
+	eventually(t, 20*time.Second, fmt.Sprintf("%d tasks running", maxTasks), func() bool { return len(w.Running()) >= maxTasks })
+	running := w.Running()
+	// Let the running tasks tick a few times: the others must still be waiting.
+	for _, id := range running {
+		b.waitFor(t, id, 20*time.Second, "ticking", func(s engine.State) bool { return s.Events >= 6 })
+	}
+	waiting := 0
+	for _, id := range ids {
+		st, err := engine.Load(context.Background(), b.store, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Phase == engine.PhaseArmed {
+			waiting++
+		}
+	}
+	if got, want := waiting, tasks-maxTasks; got != want {
+		t.Errorf("%d tasks still armed while %d run, want %d", got, len(running), want)
+	}
+
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		st := b.waitFor(t, id, 20*time.Second, "ended", ended)
+		if st.Run == nil || st.Run.ExitCode != 0 {
+			t.Errorf("task %s: run %+v, reason %q; want exit 0", id, st.Run, st.Reason)
+		}
+	}
+	stopSampling()
+	<-sampled
+	if got := maxRunning.Load(); got > maxTasks {
+		t.Errorf("Running() showed up to %d tasks at once, want at most %d", got, maxTasks)
+	}
+
+	// In the log's own order, no more than maxTasks runs were ever open at once.
+	var all []events.Record
+	for _, id := range ids {
+		all = append(all, b.history(t, id)...)
+	}
+	slices.SortFunc(all, func(a, b events.Record) int { return int(a.Seq) - int(b.Seq) })
+	open, maxOpen := 0, 0
+	for _, rec := range all {
+		switch rec.Type {
+		case events.TypeSpawned:
+			open++
+			maxOpen = max(maxOpen, open)
+		case events.TypeExited, events.TypeFailed:
+			open--
+		}
+	}
+	if maxOpen > maxTasks {
+		t.Errorf("the log has up to %d runs open at once, want at most %d", maxOpen, maxTasks)
+	}
+}
+
+func TestAForeignEventFencesTheWorkerAndStopsItsProcess(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	w := b.startWorker(t, workers.Config{ID: "worker-fenced", TickInterval: 50 * time.Millisecond})
+	id := b.arm(t, engine.Spec{Command: "sleep 600", Cwd: t.TempDir()})
+	st := b.waitFor(t, id, 20*time.Second, "started", hasPID)
+	pgid := st.PID
+	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+
+	// Another writer takes the task over: a spawn at the next epoch, appended after
+	// the worker's last event. It is not a cancellation, so only the conditional
+	// append of the worker's next tick can tell the worker.
+	ctx := context.Background()
+	var takeover uint64
+	for range 20 {
+		last, err := b.store.Last(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := events.New(id, "usurper", st.Epoch+1, time.Now(), &events.Spawned{Worker: "usurper"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if takeover, err = b.store.Append(ctx, ev, last.Seq); err == nil {
+			break
+		} else if !errors.Is(err, events.ErrConflict) {
+			t.Fatal(err)
+		}
+	}
+	if takeover == 0 {
+		t.Fatal("could not append the takeover")
+	}
+
+	waitGone(t, 10*time.Second, pgid)
+	eventually(t, 10*time.Second, "done with the task", func() bool { return len(w.Running()) == 0 })
+	h := b.history(t, id)
+	if last := h[len(h)-1]; last.Seq != takeover {
+		t.Errorf("history ends with %s by %q, want nothing after the takeover", last.Type, last.Writer)
+	}
+}
+
+func TestStopEndsRunningCommandsAndRecordsTheirExit(t *testing.T) {
+	t.Parallel()
+	const grace = 300 * time.Millisecond
+	tests := []struct {
+		name string
+		// command touches $READY once it is ready to be stopped.
+		command string
+		code    int
+		signal  string
+		// ignoresTERM: Stop must wait the grace before KILL.
+		ignoresTERM bool
+	}{
+		{name: "TERM", command: `: > "$READY"; exec sleep 600`, code: 143, signal: "TERM"},
+		{name: "TERM to a shell with a child", command: `: > "$READY"; sleep 600; echo unreachable`, code: 143, signal: "TERM"},
+		{name: "KILL after the grace when TERM is ignored", command: `trap '' TERM; : > "$READY"; sleep 600; echo unreachable`, code: 137, signal: "KILL", ignoresTERM: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			w := b.startWorker(t, workers.Config{ID: "worker-stopping", KillGrace: grace})
+			dir := t.TempDir()
+			ready := filepath.Join(dir, "ready")
+			id := b.arm(t, engine.Spec{Command: tt.command, Cwd: dir, Env: map[string]string{"READY": ready}})
+			pgid := b.waitFor(t, id, 20*time.Second, "started", hasPID).PID
+			t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+			eventually(t, 10*time.Second, "ready", func() bool { _, err := os.Stat(ready); return err == nil })
+
+			start := time.Now()
+			w.Stop()
+			took := time.Since(start)
+
+			if got := w.Running(); len(got) != 0 {
+				t.Errorf("Running() = %q after Stop", got)
+			}
+			if tt.ignoresTERM && took < grace {
+				t.Errorf("Stop took %v, want at least the grace %v before KILL", took, grace)
+			}
+			waitGone(t, 5*time.Second, pgid)
+			h := b.history(t, id)
+			last := h[len(h)-1]
+			if last.Type != events.TypeExited {
+				t.Fatalf("history = %v, want it to end with exited", types(h))
+			}
+			if last.Writer != w.ID() || last.Epoch != 1 {
+				t.Errorf("exited by %q at epoch %d, want %q at epoch 1", last.Writer, last.Epoch, w.ID())
+			}
+			exited := payload[*events.Exited](t, last)
+			if got, want := exited.Signal, tt.signal; got != want {
+				t.Errorf("signal = %q, want %q", got, want)
+			}
+			if got, want := exited.ExitCode, tt.code; got != want {
+				t.Errorf("exit code = %d, want %d", got, want)
+			}
+		})
+	}
+}
+
+func TestStopRecordsTheExitEvenWhileTicking(t *testing.T) {
+	t.Parallel()
+	// A tick is being appended (or is due) at the moment the worker stops: the exit
+	// must still be recorded, or the task stays running with no one to end it.
+	const tasks = 8
+	b := setup(t)
+	w := b.startWorker(t, workers.Config{ID: "worker-ticking", TickInterval: time.Millisecond})
+	ids := make([]string, tasks)
+	for i := range ids {
+		ids[i] = b.arm(t, engine.Spec{Command: "sleep 600", Cwd: "/"})
+	}
+	for _, id := range ids {
+		pgid := b.waitFor(t, id, 20*time.Second, "ticking", func(s engine.State) bool { return s.PID != 0 && s.Events >= 5 }).PID
+		t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+	}
+	w.Stop()
+	for _, id := range ids {
+		h := b.history(t, id)
+		if last := h[len(h)-1]; last.Type != events.TypeExited {
+			t.Errorf("task %s: history ends with %s after %d events, want exited", id, last.Type, len(h))
+		}
+	}
+}
+
+func TestTicksReportTheOutputSoFar(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startWorker(t, workers.Config{TickInterval: 50 * time.Millisecond})
+	dir := t.TempDir()
+	gate := filepath.Join(dir, "go")
+	id := b.arm(t, engine.Spec{
+		Command: `printf '%01000d\n' 0; while [ ! -e "$GATE" ]; do sleep 0.05; done`,
+		Env:     map[string]string{"GATE": gate},
+		Cwd:     dir,
+	})
+	b.waitFor(t, id, 20*time.Second, "ticking with 1001 bytes of output", func(s engine.State) bool { return s.OutputBytes == 1001 })
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor(t, id, 20*time.Second, "ended", ended)
+}
+
+func TestATaskCancelledBeforeAnyWorkerTakesItNeverRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dir := t.TempDir()
+	ran := filepath.Join(dir, "ran")
+	cancelled := b.arm(t, engine.Spec{Command: `: > "$RAN"`, Env: map[string]string{"RAN": ran}, Cwd: dir})
+	b.cancel(t, cancelled)
+	// One task at a time, in order: once the next task has ended, the worker has
+	// been offered the cancelled one.
+	next := b.arm(t, engine.Spec{Command: "true", Cwd: dir})
+	b.startWorker(t, workers.Config{MaxTasks: 1})
+	b.waitFor(t, next, 20*time.Second, "ended", ended)
+
+	if got, want := types(b.history(t, cancelled)), []events.Type{events.TypeArmed, events.TypeCancelled}; !slices.Equal(got, want) {
+		t.Errorf("history = %v, want %v", got, want)
+	}
+	if _, err := os.Stat(ran); err == nil {
+		t.Errorf("the cancelled task's command ran")
+	}
+}
+
+func TestArgvSearchesRelativePATHEntriesFromTheTasksCwdLikeAShell(t *testing.T) {
+	t.Parallel()
+	echo, err := exec.LookPath("echo")
+	if err != nil {
+		t.Skip("no echo program")
+	}
+	b := setup(t)
+	b.startWorker(t, workers.Config{Env: append(os.Environ(), "PATH=.:"+os.Getenv("PATH"))})
+	dir := t.TempDir()
+	if err := os.Symlink(echo, filepath.Join(dir, "bgtask-dot-tool")); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		spec engine.Spec
+	}{
+		{name: "command", spec: engine.Spec{Command: "bgtask-dot-tool hi", Cwd: dir}},
+		{name: "argv", spec: engine.Spec{Argv: []string{"bgtask-dot-tool", "hi"}, Cwd: dir}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			id := b.arm(t, tt.spec)
+			st := b.waitFor(t, id, 20*time.Second, "ended", ended)
+			if st.Run == nil {
+				t.Fatalf("failed: %q; want ./bgtask-dot-tool found through PATH entry \".\" in the task's cwd", st.Reason)
+			}
+			if got, want := st.Run.Tail, []string{"hi"}; !slices.Equal(got, want) {
+				t.Errorf("tail = %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+func TestStopOfAWorkerNeverStartedReturns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	w := workers.New(b.srv.Conn, b.srv.JS, b.store, workers.Config{Env: os.Environ()})
+	w.Stop()
+	if got := w.Running(); len(got) != 0 {
+		t.Errorf("Running() = %q", got)
+	}
+}
+
+// oddFirst orders lines "1".."9" with the odd ones first.
+func oddFirst(line string) int {
+	if len(line) == 1 && (line[0]-'0')%2 == 1 {
+		return 0
+	}
+	return 1
+}
