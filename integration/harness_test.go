@@ -342,3 +342,12 @@ func processGone(pid int) bool {
 
 // killGroup ends a process group a test left running on purpose.
 func killGroup(pgid int) error { return syscall.Kill(-pgid, syscall.SIGKILL) }
+
+// auditClean runs `bgtask audit` as the oracle: no invariant may be broken.
+func auditClean(t *testing.T, home string) {
+	t.Helper()
+	r := run(t, home, "audit")
+	if r.code != 0 {
+		t.Fatalf("audit found violations (exit %d):\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}

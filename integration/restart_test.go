@@ -63,6 +63,7 @@ func TestRestartRebuildsTheSameState(t *testing.T) {
 			t.Fatalf("task %s after restarts: %v", id, n)
 		}
 	}
+	auditClean(t, home)
 }
 
 func TestWorkersRacingForTasksSpawnEachExactlyOnce(t *testing.T) {
@@ -123,5 +124,6 @@ func TestWorkersRacingForTasksSpawnEachExactlyOnce(t *testing.T) {
 	if len(byWorker) < 2 {
 		t.Fatalf("tasks were not spread over the workers: %v", byWorker)
 	}
+	auditClean(t, home)
 	t.Logf("spawns per worker: %v", byWorker)
 }
