@@ -25,6 +25,7 @@ import (
 
 type serverOptions struct {
 	listen   string
+	sync     string
 	noWorker bool
 	worker   workerOptions
 	logLevel string
@@ -51,6 +52,7 @@ server runs per home. SIGINT or SIGTERM stops it cleanly.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.listen, "listen", "127.0.0.1:0", "loopback HOST:PORT for NATS clients; port 0 reuses the last port if free, else picks one")
+	f.StringVar(&o.sync, "sync", "always", "when the embedded JetStream store reaches the disk: always (fsync before every acknowledgement) or interval (every 2 minutes: faster, but a power loss can undo acknowledged events)")
 	f.BoolVar(&o.noWorker, "no-worker", false, "run no worker in the server (tasks wait for 'bgtask worker' processes)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	o.worker.register(f)
@@ -90,7 +92,10 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	if err != nil {
 		return &exitError{code: exitUsage, err: err}
 	}
-	ns, err := startNATS(home, host, port, creds, logger)
+	if o.sync != "always" && o.sync != "interval" {
+		return usageErr("--sync %q: want always or interval", o.sync)
+	}
+	ns, err := startNATS(home, host, port, creds, o.sync == "always", logger)
 	if err != nil {
 		return err
 	}
@@ -257,7 +262,7 @@ func previousPort(previous, host string) int {
 	return port
 }
 
-func startNATS(home, host string, port int, creds credentials, logger *slog.Logger) (*server.Server, error) {
+func startNATS(home, host string, port int, creds credentials, syncAlways bool, logger *slog.Logger) (*server.Server, error) {
 	pub, err := creds.publicKey()
 	if err != nil {
 		return nil, fmt.Errorf("credentials: %w", err)
@@ -269,6 +274,7 @@ func startNATS(home, host string, port int, creds credentials, logger *slog.Logg
 		JetStream:  true,
 		StoreDir:   filepath.Join(home, storeDir),
 		Nkeys:      []*server.NkeyUser{{Nkey: pub}},
+		SyncAlways: syncAlways,
 		NoSigs:     true,
 	})
 	if err != nil {

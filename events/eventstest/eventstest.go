@@ -19,17 +19,21 @@ type Server struct {
 }
 
 // Run starts a JetStream server on a random loopback port with its store in a
-// temporary directory.
-func Run(t testing.TB) *Server {
+// temporary directory. configure, if given, changes the options before the start.
+func Run(t testing.TB, configure ...func(*server.Options)) *Server {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{
+	opts := &server.Options{
 		Host:      "127.0.0.1",
 		Port:      -1,
 		JetStream: true,
 		StoreDir:  t.TempDir(),
 		NoLog:     true,
 		NoSigs:    true,
-	})
+	}
+	for _, c := range configure {
+		c(opts)
+	}
+	s, err := server.NewServer(opts)
 	if err != nil {
 		t.Fatalf("start nats-server: %v", err)
 	}
