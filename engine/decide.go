@@ -2,6 +2,7 @@ package engine
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -55,6 +56,9 @@ type Stall struct {
 // Fail records that the command could not run.
 type Fail struct{ Reason string }
 
+// Expire ends a task that is still waiting for a worker when its deadline passes.
+type Expire struct{}
+
 // PersistCompletion fixes the outcome and renders the wake-up.
 type PersistCompletion struct{}
 
@@ -76,8 +80,10 @@ func (c Arm) decide(s State, _ Meta) (events.Payload, uint64, error) {
 }
 
 func (c Spawn) decide(s State, m Meta) (events.Payload, uint64, error) {
-	if s.Phase != PhaseArmed {
+	if err := s.canSpawn(m.Writer); errors.Is(err, ErrWrongPhase) {
 		return nil, 0, phaseError(s)
+	} else if err != nil {
+		return nil, 0, err
 	}
 	return &events.Spawned{Worker: m.Writer, Host: c.Host}, s.Epoch + 1, nil
 }
@@ -100,6 +106,13 @@ func (c Exit) decide(s State, m Meta) (events.Payload, uint64, error) {
 func (c Stall) decide(s State, m Meta) (events.Payload, uint64, error) {
 	if err := s.leaseHeldBy(m.Writer); err != nil {
 		return nil, 0, err
+	}
+	if s.Spec.StallAfter == "" {
+		return nil, 0, fmt.Errorf("%w: task %s has no stall rule", ErrWrongPhase, s.ID)
+	}
+	// A respawn past its limit ends as a kill; otherwise the spec's action.
+	if c.Action != s.Spec.OnStall && !(c.Action == OnStallKill && s.Spec.OnStall == OnStallRespawn) {
+		return nil, 0, fmt.Errorf("%w: task %s stalls with %s, not %s", ErrWrongPhase, s.ID, s.Spec.OnStall, c.Action)
 	}
 	switch c.Action {
 	case OnStallNotify:
@@ -124,6 +137,20 @@ func (c Fail) decide(s State, m Meta) (events.Payload, uint64, error) {
 		}
 	}
 	return &events.Failed{Reason: c.Reason}, s.Epoch, nil
+}
+
+func (Expire) decide(s State, m Meta) (events.Payload, uint64, error) {
+	if s.Phase != PhaseArmed {
+		return nil, 0, phaseError(s)
+	}
+	at := s.Spec.DeadlineTime()
+	if at.IsZero() || m.Now.Before(at) {
+		return nil, 0, fmt.Errorf("%w: task %s has no deadline that passed", ErrWrongPhase, s.ID)
+	}
+	return &events.Failed{
+		Reason:    "the deadline " + s.Spec.Deadline + " passed before a worker took the task",
+		StoppedBy: events.StoppedByDeadline,
+	}, s.Epoch, nil
 }
 
 func (PersistCompletion) decide(s State, _ Meta) (events.Payload, uint64, error) {
@@ -185,7 +212,7 @@ func (s State) wakeup() events.Wakeup {
 		started, ended := r.StartedAt, r.EndedAt
 		w.Signal, w.Tail, w.MatchedLine = r.Signal, r.Tail, r.MatchedLine
 		w.StartedAt, w.EndedAt = &started, &ended
-		if !r.KeptRunning {
+		if r.HasExitCode() {
 			code := r.ExitCode
 			w.ExitCode = &code
 		}
@@ -198,6 +225,9 @@ func (s State) wakeup() events.Wakeup {
 // render fills the spec's prompt template, or the default prompt, for w.
 func (s State) render(w events.Wakeup) string {
 	vars := promptVars(w, s.Spec.Kind)
+	if s.Spec.Prompt == "" && w.Notice != "" {
+		return fmt.Sprintf("Background task %s %s: %s.\nCommand: %s\n", w.ID, w.Status, w.Reason, w.Command)
+	}
 	if s.Spec.Prompt == "" {
 		return defaultPrompt(w, vars)
 	}
@@ -230,8 +260,12 @@ func (s State) result() string {
 		}
 		out = strings.Join(tail, "\n")
 	}
-	if limit := s.Spec.maxResultBytes(); len(out) > limit {
-		out = strings.ToValidUTF8(out[:limit], "") + fmt.Sprintf("\n[result truncated: %d of %d bytes]", limit, len(out))
+	total := len(out)
+	if s.Run != nil && s.Run.ResultBytes > total {
+		total = s.Run.ResultBytes // the worker kept only the first part
+	}
+	if limit := s.Spec.maxResultBytes(); total > limit {
+		out = strings.ToValidUTF8(out[:min(limit, len(out))], "") + fmt.Sprintf("\n[result truncated: %d of %d bytes]", limit, total)
 	}
 	return out
 }
@@ -243,6 +277,9 @@ func (s State) StallNotice() events.Wakeup {
 		ID: s.ID, Status: StatusStalled, Kind: s.Spec.Kind, Command: s.Spec.CommandLine(),
 		Target: s.Spec.Target, Origin: s.Spec.Origin, Notice: StatusStalled,
 		Reason: "no output for " + s.Spec.StallAfter + "; the command is still running",
+	}
+	if s.Stall != nil {
+		w.Reason = "no output for " + s.Stall.SilentFor + "; the command is still running"
 	}
 	w.Prompt = s.render(w)
 	return w

@@ -37,6 +37,7 @@ type Dispatcher struct {
 	mu      sync.Mutex
 	queue   []string
 	queued  map[string]bool
+	busy    map[string]bool // tasks a loop works on: no second loop takes them
 	notices map[string]bool // tasks with a stall notice to deliver
 	wake    chan struct{}
 	cancel  context.CancelFunc
@@ -50,7 +51,7 @@ func NewDispatcher(store events.Store, inbox events.Inbox, tasks TaskReader, wri
 	}
 	return &Dispatcher{
 		base: base.WithDefaults(), store: store, inbox: inbox, tasks: tasks, writer: writer,
-		workers: workers, queued: map[string]bool{}, notices: map[string]bool{}, wake: make(chan struct{}, 1),
+		workers: workers, queued: map[string]bool{}, busy: map[string]bool{}, notices: map[string]bool{}, wake: make(chan struct{}, 1),
 	}
 }
 
@@ -65,12 +66,16 @@ func (d *Dispatcher) Notify(s State) {
 	}
 }
 
-// Recover queues every task that ended or was persisted but not fired: work a
-// previous process left when it stopped or crashed.
+// Recover queues every task that ended or was persisted but not fired, and every
+// running task whose stall notice may not have gone out: work a previous process
+// left when it stopped or crashed.
 func (d *Dispatcher) Recover(states []State) {
 	for _, s := range states {
-		if s.Phase == PhaseEnded || s.Phase == PhasePersisted {
+		switch {
+		case s.Phase == PhaseEnded || s.Phase == PhasePersisted:
 			d.enqueue(s.ID, false)
+		case s.Phase == PhaseRunning && s.StallNotified:
+			d.enqueue(s.ID, true)
 		}
 	}
 }
@@ -85,24 +90,43 @@ func (d *Dispatcher) enqueue(id string, notice bool) {
 		d.notices[id] = true
 	}
 	d.mu.Unlock()
+	d.signal()
+}
+
+// next takes the first queued task no other loop works on, so a task's notice and
+// its final wake-up are never delivered at once, out of order.
+func (d *Dispatcher) next() (id string, notice, ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i, id := range d.queue {
+		if d.busy[id] {
+			continue
+		}
+		d.queue = append(d.queue[:i:i], d.queue[i+1:]...)
+		notice = d.notices[id]
+		delete(d.queued, id)
+		delete(d.notices, id)
+		d.busy[id] = true
+		return id, notice, true
+	}
+	return "", false, false
+}
+
+func (d *Dispatcher) done(id string) {
+	d.mu.Lock()
+	delete(d.busy, id)
+	requeued := d.queued[id]
+	d.mu.Unlock()
+	if requeued {
+		d.signal()
+	}
+}
+
+func (d *Dispatcher) signal() {
 	select {
 	case d.wake <- struct{}{}:
 	default:
 	}
-}
-
-func (d *Dispatcher) next() (id string, notice, ok bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if len(d.queue) == 0 {
-		return "", false, false
-	}
-	id = d.queue[0]
-	d.queue = d.queue[1:]
-	notice = d.notices[id]
-	delete(d.queued, id)
-	delete(d.notices, id)
-	return id, notice, true
 }
 
 // Start runs the delivery loops until Stop.
@@ -139,28 +163,35 @@ func (d *Dispatcher) loop(ctx context.Context) {
 			}
 		}
 		// Another loop may be waiting on the same signal for the rest of the queue.
+		d.signal()
+		d.work(ctx, id, notice)
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// work delivers what a task is queued for, retrying until it is done or the
+// dispatcher stops.
+func (d *Dispatcher) work(ctx context.Context, id string, notice bool) {
+	defer d.done(id)
+	backoff := 50 * time.Millisecond
+	for {
+		err := d.deliver(ctx, id, notice)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, ErrNotFound) || errors.Is(err, ErrWrongPhase) {
+			d.base.Logger.Error("task cannot be delivered", "task", id, "err", err)
+			return
+		}
+		d.base.Logger.Warn("delivery failed, retrying", "task", id, "err", err, "in", backoff)
 		select {
-		case d.wake <- struct{}{}:
-		default:
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
 		}
-		backoff := 50 * time.Millisecond
-		for {
-			err := d.deliver(ctx, id, notice)
-			if err == nil || ctx.Err() != nil {
-				break
-			}
-			if errors.Is(err, ErrNotFound) || errors.Is(err, ErrWrongPhase) {
-				d.base.Logger.Error("task cannot be delivered", "task", id, "err", err)
-				break
-			}
-			d.base.Logger.Warn("delivery failed, retrying", "task", id, "err", err, "in", backoff)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, 5*time.Second)
-		}
+		backoff = min(2*backoff, 5*time.Second)
 	}
 }
 
@@ -173,14 +204,15 @@ func (d *Dispatcher) deliver(ctx context.Context, id string, notice bool) error 
 	return d.Complete(ctx, id)
 }
 
-// Notice delivers a task's stall notice. It is sent at most once: the worker writes
-// one notify stall per task, and the inbox drops a repeat of its message id.
+// Notice delivers a task's stall notice, while the task still runs. It is sent
+// once: the worker writes one notify stall per task, and a second attempt finds the
+// first in the inbox.
 func (d *Dispatcher) Notice(ctx context.Context, id string) error {
 	s, ok := d.tasks.Task(id)
-	if !ok || !s.StallNotified {
+	if !ok || !s.StallNotified || s.Phase != PhaseRunning || s.StalledAt == nil {
 		return nil
 	}
-	_, err := d.inbox.Deliver(ctx, s.StallNotice(), time.Time{})
+	_, err := d.inbox.Deliver(ctx, s.StallNotice(), *s.StalledAt)
 	return err
 }
 

@@ -103,12 +103,8 @@ func promptVars(w events.Wakeup, kind string) map[string]string {
 		duration = w.EndedAt.Sub(*w.StartedAt).Round(time.Millisecond).String()
 	}
 	tail := strings.Join(w.Tail, "\n")
-	result := w.Result
-	if result == "" {
-		result = tail
-	}
 	return map[string]string{
-		"result": result, "exit_code": exit, "status": w.Status, "reason": w.Reason,
+		"result": w.Result, "exit_code": exit, "status": w.Status, "reason": w.Reason,
 		"task_id": w.ID, "kind": kind, "command": w.Command, "tail": tail, "duration": duration,
 	}
 }

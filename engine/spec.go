@@ -77,6 +77,7 @@ func ParseSpecAt(data []byte, now time.Time) (Spec, error) {
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
+	dec.UseNumber() // a 64-bit id in a json_line match must not be rounded
 	var s Spec
 	if err := dec.Decode(&s); err != nil {
 		return Spec{}, decodeError(err)
@@ -94,26 +95,47 @@ func ParseSpecAt(data []byte, now time.Time) (Spec, error) {
 }
 
 // specFields are the spec's field names as written on the wire.
-var specFields = func() map[string]bool {
-	fields := map[string]bool{}
-	t := reflect.TypeFor[Spec]()
+var specFields = jsonFields(reflect.TypeFor[Spec]())
+
+// jsonFields maps the wire names of a struct's fields to the struct type of the
+// field's value, or nil when the value is not an object with fields of its own.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	fields := map[string]reflect.Type{}
 	for i := range t.NumField() {
-		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
-		fields[name] = true
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		ft := f.Type
+		if ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		if ft.Kind() != reflect.Struct {
+			ft = nil
+		}
+		fields[name] = ft
 	}
 	return fields
-}()
+}
 
 // checkFieldNames rejects field names that encoding/json would match without regard
-// to case ("Command"): a spec uses exactly the documented names.
+// to case ("Command", "completion.Regex"): a spec uses exactly the documented names.
 func checkFieldNames(data []byte) error {
+	return checkObjectFields(data, specFields, "")
+}
+
+func checkObjectFields(data []byte, known map[string]reflect.Type, prefix string) error {
 	var fields map[string]json.RawMessage
 	if json.Unmarshal(data, &fields) != nil {
 		return nil // not an object: the decoder reports it
 	}
-	for name := range fields {
-		if !specFields[name] {
-			return fieldErr(name, "unknown field")
+	for name, value := range fields {
+		nested, ok := known[name]
+		if !ok {
+			return fieldErr(prefix+name, "unknown field")
+		}
+		if nested != nil {
+			if err := checkObjectFields(value, jsonFields(nested), prefix+name+"."); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -228,7 +250,9 @@ func shellQuote(s string) string {
 // armed; it is not checked again, since a cwd may since have gone.
 func decodeSpec(raw json.RawMessage) (Spec, error) {
 	var s Spec
-	if err := json.Unmarshal(raw, &s); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber() // match values keep every digit, as written
+	if err := dec.Decode(&s); err != nil {
 		return Spec{}, fmt.Errorf("armed spec: %w", err)
 	}
 	return s, nil

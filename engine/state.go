@@ -63,11 +63,14 @@ type State struct {
 	EndedAt     *time.Time     `json:"ended_at,omitempty"`
 	// Stall is the last stall of the current run; StallNotified: the caller was told.
 	Stall         *events.Stalled `json:"stall,omitempty"`
+	StalledAt     *time.Time      `json:"stalled_at,omitempty"`
 	StallNotified bool            `json:"stall_notified,omitempty"`
-	// Respawns counts runs started again after a stall.
-	Respawns int         `json:"respawns,omitempty"`
-	LastType events.Type `json:"last_event"`
-	Events   int         `json:"events"`
+	// Respawns counts runs started again after a stall; RespawnPending: a stall
+	// stopped the run and its worker is to start the next one.
+	Respawns       int         `json:"respawns,omitempty"`
+	RespawnPending bool        `json:"respawn_pending,omitempty"`
+	LastType       events.Type `json:"last_event"`
+	Events         int         `json:"events"`
 }
 
 // TransitionError is an event that does not fit the task's state. It is reported,
@@ -122,13 +125,14 @@ func apply(s State, rec events.Record) (State, error) {
 		}
 		s.ID, s.Spec, s.Phase, s.ArmedAt = rec.TaskID, spec, PhaseArmed, at
 	case *events.Spawned:
-		if s.Phase != PhaseArmed {
-			return s, ErrWrongPhase
+		if err := s.canSpawn(rec.Writer); err != nil {
+			return s, err
 		}
 		if rec.Epoch != s.Epoch+1 {
 			return s, fmt.Errorf("spawn epoch %d after epoch %d", rec.Epoch, s.Epoch)
 		}
 		s.Phase, s.Epoch, s.Worker, s.Host, s.SpawnedAt = PhaseRunning, rec.Epoch, rec.Writer, p.Host, &at
+		s.RespawnPending, s.Stall = false, nil
 	case *events.Tick:
 		if err := s.ownedBy(rec); err != nil {
 			return s, err
@@ -149,13 +153,14 @@ func apply(s State, rec events.Record) (State, error) {
 			return s, err
 		}
 		stall := *p
-		s.Stall = &stall
+		s.Stall, s.StalledAt = &stall, &at
 		switch p.Action {
 		case OnStallNotify:
 			s.StallNotified = true
 		case OnStallRespawn:
-			// The same worker starts the command again with the next spawn.
-			s.Phase = PhaseArmed
+			// The same worker starts the command again with the next spawn; the task
+			// stays its own meanwhile, so no one else can take it.
+			s.RespawnPending = true
 			s.Respawns++
 		}
 	case *events.Failed:
@@ -167,6 +172,9 @@ func apply(s State, rec events.Record) (State, error) {
 			return s, ErrWrongPhase
 		}
 		s.Phase, s.Status, s.Reason, s.EndedAt = PhaseEnded, StatusFailed, p.Reason, &at
+		if p.StoppedBy == events.StoppedByDeadline {
+			s.Status = StatusTimedOut
+		}
 	case *events.CompletionPersisted:
 		if s.Phase != PhaseEnded {
 			return s, ErrWrongPhase
@@ -195,8 +203,12 @@ func outcome(s State, run *events.Exited) (status, reason string) {
 	switch {
 	case run.Matched:
 		return StatusSucceeded, ""
+	case run.StoppedBy == events.StoppedByDeadline && run.NotStarted:
+		return StatusTimedOut, "the deadline " + s.Spec.Deadline + " passed before the command started"
 	case run.StoppedBy == events.StoppedByDeadline:
 		return StatusTimedOut, "the deadline " + s.Spec.Deadline + " passed"
+	case run.StoppedBy == events.StoppedByWorker:
+		return StatusFailed, "stopped when its worker shut down"
 	case run.StoppedBy == events.StoppedByStall:
 		silent := s.Spec.StallAfter
 		if s.Stall != nil {
@@ -209,6 +221,20 @@ func outcome(s State, run *events.Exited) (status, reason string) {
 		return StatusSucceeded, ""
 	}
 	return StatusFailed, ""
+}
+
+// canSpawn checks that writer may start a run: a task waiting for a worker, or a
+// stalled run its own worker starts again.
+func (s State) canSpawn(writer string) error {
+	switch {
+	case s.Phase == PhaseArmed:
+		return nil
+	case s.Phase == PhaseRunning && s.RespawnPending && s.Worker == writer:
+		return nil
+	case s.Phase == PhaseRunning && s.RespawnPending:
+		return fmt.Errorf("%w: %s respawns task %s, not %s", ErrNotOwner, s.Worker, s.ID, writer)
+	}
+	return ErrWrongPhase
 }
 
 // ownedBy checks that a run event comes from the spawn that holds the task.

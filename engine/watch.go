@@ -3,10 +3,12 @@ package engine
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"math/big"
 	"reflect"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -61,7 +63,9 @@ const (
 	DefaultMaxResultBytes = 32 << 10
 	MaxResultBytesLimit   = 1 << 20
 	DefaultResultTimeout  = time.Minute
-	DefaultMaxRespawns    = 1
+	// MaxResultTimeout bounds a result command: it runs before the exit is recorded.
+	MaxResultTimeout   = 10 * time.Minute
+	DefaultMaxRespawns = 1
 	// MatchLineBytes is how much of a stdout line the completion rules look at: a
 	// longer line is matched on its first MatchLineBytes bytes.
 	MatchLineBytes = 1 << 20
@@ -149,8 +153,12 @@ func (s *Spec) validateWatch(now time.Time) error {
 				return fieldErr("result.argv", "command needs an argv")
 			}
 			if r.Timeout != "" {
-				if _, err := parsePositiveDuration(r.Timeout); err != nil {
+				d, err := parsePositiveDuration(r.Timeout)
+				if err != nil {
 					return fieldErr("result.timeout", "%v", err)
+				}
+				if d > MaxResultTimeout {
+					return fieldErr("result.timeout", "%s is over the limit of %s", d, MaxResultTimeout)
 				}
 			}
 		default:
@@ -273,6 +281,9 @@ func matchJSONLine(line []byte, match map[string]any) bool {
 	if dec.Decode(&obj) != nil {
 		return false
 	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return false // more after the object: not one JSON object
+	}
 	for key, want := range match {
 		got, ok := lookup(obj, key)
 		if !ok || !matchValue(got, want) {
@@ -320,29 +331,35 @@ func matchValue(got, want any) bool {
 	}
 }
 
+// sameNumber compares two JSON numbers exactly: 1234567890123456789 is not ...788.
 func sameNumber(a, b any) bool {
-	fa, okA := toFloat(a)
-	fb, okB := toFloat(b)
-	return okA && okB && fa == fb
+	ra, okA := toRat(a)
+	rb, okB := toRat(b)
+	return okA && okB && ra.Cmp(rb) == 0
 }
 
-func toFloat(v any) (float64, bool) {
+func toRat(v any) (*big.Rat, bool) {
 	switch n := v.(type) {
 	case float64:
-		return n, true
+		r := new(big.Rat)
+		if r.SetFloat64(n) == nil {
+			return nil, false
+		}
+		return r, true
 	case json.Number:
-		f, err := strconv.ParseFloat(string(n), 64)
-		return f, err == nil
+		return new(big.Rat).SetString(string(n))
 	}
-	return 0, false
+	return nil, false
 }
 
 // normalize makes decoded values comparable whichever way their numbers were read.
 func normalize(v any) any {
 	switch x := v.(type) {
-	case json.Number:
-		f, _ := toFloat(x)
-		return f
+	case json.Number, float64:
+		if r, ok := toRat(x); ok {
+			return r.RatString()
+		}
+		return x
 	case map[string]any:
 		out := make(map[string]any, len(x))
 		for k, e := range x {

@@ -141,21 +141,33 @@ type Exited struct {
 	// Matched: the completion rule matched MatchedLine.
 	Matched     bool   `json:"matched,omitempty"`
 	MatchedLine string `json:"matched_line,omitempty"`
-	// StoppedBy names the rule that stopped the command: match, deadline or stall.
+	// StoppedBy names what stopped the command: a rule (match, deadline, stall) or
+	// its worker shutting down (worker_stopped).
 	StoppedBy string `json:"stopped_by,omitempty"`
 	// KeptRunning: the rule matched and the command was left running (no exit code).
 	KeptRunning bool `json:"kept_running,omitempty"`
-	// Result is the stdout of the spec's result command; ResultError says why it has none.
+	// NotStarted: the command was never started (its deadline had passed).
+	NotStarted bool `json:"not_started,omitempty"`
+	// Result is the stdout of the spec's result command (ResultBytes long before it
+	// was cut to the largest result kept); ResultError says why it has none.
 	Result      string `json:"result,omitempty"`
+	ResultBytes int    `json:"result_bytes,omitempty"`
 	ResultError string `json:"result_error,omitempty"`
-	OutputBytes int64  `json:"output_bytes,omitempty"`
+	// OutputBytes is the size of the output; OutputDropped how much of it the log
+	// could not keep.
+	OutputBytes   int64 `json:"output_bytes,omitempty"`
+	OutputDropped int64 `json:"output_dropped,omitempty"`
 }
+
+// HasExitCode reports whether the run ended with an exit code of the command.
+func (e *Exited) HasExitCode() bool { return !e.KeptRunning && !e.NotStarted }
 
 // Ways a watch rule stops a command.
 const (
 	StoppedByMatch    = "match"
 	StoppedByDeadline = "deadline"
 	StoppedByStall    = "stall"
+	StoppedByWorker   = "worker_stopped"
 )
 
 // Stalled records that the command printed nothing for SilentFor, and what the
@@ -165,9 +177,11 @@ type Stalled struct {
 	Action    string `json:"action"`
 }
 
-// Failed records that the command could not run at all.
+// Failed records that the command could not run. StoppedBy is deadline when the
+// task's deadline passed before any worker took it.
 type Failed struct {
-	Reason string `json:"reason"`
+	Reason    string `json:"reason"`
+	StoppedBy string `json:"stopped_by,omitempty"`
 }
 
 // CompletionPersisted fixes the task's outcome and the exact wake-up that will be

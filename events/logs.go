@@ -131,8 +131,11 @@ func (l *Logs) Read(ctx context.Context, taskID string, streams []string, follow
 	if err != nil {
 		return fmt.Errorf("read logs of %s: %w", taskID, err)
 	}
-	open := len(streams)
-	for open > 0 {
+	open := map[string]bool{}
+	for _, s := range streams {
+		open[s] = true
+	}
+	for len(open) > 0 {
 		var batch jetstream.MessageBatch
 		if follow {
 			batch, err = cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
@@ -147,7 +150,7 @@ func (l *Logs) Read(ctx context.Context, taskID string, streams []string, follow
 			n++
 			chunk := decodeChunk(msg)
 			if chunk.EOF {
-				open--
+				delete(open, chunk.Stream)
 			}
 			if err := fn(chunk); err != nil {
 				return err
@@ -189,6 +192,7 @@ type LogWriter struct {
 	kept     []keptChunk // published chunks still in the stream, oldest first
 	keptSize int64
 	closed   bool
+	final    bool
 	wake     chan struct{}
 	done     chan struct{}
 }
@@ -236,11 +240,13 @@ func (w *LogWriter) signal() {
 	}
 }
 
-// Close publishes what is left and the end mark, waiting at most until ctx ends.
-// It returns the total size of the output and how many of its bytes were dropped.
-func (w *LogWriter) Close(ctx context.Context) (total, dropped int64) {
+// Close publishes what is left, and with final the end mark of the output stream
+// (a run that is followed by another of the same task leaves it to the last one),
+// waiting at most until ctx ends. It returns the total size of the output and how
+// many of its bytes were dropped.
+func (w *LogWriter) Close(ctx context.Context, final bool) (total, dropped int64) {
 	w.mu.Lock()
-	w.closed = true
+	w.closed, w.final = true, final
 	w.mu.Unlock()
 	w.signal()
 	select {
@@ -270,10 +276,12 @@ func (w *LogWriter) run() {
 			return
 		}
 		w.mu.Lock()
-		closed := w.closed
+		closed, final := w.closed, w.final
 		w.mu.Unlock()
 		if w.flush() && closed {
-			w.publishEOF()
+			if final {
+				w.publishEOF()
+			}
 			return
 		}
 	}
@@ -307,7 +315,6 @@ func (w *LogWriter) publish(chunk []byte, offset int64) bool {
 		return false
 	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	// Output dropped from the front while the chunk was on its way is already gone.
 	if consumed := offset + int64(len(chunk)) - w.offset; consumed > 0 {
 		w.pending = w.pending[consumed:]
@@ -315,15 +322,19 @@ func (w *LogWriter) publish(chunk []byte, offset int64) bool {
 	}
 	w.kept = append(w.kept, keptChunk{seq: ack.Sequence, size: int64(len(chunk))})
 	w.keptSize += int64(len(chunk))
+	w.mu.Unlock()
 	w.trim()
 	return true
 }
 
 // trim drops the oldest chunks once the kept output is over MaxLogBytes. It purges
 // down to three quarters of the limit, so a steady flood purges now and then, not
-// with every chunk.
+// with every chunk. Only the writer's goroutine calls it; the purge runs without
+// the lock, so the command's writes never wait for the network.
 func (w *LogWriter) trim() {
+	w.mu.Lock()
 	if w.keptSize <= MaxLogBytes {
+		w.mu.Unlock()
 		return
 	}
 	var drop int
@@ -333,14 +344,17 @@ func (w *LogWriter) trim() {
 		drop++
 	}
 	firstKept := w.kept[drop].seq
+	w.mu.Unlock()
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
 	if err := w.logs.stream.Purge(ctx, jetstream.WithPurgeSubject(w.subject), jetstream.WithPurgeSequence(firstKept)); err != nil {
 		return // tried again after the next chunk
 	}
+	w.mu.Lock()
 	w.kept = w.kept[drop:]
 	w.keptSize -= size
 	w.dropped += size
+	w.mu.Unlock()
 }
 
 func (w *LogWriter) publishEOF() {

@@ -69,10 +69,10 @@ func TestLogWriterKeepsEveryByteInOrder(t *testing.T) {
 	}
 	errw.Write([]byte("oops\n"))
 	ctx := context.Background()
-	if total, dropped := out.Close(ctx); total != int64(want.Len()) || dropped != 0 {
+	if total, dropped := out.Close(ctx, true); total != int64(want.Len()) || dropped != 0 {
 		t.Fatalf("stdout total %d dropped %d, want %d and 0", total, dropped, want.Len())
 	}
-	errw.Close(ctx)
+	errw.Close(ctx, true)
 
 	r := readAll(t, logs, "t1", false)
 	if got := r.data[events.Stdout].String(); got != want.String() {
@@ -100,7 +100,7 @@ func TestLogWriterKeepsTheLastBytesAndCountsTheDrop(t *testing.T) {
 		block[0] = byte('A' + i%26)
 		w.Write(block)
 	}
-	total, dropped := w.Close(context.Background())
+	total, dropped := w.Close(context.Background(), true)
 	if total != int64(blocks*len(block)) {
 		t.Fatalf("total = %d, want %d", total, blocks*len(block))
 	}
@@ -125,7 +125,7 @@ func TestLogReadFollowsUntilTheEndMark(t *testing.T) {
 	got := make(chan readResult, 1)
 	go func() { got <- readAll(t, logs, "live", true, events.Stdout) }()
 	w.Write([]byte("second\n"))
-	w.Close(context.Background())
+	w.Close(context.Background(), true)
 	select {
 	case r := <-got:
 		if s := r.data[events.Stdout].String(); s != "first\nsecond\n" {

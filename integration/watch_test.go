@@ -125,6 +125,10 @@ func TestStallKillDeadlineAndRespawn(t *testing.T) {
 	if out := ok(t, home, "logs", respawned); out != "run\nrun\nrun\n" {
 		t.Fatalf("the log of three runs = %q", out)
 	}
+	// The output ends once, after the last run: follow reads all three.
+	if out := ok(t, home, "logs", respawned, "--follow"); out != "run\nrun\nrun\n" {
+		t.Fatalf("logs --follow of three runs = %q", out)
+	}
 }
 
 func TestStallNotifyWakesOnceAndKeepsWatching(t *testing.T) {
@@ -279,4 +283,16 @@ func TestWatchFlagsAreValidated(t *testing.T) {
 	if n := len(decodeJSON[[]any](t, ok(t, home, "list", "--json"))); n != 0 {
 		t.Fatalf("rejected specs registered %d tasks", n)
 	}
+}
+
+func TestADeadlineEndsATaskNoWorkerTook(t *testing.T) {
+	t.Parallel()
+	home := t.TempDir()
+	startServer(t, home, "--no-worker")
+	id := add(t, home, "--deadline", "500ms", "--", "echo never")
+	w := waitFor(t, home, id)
+	if w.Status != "timed_out" || w.ExitCode != nil || !strings.Contains(show(t, home, id).Reason, "before a worker took the task") {
+		t.Fatalf("wake-up of a task no worker took: %+v", w)
+	}
+	auditClean(t, home)
 }

@@ -27,15 +27,15 @@ func (b *limitedBuffer) Write(p []byte) (int, error) {
 }
 
 // resultCommand runs a spec's result command after its run ended, in the task's
-// cwd and environment, and returns its stdout, or why it has none. The engine
-// truncates the result to the spec's max_result_bytes; this keeps at most the limit
-// of that setting.
-func resultCommand(ctx context.Context, res engine.Result, env []string, dir string) (string, string) {
+// cwd and environment, and returns its stdout, the stdout's full size, and why it
+// has none if it failed. The engine truncates the result to the spec's
+// max_result_bytes; this keeps at most the limit of that setting.
+func resultCommand(ctx context.Context, res engine.Result, env []string, dir string) (string, int, string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), res.ResultTimeout())
 	defer cancel()
 	path, err := lookPath(res.Argv[0], env, dir)
 	if err != nil {
-		return "", err.Error()
+		return "", 0, err.Error()
 	}
 	cmd := exec.CommandContext(ctx, path, res.Argv[1:]...)
 	cmd.Args[0] = res.Argv[0]
@@ -50,13 +50,13 @@ func resultCommand(ctx context.Context, res engine.Result, env []string, dir str
 	out := stdout.buf.String()
 	switch {
 	case ctx.Err() != nil:
-		return out, fmt.Sprintf("timed out after %s", res.ResultTimeout())
+		return out, stdout.total, fmt.Sprintf("timed out after %s", res.ResultTimeout())
 	case err != nil:
 		msg := err.Error()
 		if first, _, _ := strings.Cut(strings.TrimSpace(stderr.buf.String()), "\n"); first != "" {
 			msg += ": " + first
 		}
-		return out, msg
+		return out, stdout.total, msg
 	}
-	return out, ""
+	return out, stdout.total, ""
 }

@@ -17,7 +17,7 @@ import (
 // worker no longer owns it and must not touch it again.
 var errFenced = errors.New("worker no longer owns the task")
 
-// appendTimeout bounds the appends made while a worker stops.
+// appendTimeout bounds how long one event is retried.
 const appendTimeout = 10 * time.Second
 
 // run is one task a worker owns.
@@ -30,41 +30,63 @@ type run struct {
 
 func (r *run) cancel() { r.cancelOnce.Do(func() { close(r.cancelled) }) }
 
-// append decides c on the run's state and appends it conditionally on the run's last
-// event. A conflict means the worker was fenced.
-func (r *run) append(ctx context.Context, c engine.Command) error {
-	ev, err := r.decide(c)
-	if err != nil {
-		return err
-	}
-	return r.commit(ctx, ev)
-}
-
 func (r *run) decide(c engine.Command) (events.Event, error) {
 	return engine.Decide(r.state, c, engine.Meta{Writer: r.w.cfg.ID, Now: r.w.cfg.Base.Now()})
 }
 
-// appendNow appends an event of a running command. It does not end with the
-// worker's context: an append cut short by a stopping worker could leave the run
-// without the exit it is about to record.
-func (r *run) appendNow(ctx context.Context, c engine.Command) error {
+// record appends the event c decides on the run's state, conditional on the run's
+// last event, and retries the same event (so a write whose ack was lost counts
+// once) until it is in the log, the worker is fenced, or appendTimeout passes. It
+// does not end with the worker's context: a stopping worker must still record how
+// its runs ended.
+func (r *run) record(ctx context.Context, c engine.Command) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendTimeout)
 	defer cancel()
-	return r.append(ctx, c)
-}
-
-// commit appends an event decided on the run's state. Retrying the same event is
-// safe: the store recognises an append of it that already succeeded.
-func (r *run) commit(ctx context.Context, ev events.Event) error {
-	seq, err := r.w.store.Append(ctx, ev, r.state.Seq)
-	if errors.Is(err, events.ErrConflict) {
-		return errFenced
-	}
+	ev, err := r.decide(c)
 	if err != nil {
 		return err
 	}
-	r.state, err = engine.Apply(r.state, events.Record{Seq: seq, Event: ev})
-	return err
+	for {
+		seq, err := r.w.store.Append(ctx, ev, r.state.Seq)
+		if err == nil {
+			r.state, err = engine.Apply(r.state, events.Record{Seq: seq, Event: ev})
+			return err
+		}
+		if errors.Is(err, events.ErrConflict) {
+			// Another event came after the run's last one: fenced, unless it is one
+			// of the run's own appends whose ack was lost.
+			if !r.resync(ctx) {
+				return errFenced
+			}
+			if ev, err = r.decide(c); err != nil {
+				return err
+			}
+			continue
+		}
+		r.w.cfg.Base.Logger.Warn("event not recorded yet, retrying", "task", r.state.ID, "type", ev.Type, "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// resync reloads the task from the log and reports whether this run still holds it.
+func (r *run) resync(ctx context.Context) bool {
+	for {
+		s, err := engine.Load(ctx, r.w.store, r.state.ID)
+		if err == nil {
+			owned := s.Phase == engine.PhaseRunning && s.Worker == r.w.cfg.ID && s.Epoch == r.state.Epoch
+			r.state = s
+			return owned
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // execute runs the command of a task the worker has just taken, to its end: once,
@@ -81,11 +103,33 @@ func (r *run) execute(ctx context.Context) {
 	}()
 	var offsets [2]int64 // output so far, so a respawned run's log goes on after it
 	for r.runOnce(ctx, &offsets) {
-		if err := r.appendNow(ctx, engine.Spawn{Host: w.host}); err != nil {
-			w.cfg.Base.Logger.Warn("respawn not recorded", "task", id, "err", err)
+		if err := r.record(ctx, engine.Spawn{Host: w.host}); err != nil {
+			// Still the owner without a run: lease expiry ends the task.
+			w.cfg.Base.Logger.Error("respawn not recorded", "task", id, "err", err)
 			return
 		}
 	}
+}
+
+// runLogs are the two log writers of a run.
+type runLogs struct {
+	stdout, stderr *events.LogWriter
+	offsets        *[2]int64
+	closed         bool
+	total, dropped int64
+}
+
+func (l *runLogs) close(ctx context.Context, final bool) {
+	if l.closed {
+		return
+	}
+	l.closed = true
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendTimeout)
+	defer cancel()
+	outTotal, outDropped := l.stdout.Close(ctx, final)
+	errTotal, errDropped := l.stderr.Close(ctx, final)
+	l.offsets[0], l.offsets[1] = outTotal, errTotal
+	l.total, l.dropped = outTotal+errTotal, outDropped+errDropped
 }
 
 // runOnce runs the command once and records how the run ended. It reports whether
@@ -93,6 +137,12 @@ func (r *run) execute(ctx context.Context) {
 func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 	w, id, log := r.w, r.state.ID, r.w.cfg.Base.Logger
 	spec := r.state.Spec
+	if at := spec.DeadlineTime(); !at.IsZero() && !time.Now().Before(at) {
+		// Waited past its deadline: starting it now would only stop it half way.
+		now := time.Now().UTC()
+		r.recordEnd(ctx, events.Exited{NotStarted: true, StoppedBy: events.StoppedByDeadline, StartedAt: now, EndedAt: now})
+		return false
+	}
 	dir := spec.Cwd
 	if dir == "" {
 		dir = homeDir()
@@ -100,12 +150,15 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 	env := mergeEnv(w.env(), spec.Env, "BGTASK_TASK_ID="+id)
 
 	tail := NewTail(max(w.cfg.TailLines, spec.TailLines()), MaxLineBytes)
-	stdoutLog := w.logs.Writer(id, events.Stdout, offsets[0])
-	stderrLog := w.logs.Writer(id, events.Stderr, offsets[1])
+	logs := &runLogs{
+		stdout:  w.logs.Writer(id, events.Stdout, offsets[0]),
+		stderr:  w.logs.Writer(id, events.Stderr, offsets[1]),
+		offsets: offsets,
+	}
 	var lastOutput atomic.Int64
 	lastOutput.Store(time.Now().UnixNano())
-	stdout := output{writers: []io.Writer{tail, stdoutLog}, last: &lastOutput}
-	stderr := output{writers: []io.Writer{tail, stderrLog}, last: &lastOutput}
+	stdout := output{writers: []io.Writer{tail.Stream(), logs.stdout}, last: &lastOutput}
+	stderr := output{writers: []io.Writer{tail.Stream(), logs.stderr}, last: &lastOutput}
 	var watch *lineWatch
 	var matched <-chan struct{}
 	if m := spec.Matcher(); m != nil {
@@ -113,41 +166,41 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 		stdout.writers = append(stdout.writers, watch)
 		matched = watch.hit
 	}
-	closeLogs := func() int64 {
-		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendTimeout)
-		defer cancel()
-		var outTotal, errTotal int64
-		outTotal, _ = stdoutLog.Close(lctx)
-		errTotal, _ = stderrLog.Close(lctx)
-		offsets[0], offsets[1] = outTotal, errTotal
-		return outTotal + errTotal
-	}
 
 	proc, err := startProcess(spec, env, dir, stdout, stderr)
 	if err != nil {
-		closeLogs()
+		logs.close(ctx, true)
 		log.Info("task failed to start", "task", id, "err", err)
-		r.appendWhileStopping(ctx, engine.Fail{Reason: err.Error()})
+		r.recordEnd(ctx, engine.Fail{Reason: err.Error()})
 		return false
 	}
 	log.Info("task started", "task", id, "pid", proc.cmd.Process.Pid, "command", spec.CommandLine())
 
-	// end records the run's end; stoppedBy names the rule that stopped it, if any.
-	end := func(stoppedBy string) {
+	// end records the run's end. stoppedBy names what stopped it, if anything; a
+	// kept run is one whose rule matched with keep_running, still going.
+	end := func(stoppedBy string, kept bool) {
+		var run events.Exited
+		if kept {
+			run = events.Exited{StartedAt: proc.started.UTC(), EndedAt: time.Now().UTC(), KeptRunning: true}
+		} else {
+			<-proc.exited
+			run = proc.result
+		}
+		run.StoppedBy = stoppedBy
 		if watch != nil {
 			watch.finish()
-		}
-		run := proc.result
-		run.StoppedBy = stoppedBy
-		run.Tail = tail.Lines()
-		if watch != nil {
 			run.MatchedLine, run.Matched = watch.result()
 		}
-		run.OutputBytes = closeLogs()
+		run.Tail = tail.Lines()
+		logs.close(ctx, true)
+		run.OutputBytes, run.OutputDropped = logs.total, logs.dropped
 		if res := spec.Result; res != nil && res.Type == engine.ResultCommand {
-			run.Result, run.ResultError = resultCommand(ctx, *res, env, dir)
+			run.Result, run.ResultBytes, run.ResultError = resultCommand(ctx, *res, env, dir)
 		}
-		r.appendWhileStopping(ctx, engine.Exit{Run: run})
+		r.recordEnd(ctx, run)
+	}
+	stall := func(action string, silent time.Duration) error {
+		return r.record(ctx, engine.Stall{SilentFor: silent.Round(time.Millisecond), Action: action})
 	}
 
 	ticker := time.NewTicker(w.cfg.TickInterval)
@@ -166,28 +219,29 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 		stallCheck = check.C
 	}
 
-	err = r.appendNow(ctx, engine.Tick{PID: proc.cmd.Process.Pid})
-	for err == nil {
+	err = r.record(ctx, engine.Tick{PID: proc.cmd.Process.Pid})
+	for !errors.Is(err, errFenced) {
+		if err != nil {
+			// NATS is away: the command goes on, and the next event tries again.
+			log.Warn("event not recorded", "task", id, "err", err)
+		}
+		err = nil
 		select {
 		case <-proc.exited:
-			end("")
+			end("", false)
 			return false
 		case <-matched:
 			if spec.KeepRunning {
-				// The rule is met and the command goes on, no longer watched.
-				run := events.Exited{StartedAt: proc.started.UTC(), EndedAt: time.Now().UTC(), KeptRunning: true, Tail: tail.Lines()}
-				run.MatchedLine, run.Matched = watch.result()
-				run.OutputBytes = closeLogs()
-				r.appendWhileStopping(ctx, engine.Exit{Run: run})
+				end(events.StoppedByMatch, true)
 				return false
 			}
 			proc.stop(w.cfg.KillGrace)
-			end(events.StoppedByMatch)
+			end(events.StoppedByMatch, false)
 			return false
 		case <-deadline:
 			log.Info("deadline passed: stopping the task", "task", id)
 			proc.stop(w.cfg.KillGrace)
-			end(events.StoppedByDeadline)
+			end(events.StoppedByDeadline, false)
 			return false
 		case now := <-stallCheck:
 			silent := now.Sub(time.Unix(0, lastOutput.Load()))
@@ -197,82 +251,64 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 			switch action := r.stallAction(spec); action {
 			case engine.OnStallNotify:
 				stallCheck = nil // told once; the command goes on
-				err = r.appendNow(ctx, engine.Stall{SilentFor: silent.Round(time.Millisecond), Action: action})
+				err = stall(action, silent)
 			case engine.OnStallRespawn:
-				if err = r.appendNow(ctx, engine.Stall{SilentFor: silent.Round(time.Millisecond), Action: action}); err == nil {
+				if err = stall(action, silent); err == nil {
 					log.Info("task stalled: starting it again", "task", id, "silent", silent)
 					proc.stop(w.cfg.KillGrace)
-					closeLogs()
+					if ctx.Err() != nil { // the worker is stopping: no new run
+						end(events.StoppedByWorker, false)
+						return false
+					}
+					logs.close(ctx, false)
 					return true
 				}
 			default:
-				if err = r.appendNow(ctx, engine.Stall{SilentFor: silent.Round(time.Millisecond), Action: engine.OnStallKill}); err == nil {
+				if err = stall(engine.OnStallKill, silent); err == nil {
 					log.Info("task stalled: stopping it", "task", id, "silent", silent)
 					proc.stop(w.cfg.KillGrace)
-					end(events.StoppedByStall)
+					end(events.StoppedByStall, false)
 					return false
 				}
 			}
 		case <-ticker.C:
-			err = r.appendNow(ctx, engine.Tick{OutputBytes: tail.Bytes()})
+			err = r.record(ctx, engine.Tick{OutputBytes: tail.Bytes()})
 		case <-r.cancelled:
 			err = errFenced
 		case <-ctx.Done():
-			// The worker is stopping: end the command and record how it ended.
+			log.Info("worker stopping: stopping the task", "task", id)
 			proc.stop(w.cfg.KillGrace)
-			end("")
+			end(events.StoppedByWorker, false)
 			return false
-		}
-		if err != nil && !errors.Is(err, errFenced) {
-			log.Warn("event not recorded", "task", id, "err", err)
-			err = nil // NATS is away for a moment: keep running, the next tick tries again
 		}
 	}
 	log.Info("task cancelled or taken over: stopping its process group", "task", id)
 	proc.stop(w.cfg.KillGrace)
-	closeLogs()
+	logs.close(ctx, true)
 	return false
 }
 
-// stallAction is what a stall does now: a respawn past the limit, or a second
-// notify, becomes a kill or nothing.
+// stallAction is what a stall does now: a respawn past the limit becomes a kill.
+// Notify is asked for once per run at most (the caller stops checking after it).
 func (r *run) stallAction(spec engine.Spec) string {
-	switch spec.OnStall {
-	case engine.OnStallRespawn:
-		if r.state.Respawns < spec.Respawns() {
-			return engine.OnStallRespawn
-		}
+	if spec.OnStall == engine.OnStallRespawn && r.state.Respawns >= spec.Respawns() {
 		return engine.OnStallKill
-	case engine.OnStallNotify:
-		if !r.state.StallNotified {
-			return engine.OnStallNotify
-		}
 	}
 	return spec.OnStall
 }
 
-// appendWhileStopping appends an event that must be recorded even when the worker is
-// shutting down, within a bound.
-func (r *run) appendWhileStopping(ctx context.Context, c engine.Command) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendTimeout)
-	defer cancel()
-	ev, err := r.decide(c)
-	if err != nil {
-		r.w.cfg.Base.Logger.Error("end of task not recorded", "task", r.state.ID, "err", err)
-		return
+// recordEnd records the end of a run: an exited event, or c if it is another
+// command (a failure to start).
+func (r *run) recordEnd(ctx context.Context, end any) {
+	var c engine.Command
+	switch e := end.(type) {
+	case events.Exited:
+		c = engine.Exit{Run: e}
+	case engine.Command:
+		c = e
 	}
-	for {
-		err := r.commit(ctx, ev)
-		if err == nil || errors.Is(err, errFenced) {
-			return
-		}
-		r.w.cfg.Base.Logger.Warn("could not record the end of a task, retrying", "task", r.state.ID, "err", err)
-		select {
-		case <-ctx.Done():
-			r.w.cfg.Base.Logger.Error("end of task not recorded", "task", r.state.ID, "err", err)
-			return
-		case <-time.After(200 * time.Millisecond):
-		}
+	if err := r.record(ctx, c); err != nil && !errors.Is(err, errFenced) {
+		r.w.cfg.Base.Logger.Error("end of task not recorded", "task", r.state.ID, "err", err)
 	}
 }
 

@@ -243,3 +243,17 @@ func TestTailIsSafeForConcurrentWriters(t *testing.T) {
 		t.Errorf("Bytes() = %d, want %d", got, want)
 	}
 }
+
+func TestTailKeepsAPartialLineOfOneStreamApartFromTheOther(t *testing.T) {
+	t.Parallel()
+	tail := workers.NewTail(10, workers.MaxLineBytes)
+	stdout, stderr := tail.Stream(), tail.Stream()
+	stderr.Write([]byte("progress 10%\r"))
+	stdout.Write([]byte("stdout line\n"))
+	stderr.Write([]byte("progress 100%\n"))
+	got := tail.Lines()
+	want := []string{"stdout line", "progress 10%\rprogress 100%"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("lines = %q, want %q", got, want)
+	}
+}

@@ -232,7 +232,7 @@ func (w *Worker) take(ctx context.Context, msg jetstream.Msg) {
 		var armed engine.State
 		if armed, err = engine.Apply(engine.State{}, rec); err == nil {
 			r := &run{w: w, state: armed, cancelled: make(chan struct{})}
-			switch err = r.append(ctx, engine.Spawn{Host: w.host}); {
+			switch err = r.record(ctx, engine.Spawn{Host: w.host}); {
 			case err == nil:
 				_ = msg.Ack()
 				r.execute(ctx)

@@ -62,15 +62,16 @@ With --follow, keep printing until the command's output ends.`,
 				// A run whose worker died writes no end mark: stop a little after the task
 				// has ended whatever the marks say.
 				go func() {
-					if _, err := follow(readCtx, c, t.ID, func(s engine.State) bool {
+					_, err := follow(readCtx, c, t.ID, func(s engine.State) bool {
 						return s.Phase != engine.PhaseArmed && s.Phase != engine.PhaseRunning
-					}); err == nil {
+					})
+					if err == nil {
 						select {
 						case <-readCtx.Done():
 						case <-time.After(logsGrace):
-							stopReading()
 						}
 					}
+					stopReading() // ended, or the task can no longer be followed
 				}()
 			}
 			err = logs.Read(readCtx, t.ID, streams, following, func(chunk events.LogChunk) error {

@@ -136,6 +136,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 type node struct {
 	projector  *projections.Projector
 	dispatcher *engine.Dispatcher
+	timers     *engine.Timers
 	api        *api.Server
 }
 
@@ -156,23 +157,25 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer stri
 		return nil, err
 	}
 	n := &node{}
-	var dispatcher *engine.Dispatcher
-	n.projector = projections.New(store, func(s engine.State) { dispatcher.Notify(s) }, base)
-	dispatcher = engine.NewDispatcher(store, inbox, n.projector, writer, 4, base)
-	n.dispatcher = dispatcher
+	n.projector = projections.New(store, func(s engine.State) {
+		n.dispatcher.Notify(s)
+		n.timers.Notify(s)
+	}, base)
+	n.dispatcher = engine.NewDispatcher(store, inbox, n.projector, writer, 4, base)
+	n.timers = engine.NewTimers(store, n.projector, writer, base)
 	if err := n.projector.Start(ctx); err != nil {
 		return nil, err
 	}
-	if err := dispatcher.Start(ctx); err != nil {
+	if err := n.dispatcher.Start(ctx); err != nil {
 		n.projector.Stop()
 		return nil, err
 	}
 	all, _ := n.projector.List(engine.ListQuery{})
-	dispatcher.Recover(all)
+	n.dispatcher.Recover(all)
+	n.timers.Recover(all)
 	n.api, err = api.Serve(nc, engine.NewService(store, writer, base), n.projector, store, version(), base)
 	if err != nil {
-		dispatcher.Stop()
-		n.projector.Stop()
+		n.stopEngine()
 		return nil, err
 	}
 	return n, nil
@@ -180,8 +183,13 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer stri
 
 func (n *node) stop() {
 	_ = n.api.Stop()
+	n.stopEngine()
+}
+
+func (n *node) stopEngine() {
+	n.projector.Stop() // first: no notification may reach a stopped dispatcher or timer
+	n.timers.Stop()
 	n.dispatcher.Stop()
-	n.projector.Stop()
 }
 
 // startWorker runs the server's own worker on a connection of its own, as a worker

@@ -58,7 +58,7 @@ func View(s engine.State) TaskView {
 	v := TaskView{State: s, Command: s.Spec.CommandLine()}
 	if s.Run != nil {
 		v.MatchedLine = s.Run.MatchedLine
-		if !s.Run.KeptRunning {
+		if s.Run.HasExitCode() {
 			code := s.Run.ExitCode
 			v.ExitCode = &code
 		}

@@ -1,0 +1,114 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/bgtask/bgtask/events"
+)
+
+// Timers ends a task whose deadline passes while it still waits for a worker: the
+// worker enforces the deadline of a run, the engine that of a task no one runs.
+type Timers struct {
+	base   Base
+	store  events.Store
+	tasks  TaskReader
+	writer string
+
+	mu      sync.Mutex
+	pending map[string]*time.Timer
+	ctx     context.Context
+	cancel  context.CancelFunc
+	running sync.WaitGroup
+}
+
+// NewTimers returns the deadline timers of an engine.
+func NewTimers(store events.Store, tasks TaskReader, writer string, base Base) *Timers {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Timers{
+		base: base.WithDefaults(), store: store, tasks: tasks, writer: writer,
+		pending: map[string]*time.Timer{}, ctx: ctx, cancel: cancel,
+	}
+}
+
+// Notify is called with every task state the projector applies live.
+func (t *Timers) Notify(s State) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ctx.Err() != nil {
+		return
+	}
+	at := s.Spec.DeadlineTime()
+	if s.Phase != PhaseArmed || at.IsZero() {
+		if timer := t.pending[s.ID]; timer != nil {
+			timer.Stop()
+			delete(t.pending, s.ID)
+		}
+		return
+	}
+	if t.pending[s.ID] != nil {
+		return
+	}
+	id := s.ID
+	t.pending[id] = time.AfterFunc(max(time.Until(at), 0), func() { t.expire(id) })
+}
+
+// Recover sets the timers of the tasks a restart found armed.
+func (t *Timers) Recover(states []State) {
+	for _, s := range states {
+		t.Notify(s)
+	}
+}
+
+// Stop cancels every timer and waits for an expiry in progress.
+func (t *Timers) Stop() {
+	t.mu.Lock()
+	t.cancel()
+	for id, timer := range t.pending {
+		timer.Stop()
+		delete(t.pending, id)
+	}
+	t.mu.Unlock()
+	t.running.Wait()
+}
+
+func (t *Timers) expire(id string) {
+	t.mu.Lock()
+	if t.ctx.Err() != nil {
+		t.mu.Unlock()
+		return
+	}
+	delete(t.pending, id)
+	t.running.Add(1)
+	t.mu.Unlock()
+	defer t.running.Done()
+
+	ctx, cancel := context.WithTimeout(t.ctx, 30*time.Second)
+	defer cancel()
+	for attempt := 0; attempt < 10; attempt++ {
+		s, ok := t.tasks.Task(id)
+		if !ok || s.Phase != PhaseArmed {
+			return // taken, cancelled or gone
+		}
+		ev, err := Decide(s, Expire{}, Meta{Writer: t.writer, Now: t.base.Now()})
+		if err != nil {
+			return
+		}
+		_, err = t.store.Append(ctx, ev, s.Seq)
+		if err == nil {
+			t.base.Logger.Info("deadline passed before a worker took the task", "task", id)
+			return
+		}
+		if !errors.Is(err, events.ErrConflict) {
+			t.base.Logger.Warn("deadline not recorded, retrying", "task", id, "err", err)
+		}
+		// A conflict: the reader is behind the log; look again shortly.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,77 @@
+package engine_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/events/eventstest"
+)
+
+// storeReader reads a task's current state from the store itself.
+type storeReader struct{ store events.Store }
+
+func (r storeReader) Task(id string) (engine.State, bool) {
+	s, err := engine.Load(context.Background(), r.store, id)
+	return s, err == nil
+}
+
+func TestTimersEndATaskNoWorkerTookBeforeItsDeadline(t *testing.T) {
+	t.Parallel()
+	srv := eventstest.Run(t)
+	ctx := context.Background()
+	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := engine.NewService(store, "engine", engine.Base{})
+	late, _, err := svc.Register(ctx, []byte(`{"command":"true","deadline":"200ms"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken, _, err := svc.Register(ctx, []byte(`{"command":"true","deadline":"200ms"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	timers := engine.NewTimers(store, storeReader{store}, "engine", engine.Base{})
+	defer timers.Stop()
+	for _, id := range []string{late, taken} {
+		s, err := engine.Load(ctx, store, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		timers.Notify(s)
+	}
+	// A worker takes the second task before the deadline: its timer must not fire.
+	s, _ := engine.Load(ctx, store, taken)
+	ev, err := engine.Decide(s, engine.Spawn{}, engine.Meta{Writer: "w1", Now: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Append(ctx, ev, s.Seq); err != nil {
+		t.Fatal(err)
+	}
+
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s, err := engine.Load(ctx, store, late)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Phase == engine.PhaseEnded {
+			if s.Status != engine.StatusTimedOut {
+				t.Fatalf("expired task status %q, want timed_out", s.Status)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task still %s long after its deadline", s.Phase)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if s, _ := engine.Load(ctx, store, taken); s.Phase != engine.PhaseRunning {
+		t.Fatalf("the task a worker took is %s, want running", s.Phase)
+	}
+}

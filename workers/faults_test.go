@@ -1,0 +1,137 @@
+package workers_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/workers"
+)
+
+// faultyStore wraps the real store and fails chosen appends, the faults a real
+// server gives only by chance: a write that never arrived, and one that arrived
+// but whose ack was lost.
+type faultyStore struct {
+	events.Store
+	mu     sync.Mutex
+	faults map[events.Type][]fault // per event type, consumed in order
+}
+
+type fault int
+
+const (
+	dropWrite fault = iota // the append fails and writes nothing
+	loseAck                // the append writes, then fails as if its ack was lost
+)
+
+var errInjected = errors.New("injected: nats: timeout")
+
+func (f *faultyStore) inject(t events.Type, faults ...fault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.faults == nil {
+		f.faults = map[events.Type][]fault{}
+	}
+	f.faults[t] = append(f.faults[t], faults...)
+}
+
+func (f *faultyStore) Append(ctx context.Context, ev events.Event, expect uint64) (uint64, error) {
+	f.mu.Lock()
+	var next *fault
+	if q := f.faults[ev.Type]; len(q) > 0 {
+		next, f.faults[ev.Type] = &q[0], q[1:]
+	}
+	f.mu.Unlock()
+	if next == nil {
+		return f.Store.Append(ctx, ev, expect)
+	}
+	if *next == loseAck {
+		if _, err := f.Store.Append(ctx, ev, expect); err != nil {
+			return 0, err
+		}
+	}
+	return 0, errInjected
+}
+
+func TestAppendFaultsDuringARunLoseNoEvent(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		faults map[events.Type][]fault
+	}{
+		{"the first tick is dropped", map[events.Type][]fault{events.TypeTick: {dropWrite}}},
+		{"the first tick's ack is lost", map[events.Type][]fault{events.TypeTick: {loseAck}}},
+		{"ticks fail again and again", map[events.Type][]fault{events.TypeTick: {dropWrite, loseAck, dropWrite, loseAck}}},
+		{"the exit is dropped, then its ack lost", map[events.Type][]fault{events.TypeExited: {dropWrite, loseAck}}},
+		{"the spawn's ack is lost", map[events.Type][]fault{events.TypeSpawned: {loseAck}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			faulty := &faultyStore{Store: b.store}
+			for typ, f := range tt.faults {
+				faulty.inject(typ, f...)
+			}
+			startWorker(t, b.srv.Conn, b.srv.JS, faulty, workers.Config{ID: "faulty", TickInterval: 20 * time.Millisecond})
+			id := b.arm(t, engine.Spec{Command: "sleep 0.3; echo done", Cwd: t.TempDir()})
+			st := b.waitFor(t, id, 30*time.Second, "ended", ended)
+			if st.Status != engine.StatusSucceeded || st.Run == nil || !slices.Equal(st.Run.Tail, []string{"done"}) {
+				t.Fatalf("ended as %s (reason %q, run %+v), want succeeded with its output", st.Status, st.Reason, st.Run)
+			}
+			h := b.history(t, id)
+			n := map[events.Type]int{}
+			for _, rec := range h {
+				n[rec.Type]++
+			}
+			if n[events.TypeSpawned] != 1 || n[events.TypeExited] != 1 {
+				t.Fatalf("history %v: want exactly one spawned and one exited", n)
+			}
+		})
+	}
+}
+
+func TestARespawnWhoseSpawnFailsOnceStillRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	faulty := &faultyStore{Store: b.store}
+	// The first spawned (the take) goes through; the respawn's is dropped, then its
+	// ack is lost.
+	startWorker(t, b.srv.Conn, b.srv.JS, faulty, workers.Config{ID: "respawner", TickInterval: 50 * time.Millisecond})
+	spec := engine.Spec{Command: "echo run; sleep 600", Cwd: t.TempDir(), StallAfter: "300ms", OnStall: engine.OnStallRespawn}
+	id := b.arm(t, spec)
+	b.waitFor(t, id, 20*time.Second, "started", hasPID)
+	faulty.inject(events.TypeSpawned, dropWrite, loseAck)
+	st := b.waitFor(t, id, 30*time.Second, "ended", ended)
+	if st.Status != engine.StatusStalled || st.Respawns != 1 || st.Epoch != 2 {
+		t.Fatalf("ended as %s with %d respawns at epoch %d, want stalled after 1 respawn at epoch 2", st.Status, st.Respawns, st.Epoch)
+	}
+}
+
+func TestATaskPastItsDeadlineIsNotStarted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dir := t.TempDir()
+	spec, err := engine.ParseSpecAt([]byte(`{"command":"touch started","cwd":"`+dir+`","deadline":"200ms"}`), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := b.arm(t, spec)
+	// No worker takes it before its deadline; the one that comes later must not run it.
+	time.Sleep(time.Until(spec.DeadlineTime()))
+	b.startWorker(t, workers.Config{})
+	st := b.waitFor(t, id, 20*time.Second, "ended", ended)
+	if st.Status != engine.StatusTimedOut || st.Run == nil || !st.Run.NotStarted {
+		t.Fatalf("ended as %s (%q), want timed_out and not started", st.Status, st.Reason)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "started")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("the command ran after its deadline")
+	}
+}
