@@ -169,6 +169,20 @@ func (l *Logs) Read(ctx context.Context, taskID string, streams []string, follow
 	return nil
 }
 
+// End returns where a task's output stream stands in the log: the offset after its
+// last chunk (0 if it has none).
+func (l *Logs) End(ctx context.Context, taskID, stream string) (int64, error) {
+	msg, err := l.stream.GetLastMsgForSubject(ctx, LogSubject(taskID, stream))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	offset, _ := strconv.ParseInt(msg.Header.Get(LogOffsetHeader), 10, 64)
+	return offset + int64(len(msg.Data)), nil
+}
+
 func decodeChunk(msg jetstream.Msg) LogChunk {
 	subject := msg.Subject()
 	stream := subject[len(subject)-len(Stdout):] // stdout and stderr have one length

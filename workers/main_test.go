@@ -1,11 +1,26 @@
 package workers_test
 
 import (
+	"fmt"
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/bgtask/bgtask/workers"
 )
 
-// Every worker, process waiter and NATS client a test starts must be gone when the
-// tests end: Worker.Stop and the servers' cleanups leave nothing behind.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain doubles as the shim: workers start commands through their own binary,
+// which in a test is this test binary, run as `workers.test shim DIR`.
+func TestMain(m *testing.M) {
+	if len(os.Args) == 3 && os.Args[1] == "shim" {
+		if err := workers.RunShim(os.Args[2]); err != nil {
+			fmt.Fprintln(os.Stderr, "shim:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	// The shims are this binary; built with -race it would wait a second at every exit.
+	os.Setenv("GORACE", "atexit_sleep_ms=0 halt_on_error=1")
+	goleak.VerifyTestMain(m)
+}

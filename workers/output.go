@@ -2,7 +2,9 @@ package workers
 
 import (
 	"bytes"
+	"errors"
 	"io"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -89,4 +91,49 @@ func (l *lineWatch) result() (string, bool) {
 		return "", false
 	}
 	return *l.matched, true
+}
+
+// copyGrowing copies a file that a command is still writing into w, from offset,
+// until done is closed and the file holds nothing more. It returns the offset it
+// reached.
+func copyGrowing(path string, offset int64, w io.Writer, done <-chan struct{}) int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return offset
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	final := false
+	for {
+		n, err := f.ReadAt(buf, offset)
+		if n > 0 {
+			_, _ = w.Write(buf[:n])
+			offset += int64(n)
+			continue
+		}
+		if final || (err != nil && !errors.Is(err, io.EOF)) {
+			return offset
+		}
+		select {
+		case <-done:
+			final = true // one more read: output written since the last one
+		case <-time.After(outputPoll):
+		}
+	}
+}
+
+// outputPoll is how often a quiet output file is looked at again.
+const outputPoll = 20 * time.Millisecond
+
+// lastBytes returns up to n bytes of a file that end at offset.
+func lastBytes(path string, offset, n int64) []byte {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	start := max(0, offset-n)
+	buf := make([]byte, offset-start)
+	m, _ := f.ReadAt(buf, start)
+	return buf[:m]
 }

@@ -2,9 +2,10 @@ package workers
 
 import (
 	"errors"
-	"io"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -14,63 +15,143 @@ import (
 	"github.com/bgtask/bgtask/events"
 )
 
-// waitDelay bounds how long the exit of a command waits for its output pipes: a
-// background grandchild that keeps them open must not delay the exit being recorded.
-const waitDelay = time.Second
+// exitPoll is how often a worker looks for a run's exit file.
+const exitPoll = 25 * time.Millisecond
 
-// process is one running command, the leader of its own process group.
+// process is a command a shim runs, watched through its run directory.
 type process struct {
-	cmd     *exec.Cmd
-	started time.Time
-	exited  chan struct{} // closed when the command has been reaped
+	dir     string
+	pids    shimPIDs
+	exited  chan struct{} // closed when the exit file is read, or the shim is gone
 	result  events.Exited
+	lost    bool // the shim ended without writing an exit file
+	quit    chan struct{}
+	stopped chan struct{}
 }
 
-// startProcess starts a spec's command in its own process group, in env and dir,
-// with stdin from /dev/null. stdout and stderr must never block.
-func startProcess(spec engine.Spec, env []string, dir string, stdout, stderr io.Writer) (*process, error) {
-	var cmd *exec.Cmd
+// startProcess writes a run directory and starts the shim that runs the spec's
+// command, in a new session of its own.
+func startProcess(shim []string, dir string, run shimRun, spec engine.Spec) (*process, error) {
 	if spec.Command != "" {
-		bash, err := lookPath("bash", env, dir)
+		bash, err := lookPath("bash", run.Env, run.Dir)
 		if err != nil {
 			return nil, err
 		}
-		cmd = exec.Command(bash, "-c", spec.Command)
+		run.Path, run.Args = bash, []string{"bash", "-c", spec.Command}
 	} else {
-		path, err := lookPath(spec.Argv[0], env, dir)
+		path, err := lookPath(spec.Argv[0], run.Env, run.Dir)
 		if err != nil {
 			return nil, err
 		}
-		cmd = exec.Command(path, spec.Argv[1:]...)
-		cmd.Args[0] = spec.Argv[0]
+		run.Path, run.Args = path, spec.Argv
 	}
-	if info, err := os.Stat(dir); err != nil || !info.IsDir() {
-		return nil, errors.New("working directory " + dir + " does not exist")
+	if info, err := os.Stat(run.Dir); err != nil || !info.IsDir() {
+		return nil, errors.New("working directory " + run.Dir + " does not exist")
 	}
-	cmd.Dir, cmd.Env = dir, env
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.WaitDelay = waitDelay
-	if err := cmd.Start(); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	p := &process{cmd: cmd, started: time.Now(), exited: make(chan struct{})}
-	go p.wait()
+	for _, name := range []string{stdoutFile, stderrFile} {
+		f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		f.Close()
+	}
+	if err := writeJSONAtomic(filepath.Join(dir, runFile), run); err != nil {
+		return nil, err
+	}
+	// The shim starts itself again, detached, and returns at once.
+	if out, err := exec.Command(shim[0], append(shim[1:], dir)...).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("start the shim: %w: %s", err, out)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var exit shimExit
+		if readJSON(filepath.Join(dir, exitFile), &exit) == nil && exit.StartError != "" {
+			return nil, errors.New(exit.StartError)
+		}
+		if _, err := os.Stat(filepath.Join(dir, pidFile)); err == nil {
+			return attachProcess(dir)
+		}
+		if time.Now().After(deadline) {
+			return nil, errors.New("the shim did not start the command in 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// attachProcess watches a run that a shim started, from its directory: after a
+// start, or after the worker restarted.
+func attachProcess(dir string) (*process, error) {
+	p := &process{dir: dir, exited: make(chan struct{}), quit: make(chan struct{}), stopped: make(chan struct{})}
+	if err := readJSON(filepath.Join(dir, pidFile), &p.pids); err != nil {
+		return nil, fmt.Errorf("run %s: %w", dir, err)
+	}
+	go p.watch()
 	return p, nil
 }
 
-func (p *process) wait() {
-	defer close(p.exited)
-	_ = p.cmd.Wait() // the outcome is in ProcessState; ErrWaitDelay only means a pipe was left open
-	p.result = events.Exited{
-		ExitCode:  p.cmd.ProcessState.ExitCode(),
-		StartedAt: p.started.UTC(),
-		EndedAt:   time.Now().UTC(),
+func (p *process) watch() {
+	defer close(p.stopped)
+	ticker := time.NewTicker(exitPoll)
+	defer ticker.Stop()
+	for {
+		if p.readExit() {
+			close(p.exited)
+			return
+		}
+		if !p.pids.Shim.alive() {
+			// The exit file may have landed just before the shim ended.
+			if !p.readExit() {
+				p.lost = true
+			}
+			close(p.exited)
+			return
+		}
+		select {
+		case <-ticker.C:
+		case <-p.quit:
+			return
+		}
 	}
-	if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		p.result.ExitCode = 128 + int(ws.Signal())
-		p.result.Signal = signalName(ws.Signal())
+}
+
+func (p *process) readExit() bool {
+	var exit shimExit
+	if readJSON(filepath.Join(p.dir, exitFile), &exit) != nil {
+		return false
 	}
+	p.result = events.Exited{ExitCode: exit.ExitCode, Signal: exit.Signal, StartedAt: exit.StartedAt, EndedAt: exit.EndedAt}
+	return true
+}
+
+// detach stops watching; the command goes on.
+func (p *process) detach() {
+	select {
+	case <-p.quit:
+	default:
+		close(p.quit)
+	}
+	<-p.stopped
+}
+
+// stop ends the command's whole process group: TERM, then KILL after grace. The
+// group is signalled only while its leader is the process the shim started, never
+// a later process that reused its PID.
+func (p *process) stop(grace time.Duration) {
+	pgid := p.pids.Command.PID
+	if p.pids.Command.alive() {
+		_ = unix.Kill(-pgid, unix.SIGTERM)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(grace):
+	}
+	// Members left after the leader exited are killed too, so no grandchild outlives
+	// a stop; while any is left, its group id cannot be reused.
+	_ = unix.Kill(-pgid, unix.SIGKILL)
+	<-p.exited
 }
 
 func signalName(sig syscall.Signal) string {
@@ -79,17 +160,4 @@ func signalName(sig syscall.Signal) string {
 		return name[3:]
 	}
 	return sig.String()
-}
-
-// stop ends the whole process group: TERM, then KILL after grace. Members left
-// after the leader exited are killed too, so no grandchild outlives a stop.
-func (p *process) stop(grace time.Duration) {
-	pgid := p.cmd.Process.Pid
-	_ = syscall.Kill(-pgid, syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(grace):
-	}
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	<-p.exited
 }

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/bgtask/bgtask/engine"
 )
@@ -42,7 +43,7 @@ func resultCommand(ctx context.Context, res engine.Result, env []string, dir str
 	cmd.Dir, cmd.Env = dir, env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = waitDelay
+	cmd.WaitDelay = time.Second // a grandchild holding its pipes must not hold the result
 	stdout := &limitedBuffer{limit: engine.MaxResultBytesLimit + 1}
 	stderr := &limitedBuffer{limit: 4096}
 	cmd.Stdout, cmd.Stderr = stdout, stderr

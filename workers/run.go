@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,7 +92,9 @@ func (r *run) resync(ctx context.Context) bool {
 
 // execute runs the command of a task the worker has just taken, to its end: once,
 // or again after each stall the spec says to respawn on.
-func (r *run) execute(ctx context.Context) {
+// first is the first run: a new one (runOnce), or one found again after a restart.
+// offsets is where the task's log stands, so a respawned run's log goes on after it.
+func (r *run) execute(ctx context.Context, offsets [2]int64, first func(*[2]int64) bool) {
 	w, id := r.w, r.state.ID
 	w.mu.Lock()
 	w.runs[id] = r
@@ -101,8 +104,7 @@ func (r *run) execute(ctx context.Context) {
 		delete(w.runs, id)
 		w.mu.Unlock()
 	}()
-	var offsets [2]int64 // output so far, so a respawned run's log goes on after it
-	for r.runOnce(ctx, &offsets) {
+	for respawn := first(&offsets); respawn; respawn = r.runOnce(ctx, &offsets) {
 		if err := r.record(ctx, engine.Spawn{Host: w.host}); err != nil {
 			// Still the owner without a run: lease expiry ends the task.
 			w.cfg.Base.Logger.Error("respawn not recorded", "task", id, "err", err)
@@ -132,8 +134,8 @@ func (l *runLogs) close(ctx context.Context, final bool) {
 	l.total, l.dropped = outTotal+errTotal, outDropped+errDropped
 }
 
-// runOnce runs the command once and records how the run ended. It reports whether
-// the run stalled and is to be started again.
+// runOnce starts the command once, watches it and records how the run ended. It
+// reports whether the run stalled and is to be started again.
 func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 	w, id, log := r.w, r.state.ID, r.w.cfg.Base.Logger
 	spec := r.state.Spec
@@ -143,12 +145,34 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 		r.recordEnd(ctx, events.Exited{NotStarted: true, StoppedBy: events.StoppedByDeadline, StartedAt: now, EndedAt: now})
 		return false
 	}
-	dir := spec.Cwd
-	if dir == "" {
-		dir = homeDir()
+	cwd := spec.Cwd
+	if cwd == "" {
+		cwd = homeDir()
 	}
-	env := mergeEnv(w.env(), spec.Env, "BGTASK_TASK_ID="+id)
+	run := shimRun{
+		TaskID: id, Epoch: r.state.Epoch, Dir: cwd, LogOffsets: *offsets,
+		Env: mergeEnv(w.env(), spec.Env, "BGTASK_TASK_ID="+id),
+	}
+	dir := w.runDir(id, r.state.Epoch)
+	proc, err := startProcess(w.cfg.Shim, dir, run, spec)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		log.Info("task failed to start", "task", id, "err", err)
+		r.recordEnd(ctx, engine.Fail{Reason: err.Error()})
+		return false
+	}
+	log.Info("task started", "task", id, "pid", proc.pids.Command.PID, "command", spec.CommandLine())
+	return r.watch(ctx, proc, run, offsets, [2]int64{}, true)
+}
 
+// watch follows a run to its end: its output into the tail, the log and the
+// completion rule, its ticks, stall and deadline, and its exit. fileOffsets is
+// where in the output files the log stands (0 for a new run); started says whether
+// the run's first tick is still to be written. When the worker stops, watch lets go
+// of the run and the command goes on, to be watched again after the restart.
+func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2]int64, fileOffsets [2]int64, started bool) (respawn bool) {
+	w, id, log := r.w, r.state.ID, r.w.cfg.Base.Logger
+	spec := r.state.Spec
 	tail := NewTail(max(w.cfg.TailLines, spec.TailLines()), MaxLineBytes)
 	logs := &runLogs{
 		stdout:  w.logs.Writer(id, events.Stdout, offsets[0]),
@@ -157,8 +181,9 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 	}
 	var lastOutput atomic.Int64
 	lastOutput.Store(time.Now().UnixNano())
-	stdout := output{writers: []io.Writer{tail.Stream(), logs.stdout}, last: &lastOutput}
-	stderr := output{writers: []io.Writer{tail.Stream(), logs.stderr}, last: &lastOutput}
+	tailOut, tailErr := tail.Stream(), tail.Stream()
+	stdout := output{writers: []io.Writer{tailOut, logs.stdout}, last: &lastOutput}
+	stderr := output{writers: []io.Writer{tailErr, logs.stderr}, last: &lastOutput}
 	var watch *lineWatch
 	var matched <-chan struct{}
 	if m := spec.Matcher(); m != nil {
@@ -166,38 +191,61 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 		stdout.writers = append(stdout.writers, watch)
 		matched = watch.hit
 	}
+	// After a restart, the tail starts with what the run printed before it.
+	_, _ = tailOut.Write(lastBytes(filepath.Join(proc.dir, stdoutFile), fileOffsets[0], 256<<10))
+	_, _ = tailErr.Write(lastBytes(filepath.Join(proc.dir, stderrFile), fileOffsets[1], 256<<10))
 
-	proc, err := startProcess(spec, env, dir, stdout, stderr)
-	if err != nil {
-		logs.close(ctx, true)
-		log.Info("task failed to start", "task", id, "err", err)
-		r.recordEnd(ctx, engine.Fail{Reason: err.Error()})
-		return false
+	copyDone := make(chan struct{})
+	var copying sync.WaitGroup
+	for i, f := range []struct {
+		name string
+		to   io.Writer
+	}{{stdoutFile, stdout}, {stderrFile, stderr}} {
+		copying.Add(1)
+		go func() {
+			defer copying.Done()
+			copyGrowing(filepath.Join(proc.dir, f.name), fileOffsets[i], f.to, copyDone)
+		}()
 	}
-	log.Info("task started", "task", id, "pid", proc.cmd.Process.Pid, "command", spec.CommandLine())
+	stopCopying := func() {
+		select {
+		case <-copyDone:
+		default:
+			close(copyDone)
+		}
+		copying.Wait()
+	}
+	defer stopCopying()
 
 	// end records the run's end. stoppedBy names what stopped it, if anything; a
 	// kept run is one whose rule matched with keep_running, still going.
 	end := func(stoppedBy string, kept bool) {
-		var run events.Exited
+		var result events.Exited
 		if kept {
-			run = events.Exited{StartedAt: proc.started.UTC(), EndedAt: time.Now().UTC(), KeptRunning: true}
+			proc.detach()
+			result = events.Exited{StartedAt: proc.pids.Started, EndedAt: time.Now().UTC(), KeptRunning: true}
 		} else {
 			<-proc.exited
-			run = proc.result
+			result = proc.result
 		}
-		run.StoppedBy = stoppedBy
+		stopCopying() // the output is complete: the command has ended
+		result.StoppedBy = stoppedBy
 		if watch != nil {
 			watch.finish()
-			run.MatchedLine, run.Matched = watch.result()
+			result.MatchedLine, result.Matched = watch.result()
 		}
-		run.Tail = tail.Lines()
+		result.Tail = tail.Lines()
 		logs.close(ctx, true)
-		run.OutputBytes, run.OutputDropped = logs.total, logs.dropped
+		result.OutputBytes, result.OutputDropped = logs.total, logs.dropped
 		if res := spec.Result; res != nil && res.Type == engine.ResultCommand {
-			run.Result, run.ResultBytes, run.ResultError = resultCommand(ctx, *res, env, dir)
+			result.Result, result.ResultBytes, result.ResultError = resultCommand(ctx, *res, run.Env, run.Dir)
 		}
-		r.recordEnd(ctx, run)
+		if proc.lost {
+			r.recordEnd(ctx, engine.Fail{Reason: "the shim that ran the command died without recording its exit"})
+		} else {
+			r.recordEnd(ctx, result)
+		}
+		_ = os.RemoveAll(proc.dir)
 	}
 	stall := func(action string, silent time.Duration) error {
 		return r.record(ctx, engine.Stall{SilentFor: silent.Round(time.Millisecond), Action: action})
@@ -213,13 +261,16 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 	}
 	var stallCheck <-chan time.Time
 	stallAfter := spec.StallDuration()
-	if stallAfter > 0 {
+	if stallAfter > 0 && !r.state.StallNotified {
 		check := time.NewTicker(max(stallAfter/10, 50*time.Millisecond))
 		defer check.Stop()
 		stallCheck = check.C
 	}
 
-	err = r.record(ctx, engine.Tick{PID: proc.cmd.Process.Pid})
+	var err error
+	if started {
+		err = r.record(ctx, engine.Tick{PID: proc.pids.Command.PID})
+	}
 	for !errors.Is(err, errFenced) {
 		if err != nil {
 			// NATS is away: the command goes on, and the next event tries again.
@@ -260,7 +311,9 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 						end(events.StoppedByWorker, false)
 						return false
 					}
+					stopCopying()
 					logs.close(ctx, false)
+					_ = os.RemoveAll(proc.dir)
 					return true
 				}
 			default:
@@ -276,15 +329,20 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 		case <-r.cancelled:
 			err = errFenced
 		case <-ctx.Done():
-			log.Info("worker stopping: stopping the task", "task", id)
-			proc.stop(w.cfg.KillGrace)
-			end(events.StoppedByWorker, false)
+			// The worker is stopping (an upgrade, a restart): the command goes on under
+			// its shim, and the next start of this worker watches it again.
+			log.Info("worker stopping: leaving the task running", "task", id)
+			proc.detach()
+			stopCopying()
+			logs.close(ctx, false)
 			return false
 		}
 	}
 	log.Info("task cancelled or taken over: stopping its process group", "task", id)
 	proc.stop(w.cfg.KillGrace)
+	stopCopying()
 	logs.close(ctx, true)
+	_ = os.RemoveAll(proc.dir)
 	return false
 }
 

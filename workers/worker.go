@@ -44,7 +44,13 @@ type Config struct {
 	// TailLines is how many lines of output an exited event keeps.
 	TailLines int
 	// Env is the environment commands run in; nil resolves the login environment.
-	Env  []string
+	Env []string
+	// StateDir keeps the worker's runs (one directory each, written by their shims),
+	// so that after a restart it watches them again. Required.
+	StateDir string
+	// Shim is the command that runs a shim, given a run directory as its last
+	// argument. Default: this program with the argument "shim".
+	Shim []string
 	Base engine.Base
 }
 
@@ -71,8 +77,10 @@ func (c Config) withDefaults() Config {
 	if c.TailLines <= 0 {
 		c.TailLines = DefaultTailLines
 	}
-	if c.ID == "" {
-		c.ID = hostname() + "-" + randomHex(4)
+	if c.Shim == nil {
+		if self, err := os.Executable(); err == nil {
+			c.Shim = []string{self, "shim"}
+		}
 	}
 	c.Base = c.Base.WithDefaults()
 	return c
@@ -95,6 +103,7 @@ type Worker struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	sub    *nats.Subscription
+	lock   *os.File
 }
 
 // New returns a worker that appends through store and reads armed tasks with js.
@@ -123,8 +132,23 @@ func (w *Worker) ID() string { return w.cfg.ID }
 
 // Start begins taking tasks.
 func (w *Worker) Start(ctx context.Context) error {
+	if w.cfg.StateDir == "" || len(w.cfg.Shim) == 0 {
+		return errors.New("worker: a state directory and a shim command are required")
+	}
+	lock, err := lockStateDir(w.cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	w.lock = lock
+	if w.cfg.ID == "" {
+		if w.cfg.ID, err = stableID(w.cfg.StateDir); err != nil {
+			lock.Close()
+			return err
+		}
+	}
 	logs, err := events.ConnectLogs(ctx, w.js)
 	if err != nil {
+		lock.Close()
 		return fmt.Errorf("worker: %w", err)
 	}
 	w.logs = logs
@@ -146,6 +170,13 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: subscribe to cancellations: %w", err)
 	}
 	ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	if err := w.reattach(ctx); err != nil {
+		w.cancel()
+		w.wg.Wait()
+		_ = w.sub.Unsubscribe()
+		lock.Close()
+		return err
+	}
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
@@ -158,8 +189,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop takes no more tasks, stops the running commands' process groups and records
-// how they ended.
+// Stop takes no more tasks and stops watching the running ones. Their commands go
+// on under their shims; the next Start of a worker with the same state directory
+// watches them again and records their exits.
 func (w *Worker) Stop() {
 	if w.cancel == nil {
 		return
@@ -167,6 +199,7 @@ func (w *Worker) Stop() {
 	_ = w.sub.Unsubscribe()
 	w.cancel()
 	w.wg.Wait()
+	w.lock.Close()
 }
 
 // Running returns the ids of the tasks this worker runs now.
@@ -235,7 +268,7 @@ func (w *Worker) take(ctx context.Context, msg jetstream.Msg) {
 			switch err = r.record(ctx, engine.Spawn{Host: w.host}); {
 			case err == nil:
 				_ = msg.Ack()
-				r.execute(ctx)
+				r.execute(ctx, [2]int64{}, func(offsets *[2]int64) bool { return r.runOnce(ctx, offsets) })
 			case errors.Is(err, errFenced):
 				_ = msg.Ack() // another worker took it, or it was cancelled first
 			default:

@@ -2,6 +2,7 @@ package workers_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -70,6 +71,9 @@ func startWorker(t *testing.T, nc *nats.Conn, js jetstream.JetStream, store even
 	if cfg.KillGrace == 0 {
 		cfg.KillGrace = 300 * time.Millisecond
 	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = t.TempDir()
+	}
 	if cfg.Base.Logger == nil {
 		// The worker's log goes with the test's output: a failure shows what it did.
 		cfg.Base.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -78,8 +82,29 @@ func startWorker(t *testing.T, nc *nats.Conn, js jetstream.JetStream, store even
 	if err := w.Start(context.Background()); err != nil {
 		t.Fatalf("start worker %s: %v", cfg.ID, err)
 	}
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() {
+		w.Stop()
+		killRuns(t, cfg.StateDir)
+	})
 	return w
+}
+
+// killRuns ends the commands and shims a stopped worker left running (a stopped
+// worker leaves them on purpose), and waits until its shims are gone.
+func killRuns(t *testing.T, stateDir string) {
+	files, _ := filepath.Glob(filepath.Join(stateDir, "runs", "*", "pid.json"))
+	for _, f := range files {
+		var pids struct {
+			Shim, Command struct{ PID int }
+		}
+		data, err := os.ReadFile(f)
+		if err != nil || json.Unmarshal(data, &pids) != nil {
+			continue
+		}
+		_ = syscall.Kill(-pids.Command.PID, syscall.SIGKILL)
+		_ = syscall.Kill(pids.Shim.PID, syscall.SIGKILL)
+		eventually(t, 10*time.Second, "a shim outlived its test", func() bool { return !alive(pids.Shim.PID) })
+	}
 }
 
 // testWriter writes to the test's log.
@@ -263,9 +288,7 @@ func TestWorkerRunsACommandAndRecordsItsHistory(t *testing.T) {
 	if exited.StartedAt.IsZero() || exited.EndedAt.Before(exited.StartedAt) {
 		t.Errorf("run from %v to %v, want a start and an end after it", exited.StartedAt, exited.EndedAt)
 	}
-	if got := w.Running(); len(got) != 0 {
-		t.Errorf("Running() = %q after the exit, want none", got)
-	}
+	eventually(t, 10*time.Second, "the run is still listed after its exit", func() bool { return len(w.Running()) == 0 })
 }
 
 func TestWorkerRecordsHowCommandsEnd(t *testing.T) {
@@ -652,158 +675,101 @@ func TestAnEventThatDoesNotFitDoesNotFenceTheWorker(t *testing.T) {
 	}
 }
 
-func TestStopEndsRunningCommandsAndRecordsTheirExit(t *testing.T) {
+// A worker that stops (an upgrade, a restart, kill -9) leaves its commands running
+// under their shims; the next worker on the same state directory watches them
+// again and records each exit once, including one that happened while no worker
+// was there.
+func TestARestartedWorkerWatchesItsRunsAgain(t *testing.T) {
 	t.Parallel()
-	const grace = 300 * time.Millisecond
-	tests := []struct {
-		name string
-		// command touches $READY once it is ready to be stopped.
-		command string
-		code    int
-		signal  string
-		// ignoresTERM: Stop must wait the grace before KILL.
-		ignoresTERM bool
-	}{
-		{name: "TERM", command: `: > "$READY"; exec sleep 600`, code: 143, signal: "TERM"},
-		{name: "TERM to a shell with a child", command: `: > "$READY"; sleep 600; echo unreachable`, code: 143, signal: "TERM"},
-		{name: "KILL after the grace when TERM is ignored", command: `trap '' TERM; : > "$READY"; sleep 600; echo unreachable`, code: 137, signal: "KILL", ignoresTERM: true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t)
-			w := b.startWorker(t, workers.Config{ID: "worker-stopping", KillGrace: grace})
-			dir := t.TempDir()
-			ready := filepath.Join(dir, "ready")
-			id := b.arm(t, engine.Spec{Command: tt.command, Cwd: dir, Env: map[string]string{"READY": ready}})
-			pgid := b.waitFor(t, id, 20*time.Second, "started", hasPID).PID
-			t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
-			eventually(t, 10*time.Second, "ready", func() bool { _, err := os.Stat(ready); return err == nil })
-
-			start := time.Now()
-			w.Stop()
-			took := time.Since(start)
-
-			if got := w.Running(); len(got) != 0 {
-				t.Errorf("Running() = %q after Stop", got)
-			}
-			if tt.ignoresTERM && took < grace {
-				t.Errorf("Stop took %v, want at least the grace %v before KILL", took, grace)
-			}
-			waitGone(t, 5*time.Second, pgid)
-			h := b.history(t, id)
-			last := h[len(h)-1]
-			if last.Type != events.TypeExited {
-				t.Fatalf("history = %v, want it to end with exited", types(h))
-			}
-			if last.Writer != w.ID() || last.Epoch != 1 {
-				t.Errorf("exited by %q at epoch %d, want %q at epoch 1", last.Writer, last.Epoch, w.ID())
-			}
-			exited := payload[*events.Exited](t, last)
-			if got, want := exited.Signal, tt.signal; got != want {
-				t.Errorf("signal = %q, want %q", got, want)
-			}
-			if got, want := exited.ExitCode, tt.code; got != want {
-				t.Errorf("exit code = %d, want %d", got, want)
-			}
-		})
-	}
-}
-
-func TestStopRecordsTheExitEvenWhileTicking(t *testing.T) {
-	t.Parallel()
-	// A tick is being appended (or is due) at the moment the worker stops: the exit
-	// must still be recorded, or the task stays running with no one to end it.
-	const tasks = 8
 	b := setup(t)
-	w := b.startWorker(t, workers.Config{ID: "worker-ticking", TickInterval: time.Millisecond})
-	ids := make([]string, tasks)
-	for i := range ids {
-		ids[i] = b.arm(t, engine.Spec{Command: "sleep 600", Cwd: "/"})
+	state := t.TempDir()
+	dir := t.TempDir()
+	first := b.startWorker(t, workers.Config{ID: "stable", StateDir: state, TickInterval: 50 * time.Millisecond})
+	// One command ends while the worker is away, one goes on after it is back.
+	endsAway := b.arm(t, engine.Spec{Command: `echo before; while [ ! -e away ]; do sleep 0.02; done; echo after; exit 7`, Cwd: dir})
+	endsLater := b.arm(t, engine.Spec{Command: `echo one; while [ ! -e back ]; do sleep 0.02; done; echo two`, Cwd: dir})
+	b.waitFor(t, endsAway, 20*time.Second, "started", hasPID)
+	later := b.waitFor(t, endsLater, 20*time.Second, "started", hasPID)
+	eventually(t, 10*time.Second, "output not yet in the log", func() bool {
+		st, _ := engine.Load(context.Background(), b.store, endsLater)
+		return st.OutputBytes > 0 || st.LastTickAt != nil
+	})
+	first.Stop()
+	if !alive(later.PID) {
+		t.Fatal("stopping the worker stopped its command")
 	}
-	for _, id := range ids {
-		pgid := b.waitFor(t, id, 20*time.Second, "ticking", func(s engine.State) bool { return s.PID != 0 && s.Events >= 5 }).PID
-		t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+	if err := os.WriteFile(filepath.Join(dir, "away"), nil, 0o600); err != nil {
+		t.Fatal(err)
 	}
-	w.Stop()
-	for _, id := range ids {
-		h := b.history(t, id)
-		if last := h[len(h)-1]; last.Type != events.TypeExited {
-			t.Errorf("task %s: history ends with %s after %d events, want exited", id, last.Type, len(h))
+	waitGone(t, 10*time.Second, b.waitFor(t, endsAway, time.Second, "pid", hasPID).PID)
+
+	b.startWorker(t, workers.Config{ID: "stable", StateDir: state, TickInterval: 50 * time.Millisecond})
+	away := b.waitFor(t, endsAway, 20*time.Second, "ended", ended)
+	if away.Run.ExitCode != 7 || !slices.Equal(away.Run.Tail, []string{"before", "after"}) {
+		t.Fatalf("exit recorded after the restart: code %d tail %q, want 7 [before after]", away.Run.ExitCode, away.Run.Tail)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "back"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	back := b.waitFor(t, endsLater, 20*time.Second, "ended", ended)
+	if back.Status != engine.StatusSucceeded || !slices.Equal(back.Run.Tail, []string{"one", "two"}) {
+		t.Fatalf("the run watched again ended %s with tail %q", back.Status, back.Run.Tail)
+	}
+	for _, id := range []string{endsAway, endsLater} {
+		n := map[events.Type]int{}
+		for _, rec := range b.history(t, id) {
+			n[rec.Type]++
+			if rec.Type != events.TypeArmed && rec.Writer != "stable" {
+				t.Errorf("%s written by %s", rec.Type, rec.Writer)
+			}
+		}
+		if n[events.TypeSpawned] != 1 || n[events.TypeExited] != 1 {
+			t.Fatalf("task %s: %v, want one spawn and one exit", id, n)
 		}
 	}
-}
-
-func TestTicksReportTheOutputSoFar(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	b.startWorker(t, workers.Config{TickInterval: 50 * time.Millisecond})
-	dir := t.TempDir()
-	gate := filepath.Join(dir, "go")
-	id := b.arm(t, engine.Spec{
-		Command: `printf '%01000d\n' 0; while [ ! -e "$GATE" ]; do sleep 0.05; done`,
-		Env:     map[string]string{"GATE": gate},
-		Cwd:     dir,
-	})
-	b.waitFor(t, id, 20*time.Second, "ticking with 1001 bytes of output", func(s engine.State) bool { return s.OutputBytes == 1001 })
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	b.waitFor(t, id, 20*time.Second, "ended", ended)
-}
-
-func TestATaskCancelledBeforeAnyWorkerTakesItNeverRuns(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	dir := t.TempDir()
-	ran := filepath.Join(dir, "ran")
-	cancelled := b.arm(t, engine.Spec{Command: `: > "$RAN"`, Env: map[string]string{"RAN": ran}, Cwd: dir})
-	b.cancel(t, cancelled)
-	// One task at a time, in order: once the next task has ended, the worker has
-	// been offered the cancelled one.
-	next := b.arm(t, engine.Spec{Command: "true", Cwd: dir})
-	b.startWorker(t, workers.Config{MaxTasks: 1})
-	b.waitFor(t, next, 20*time.Second, "ended", ended)
-
-	if got, want := types(b.history(t, cancelled)), []events.Type{events.TypeArmed, events.TypeCancelled}; !slices.Equal(got, want) {
-		t.Errorf("history = %v, want %v", got, want)
-	}
-	if _, err := os.Stat(ran); err == nil {
-		t.Errorf("the cancelled task's command ran")
-	}
-}
-
-func TestArgvSearchesRelativePATHEntriesFromTheTasksCwdLikeAShell(t *testing.T) {
-	t.Parallel()
-	echo, err := exec.LookPath("echo")
+	// The log holds each output once, across the restart.
+	logs, err := events.ConnectLogs(context.Background(), b.srv.JS)
 	if err != nil {
-		t.Skip("no echo program")
-	}
-	b := setup(t)
-	b.startWorker(t, workers.Config{Env: append(os.Environ(), "PATH=.:"+os.Getenv("PATH"))})
-	dir := t.TempDir()
-	if err := os.Symlink(echo, filepath.Join(dir, "bgtask-dot-tool")); err != nil {
 		t.Fatal(err)
 	}
-	tests := []struct {
-		name string
-		spec engine.Spec
-	}{
-		{name: "command", spec: engine.Spec{Command: "bgtask-dot-tool hi", Cwd: dir}},
-		{name: "argv", spec: engine.Spec{Argv: []string{"bgtask-dot-tool", "hi"}, Cwd: dir}},
+	var out strings.Builder
+	if err := logs.Read(context.Background(), endsLater, []string{events.Stdout}, false, func(c events.LogChunk) error {
+		out.Write(c.Data)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			id := b.arm(t, tt.spec)
-			st := b.waitFor(t, id, 20*time.Second, "ended", ended)
-			if st.Run == nil {
-				t.Fatalf("failed: %q; want ./bgtask-dot-tool found through PATH entry \".\" in the task's cwd", st.Reason)
-			}
-			if got, want := st.Run.Tail, []string{"hi"}; !slices.Equal(got, want) {
-				t.Errorf("tail = %q, want %q", got, want)
-			}
-		})
+	if out.String() != "one\ntwo\n" {
+		t.Fatalf("log across the restart = %q, want each line once", out.String())
+	}
+}
+
+func TestARestartedWorkerStopsARunCancelledWhileItWasAway(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state := t.TempDir()
+	first := b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
+	id := b.arm(t, engine.Spec{Command: "sleep 600", Cwd: t.TempDir()})
+	pid := b.waitFor(t, id, 20*time.Second, "started", hasPID).PID
+	first.Stop()
+	b.cancel(t, id)
+	b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
+	waitGone(t, 10*time.Second, pid)
+	h := b.history(t, id)
+	if last := h[len(h)-1]; last.Type != events.TypeCancelled {
+		t.Fatalf("history ends with %s, want the cancel", last.Type)
+	}
+}
+
+func TestTwoWorkersCannotShareAStateDirectory(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state := t.TempDir()
+	b.startWorker(t, workers.Config{StateDir: state})
+	w := workers.New(b.srv.Conn, b.srv.JS, b.store, workers.Config{StateDir: state, Env: os.Environ()})
+	if err := w.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "in use") {
+		w.Stop()
+		t.Fatalf("a second worker on the same state directory: %v", err)
 	}
 }
 

@@ -116,11 +116,12 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	}
 	defer node.stop()
 	if !o.noWorker {
+		o.worker.stateDir = filepath.Join(home, "worker")
 		w, err := startWorker(ctx, ns, creds, o.worker, base)
 		if err != nil {
 			return err
 		}
-		defer w.Stop() // runs before node.stop: the exits it records are dispatched on the next start at the latest
+		defer w.Stop() // its commands go on; the next start watches them again
 	}
 	if err := writeDiscovery(home, discovery{URL: ns.ClientURL(), PID: os.Getpid(), Version: version()}); err != nil {
 		return fmt.Errorf("write discovery file: %w", err)

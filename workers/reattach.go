@@ -1,0 +1,129 @@
+package workers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+)
+
+// runDir is where the shim of one run of a task keeps its files.
+func (w *Worker) runDir(taskID string, epoch uint64) string {
+	return filepath.Join(w.cfg.StateDir, "runs", taskID+"-"+strconv.FormatUint(epoch, 10))
+}
+
+// reattach finds the runs a previous process of this worker left in its state
+// directory and watches them again: a run still going resumes its ticks and its
+// output where the log stands; a run whose command ended while no worker watched
+// has its exit recorded now, once (the append is conditional on the run's last
+// event); a run that is no longer this worker's is stopped.
+func (w *Worker) reattach(ctx context.Context) error {
+	dirs, err := filepath.Glob(filepath.Join(w.cfg.StateDir, "runs", "*"))
+	if err != nil {
+		return err
+	}
+	log := w.cfg.Base.Logger
+	for _, dir := range dirs {
+		var sr shimRun
+		if err := readJSON(filepath.Join(dir, runFile), &sr); err != nil {
+			_ = os.RemoveAll(dir) // a start that never wrote what to run
+			continue
+		}
+		state, err := engine.Load(ctx, w.store, sr.TaskID)
+		if errors.Is(err, engine.ErrNotFound) {
+			_ = os.RemoveAll(dir)
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("worker: find run %s again: %w", dir, err)
+		}
+		proc, perr := attachProcess(dir)
+		owned := state.Phase == engine.PhaseRunning && state.Worker == w.cfg.ID && state.Epoch == sr.Epoch
+		if !owned {
+			// Cancelled, ended or taken over while this worker was away.
+			if perr == nil {
+				log.Info("stopping a run that is no longer this worker's", "task", sr.TaskID, "state", state.Phase)
+				w.wg.Add(1)
+				go func() {
+					defer w.wg.Done()
+					proc.stop(w.cfg.KillGrace)
+					_ = os.RemoveAll(dir)
+				}()
+			} else {
+				_ = os.RemoveAll(dir)
+			}
+			continue
+		}
+		r := &run{w: w, state: state, cancelled: make(chan struct{})}
+		if perr != nil {
+			r.recordEnd(ctx, engine.Fail{Reason: "the shim did not start the command"})
+			_ = os.RemoveAll(dir)
+			continue
+		}
+		var offsets, fileOffsets [2]int64
+		for i, stream := range []string{events.Stdout, events.Stderr} {
+			if offsets[i], err = w.logs.End(ctx, sr.TaskID, stream); err != nil {
+				return fmt.Errorf("worker: find run %s again: %w", dir, err)
+			}
+			fileOffsets[i] = max(0, offsets[i]-sr.LogOffsets[i])
+		}
+		log.Info("watching a run again", "task", sr.TaskID, "pid", proc.pids.Command.PID)
+		select {
+		case w.slots <- struct{}{}:
+		default: // more runs than capacity (it was lowered): they still need watching
+		}
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			defer func() {
+				select {
+				case <-w.slots:
+				default:
+				}
+			}()
+			r.execute(ctx, offsets, func(offsets *[2]int64) bool {
+				return r.watch(ctx, proc, sr, offsets, fileOffsets, false)
+			})
+		}()
+	}
+	return nil
+}
+
+// lockStateDir takes a worker's state directory for this process: two workers
+// sharing one would watch the same runs.
+func lockStateDir(dir string) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("worker state directory: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("worker state directory %s is in use by another worker: give each worker its own --state-dir", dir)
+		}
+		return nil, err
+	}
+	return f, nil
+}
+
+// stableID is the worker's identity, kept in its state directory: a restarted
+// worker is the same worker and finds its runs again.
+func stableID(dir string) (string, error) {
+	path := filepath.Join(dir, "id")
+	if data, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(data)) != "" {
+		return strings.TrimSpace(string(data)), nil
+	}
+	id := hostname() + "-" + randomHex(4)
+	return id, os.WriteFile(path, []byte(id+"\n"), 0o600)
+}

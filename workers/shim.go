@@ -1,0 +1,229 @@
+package workers
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The shim is the command's real parent. The worker starts it (its own binary in
+// shim mode) in a new session, so it outlives the worker: a worker that stops, is
+// killed or upgraded leaves its commands running. The shim starts the command in
+// its own process group with stdout and stderr going straight to files (nothing
+// copies them, so nothing can block the command), reaps it, and writes the exit
+// file atomically. Everything it knows is in its run directory:
+//
+//	run.json    what to start (written by the worker)
+//	stdout      the command's output
+//	stderr
+//	pid.json    the command's and the shim's PIDs with their start times
+//	exit.json   how the command ended (or why it could not start)
+const (
+	runFile    = "run.json"
+	pidFile    = "pid.json"
+	exitFile   = "exit.json"
+	stdoutFile = "stdout"
+	stderrFile = "stderr"
+)
+
+// shimRun is what the shim starts.
+type shimRun struct {
+	TaskID string   `json:"task_id"`
+	Epoch  uint64   `json:"epoch"`
+	Path   string   `json:"path"`
+	Args   []string `json:"args"`
+	Env    []string `json:"env"`
+	Dir    string   `json:"dir"`
+	// LogOffsets is where the task's log streams stood when this run started.
+	LogOffsets [2]int64 `json:"log_offsets"`
+}
+
+// procRef names a process for as long as it lives: a PID alone may be reused.
+type procRef struct {
+	PID   int    `json:"pid"`
+	Start uint64 `json:"start"` // clock ticks after boot, from /proc/PID/stat
+}
+
+type shimPIDs struct {
+	Shim    procRef   `json:"shim"`
+	Command procRef   `json:"command"`
+	Started time.Time `json:"started_at"`
+}
+
+type shimExit struct {
+	ExitCode   int       `json:"exit_code"`
+	Signal     string    `json:"signal,omitempty"`
+	StartedAt  time.Time `json:"started_at"`
+	EndedAt    time.Time `json:"ended_at"`
+	StartError string    `json:"start_error,omitempty"`
+}
+
+// shimDetachedEnv marks the second start of a shim: the first only starts it again
+// and exits, so the shim is no child of the worker (the worker keeps no process to
+// reap, and the shim belongs to no process that may go away).
+const shimDetachedEnv = "BGTASK_SHIM_DETACHED"
+
+// RunShim is the shim: `bgtask shim DIR`. It returns when the command has ended
+// and its exit file is written.
+func RunShim(dir string) error {
+	if os.Getenv(shimDetachedEnv) == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		_, err = os.StartProcess(self, os.Args, &os.ProcAttr{
+			Env:   append(os.Environ(), shimDetachedEnv+"=1"),
+			Files: []*os.File{nil, nil, nil},
+			Sys:   &syscall.SysProcAttr{Setsid: true},
+		})
+		return err
+	}
+	// Orphans of the command become the shim's children, not init's, so the whole
+	// tree stays under it.
+	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+	var run shimRun
+	if err := readJSON(filepath.Join(dir, runFile), &run); err != nil {
+		return err
+	}
+	started := time.Now().UTC()
+	fail := func(err error) error {
+		return writeJSONAtomic(filepath.Join(dir, exitFile), shimExit{StartError: err.Error(), StartedAt: started, EndedAt: time.Now().UTC()})
+	}
+	stdout, err := os.OpenFile(filepath.Join(dir, stdoutFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fail(err)
+	}
+	stderr, err := os.OpenFile(filepath.Join(dir, stderrFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fail(err)
+	}
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return fail(err)
+	}
+	proc, err := os.StartProcess(run.Path, run.Args, &os.ProcAttr{
+		Dir:   run.Dir,
+		Env:   run.Env,
+		Files: []*os.File{devnull, stdout, stderr},
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	})
+	devnull.Close()
+	stdout.Close()
+	stderr.Close()
+	if err != nil {
+		return fail(err)
+	}
+	self, _ := procStart(os.Getpid())
+	child, _ := procStart(proc.Pid)
+	if err := writeJSONAtomic(filepath.Join(dir, pidFile), shimPIDs{
+		Shim:    procRef{PID: os.Getpid(), Start: self},
+		Command: procRef{PID: proc.Pid, Start: child},
+		Started: started,
+	}); err != nil {
+		return err
+	}
+	// Reap every child: the command, and orphans reparented to the shim, until the
+	// command itself has ended.
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fail(fmt.Errorf("wait for the command: %w", err))
+		}
+		if pid != proc.Pid {
+			continue
+		}
+		exit := shimExit{ExitCode: ws.ExitStatus(), StartedAt: started, EndedAt: time.Now().UTC()}
+		if ws.Signaled() {
+			exit.ExitCode, exit.Signal = 128+int(ws.Signal()), signalName(ws.Signal())
+		}
+		return writeJSONAtomic(filepath.Join(dir, exitFile), exit)
+	}
+}
+
+// procStart reads a process's start time, which with its PID names it uniquely.
+func procStart(pid int) (uint64, error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// pid (comm) state ...: comm may hold spaces; field 22 is the start time.
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return 0, errors.New("unreadable /proc stat")
+	}
+	fields := strings.Fields(string(data[i+1:]))
+	if len(fields) < 20 {
+		return 0, errors.New("unreadable /proc stat")
+	}
+	return strconv.ParseUint(fields[19], 10, 64)
+}
+
+// alive reports whether the process ref names is still running (a zombie is not).
+func (r procRef) alive() bool {
+	if r.PID <= 0 {
+		return false
+	}
+	start, err := procStart(r.PID)
+	if err != nil || start != r.Start {
+		return false
+	}
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(r.PID) + "/stat")
+	if err != nil {
+		return false
+	}
+	fields := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+	return len(fields) > 0 && fields[0] != "Z"
+}
+
+func readJSON(path string, v any) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(data, v)
+}
+
+// writeJSONAtomic writes a file so that a reader sees all of it or none: a temp
+// file, fsync, rename, fsync of the directory.
+func writeJSONAtomic(path string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}
