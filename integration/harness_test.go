@@ -103,6 +103,7 @@ func start(t *testing.T, home string, args ...string) *proc {
 	t.Cleanup(func() {
 		p.signal(syscall.SIGKILL)
 		<-p.done
+		killRuns(home)
 		if t.Failed() {
 			t.Logf("output of bgtask %s:\n%s", strings.Join(args, " "), out.String())
 		}
@@ -349,5 +350,24 @@ func auditClean(t *testing.T, home string) {
 	r := run(t, home, "audit")
 	if r.code != 0 {
 		t.Fatalf("audit found violations (exit %d):\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+// killRuns ends the commands and shims a test's workers left running: stopping a
+// worker leaves its commands running on purpose, and a test leaves no process
+// behind.
+func killRuns(home string) {
+	files, _ := filepath.Glob(filepath.Join(home, "worker*", "runs", "*", "pid.json"))
+	more, _ := filepath.Glob(filepath.Join(home, "workers", "*", "runs", "*", "pid.json"))
+	for _, f := range append(files, more...) {
+		var pids struct {
+			Shim, Command struct{ PID int }
+		}
+		data, err := os.ReadFile(f)
+		if err != nil || json.Unmarshal(data, &pids) != nil {
+			continue
+		}
+		_ = syscall.Kill(-pids.Command.PID, syscall.SIGKILL)
+		_ = syscall.Kill(pids.Shim.PID, syscall.SIGKILL)
 	}
 }
