@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -62,22 +63,17 @@ The prompt template may use {{result}} {{exit_code}} {{status}} {{reason}}
 			if err != nil {
 				return err
 			}
-			c, err := g.client()
-			if err != nil {
+			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
+				reg, err := c.api.Register(ctx, raw)
+				if err != nil {
+					return err
+				}
+				if o.asJSON {
+					return printJSONLine(g.stdout, reg)
+				}
+				_, err = fmt.Fprintln(g.stdout, reg.ID)
 				return err
-			}
-			defer c.Close()
-			ctx, cancel := requestContext(cmd.Context())
-			defer cancel()
-			reg, err := c.api.Register(ctx, raw)
-			if err != nil {
-				return err
-			}
-			if o.asJSON {
-				return printJSONLine(g.stdout, reg)
-			}
-			_, err = fmt.Fprintln(g.stdout, reg.ID)
-			return err
+			})
 		},
 	}
 	f := cmd.Flags()

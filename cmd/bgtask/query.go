@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -25,21 +26,16 @@ func listCmd(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			q.Phase = engine.Phase(state)
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := requestContext(cmd.Context())
-			defer cancel()
-			reply, err := c.api.List(ctx, q)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(g.stdout, reply.Tasks)
-			}
-			return printTaskTable(g.stdout, reply)
+			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
+				reply, err := c.api.List(ctx, q)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(g.stdout, reply.Tasks)
+				}
+				return printTaskTable(g.stdout, reply)
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -73,21 +69,16 @@ func showCmd(g *globals) *cobra.Command {
 		Short: "Show a task's current state",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := requestContext(cmd.Context())
-			defer cancel()
-			t, err := c.api.Get(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(g.stdout, t)
-			}
-			return printTask(g.stdout, t)
+			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
+				t, err := c.api.Get(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(g.stdout, t)
+				}
+				return printTask(g.stdout, t)
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the task as JSON")
@@ -160,26 +151,21 @@ func historyCmd(g *globals) *cobra.Command {
 		Short: "Print a task's events in order",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := requestContext(cmd.Context())
-			defer cancel()
-			h, err := c.api.History(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(g.stdout, h.Events)
-			}
-			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SEQ\tTIME\tTYPE\tWRITER\tEPOCH\tPAYLOAD")
-			for _, e := range h.Events {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\n", e.Seq, e.Time.Local().Format("15:04:05.000"), e.Type, e.Writer, e.Epoch, oneLine(string(e.Payload), 80))
-			}
-			return tw.Flush()
+			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
+				h, err := c.api.History(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(g.stdout, h.Events)
+				}
+				tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "SEQ\tTIME\tTYPE\tWRITER\tEPOCH\tPAYLOAD")
+				for _, e := range h.Events {
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\n", e.Seq, e.Time.Local().Format("15:04:05.000"), e.Type, e.Writer, e.Epoch, oneLine(string(e.Payload), 80))
+				}
+				return tw.Flush()
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of events, each with type, seq and time")
@@ -196,22 +182,17 @@ func cancelCmd(g *globals) *cobra.Command {
 		Short: "Cancel a task: stop its process group (TERM, then KILL); nothing is delivered",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
+			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
+				t, err := c.api.Cancel(ctx, args[0], reason)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(g.stdout, t)
+				}
+				_, err = fmt.Fprintf(g.stdout, "cancelled %s\n", t.ID)
 				return err
-			}
-			defer c.Close()
-			ctx, cancel := requestContext(cmd.Context())
-			defer cancel()
-			t, err := c.api.Cancel(ctx, args[0], reason)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(g.stdout, t)
-			}
-			_, err = fmt.Fprintf(g.stdout, "cancelled %s\n", t.ID)
-			return err
+			})
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why, kept in the task's history")

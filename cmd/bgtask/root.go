@@ -172,6 +172,19 @@ func (c *client) Close() { c.nc.Close() }
 
 func (c *client) jetstream() (jetstream.JetStream, error) { return jetstream.New(c.nc) }
 
+// request opens a client and makes the calls of one command within the bound of
+// a request.
+func (g *globals) request(ctx context.Context, call func(context.Context, *client) error) error {
+	c, err := g.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := requestContext(ctx)
+	defer cancel()
+	return call(ctx, c)
+}
+
 // requestContext bounds one API call.
 func requestContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, 30*time.Second)
