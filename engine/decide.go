@@ -56,6 +56,21 @@ type Stall struct {
 // Fail records that the command could not run.
 type Fail struct{ Reason string }
 
+// Lose ends the lease of a worker that is gone: the task fails as lost, or is armed
+// again, as its spec's on_lost says.
+type Lose struct{}
+
+func (Lose) decide(s State, _ Meta) (events.Payload, uint64, error) {
+	if s.Phase != PhaseRunning {
+		return nil, 0, phaseError(s)
+	}
+	action := OnLostFail
+	if s.Spec.OnLost == OnLostRespawn {
+		action = OnLostRespawn
+	}
+	return &events.Lost{Worker: s.Worker, Action: action}, s.Epoch, nil
+}
+
 // Expire ends a task that is still waiting for a worker when its deadline passes.
 type Expire struct{}
 

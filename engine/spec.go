@@ -61,6 +61,10 @@ type Spec struct {
 	Result *Result `json:"result,omitempty"`
 	// MaxResultBytes truncates the result (default 32 KiB).
 	MaxResultBytes int `json:"max_result_bytes,omitempty"`
+	// OnLost is what happens when the task's worker is gone past its lease: fail
+	// (default: the outcome is lost) or respawn (another worker runs it again; for
+	// idempotent commands only).
+	OnLost string `json:"on_lost,omitempty"`
 }
 
 // ParseSpec decodes and validates a spec registered now.
@@ -123,11 +127,21 @@ func checkFieldNames(data []byte) error {
 }
 
 func checkObjectFields(data []byte, known map[string]reflect.Type, prefix string) error {
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(data, &fields) != nil {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return nil // not an object: the decoder reports it
 	}
-	for name, value := range fields {
+	// In the order written, so the first wrong name is the one reported.
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		name, _ := tok.(string)
+		var value json.RawMessage
+		if dec.Decode(&value) != nil {
+			return nil
+		}
 		nested, ok := known[name]
 		if !ok {
 			return fieldErr(prefix+name, "unknown field")

@@ -186,6 +186,21 @@ func apply(s State, rec events.Record) (State, error) {
 			return s, ErrWrongPhase
 		}
 		s.Phase, s.FiredAt, s.InboxSeq = PhaseFired, &at, p.InboxSeq
+	case *events.Lost:
+		if s.Phase != PhaseRunning {
+			return s, ErrWrongPhase
+		}
+		if p.Worker != s.Worker {
+			return s, fmt.Errorf("%w: lost names %s, the lease is %s's", ErrNotOwner, p.Worker, s.Worker)
+		}
+		if p.Action == OnLostRespawn {
+			// Armed again: any worker may take it, at the next epoch.
+			s.Phase, s.Worker, s.Host, s.PID, s.RespawnPending = PhaseArmed, "", "", 0, false
+			s.Respawns++
+			break
+		}
+		s.Phase, s.Status, s.EndedAt = PhaseEnded, StatusLost, &at
+		s.Reason = "its worker " + p.Worker + " was gone past its lease"
 	case *events.Cancelled:
 		if s.Phase != PhaseArmed && s.Phase != PhaseRunning {
 			return s, ErrWrongPhase

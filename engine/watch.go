@@ -37,6 +37,12 @@ const (
 	OnStallRespawn = "respawn"
 )
 
+// What on_lost does.
+const (
+	OnLostFail    = "fail"
+	OnLostRespawn = "respawn"
+)
+
 // Result types.
 const (
 	ResultTail        = "tail"
@@ -167,6 +173,11 @@ func (s *Spec) validateWatch(now time.Time) error {
 		if r.Type != ResultTail && r.Lines != 0 {
 			return fieldErr("result.lines", "only with type tail")
 		}
+	}
+	switch s.OnLost {
+	case "", OnLostFail, OnLostRespawn:
+	default:
+		return fieldErr("on_lost", "%q: want fail or respawn", s.OnLost)
 	}
 	if s.MaxResultBytes < 0 || s.MaxResultBytes > MaxResultBytesLimit {
 		return fieldErr("max_result_bytes", "%d: want 1 to %d", s.MaxResultBytes, MaxResultBytesLimit)

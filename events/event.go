@@ -25,7 +25,7 @@ const (
 	TypeCompletionPersisted Type = "completion-persisted"
 	TypeFired               Type = "fired"
 	TypeCancelled           Type = "cancelled"
-	TypeLost                Type = "lost" // reserved: written when a lease expires
+	TypeLost                Type = "lost"
 	TypeFailed              Type = "failed"
 )
 
@@ -91,6 +91,8 @@ func (e Event) Decode() (Payload, error) {
 		p = &Exited{}
 	case TypeStalled:
 		p = &Stalled{}
+	case TypeLost:
+		p = &Lost{}
 	case TypeCompletionPersisted:
 		p = &CompletionPersisted{}
 	case TypeFired:
@@ -177,6 +179,14 @@ type Stalled struct {
 	Action    string `json:"action"`
 }
 
+// Lost records that the worker holding a running task is gone past its lease, and
+// what the spec's on_lost did: fail (the outcome is lost) or respawn (the task is
+// armed again for another worker).
+type Lost struct {
+	Worker string `json:"worker"`
+	Action string `json:"action"`
+}
+
 // Failed records that the command could not run. StoppedBy is deadline when the
 // task's deadline passed before any worker took it.
 type Failed struct {
@@ -206,6 +216,7 @@ func (*Spawned) EventType() Type             { return TypeSpawned }
 func (*Tick) EventType() Type                { return TypeTick }
 func (*Exited) EventType() Type              { return TypeExited }
 func (*Stalled) EventType() Type             { return TypeStalled }
+func (*Lost) EventType() Type                { return TypeLost }
 func (*Failed) EventType() Type              { return TypeFailed }
 func (*CompletionPersisted) EventType() Type { return TypeCompletionPersisted }
 func (*Fired) EventType() Type               { return TypeFired }

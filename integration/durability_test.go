@@ -81,3 +81,52 @@ func touch(t *testing.T, path string) {
 	}
 }
 
+// A worker gone for good (its host died) loses its leases: a task that says
+// respawn runs again on another worker, one that does not is woken as lost, and
+// the first worker, if it comes back, is fenced and stops its old runs.
+func TestAWorkerGoneForGoodLosesItsTasks(t *testing.T) {
+	t.Parallel()
+	home := t.TempDir()
+	startServer(t, home, "--no-worker", "--lease-ttl", "2s")
+	dir := t.TempDir()
+	doomed := start(t, home, "worker", "--worker-id", "doomed", "--tick", "200ms")
+	failing := add(t, home, "--cwd", dir, "--", `echo $$ > failing.pid; exec sleep 600`)
+	respawning := add(t, home, "--cwd", dir, "--spec", writeSpec(t, `{"on_lost":"respawn"}`), "--",
+		`echo $$ >> respawning.pids; while [ ! -e done ]; do sleep 0.05; done; echo finished`)
+	failingPID := readPID(t, filepath.Join(dir, "failing.pid"))
+	readPID(t, filepath.Join(dir, "respawning.pids"))
+
+	doomed.stop(syscall.SIGKILL) // its commands go on under their shims; its heartbeats stop
+	w := waitFor(t, home, failing)
+	if w.Status != "lost" || !strings.Contains(w.Prompt, "lost") {
+		t.Fatalf("wake-up of a task whose worker is gone: %+v", w)
+	}
+	start(t, home, "worker", "--worker-id", "rescuer", "--tick", "200ms")
+	eventually(t, 30*time.Second, "the task was not run again", func() bool {
+		data, _ := os.ReadFile(filepath.Join(dir, "respawning.pids"))
+		return strings.Count(string(data), "\n") == 2
+	})
+	touch(t, filepath.Join(dir, "done"))
+	if w := waitFor(t, home, respawning); w.Status != "succeeded" {
+		t.Fatalf("respawned task: %+v", w)
+	}
+	n := countTypes(history(t, home, respawning))
+	if n["lost"] != 1 || n["spawned"] != 2 || n["exited"] != 1 || n["fired"] != 1 {
+		t.Fatalf("history of the respawned task: %v", n)
+	}
+
+	// The doomed worker comes back: both its runs are no longer its own.
+	start(t, home, "worker", "--worker-id", "doomed", "--tick", "200ms")
+	eventually(t, 30*time.Second, "the old run outlived its fenced worker", func() bool { return processGone(failingPID) })
+	auditClean(t, home)
+}
+
+// writeSpec writes a spec file for add --spec.
+func writeSpec(t *testing.T, spec string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "spec.json")
+	if err := os.WriteFile(path, []byte(spec), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}

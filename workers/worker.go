@@ -104,6 +104,33 @@ type Worker struct {
 	wg     sync.WaitGroup
 	sub    *nats.Subscription
 	lock   *os.File
+
+	liveness *events.Liveness
+}
+
+// beat writes the worker's heartbeat: its lease, and what it runs.
+func (w *Worker) beat(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, appendTimeout)
+	defer cancel()
+	return w.liveness.Beat(ctx, events.WorkerInfo{
+		ID: w.cfg.ID, Host: w.host, Running: len(w.Running()), MaxTasks: w.cfg.MaxTasks, Heartbeat: time.Now().UTC(),
+	})
+}
+
+// heartbeat renews the lease four times per lease TTL until the worker stops.
+func (w *Worker) heartbeat(ctx context.Context) {
+	ticker := time.NewTicker(max(w.liveness.TTL()/4, 100*time.Millisecond))
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+			if err := w.beat(ctx); err != nil && ctx.Err() == nil {
+				w.cfg.Base.Logger.Warn("heartbeat not recorded", "err", err)
+			}
+		}
+	}
 }
 
 // New returns a worker that appends through store and reads armed tasks with js.
@@ -152,13 +179,29 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	w.logs = logs
+	if w.liveness, err = events.ConnectLiveness(ctx, w.js); err != nil {
+		lock.Close()
+		return fmt.Errorf("worker: %w", err)
+	}
+	if !events.ValidToken(w.cfg.ID) {
+		lock.Close()
+		return fmt.Errorf("worker: id %q: use letters, digits, '-' and '_'", w.cfg.ID)
+	}
+	// The first heartbeat comes before the first run is watched again: the runs
+	// this worker left are its own only while its lease holds.
+	if err := w.beat(ctx); err != nil {
+		lock.Close()
+		return fmt.Errorf("worker: heartbeat: %w", err)
+	}
 	cons, err := w.js.CreateOrUpdateConsumer(ctx, events.StreamName, jetstream.ConsumerConfig{
-		Durable:       ConsumerName,
-		Description:   "armed tasks, shared by all bgtask workers",
-		FilterSubject: events.TypeFilter(events.TypeArmed),
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
+		Durable:     ConsumerName,
+		Description: "armed tasks, shared by all bgtask workers",
+		// A task is armed by its registration, and again when its worker is lost
+		// and its spec says respawn.
+		FilterSubjects: []string{events.TypeFilter(events.TypeArmed), events.TypeFilter(events.TypeLost)},
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        30 * time.Second,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
 	})
 	if err != nil {
 		return fmt.Errorf("worker: consumer %s: %w", ConsumerName, err)
@@ -177,6 +220,11 @@ func (w *Worker) Start(ctx context.Context) error {
 		lock.Close()
 		return err
 	}
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		w.heartbeat(ctx)
+	}()
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
@@ -263,12 +311,29 @@ func (w *Worker) take(ctx context.Context, msg jetstream.Msg) {
 	rec, err := events.DecodeRecord(meta.Sequence.Stream, msg.Data())
 	if err == nil {
 		var armed engine.State
-		if armed, err = engine.Apply(engine.State{}, rec); err == nil {
+		var offsets [2]int64
+		if rec.Type == events.TypeArmed {
+			armed, err = engine.Apply(engine.State{}, rec)
+		} else {
+			// Lost by its worker: armed again if its spec says respawn. That takes the
+			// whole history, and the log goes on after the earlier runs' output.
+			armed, err = engine.Load(ctx, w.store, rec.TaskID)
+			if err == nil && (armed.Phase != engine.PhaseArmed || armed.Seq != rec.Seq) {
+				_ = msg.Ack() // ended, or moved on since
+				return
+			}
+			for i, stream := range []string{events.Stdout, events.Stderr} {
+				if err == nil {
+					offsets[i], err = w.logs.End(ctx, rec.TaskID, stream)
+				}
+			}
+		}
+		if err == nil {
 			r := &run{w: w, state: armed, cancelled: make(chan struct{})}
 			switch err = r.record(ctx, engine.Spawn{Host: w.host}); {
 			case err == nil:
 				_ = msg.Ack()
-				r.execute(ctx, [2]int64{}, func(offsets *[2]int64) bool { return r.runOnce(ctx, offsets) })
+				r.execute(ctx, offsets, func(offsets *[2]int64) bool { return r.runOnce(ctx, offsets) })
 			case errors.Is(err, errFenced):
 				_ = msg.Ack() // another worker took it, or it was cancelled first
 			default:

@@ -26,6 +26,7 @@ import (
 type serverOptions struct {
 	listen   string
 	sync     string
+	leaseTTL time.Duration
 	noWorker bool
 	worker   workerOptions
 	logLevel string
@@ -53,6 +54,7 @@ server runs per home. SIGINT or SIGTERM stops it cleanly.`,
 	f := cmd.Flags()
 	f.StringVar(&o.listen, "listen", "127.0.0.1:0", "loopback HOST:PORT for NATS clients; port 0 reuses the last port if free, else picks one")
 	f.StringVar(&o.sync, "sync", "always", "when the embedded JetStream store reaches the disk: always (fsync before every acknowledgement) or interval (every 2 minutes: faster, but a power loss can undo acknowledged events)")
+	f.DurationVar(&o.leaseTTL, "lease-ttl", events.DefaultLeaseTTL, "how long a worker may go without a heartbeat before its running tasks are lost (it must outlast a worker's restart)")
 	f.BoolVar(&o.noWorker, "no-worker", false, "run no worker in the server (tasks wait for 'bgtask worker' processes)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	o.worker.register(f)
@@ -110,7 +112,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	defer nc.Close()
 
 	base := engine.Base{Logger: logger}
-	node, err := startNode(ctx, nc, base, "engine@"+hostName())
+	node, err := startNode(ctx, nc, base, "engine@"+hostName(), o.leaseTTL)
 	if err != nil {
 		return err
 	}
@@ -138,10 +140,11 @@ type node struct {
 	projector  *projections.Projector
 	dispatcher *engine.Dispatcher
 	timers     *engine.Timers
+	leases     *engine.Leases
 	api        *api.Server
 }
 
-func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer string) (*node, error) {
+func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer string, leaseTTL time.Duration) (*node, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -157,6 +160,10 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer stri
 	if _, err := events.OpenLogs(ctx, js, events.LogConfig{}); err != nil {
 		return nil, err
 	}
+	liveness, err := events.OpenLiveness(ctx, js, leaseTTL, 1)
+	if err != nil {
+		return nil, err
+	}
 	n := &node{}
 	n.projector = projections.New(store, func(s engine.State) {
 		n.dispatcher.Notify(s)
@@ -164,6 +171,7 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer stri
 	}, base)
 	n.dispatcher = engine.NewDispatcher(store, inbox, n.projector, writer, 4, base)
 	n.timers = engine.NewTimers(store, n.projector, writer, base)
+	n.leases = engine.NewLeases(store, n.projector, liveness, writer, base)
 	if err := n.projector.Start(ctx); err != nil {
 		return nil, err
 	}
@@ -174,6 +182,7 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer stri
 	all, _ := n.projector.List(engine.ListQuery{})
 	n.dispatcher.Recover(all)
 	n.timers.Recover(all)
+	n.leases.Start(ctx)
 	n.api, err = api.Serve(nc, engine.NewService(store, writer, base), n.projector, store, version(), base)
 	if err != nil {
 		n.stopEngine()
@@ -188,6 +197,7 @@ func (n *node) stop() {
 }
 
 func (n *node) stopEngine() {
+	n.leases.Stop()
 	n.projector.Stop() // first: no notification may reach a stopped dispatcher or timer
 	n.timers.Stop()
 	n.dispatcher.Stop()

@@ -1,0 +1,103 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/bgtask/bgtask/events"
+)
+
+// Liveness tells whether a worker's lease is current.
+type Liveness interface {
+	Alive(ctx context.Context, workerID string) (bool, error)
+	TTL() time.Duration
+}
+
+// TaskLister lists tasks as far as the reader has seen.
+type TaskLister interface {
+	TaskReader
+	List(q ListQuery) ([]State, int)
+}
+
+// Leases appends lost for the running tasks of workers whose heartbeat is gone
+// past the lease TTL. A worker that comes back later is fenced: its next append
+// fails, it re-reads the task, and it stops its run.
+type Leases struct {
+	base     Base
+	store    events.Store
+	tasks    TaskLister
+	liveness Liveness
+	writer   string
+	cancel   context.CancelFunc
+	done     sync.WaitGroup
+}
+
+// NewLeases returns the lease checker of an engine.
+func NewLeases(store events.Store, tasks TaskLister, liveness Liveness, writer string, base Base) *Leases {
+	return &Leases{base: base.WithDefaults(), store: store, tasks: tasks, liveness: liveness, writer: writer}
+}
+
+// Start checks the leases every quarter TTL until Stop. The first check waits one
+// TTL: after a restart of the engine, workers need that long to beat again.
+func (l *Leases) Start(ctx context.Context) {
+	ctx, l.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	ttl := l.liveness.TTL()
+	l.done.Add(1)
+	go func() {
+		defer l.done.Done()
+		wait := ttl
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			wait = max(ttl/4, 100*time.Millisecond)
+			if err := l.Check(ctx); err != nil && ctx.Err() == nil {
+				l.base.Logger.Warn("lease check failed", "err", err)
+			}
+		}
+	}()
+}
+
+// Stop ends the checks.
+func (l *Leases) Stop() {
+	if l.cancel != nil {
+		l.cancel()
+		l.done.Wait()
+	}
+}
+
+// Check appends lost for each running task whose worker's lease is gone.
+func (l *Leases) Check(ctx context.Context) error {
+	running, _ := l.tasks.List(ListQuery{Phase: PhaseRunning})
+	alive := map[string]bool{}
+	for _, s := range running {
+		ok, checked := alive[s.Worker]
+		if !checked {
+			var err error
+			if ok, err = l.liveness.Alive(ctx, s.Worker); err != nil {
+				return err
+			}
+			alive[s.Worker] = ok
+		}
+		if ok {
+			continue
+		}
+		ev, err := Decide(s, Lose{}, Meta{Writer: l.writer, Now: l.base.Now()})
+		if err != nil {
+			continue
+		}
+		switch _, err := l.store.Append(ctx, ev, s.Seq); {
+		case err == nil:
+			l.base.Logger.Warn("worker gone past its lease: task lost", "task", s.ID, "worker", s.Worker, "on_lost", s.Spec.OnLost)
+		case errors.Is(err, events.ErrConflict):
+			// The task moved (its worker wrote after all): the next check sees it.
+		default:
+			return err
+		}
+	}
+	return nil
+}
