@@ -21,6 +21,7 @@ const (
 	RuleInboxMissing   = "inbox-missing"          // a fired task with no wake-up in its inbox
 	RuleInboxDuplicate = "inbox-duplicate"        // more than one wake-up for one task
 	RuleInboxUnfired   = "inbox-without-fire"     // a wake-up for a task that can never fire
+	RuleOwnerGone      = "owner-gone"             // a running task whose worker's lease expired
 )
 
 // Violation is one broken invariant.
@@ -57,6 +58,7 @@ type Audit struct {
 	events     int
 	violations []Violation
 	inbox      map[string]int // wake-ups per message id
+	alive      func(worker string) bool
 }
 
 // NewAudit starts an audit.
@@ -91,6 +93,10 @@ func (a *Audit) Add(rec events.Record, decodeErr error) {
 	a.violate(Violation{TaskID: rec.TaskID, Seq: rec.Seq, Rule: rule, Detail: err.Error()})
 }
 
+// CheckOwners makes the audit check that every running task's worker holds a
+// current lease, as alive says.
+func (a *Audit) CheckOwners(alive func(worker string) bool) { a.alive = alive }
+
 // AddDelivery counts one message of the inbox by its message id.
 func (a *Audit) AddDelivery(msgID string) { a.inbox[msgID]++ }
 
@@ -112,6 +118,10 @@ func (a *Audit) Report() Report {
 			r.Cancelled++
 		default:
 			r.Open = append(r.Open, OpenTask{TaskID: id, Phase: s.Phase, Worker: s.Worker})
+			if s.Phase == engine.PhaseRunning && a.alive != nil && !a.alive(s.Worker) {
+				r.Violations = append(r.Violations, Violation{TaskID: id, Rule: RuleOwnerGone,
+					Detail: fmt.Sprintf("running, but its worker %s has no current lease", s.Worker)})
+			}
 		}
 		switch {
 		case delivered > 1:

@@ -166,3 +166,19 @@ func TestAuditReportsACorruptEventAndGoesOn(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestAuditFindsARunningTaskWhoseWorkerIsGone(t *testing.T) {
+	t.Parallel()
+	h := &history{t: t}
+	h.do(h.task("kept"), engine.Spawn{}, "alive-worker")
+	h.do(h.task("orphan"), engine.Spawn{}, "gone-worker")
+	a := projections.NewAudit()
+	for _, rec := range h.recs {
+		a.Add(rec, nil)
+	}
+	a.CheckOwners(func(w string) bool { return w == "alive-worker" })
+	r := a.Report()
+	if got := rules(r); len(got) != 1 || got[projections.RuleOwnerGone] != "orphan" {
+		t.Fatalf("violations = %+v, want owner-gone on orphan", r.Violations)
+	}
+}

@@ -241,7 +241,9 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 			result.Result, result.ResultBytes, result.ResultError = resultCommand(ctx, *res, run.Env, run.Dir)
 		}
 		if proc.lost {
-			r.recordEnd(ctx, engine.Fail{Reason: "the shim that ran the command died without recording its exit"})
+			// The shim died without recording the exit: nobody can know how it ended.
+			r.w.cfg.Base.Logger.Error("the shim of a run died without an exit file", "task", id)
+			r.recordEnd(ctx, engine.Lose{})
 		} else {
 			r.recordEnd(ctx, result)
 		}
@@ -356,7 +358,7 @@ func (r *run) stallAction(spec engine.Spec) string {
 }
 
 // recordEnd records the end of a run: an exited event, or c if it is another
-// command (a failure to start).
+// command (a failure to start, a lost run).
 func (r *run) recordEnd(ctx context.Context, end any) {
 	var c engine.Command
 	switch e := end.(type) {

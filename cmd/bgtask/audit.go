@@ -21,8 +21,8 @@ func auditCmd(g *globals) *cobra.Command {
 		Long: `Replay every event in the stream and every wake-up in the inbox, and check the
 invariants: events that decode, only the lease holder's run events, completion
 persisted before fired, at most one fired per task, exactly one inbox message per
-fired task and none for a task that cannot fire. Tasks not yet at their end are
-listed as open. Each violation is printed with its task id; the exit status is 1
+fired task and none for a task that cannot fire, and every running task owned by a
+worker whose lease is current. Tasks not yet at their end are listed as open. Each violation is printed with its task id; the exit status is 1
 if there is any.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -84,6 +84,19 @@ func audit(ctx context.Context, js jetstream.JetStream) (projections.Report, err
 			return projections.Report{}, fmt.Errorf("read events: %w", err)
 		}
 	}
+	liveness, err := events.ConnectLiveness(ctx, js)
+	if err != nil {
+		return projections.Report{}, err
+	}
+	var livenessErr error
+	a.CheckOwners(func(worker string) bool {
+		ok, err := liveness.Alive(ctx, worker)
+		if err != nil {
+			livenessErr = err
+			return true // unknown is not gone
+		}
+		return ok
+	})
 	inbox, err := js.Stream(ctx, events.InboxStreamName)
 	if err != nil {
 		return projections.Report{}, err
@@ -117,7 +130,8 @@ func audit(ctx context.Context, js jetstream.JetStream) (projections.Report, err
 			return projections.Report{}, fmt.Errorf("read inbox: %w", err)
 		}
 		if n == 0 {
-			return a.Report(), nil
+			report := a.Report()
+			return report, livenessErr
 		}
 	}
 }
