@@ -135,3 +135,42 @@ func TestATaskPastItsDeadlineIsNotStarted(t *testing.T) {
 		t.Fatal("the command ran after its deadline")
 	}
 }
+
+// A worker that dies after appending spawned and before starting the command
+// leaves only the run's intent on disk; its next start runs the command.
+func TestATaskTakenButNotStartedBeforeARestartIsStarted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state := t.TempDir()
+	dir := t.TempDir()
+	id := b.arm(t, engine.Spec{Command: "echo ran", Cwd: dir})
+	// What the dead worker did: its intent, then its spawn.
+	st, err := engine.Load(context.Background(), b.store, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDir := filepath.Join(state, "runs", id+"-1")
+	if err := os.MkdirAll(runDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(runDir, "task.json"), []byte(`{"task_id":"`+id+`","epoch":1}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := engine.Decide(st, engine.Spawn{Host: "h"}, engine.Meta{Writer: "stable", Now: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Append(context.Background(), ev, st.Seq); err != nil {
+		t.Fatal(err)
+	}
+
+	b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
+	end := b.waitFor(t, id, 20*time.Second, "ended", ended)
+	if end.Status != engine.StatusSucceeded || !slices.Equal(end.Run.Tail, []string{"ran"}) || end.Epoch != 1 {
+		t.Fatalf("ended %s at epoch %d with tail %q, want succeeded at epoch 1 with [ran]", end.Status, end.Epoch, end.Run.Tail)
+	}
+	eventually(t, 10*time.Second, "the run directory was not removed", func() bool {
+		_, err := os.Stat(runDir)
+		return errors.Is(err, os.ErrNotExist)
+	})
+}

@@ -24,7 +24,8 @@ type process struct {
 	pids    shimPIDs
 	exited  chan struct{} // closed when the exit file is read, or the shim is gone
 	result  events.Exited
-	lost    bool // the shim ended without writing an exit file
+	lost    bool   // the shim ended without writing an exit file
+	failure string // the shim could not run or wait for the command
 	quit    chan struct{}
 	stopped chan struct{}
 }
@@ -123,6 +124,7 @@ func (p *process) readExit() bool {
 		return false
 	}
 	p.result = events.Exited{ExitCode: exit.ExitCode, Signal: exit.Signal, StartedAt: exit.StartedAt, EndedAt: exit.EndedAt}
+	p.failure = exit.StartError
 	return true
 }
 
@@ -136,22 +138,28 @@ func (p *process) detach() {
 	<-p.stopped
 }
 
-// stop ends the command's whole process group: TERM, then KILL after grace. The
-// group is signalled only while its leader is the process the shim started, never
-// a later process that reused its PID.
+// stop ends the command's whole process group: TERM, then KILL after grace.
+// Members left after the leader exited are killed too, so no grandchild outlives a
+// stop. The group is never signalled when its number may have been reused.
 func (p *process) stop(grace time.Duration) {
-	pgid := p.pids.Command.PID
-	if p.pids.Command.alive() {
-		_ = unix.Kill(-pgid, unix.SIGTERM)
-	}
+	p.signalGroup(unix.SIGTERM)
 	select {
 	case <-p.exited:
 	case <-time.After(grace):
 	}
-	// Members left after the leader exited are killed too, so no grandchild outlives
-	// a stop; while any is left, its group id cannot be reused.
-	_ = unix.Kill(-pgid, unix.SIGKILL)
+	p.signalGroup(unix.SIGKILL)
 	<-p.exited
+}
+
+// signalGroup signals the command's process group while it is still the group the
+// shim started: a group number is not reused while any member lives, and a new
+// group with the same number has a leader with that PID and another start time.
+func (p *process) signalGroup(sig unix.Signal) {
+	pgid := p.pids.Command.PID
+	if start, err := procStart(pgid); err == nil && start != p.pids.Command.Start {
+		return // the PID now names another process: the group is not ours
+	}
+	_ = unix.Kill(-pgid, sig)
 }
 
 func signalName(sig syscall.Signal) string {

@@ -33,8 +33,8 @@ func (w *Worker) reattach(ctx context.Context) error {
 	log := w.cfg.Base.Logger
 	for _, dir := range dirs {
 		var sr shimRun
-		if err := readJSON(filepath.Join(dir, runFile), &sr); err != nil {
-			_ = os.RemoveAll(dir) // a start that never wrote what to run
+		if err := readJSON(filepath.Join(dir, intentFile), &sr); err != nil {
+			_ = os.RemoveAll(dir)
 			continue
 		}
 		state, err := engine.Load(ctx, w.store, sr.TaskID)
@@ -63,9 +63,36 @@ func (w *Worker) reattach(ctx context.Context) error {
 			continue
 		}
 		r := &run{w: w, state: state, cancelled: make(chan struct{})}
+		if readJSON(filepath.Join(dir, runFile), &sr) != nil {
+			// Taken, but the worker stopped before it started the command: start it now.
+			log.Info("starting a task taken before a restart", "task", sr.TaskID)
+			var offsets [2]int64
+			for i, stream := range []string{events.Stdout, events.Stderr} {
+				if offsets[i], err = w.logs.End(ctx, sr.TaskID, stream); err != nil {
+					return fmt.Errorf("worker: find run %s again: %w", dir, err)
+				}
+			}
+			w.resume(ctx, r, offsets, func(offsets *[2]int64) bool { return r.runOnce(ctx, offsets) })
+			continue
+		}
 		if perr != nil {
-			r.recordEnd(ctx, engine.Fail{Reason: "the shim did not start the command"})
+			if r.recordEnd(ctx, engine.Fail{Reason: "the shim did not start the command"}) {
+				_ = os.RemoveAll(dir)
+			}
+			continue
+		}
+		if state.RespawnPending {
+			// Stalled, and to be started again when the worker went away: finish the
+			// stop, then respawn.
+			proc.stop(w.cfg.KillGrace)
 			_ = os.RemoveAll(dir)
+			var offsets [2]int64
+			for i, stream := range []string{events.Stdout, events.Stderr} {
+				if offsets[i], err = w.logs.End(ctx, sr.TaskID, stream); err != nil {
+					return fmt.Errorf("worker: find run %s again: %w", dir, err)
+				}
+			}
+			w.resume(ctx, r, offsets, func(*[2]int64) bool { return true })
 			continue
 		}
 		var offsets, fileOffsets [2]int64
@@ -76,25 +103,46 @@ func (w *Worker) reattach(ctx context.Context) error {
 			fileOffsets[i] = max(0, offsets[i]-sr.LogOffsets[i])
 		}
 		log.Info("watching a run again", "task", sr.TaskID, "pid", proc.pids.Command.PID)
-		select {
-		case w.slots <- struct{}{}:
-		default: // more runs than capacity (it was lowered): they still need watching
-		}
-		w.wg.Add(1)
-		go func() {
-			defer w.wg.Done()
-			defer func() {
-				select {
-				case <-w.slots:
-				default:
-				}
-			}()
-			r.execute(ctx, offsets, func(offsets *[2]int64) bool {
-				return r.watch(ctx, proc, sr, offsets, fileOffsets, false)
-			})
-		}()
+		w.resume(ctx, r, offsets, func(offsets *[2]int64) bool {
+			return r.watch(ctx, proc, sr, offsets, fileOffsets, false)
+		})
 	}
 	return nil
+}
+
+// resume runs a task found again after a restart, in a slot of its own if one is
+// free: more runs than capacity (it was lowered) still need watching.
+func (w *Worker) resume(ctx context.Context, r *run, offsets [2]int64, first func(*[2]int64) bool) {
+	slot := false
+	select {
+	case w.slots <- struct{}{}:
+		slot = true
+	default:
+	}
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		if slot {
+			defer func() { <-w.slots }()
+		}
+		r.execute(ctx, offsets, first)
+	}()
+}
+
+// intentFile names the task and epoch a run directory is for. It is written before
+// the spawn is appended, so no task can be taken without a trace on disk.
+const intentFile = "task.json"
+
+// It fails with fs.ErrExist if the run's directory exists: then this worker holds
+// the run already (a redelivered armed event must not clobber it).
+func writeIntent(dir, taskID string, epoch uint64) error {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	return writeJSONAtomic(filepath.Join(dir, intentFile), shimRun{TaskID: taskID, Epoch: epoch})
 }
 
 // lockStateDir takes a worker's state directory for this process: two workers

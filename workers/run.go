@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
 )
@@ -105,6 +107,10 @@ func (r *run) execute(ctx context.Context, offsets [2]int64, first func(*[2]int6
 		w.mu.Unlock()
 	}()
 	for respawn := first(&offsets); respawn; respawn = r.runOnce(ctx, &offsets) {
+		if err := writeIntent(w.runDir(id, r.state.Epoch+1), id, r.state.Epoch+1); err != nil {
+			w.cfg.Base.Logger.Error("respawn not started", "task", id, "err", err)
+			return
+		}
 		if err := r.record(ctx, engine.Spawn{Host: w.host}); err != nil {
 			// Still the owner without a run: lease expiry ends the task.
 			w.cfg.Base.Logger.Error("respawn not recorded", "task", id, "err", err)
@@ -142,7 +148,9 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 	if at := spec.DeadlineTime(); !at.IsZero() && !time.Now().Before(at) {
 		// Waited past its deadline: starting it now would only stop it half way.
 		now := time.Now().UTC()
-		r.recordEnd(ctx, events.Exited{NotStarted: true, StoppedBy: events.StoppedByDeadline, StartedAt: now, EndedAt: now})
+		if r.recordEnd(ctx, events.Exited{NotStarted: true, StoppedBy: events.StoppedByDeadline, StartedAt: now, EndedAt: now}) {
+			_ = os.RemoveAll(w.runDir(id, r.state.Epoch))
+		}
 		return false
 	}
 	cwd := spec.Cwd
@@ -240,14 +248,22 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 		if res := spec.Result; res != nil && res.Type == engine.ResultCommand {
 			result.Result, result.ResultBytes, result.ResultError = resultCommand(ctx, *res, run.Env, run.Dir)
 		}
-		if proc.lost {
-			// The shim died without recording the exit: nobody can know how it ended.
+		recorded := false
+		switch {
+		case proc.lost:
+			// The shim died without recording the exit: nobody can know how it ended,
+			// and nothing watches the command any more. Stop what is left of it.
 			r.w.cfg.Base.Logger.Error("the shim of a run died without an exit file", "task", id)
-			r.recordEnd(ctx, engine.Lose{})
-		} else {
-			r.recordEnd(ctx, result)
+			proc.signalGroup(unix.SIGKILL)
+			recorded = r.recordEnd(ctx, engine.Lose{})
+		case proc.failure != "":
+			recorded = r.recordEnd(ctx, engine.Fail{Reason: proc.failure})
+		default:
+			recorded = r.recordEnd(ctx, result)
 		}
-		_ = os.RemoveAll(proc.dir)
+		if recorded {
+			_ = os.RemoveAll(proc.dir)
+		} // else the run stays on disk, and the worker's next start records its exit
 	}
 	stall := func(action string, silent time.Duration) error {
 		return r.record(ctx, engine.Stall{SilentFor: silent.Round(time.Millisecond), Action: action})
@@ -292,6 +308,12 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 			end(events.StoppedByMatch, false)
 			return false
 		case <-deadline:
+			select {
+			case <-proc.exited: // it ended first (while no worker watched, perhaps)
+				end("", false)
+				return false
+			default:
+			}
 			log.Info("deadline passed: stopping the task", "task", id)
 			proc.stop(w.cfg.KillGrace)
 			end(events.StoppedByDeadline, false)
@@ -358,8 +380,11 @@ func (r *run) stallAction(spec engine.Spec) string {
 }
 
 // recordEnd records the end of a run: an exited event, or c if it is another
-// command (a failure to start, a lost run).
-func (r *run) recordEnd(ctx context.Context, end any) {
+// command (a failure to start, a lost run). The end of a run must not be lost to an
+// outage of NATS: it is tried again until it is recorded, or the run is no longer
+// this worker's (both true), or the worker stops (false: the run's directory keeps
+// what to record, for the worker's next start).
+func (r *run) recordEnd(ctx context.Context, end any) bool {
 	var c engine.Command
 	switch e := end.(type) {
 	case events.Exited:
@@ -367,8 +392,17 @@ func (r *run) recordEnd(ctx context.Context, end any) {
 	case engine.Command:
 		c = e
 	}
-	if err := r.record(ctx, c); err != nil && !errors.Is(err, errFenced) {
-		r.w.cfg.Base.Logger.Error("end of task not recorded", "task", r.state.ID, "err", err)
+	for {
+		err := r.record(ctx, c)
+		if err == nil || errors.Is(err, errFenced) {
+			return true
+		}
+		r.w.cfg.Base.Logger.Error("end of task not recorded yet", "task", r.state.ID, "err", err)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(time.Second):
+		}
 	}
 }
 

@@ -75,11 +75,8 @@ const shimDetachedEnv = "BGTASK_SHIM_DETACHED"
 // and its exit file is written.
 func RunShim(dir string) error {
 	if os.Getenv(shimDetachedEnv) == "" {
-		self, err := os.Executable()
-		if err != nil {
-			return err
-		}
-		_, err = os.StartProcess(self, os.Args, &os.ProcAttr{
+		// /proc/self/exe is this very binary, even if an upgrade replaced its file.
+		_, err := os.StartProcess("/proc/self/exe", os.Args, &os.ProcAttr{
 			Env:   append(os.Environ(), shimDetachedEnv+"=1"),
 			Files: []*os.File{nil, nil, nil},
 			Sys:   &syscall.SysProcAttr{Setsid: true},
@@ -109,6 +106,9 @@ func RunShim(dir string) error {
 	if err != nil {
 		return fail(err)
 	}
+	// Descriptors the worker inherited (a pipe its caller reads) must not reach a
+	// command that outlives it: its reader would never see EOF.
+	_ = unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
 	proc, err := os.StartProcess(run.Path, run.Args, &os.ProcAttr{
 		Dir:   run.Dir,
 		Env:   run.Env,
@@ -128,7 +128,10 @@ func RunShim(dir string) error {
 		Command: procRef{PID: proc.Pid, Start: child},
 		Started: started,
 	}); err != nil {
-		return err
+		// Unwatchable: stop it rather than leave it running unknown.
+		_ = unix.Kill(-proc.Pid, unix.SIGKILL)
+		_, _ = proc.Wait()
+		return fail(fmt.Errorf("record the command's pid: %w", err))
 	}
 	// Reap every child: the command, and orphans reparented to the shim, until the
 	// command itself has ended.

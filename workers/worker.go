@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strings"
 	"sync"
@@ -78,9 +79,8 @@ func (c Config) withDefaults() Config {
 		c.TailLines = DefaultTailLines
 	}
 	if c.Shim == nil {
-		if self, err := os.Executable(); err == nil {
-			c.Shim = []string{self, "shim"}
-		}
+		// This very binary, even if an upgrade replaced its file meanwhile.
+		c.Shim = []string{"/proc/self/exe", "shim"}
 	}
 	c.Base = c.Base.WithDefaults()
 	return c
@@ -167,30 +167,31 @@ func (w *Worker) Start(ctx context.Context) error {
 		return err
 	}
 	w.lock = lock
+	started := false
+	defer func() {
+		if !started {
+			lock.Close() // another worker may have the directory
+		}
+	}()
 	if w.cfg.ID == "" {
 		if w.cfg.ID, err = stableID(w.cfg.StateDir); err != nil {
-			lock.Close()
 			return err
 		}
 	}
 	logs, err := events.ConnectLogs(ctx, w.js)
 	if err != nil {
-		lock.Close()
 		return fmt.Errorf("worker: %w", err)
 	}
 	w.logs = logs
 	if w.liveness, err = events.ConnectLiveness(ctx, w.js); err != nil {
-		lock.Close()
 		return fmt.Errorf("worker: %w", err)
 	}
 	if !events.ValidToken(w.cfg.ID) {
-		lock.Close()
 		return fmt.Errorf("worker: id %q: use letters, digits, '-' and '_'", w.cfg.ID)
 	}
 	// The first heartbeat comes before the first run is watched again: the runs
 	// this worker left are its own only while its lease holds.
 	if err := w.beat(ctx); err != nil {
-		lock.Close()
 		return fmt.Errorf("worker: heartbeat: %w", err)
 	}
 	cons, err := w.js.CreateOrUpdateConsumer(ctx, events.StreamName, jetstream.ConsumerConfig{
@@ -217,7 +218,6 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.cancel()
 		w.wg.Wait()
 		_ = w.sub.Unsubscribe()
-		lock.Close()
 		return err
 	}
 	w.wg.Add(1)
@@ -233,6 +233,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.env()
 		w.takeLoop(ctx, cons)
 	}()
+	started = true
 	w.cfg.Base.Logger.Info("worker started", "worker", w.cfg.ID, "max_tasks", w.cfg.MaxTasks)
 	return nil
 }
@@ -329,14 +330,27 @@ func (w *Worker) take(ctx context.Context, msg jetstream.Msg) {
 			}
 		}
 		if err == nil {
+			// The run's directory is made before the spawn is appended: a worker that
+			// dies between the two finds the task again when it restarts.
+			dir := w.runDir(armed.ID, armed.Epoch+1)
+			if err = writeIntent(dir, armed.ID, armed.Epoch+1); errors.Is(err, fs.ErrExist) {
+				_ = msg.Ack() // this worker took it before a restart, and holds the run
+				return
+			} else if err != nil {
+				log.Error("worker: cannot write its state directory", "err", err)
+				_ = msg.NakWithDelay(time.Second)
+				return
+			}
 			r := &run{w: w, state: armed, cancelled: make(chan struct{})}
 			switch err = r.record(ctx, engine.Spawn{Host: w.host}); {
 			case err == nil:
 				_ = msg.Ack()
 				r.execute(ctx, offsets, func(offsets *[2]int64) bool { return r.runOnce(ctx, offsets) })
 			case errors.Is(err, errFenced):
+				_ = os.RemoveAll(dir)
 				_ = msg.Ack() // another worker took it, or it was cancelled first
 			default:
+				_ = os.RemoveAll(dir)
 				log.Warn("worker: could not take task, will retry", "task", rec.TaskID, "err", err)
 				_ = msg.NakWithDelay(time.Second)
 			}
