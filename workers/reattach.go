@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -33,19 +34,28 @@ func (w *Worker) reattach(ctx context.Context) error {
 	log := w.cfg.Base.Logger
 	for _, dir := range dirs {
 		var sr shimRun
-		if err := readJSON(filepath.Join(dir, intentFile), &sr); err != nil {
-			_ = os.RemoveAll(dir)
+		if err := readJSON(filepath.Join(dir, intentFile), &sr); errors.Is(err, fs.ErrNotExist) {
+			_ = os.RemoveAll(dir) // made, then left before its intent was written
+			continue
+		} else if err != nil {
+			log.Error("a run directory cannot be read: left as it is", "dir", dir, "err", err)
 			continue
 		}
 		state, err := engine.Load(ctx, w.store, sr.TaskID)
-		if errors.Is(err, engine.ErrNotFound) {
-			_ = os.RemoveAll(dir)
-			continue
-		}
-		if err != nil {
+		if err != nil && !errors.Is(err, engine.ErrNotFound) {
 			return fmt.Errorf("worker: find run %s again: %w", dir, err)
 		}
 		proc, perr := attachProcess(dir)
+		if errors.Is(err, engine.ErrNotFound) {
+			// The log does not know the task (another deployment's, or a log that was
+			// reset): nothing will ever record it, so nothing may keep running for it.
+			log.Warn("a run of a task the log does not know: stopping it", "task", sr.TaskID)
+			if perr == nil {
+				proc.stop(w.cfg.KillGrace)
+			}
+			_ = os.RemoveAll(dir)
+			continue
+		}
 		owned := state.Phase == engine.PhaseRunning && state.Worker == w.cfg.ID && state.Epoch == sr.Epoch
 		if !owned {
 			// Cancelled, ended or taken over while this worker was away.
