@@ -174,3 +174,33 @@ func TestATaskTakenButNotStartedBeforeARestartIsStarted(t *testing.T) {
 		return errors.Is(err, os.ErrNotExist)
 	})
 }
+
+// The shim holds the deadline and a kill-on-stall while no worker watches.
+func TestTheShimStopsACommandAtItsDeadlineWhileNoWorkerWatches(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state := t.TempDir()
+	first := b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
+	spec, err := engine.ParseSpecAt([]byte(`{"command":"exec sleep 600","cwd":"/","deadline":"1s"}`), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stalling, err := engine.ParseSpecAt([]byte(`{"command":"echo once; exec sleep 600","cwd":"/","stall_after":"500ms","on_stall":"kill"}`), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	late, quiet := b.arm(t, spec), b.arm(t, stalling)
+	latePID := b.waitFor(t, late, 20*time.Second, "started", hasPID).PID
+	quietPID := b.waitFor(t, quiet, 20*time.Second, "started", hasPID).PID
+	first.Stop()
+	waitGone(t, 20*time.Second, latePID)
+	waitGone(t, 20*time.Second, quietPID)
+
+	b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
+	if st := b.waitFor(t, late, 20*time.Second, "ended", ended); st.Status != engine.StatusTimedOut {
+		t.Fatalf("deadline held by the shim: ended %s (%q), want timed_out", st.Status, st.Reason)
+	}
+	if st := b.waitFor(t, quiet, 20*time.Second, "ended", ended); st.Status != engine.StatusStalled {
+		t.Fatalf("stall held by the shim: ended %s (%q), want stalled", st.Status, st.Reason)
+	}
+}

@@ -123,7 +123,7 @@ func (p *process) readExit() bool {
 	if readJSON(filepath.Join(p.dir, exitFile), &exit) != nil {
 		return false
 	}
-	p.result = events.Exited{ExitCode: exit.ExitCode, Signal: exit.Signal, StartedAt: exit.StartedAt, EndedAt: exit.EndedAt}
+	p.result = events.Exited{ExitCode: exit.ExitCode, Signal: exit.Signal, StoppedBy: exit.StoppedBy, StartedAt: exit.StartedAt, EndedAt: exit.EndedAt}
 	p.failure = exit.StartError
 	return true
 }

@@ -159,7 +159,11 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 	}
 	run := shimRun{
 		TaskID: id, Epoch: r.state.Epoch, Dir: cwd, LogOffsets: *offsets,
-		Env: mergeEnv(w.env(), spec.Env, "BGTASK_TASK_ID="+id),
+		Env:      mergeEnv(w.env(), spec.Env, "BGTASK_TASK_ID="+id),
+		Deadline: spec.DeadlineTime(), KillGrace: w.cfg.KillGrace,
+	}
+	if spec.OnStall == engine.OnStallKill {
+		run.StallAfter = spec.StallDuration() // notify and respawn need the worker
 	}
 	dir := w.runDir(id, r.state.Epoch)
 	proc, err := startProcess(w.cfg.Shim, dir, run, spec)
@@ -237,7 +241,9 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 			result = proc.result
 		}
 		stopCopying() // the output is complete: the command has ended
-		result.StoppedBy = stoppedBy
+		if stoppedBy != "" || result.StoppedBy == "" {
+			result.StoppedBy = stoppedBy
+		} // else the shim stopped it (deadline or stall) while no worker watched
 		if watch != nil {
 			watch.finish()
 			result.MatchedLine, result.Matched = watch.result()

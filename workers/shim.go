@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bgtask/bgtask/events"
 )
 
 // The shim is the command's real parent. The worker starts it (its own binary in
@@ -44,6 +46,11 @@ type shimRun struct {
 	Dir    string   `json:"dir"`
 	// LogOffsets is where the task's log streams stood when this run started.
 	LogOffsets [2]int64 `json:"log_offsets"`
+	// The timers the shim enforces itself, so they hold while no worker watches:
+	// the deadline, and a stall that the spec says to kill on.
+	Deadline   time.Time     `json:"deadline,omitempty"`
+	StallAfter time.Duration `json:"stall_after,omitempty"`
+	KillGrace  time.Duration `json:"kill_grace,omitempty"`
 }
 
 // procRef names a process for as long as it lives: a PID alone may be reused.
@@ -61,6 +68,7 @@ type shimPIDs struct {
 type shimExit struct {
 	ExitCode   int       `json:"exit_code"`
 	Signal     string    `json:"signal,omitempty"`
+	StoppedBy  string    `json:"stopped_by,omitempty"` // deadline or stall, when the shim stopped it
 	StartedAt  time.Time `json:"started_at"`
 	EndedAt    time.Time `json:"ended_at"`
 	StartError string    `json:"start_error,omitempty"`
@@ -133,26 +141,83 @@ func RunShim(dir string) error {
 		_, _ = proc.Wait()
 		return fail(fmt.Errorf("record the command's pid: %w", err))
 	}
-	// Reap every child: the command, and orphans reparented to the shim, until the
-	// command itself has ended.
+	exited := make(chan syscall.WaitStatus, 1)
+	go reap(proc.Pid, exited)
+	stoppedBy, ws := watchTimers(dir, run, proc.Pid, exited)
+	exit := shimExit{ExitCode: ws.ExitStatus(), StoppedBy: stoppedBy, StartedAt: started, EndedAt: time.Now().UTC()}
+	if ws.Signaled() {
+		exit.ExitCode, exit.Signal = 128+int(ws.Signal()), signalName(ws.Signal())
+	}
+	return writeJSONAtomic(filepath.Join(dir, exitFile), exit)
+}
+
+// reap waits for every child, the command and the orphans reparented to the shim,
+// and sends the command's status when it has ended.
+func reap(pid int, exited chan<- syscall.WaitStatus) {
 	for {
 		var ws syscall.WaitStatus
-		pid, err := syscall.Wait4(-1, &ws, 0, nil)
+		got, err := syscall.Wait4(-1, &ws, 0, nil)
 		if errors.Is(err, syscall.EINTR) {
 			continue
 		}
-		if err != nil {
-			return fail(fmt.Errorf("wait for the command: %w", err))
+		if err != nil || got == pid {
+			exited <- ws
+			return
 		}
-		if pid != proc.Pid {
-			continue
-		}
-		exit := shimExit{ExitCode: ws.ExitStatus(), StartedAt: started, EndedAt: time.Now().UTC()}
-		if ws.Signaled() {
-			exit.ExitCode, exit.Signal = 128+int(ws.Signal()), signalName(ws.Signal())
-		}
-		return writeJSONAtomic(filepath.Join(dir, exitFile), exit)
 	}
+}
+
+// watchTimers waits for the command to end, stopping its process group when its
+// deadline passes or it stalls (when the spec says kill), and says which did.
+func watchTimers(dir string, run shimRun, pgid int, exited <-chan syscall.WaitStatus) (string, syscall.WaitStatus) {
+	var deadline <-chan time.Time
+	if !run.Deadline.IsZero() {
+		timer := time.NewTimer(time.Until(run.Deadline))
+		defer timer.Stop()
+		deadline = timer.C
+	}
+	var stallCheck <-chan time.Time
+	if run.StallAfter > 0 {
+		ticker := time.NewTicker(max(run.StallAfter/10, 50*time.Millisecond))
+		defer ticker.Stop()
+		stallCheck = ticker.C
+	}
+	lastSize, lastChange := outputSize(dir), time.Now()
+	stop := func(by string) (string, syscall.WaitStatus) {
+		_ = unix.Kill(-pgid, unix.SIGTERM)
+		select {
+		case ws := <-exited:
+			return by, ws
+		case <-time.After(max(run.KillGrace, time.Second)):
+		}
+		_ = unix.Kill(-pgid, unix.SIGKILL)
+		return by, <-exited
+	}
+	for {
+		select {
+		case ws := <-exited:
+			return "", ws
+		case <-deadline:
+			return stop(events.StoppedByDeadline)
+		case now := <-stallCheck:
+			if size := outputSize(dir); size != lastSize {
+				lastSize, lastChange = size, now
+			} else if now.Sub(lastChange) >= run.StallAfter {
+				return stop(events.StoppedByStall)
+			}
+		}
+	}
+}
+
+// outputSize is how much the command has written to its output files.
+func outputSize(dir string) int64 {
+	var n int64
+	for _, name := range []string{stdoutFile, stderrFile} {
+		if info, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			n += info.Size()
+		}
+	}
+	return n
 }
 
 // procStart reads a process's start time, which with its PID names it uniquely.
