@@ -22,8 +22,8 @@ func auditCmd(g *globals) *cobra.Command {
 invariants: events that decode, only the lease holder's run events, completion
 persisted before fired, at most one fired per task, exactly one inbox message per
 fired task and none for a task that cannot fire, and every running task owned by a
-worker whose lease is current. Tasks not yet at their end are listed as open. Each violation is printed with its task id; the exit status is 1
-if there is any.`,
+worker whose lease is current. Tasks not yet at their end are listed as open.
+Each violation is printed with its task id; the exit status is 1 if there is any.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
