@@ -243,6 +243,7 @@ func (d *Dispatcher) Complete(ctx context.Context, id string) error {
 			if err != nil {
 				return err
 			}
+			CrashPoint(CrashAfterDeliver)
 			c = Fire{InboxSeq: seq}
 		default:
 			return nil // fired, cancelled, or not ended yet: nothing to deliver
@@ -265,6 +266,9 @@ func (d *Dispatcher) Complete(ctx context.Context, id string) error {
 		}
 		if s, err = Apply(s, events.Record{Seq: seq, Event: ev}); err != nil {
 			return err
+		}
+		if s.Phase == PhasePersisted {
+			CrashPoint(CrashAfterPersist)
 		}
 		if s.Phase == PhaseFired {
 			d.base.Logger.Info("fired", "task", id, "status", s.Status, "inbox_seq", s.InboxSeq)

@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/engine"
 )
 
 // Commands outlive the server that started them, whether it stops gracefully or is
@@ -129,4 +131,42 @@ func writeSpec(t *testing.T, spec string) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// The server dies (SIGKILL, from inside, at a named point) in each window between
+// two steps of a task's end; after a restart the task ends with exactly one exit,
+// one completion, one inbox message and one fired.
+func TestACrashInEachWindowEndsWithExactlyOneWakeup(t *testing.T) {
+	t.Parallel()
+	for _, point := range []string{
+		engine.CrashAfterSpawn, engine.CrashBeforeExitSave, engine.CrashAfterPersist, engine.CrashAfterDeliver,
+	} {
+		t.Run(point, func(t *testing.T) {
+			t.Parallel()
+			home := t.TempDir()
+			srv := startServerEnv(t, home, []string{engine.CrashEnv + "=" + point})
+			id := add(t, home, "--", "echo hi; exit 4")
+			select {
+			case <-srv.done:
+			case <-time.After(60 * time.Second):
+				t.Fatalf("the server did not crash at %s", point)
+			}
+			startServer(t, home)
+			w := waitFor(t, home, id)
+			if w.ExitCode == nil || *w.ExitCode != 4 || strings.Join(w.Tail, ",") != "hi" {
+				t.Fatalf("wake-up after a crash at %s: %+v", point, w)
+			}
+			n := countTypes(history(t, home, id))
+			for _, typ := range []string{"spawned", "exited", "completion-persisted", "fired"} {
+				if n[typ] != 1 {
+					t.Fatalf("after a crash at %s: %d %s events, want 1 (%v)", point, n[typ], typ, n)
+				}
+			}
+			inbox := strings.TrimSpace(ok(t, home, "inbox", "--json"))
+			if strings.Count(inbox, "\n") != 0 || !strings.Contains(inbox, id) {
+				t.Fatalf("inbox after a crash at %s:\n%s", point, inbox)
+			}
+			auditClean(t, home)
+		})
+	}
 }

@@ -88,10 +88,16 @@ func (s *syncBuffer) String() string {
 // start runs bgtask with args in the background; it is killed when the test ends.
 func start(t *testing.T, home string, args ...string) *proc {
 	t.Helper()
+	return startEnv(t, home, nil, args...)
+}
+
+// startEnv is start with more environment variables.
+func startEnv(t *testing.T, home string, env []string, args ...string) *proc {
+	t.Helper()
 	cmd := exec.Command(bin, append([]string{"--home", home}, args...)...)
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.Env = childEnv(home)
+	cmd.Env = append(childEnv(home), env...)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -133,8 +139,14 @@ func (p *proc) stop(sig syscall.Signal) {
 // startServer starts `bgtask server` on home and waits until it serves requests.
 func startServer(t *testing.T, home string, args ...string) *proc {
 	t.Helper()
+	return startServerEnv(t, home, nil, args...)
+}
+
+// startServerEnv is startServer with more environment variables.
+func startServerEnv(t *testing.T, home string, env []string, args ...string) *proc {
+	t.Helper()
 	args = append([]string{"server", "--listen", "127.0.0.1:0", "--tick", "200ms", "--kill-grace", "2s"}, args...)
-	p := start(t, home, args...)
+	p := startEnv(t, home, env, args...)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		// The discovery file is written once the API serves; it must be this process's.

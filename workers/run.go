@@ -254,6 +254,7 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 		if res := spec.Result; res != nil && res.Type == engine.ResultCommand {
 			result.Result, result.ResultBytes, result.ResultError = resultCommand(ctx, *res, run.Env, run.Dir)
 		}
+		engine.CrashPoint(engine.CrashBeforeExitSave)
 		recorded := false
 		switch {
 		case proc.lost:

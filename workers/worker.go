@@ -345,6 +345,7 @@ func (w *Worker) take(ctx context.Context, msg jetstream.Msg) {
 			switch err = r.record(ctx, engine.Spawn{Host: w.host}); {
 			case err == nil:
 				_ = msg.Ack()
+				engine.CrashPoint(engine.CrashAfterSpawn)
 				r.execute(ctx, offsets, func(offsets *[2]int64) bool { return r.runOnce(ctx, offsets) })
 			case errors.Is(err, errFenced):
 				_ = os.RemoveAll(dir)
