@@ -48,9 +48,6 @@ const (
 // LogSubject is the subject of one output stream of a task.
 func LogSubject(taskID, stream string) string { return LogPrefix + "." + taskID + "." + stream }
 
-// LogFilter matches both output streams of a task.
-func LogFilter(taskID string) string { return LogPrefix + "." + taskID + ".*" }
-
 // LogConfig is how the log stream is created.
 type LogConfig struct {
 	Replicas int

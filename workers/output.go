@@ -34,7 +34,6 @@ type lineWatch struct {
 	match   engine.LineMatcher
 	mu      sync.Mutex
 	line    []byte
-	skipped bool
 	matched *string // the first line that matched
 	hit     chan struct{}
 }
@@ -50,7 +49,7 @@ func (l *lineWatch) Write(p []byte) (int, error) {
 	for len(p) > 0 && l.matched == nil {
 		chunk, rest, newline := bytes.Cut(p, []byte{'\n'})
 		if room := engine.MatchLineBytes - len(l.line); len(chunk) > room {
-			chunk, l.skipped = chunk[:room], true
+			chunk = chunk[:room]
 		}
 		l.line = append(l.line, chunk...)
 		if !newline {
@@ -71,7 +70,7 @@ func (l *lineWatch) check() {
 		l.matched = &s
 		close(l.hit)
 	}
-	l.line, l.skipped = l.line[:0], false
+	l.line = l.line[:0]
 }
 
 // finish matches a last line that ended without a newline.

@@ -222,20 +222,27 @@ func outputSize(dir string) int64 {
 
 // procStart reads a process's start time, which with its PID names it uniquely.
 func procStart(pid int) (uint64, error) {
+	_, start, err := procStat(pid)
+	return start, err
+}
+
+// procStat reads a process's state letter and start time from /proc/PID/stat.
+func procStat(pid int) (state string, start uint64, err error) {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, err
+		return "", 0, err
 	}
 	// pid (comm) state ...: comm may hold spaces; field 22 is the start time.
 	i := strings.LastIndexByte(string(data), ')')
 	if i < 0 {
-		return 0, errors.New("unreadable /proc stat")
+		return "", 0, errors.New("unreadable /proc stat")
 	}
 	fields := strings.Fields(string(data[i+1:]))
 	if len(fields) < 20 {
-		return 0, errors.New("unreadable /proc stat")
+		return "", 0, errors.New("unreadable /proc stat")
 	}
-	return strconv.ParseUint(fields[19], 10, 64)
+	start, err = strconv.ParseUint(fields[19], 10, 64)
+	return fields[0], start, err
 }
 
 // alive reports whether the process ref names is still running (a zombie is not).
@@ -243,16 +250,8 @@ func (r procRef) alive() bool {
 	if r.PID <= 0 {
 		return false
 	}
-	start, err := procStart(r.PID)
-	if err != nil || start != r.Start {
-		return false
-	}
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(r.PID) + "/stat")
-	if err != nil {
-		return false
-	}
-	fields := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
-	return len(fields) > 0 && fields[0] != "Z"
+	state, start, err := procStat(r.PID)
+	return err == nil && start == r.Start && state != "Z"
 }
 
 func readJSON(path string, v any) error {

@@ -27,15 +27,11 @@ Each violation is printed with its task id; the exit status is 1 if there is any
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			c, err := g.client()
+			c, js, err := g.streamClient()
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			js, err := c.jetstream()
-			if err != nil {
-				return err
-			}
 			report, err := audit(ctx, js)
 			if err != nil {
 				return err

@@ -32,15 +32,11 @@ read with the durable consumer inbox-TARGET; a runtime may consume it itself.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			c, err := g.client()
+			c, js, err := g.streamClient()
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			js, err := c.jetstream()
-			if err != nil {
-				return err
-			}
 			cons, err := events.InboxConsumer(ctx, js, target)
 			if err != nil {
 				return err

@@ -172,6 +172,20 @@ func (c *client) Close() { c.nc.Close() }
 
 func (c *client) jetstream() (jetstream.JetStream, error) { return jetstream.New(c.nc) }
 
+// streamClient opens a client for a command that reads the streams itself.
+func (g *globals) streamClient() (*client, jetstream.JetStream, error) {
+	c, err := g.client()
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := c.jetstream()
+	if err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	return c, js, nil
+}
+
 // request opens a client and makes the calls of one command within the bound of
 // a request.
 func (g *globals) request(ctx context.Context, call func(context.Context, *client) error) error {
