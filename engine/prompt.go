@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -11,24 +12,23 @@ import (
 	"github.com/bgtask/bgtask/events"
 )
 
-// Placeholders a prompt template may use, besides {{origin.<key>}}.
-var placeholders = []string{"result", "exit_code", "status", "reason", "task_id", "kind", "command", "tail", "duration"}
+// Placeholders a prompt template may use, besides {{origin.<key>}}. An exec sink's
+// argv may also use {{prompt}}, the rendered prompt itself.
+var (
+	placeholders     = []string{"result", "exit_code", "status", "reason", "task_id", "kind", "command", "tail", "duration"}
+	argvPlaceholders = append([]string{"prompt"}, placeholders...)
+)
 
-func knownPlaceholder(name string) bool {
+func knownPlaceholder(name string, known []string) bool {
 	if key, ok := strings.CutPrefix(name, "origin."); ok {
 		return key != ""
 	}
-	for _, p := range placeholders {
-		if p == name {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(known, name)
 }
 
 // scanTemplate splits a template into literal text and placeholder names and calls
-// fn for each; it fails on an unclosed {{ or an unknown name.
-func scanTemplate(tmpl string, literal func(string), placeholder func(string)) error {
+// fn for each; it fails on an unclosed {{ or a name not in known.
+func scanTemplate(tmpl string, known []string, literal func(string), placeholder func(string)) error {
 	for {
 		start := strings.Index(tmpl, "{{")
 		if start < 0 {
@@ -40,8 +40,8 @@ func scanTemplate(tmpl string, literal func(string), placeholder func(string)) e
 			return fmt.Errorf("unclosed {{ at byte %d", start)
 		}
 		name := strings.TrimSpace(tmpl[start+2 : start+end])
-		if !knownPlaceholder(name) {
-			return fmt.Errorf("unknown placeholder {{%s}}; known: {{%s}} and {{origin.<key>}}", name, strings.Join(placeholders, "}} {{"))
+		if !knownPlaceholder(name, known) {
+			return fmt.Errorf("unknown placeholder {{%s}}; known: {{%s}} and {{origin.<key>}}", name, strings.Join(known, "}} {{"))
 		}
 		literal(tmpl[:start])
 		placeholder(name)
@@ -49,14 +49,15 @@ func scanTemplate(tmpl string, literal func(string), placeholder func(string)) e
 	}
 }
 
-func checkTemplate(tmpl string) error {
-	return scanTemplate(tmpl, func(string) {}, func(string) {})
+func checkTemplate(tmpl string, known []string) error {
+	return scanTemplate(tmpl, known, func(string) {}, func(string) {})
 }
 
-// render fills a template that checkTemplate accepted.
+// render fills a template that checkTemplate accepted; vars holds the values of
+// the placeholders it may use.
 func render(tmpl string, vars map[string]string, origin json.RawMessage) string {
 	var b strings.Builder
-	_ = scanTemplate(tmpl, func(s string) { b.WriteString(s) }, func(name string) {
+	_ = scanTemplate(tmpl, argvPlaceholders, func(s string) { b.WriteString(s) }, func(name string) {
 		if key, ok := strings.CutPrefix(name, "origin."); ok {
 			b.WriteString(originValue(origin, key))
 			return
@@ -64,6 +65,17 @@ func render(tmpl string, vars map[string]string, origin json.RawMessage) string 
 		b.WriteString(vars[name])
 	})
 	return b.String()
+}
+
+// RenderArgv fills the placeholders of an exec sink's argv for wake-up w.
+func RenderArgv(argv []string, w events.Wakeup) []string {
+	vars := promptVars(w, w.Kind)
+	vars["prompt"] = w.Prompt
+	out := make([]string, len(argv))
+	for i, a := range argv {
+		out[i] = render(a, vars, w.Origin)
+	}
+	return out
 }
 
 // originValue looks up a dotted key in the origin object: strings as they are,

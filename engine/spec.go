@@ -65,6 +65,12 @@ type Spec struct {
 	// (default: the outcome is lost) or respawn (another worker runs it again; for
 	// idempotent commands only).
 	OnLost string `json:"on_lost,omitempty"`
+
+	// Policy is when the wake-up is pushed to the deliver sinks: queue (default),
+	// defer_idle or immediate.
+	Policy string `json:"policy,omitempty"`
+	// Deliver lists push sinks that get the wake-up besides the inbox.
+	Deliver []Sink `json:"deliver,omitempty"`
 }
 
 // ParseSpec decodes and validates a spec registered now.
@@ -93,6 +99,9 @@ func ParseSpecAt(data []byte, now time.Time) (Spec, error) {
 		return Spec{}, err
 	}
 	if err := s.validateWatch(now); err != nil {
+		return Spec{}, err
+	}
+	if err := s.validateDelivery(); err != nil {
 		return Spec{}, err
 	}
 	return s, nil
@@ -232,7 +241,7 @@ func (s *Spec) Validate() error {
 	if len(s.Origin) > 0 && string(s.Origin) == "null" {
 		s.Origin = nil
 	}
-	if err := checkTemplate(s.Prompt); err != nil {
+	if err := checkTemplate(s.Prompt, placeholders); err != nil {
 		return fieldErr("prompt", "%v", err)
 	}
 	return nil

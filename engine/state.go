@@ -60,7 +60,11 @@ type State struct {
 	PersistedAt *time.Time     `json:"persisted_at,omitempty"`
 	FiredAt     *time.Time     `json:"fired_at,omitempty"`
 	InboxSeq    uint64         `json:"inbox_seq,omitempty"`
-	EndedAt     *time.Time     `json:"ended_at,omitempty"`
+	// FiredSeq orders the wake-ups of a target; Deliveries are the spec's push
+	// sinks, after the task fired.
+	FiredSeq   uint64      `json:"fired_seq,omitempty"`
+	Deliveries []SinkState `json:"deliveries,omitempty"`
+	EndedAt    *time.Time  `json:"ended_at,omitempty"`
 	// Stall is the last stall of the current run; StallNotified: the caller was told.
 	Stall         *events.Stalled `json:"stall,omitempty"`
 	StalledAt     *time.Time      `json:"stalled_at,omitempty"`
@@ -185,7 +189,15 @@ func apply(s State, rec events.Record) (State, error) {
 		if s.Phase != PhasePersisted {
 			return s, ErrWrongPhase
 		}
-		s.Phase, s.FiredAt, s.InboxSeq = PhaseFired, &at, p.InboxSeq
+		s.Phase, s.FiredAt, s.InboxSeq, s.FiredSeq = PhaseFired, &at, p.InboxSeq, rec.Seq
+		if n := len(s.Spec.Deliver); n > 0 {
+			s.Deliveries = make([]SinkState, n)
+			for i, k := range s.Spec.Deliver {
+				s.Deliveries[i].Type = k.Type
+			}
+		}
+	case *events.DeliveryAttempt, *events.DeliveryResult, *events.DeliveryFailed:
+		return s.applyDelivery(payload, rec)
 	case *events.Lost:
 		if s.Phase != PhaseRunning {
 			return s, ErrWrongPhase

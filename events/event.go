@@ -27,6 +27,11 @@ const (
 	TypeCancelled           Type = "cancelled"
 	TypeLost                Type = "lost"
 	TypeFailed              Type = "failed"
+	// A push sink's delivery of a fired wake-up: the claim of an attempt, its
+	// result, and the give-up after the last failed attempt.
+	TypeDeliveryAttempt Type = "delivery-attempt"
+	TypeDeliveryResult  Type = "delivery-result"
+	TypeDeliveryFailed  Type = "delivery-failed"
 )
 
 // Event is the versioned envelope of every lifecycle event.
@@ -101,6 +106,12 @@ func (e Event) Decode() (Payload, error) {
 		p = &Cancelled{}
 	case TypeFailed:
 		p = &Failed{}
+	case TypeDeliveryAttempt:
+		p = &DeliveryAttempt{}
+	case TypeDeliveryResult:
+		p = &DeliveryResult{}
+	case TypeDeliveryFailed:
+		p = &DeliveryFailed{}
 	default:
 		return nil, fmt.Errorf("event %s: unknown type %q", e.ID, e.Type)
 	}

@@ -24,6 +24,8 @@ type addOptions struct {
 	maxRespawns                            int
 	result                                 string
 	specFile                               string
+	policy                                 string
+	webhooks, execs                        []string
 }
 
 func addCmd(g *globals) *cobra.Command {
@@ -48,12 +50,20 @@ times). --deadline stops it when the time passes, outcome timed_out.
 
 The prompt template may use {{result}} {{exit_code}} {{status}} {{reason}}
 {{task_id}} {{kind}} {{command}} {{tail}} {{duration}} and {{origin.KEY}}.
+
+The wake-up always goes to the inbox. --webhook and --exec-json also push it:
+a webhook gets it as a signed JSON POST, an exec sink runs a program with the
+prompt on stdin (its argv may use the placeholders and {{prompt}}). --policy
+says when: queue (default: hold while the target is busy, see 'bgtask target'),
+defer_idle (also one at a time), or immediate.
 --spec reads a whole JSON spec (see the README); flags given too override it.`,
 		Example: `  bgtask add -- make test
   bgtask add --kind deploy --target agent-7 --origin '{"session":"s1"}' -- ./deploy.sh prod
   bgtask add --complete-on-json type=watch.complete --result matched-line -- ./watch --json
   bgtask add --complete-on-regex '^BUILD (OK|FAILED)$' --stall-after 5m --on-stall kill -- make
   bgtask add --deadline 30m --result 'command:gh run view 42 --json conclusion' -- gh run watch 42
+  bgtask add --target agent-7 --webhook https://hooks.example.com/bgtask -- make release
+  bgtask add --exec-json '["claude","-p","--resume","SESSION"]' --policy defer_idle -- make test
   id=$(bgtask add --json -- 'sleep 5; echo done' | jq -r .id)`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dash := cmd.ArgsLenAtDash(); dash > 0 {
@@ -93,6 +103,9 @@ The prompt template may use {{result}} {{exit_code}} {{status}} {{reason}}
 	f.IntVar(&o.maxRespawns, "max-respawns", engine.DefaultMaxRespawns, "how many times --on-stall respawn starts the command again")
 	f.StringVar(&o.deadline, "deadline", "", "stop the command as timed_out after this long (30m) or at this RFC 3339 time")
 	f.StringVar(&o.result, "result", "", "the wake-up's {{result}}: tail:N, matched-line, or command:ARGV (words, or a JSON array)")
+	f.StringVar(&o.policy, "policy", "", "when push sinks get the wake-up: queue (default), defer_idle or immediate")
+	f.StringArrayVar(&o.webhooks, "webhook", nil, "POST the wake-up to this http(s) URL (repeatable)")
+	f.StringArrayVar(&o.execs, "exec-json", nil, `run this argv, a JSON array like '["notify","{{task_id}}"]', with the prompt on stdin (repeatable)`)
 	f.StringVar(&o.specFile, "spec", "", "a whole JSON spec from a file ('-' for stdin); flags given too override it")
 	f.BoolVar(&o.asJSON, "json", false, "print {\"id\": ...} as JSON")
 	return cmd
@@ -175,7 +188,31 @@ func (o *addOptions) spec(cmd *cobra.Command, args []string) ([]byte, error) {
 		}
 		doc["result"] = r
 	}
+	set("policy", "policy", o.policy)
+	if changed("webhook") || changed("exec-json") {
+		sinks, err := o.sinks()
+		if err != nil {
+			return nil, err
+		}
+		doc["deliver"] = sinks
+	}
 	return json.Marshal(doc)
+}
+
+// sinks are the push sinks of --webhook and --exec-json; they replace a --spec's.
+func (o *addOptions) sinks() ([]engine.Sink, error) {
+	var sinks []engine.Sink
+	for _, url := range o.webhooks {
+		sinks = append(sinks, engine.Sink{Type: engine.SinkWebhook, URL: url})
+	}
+	for _, raw := range o.execs {
+		var argv []string
+		if err := json.Unmarshal([]byte(raw), &argv); err != nil {
+			return nil, usageErr(`--exec-json %q: want a JSON array of strings like '["prog","arg"]'`, raw)
+		}
+		sinks = append(sinks, engine.Sink{Type: engine.SinkExec, Argv: argv})
+	}
+	return sinks, nil
 }
 
 func readSpecFile(path string, doc map[string]any) error {

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -29,6 +30,7 @@ type serverOptions struct {
 	leaseTTL time.Duration
 	noWorker bool
 	worker   workerOptions
+	delivery deliveryOptions
 	logLevel string
 }
 
@@ -58,6 +60,7 @@ server runs per home. SIGINT or SIGTERM stops it cleanly.`,
 	f.BoolVar(&o.noWorker, "no-worker", false, "run no worker in the server (tasks wait for 'bgtask worker' processes)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	o.worker.register(f)
+	o.delivery.register(f)
 	return cmd
 }
 
@@ -112,7 +115,11 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	defer nc.Close()
 
 	base := engine.Base{Logger: logger}
-	node, err := startNode(ctx, nc, base, "engine@"+hostName(), o.leaseTTL)
+	secret, err := loadWebhookSecret(o.delivery.secretFile, home)
+	if err != nil {
+		return err
+	}
+	node, err := startNode(ctx, nc, base, "engine@"+hostName(), o.leaseTTL, o.delivery.pushing(secret))
 	if err != nil {
 		return err
 	}
@@ -141,10 +148,12 @@ type node struct {
 	dispatcher *engine.Dispatcher
 	timers     *engine.Timers
 	leases     *engine.Leases
+	pusher     *engine.Pusher
+	targets    func() // stops the watch of the targets' states
 	api        *api.Server
 }
 
-func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer string, leaseTTL time.Duration) (*node, error) {
+func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer string, leaseTTL time.Duration, push pushing) (*node, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -164,11 +173,17 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer stri
 	if err != nil {
 		return nil, err
 	}
+	targets, err := events.OpenTargets(ctx, js, 1)
+	if err != nil {
+		return nil, err
+	}
 	n := &node{}
 	n.projector = projections.New(store, func(s engine.State) {
 		n.dispatcher.Notify(s)
 		n.timers.Notify(s)
+		n.pusher.Notify(s)
 	}, base)
+	n.pusher = engine.NewPusher(store, n.projector, push.runner, engine.Engine{Writer: writer, Instance: uuid.NewString()}, push.retryBase, base)
 	n.dispatcher = engine.NewDispatcher(store, inbox, n.projector, writer, 4, base)
 	n.timers = engine.NewTimers(store, n.projector, writer, base)
 	n.leases = engine.NewLeases(store, n.projector, liveness, writer, base)
@@ -182,7 +197,18 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer stri
 	all, _ := n.projector.List(engine.ListQuery{})
 	n.dispatcher.Recover(all)
 	n.timers.Recover(all)
+	n.pusher.Recover(all)
 	n.leases.Start(ctx)
+	// The targets' states are read before the first push, so a wake-up for a target
+	// that is busy is held from the start.
+	n.targets, err = targets.Watch(ctx, n.pusher.TargetChanged, func(name string, err error) {
+		base.Logger.Warn("unreadable target state counts as idle", "target", name, "err", err)
+	})
+	if err != nil {
+		n.stopEngine()
+		return nil, err
+	}
+	n.pusher.Start()
 	n.api, err = api.Serve(nc, engine.NewService(store, writer, base), n.projector, store, version(), base)
 	if err != nil {
 		n.stopEngine()
@@ -199,6 +225,10 @@ func (n *node) stop() {
 func (n *node) stopEngine() {
 	n.leases.Stop()
 	n.projector.Stop() // first: no notification may reach a stopped dispatcher or timer
+	if n.targets != nil {
+		n.targets()
+	}
+	n.pusher.Stop()
 	n.timers.Stop()
 	n.dispatcher.Stop()
 }

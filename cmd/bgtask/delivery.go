@@ -1,0 +1,176 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/engine/sinks"
+	"github.com/bgtask/bgtask/events"
+)
+
+// webhookSecretFile holds the key webhook bodies are signed with, in the home.
+const webhookSecretFile = "webhook-secret"
+
+// deliveryOptions are the server's flags for push sinks.
+type deliveryOptions struct {
+	secretFile string
+	retryBase  time.Duration
+}
+
+func (o *deliveryOptions) register(f *pflag.FlagSet) {
+	f.StringVar(&o.secretFile, "webhook-secret-file", "", "file with the key that signs webhook bodies (X-Bgtask-Signature: sha256=HMAC); default HOME/"+webhookSecretFile+", generated on first start. Engine replicas need the same one")
+	f.DurationVar(&o.retryBase, "retry-base", engine.DefaultRetryBase, "wait after a push sink's first failed attempt; it doubles with each attempt, up to 5m, with jitter")
+}
+
+// pushing is what the engine's pusher is made with.
+type pushing struct {
+	runner    engine.SinkRunner
+	retryBase time.Duration
+}
+
+func (o deliveryOptions) pushing(secret []byte) pushing {
+	return pushing{runner: sinks.New(secret), retryBase: o.retryBase}
+}
+
+// loadWebhookSecret reads the webhook key from file, or from the home, where it is
+// generated (32 random bytes, hex, mode 0600) the first time. It never goes into a
+// spec or the stream.
+func loadWebhookSecret(file, home string) ([]byte, error) {
+	generate := file == ""
+	if generate {
+		file = filepath.Join(home, webhookSecretFile)
+	}
+	data, err := os.ReadFile(file)
+	if errors.Is(err, fs.ErrNotExist) && generate {
+		key := make([]byte, 32)
+		_, _ = rand.Read(key)
+		data = []byte(hex.EncodeToString(key) + "\n")
+		if err := writeFileAtomic(file, data); err != nil {
+			return nil, fmt.Errorf("write webhook secret: %w", err)
+		}
+	} else if err != nil {
+		return nil, fmt.Errorf("webhook secret: %w", err)
+	}
+	secret := []byte(strings.TrimSpace(string(data)))
+	if len(secret) < 16 {
+		return nil, usageErr("webhook secret %s: %d bytes is too short to sign with; use at least 16", file, len(secret))
+	}
+	return secret, nil
+}
+
+func targetCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "target",
+		Short: "Say whether a target (an agent, a conversation, a bot) is busy or idle",
+		Long: `A target's state decides when its wake-ups are pushed to the push sinks of their
+specs (deliver: webhook, exec): policy queue (the default) holds them while the
+target is busy and pushes them in order when it is idle again; defer_idle also
+waits for each push to be acknowledged before the next; immediate ignores the
+state. The inbox copy is written when the task fires, whatever the state.
+
+The states live in the JetStream KV bucket ` + events.TargetsBucket + `, one key per
+target, so a runtime can set its own with any NATS client: the value is busy,
+idle, or {"state":"busy","until":"RFC 3339 time"}. A target that never said
+anything is idle.`,
+	}
+	var ttl time.Duration
+	set := func(state string) *cobra.Command {
+		c := &cobra.Command{
+			Use:   state + " NAME",
+			Short: "Mark a target " + state,
+			Args:  cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				st := events.TargetState{State: state, Since: time.Now().UTC()}
+				if state == events.TargetBusy && ttl > 0 {
+					until := st.Since.Add(ttl)
+					st.Until = &until
+				}
+				if !events.ValidToken(args[0]) {
+					return usageErr("target %q: use 1-128 letters, digits, '-' or '_'", args[0])
+				}
+				c, js, err := g.streamClient()
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				ctx, cancel := requestContext(cmd.Context())
+				defer cancel()
+				targets, err := events.ConnectTargets(ctx, js)
+				if err != nil {
+					return err
+				}
+				return targets.Set(ctx, args[0], st)
+			},
+		}
+		if state == events.TargetBusy {
+			c.Long = "Mark a target busy: wake-ups with policy queue or defer_idle are held until it is idle."
+			c.Flags().DurationVar(&ttl, "ttl", 0, "the busy state ends by itself after this long (so a runtime that crashes while busy does not hold its wake-ups forever); 0: until 'target idle'")
+		} else {
+			c.Long = "Mark a target idle: the wake-ups held for it are pushed, in the order they fired."
+		}
+		return c
+	}
+	var asJSON bool
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List the targets that have a state",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, js, err := g.streamClient()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := requestContext(cmd.Context())
+			defer cancel()
+			targets, err := events.ConnectTargets(ctx, js)
+			if err != nil {
+				return err
+			}
+			states, err := targets.List(ctx)
+			if err != nil {
+				return err
+			}
+			type row struct {
+				Name string `json:"name"`
+				events.TargetState
+				Busy bool `json:"busy"`
+			}
+			rows := []row{}
+			now := time.Now()
+			for name, st := range states {
+				rows = append(rows, row{Name: name, TargetState: st, Busy: st.BusyAt(now)})
+			}
+			slices.SortFunc(rows, func(a, b row) int { return strings.Compare(a.Name, b.Name) })
+			if asJSON {
+				return printJSON(g.stdout, rows)
+			}
+			for _, r := range rows {
+				state := events.TargetIdle
+				if r.Busy {
+					state = events.TargetBusy
+					if r.Until != nil {
+						state += " until " + r.Until.Local().Format(time.DateTime)
+					}
+				}
+				fmt.Fprintf(g.stdout, "%-24s %s\n", r.Name, state)
+			}
+			return nil
+		},
+	}
+	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.AddCommand(set(events.TargetBusy), set(events.TargetIdle), list)
+	return cmd
+}

@@ -1,0 +1,441 @@
+package engine
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/bgtask/bgtask/events"
+)
+
+// Delivery policies: when a fired wake-up is pushed to the spec's sinks. The inbox
+// copy is written at fire time whatever the policy.
+const (
+	// PolicyQueue (the default) pushes at once if the target is idle, and holds the
+	// wake-up while it is busy; held wake-ups go out in the order they fired.
+	PolicyQueue = "queue"
+	// PolicyDeferIdle is queue, and also holds while an earlier wake-up of the same
+	// target is not acknowledged yet, so the runtime gets one at a time.
+	PolicyDeferIdle = "defer_idle"
+	// PolicyImmediate pushes at once, whatever the target's state.
+	PolicyImmediate = "immediate"
+)
+
+// Push sink types.
+const (
+	SinkWebhook = "webhook"
+	SinkExec    = "exec"
+)
+
+// Limits and defaults of push sinks.
+const (
+	MaxSinks              = 8
+	DefaultMaxAttempts    = 8
+	MaxAttemptsLimit      = 20
+	DefaultWebhookTimeout = 30 * time.Second
+	DefaultExecTimeout    = 10 * time.Minute
+	MaxSinkTimeout        = time.Hour
+	// claimGrace is added to a sink's timeout to make an attempt's claim: an
+	// attempt still without a result after it died with its engine.
+	claimGrace = 15 * time.Second
+)
+
+// Sink is a push sink of a spec's deliver list.
+type Sink struct {
+	// Type is webhook or exec.
+	Type string `json:"type"`
+	// URL is where a webhook POSTs the wake-up.
+	URL string `json:"url,omitempty"`
+	// Argv is the program an exec sink runs, with the rendered prompt on stdin; its
+	// elements may use the prompt's placeholders and {{prompt}}.
+	Argv []string `json:"argv,omitempty"`
+	// Timeout bounds one attempt (default 30s for a webhook, 10m for exec).
+	Timeout string `json:"timeout,omitempty"`
+	// MaxAttempts bounds the attempts before delivery-failed (default 8).
+	MaxAttempts int `json:"max_attempts,omitempty"`
+}
+
+// AttemptTimeout is how long one attempt may take.
+func (k Sink) AttemptTimeout() time.Duration {
+	if d, err := time.ParseDuration(k.Timeout); err == nil && d > 0 {
+		return d
+	}
+	if k.Type == SinkExec {
+		return DefaultExecTimeout
+	}
+	return DefaultWebhookTimeout
+}
+
+// Attempts is the most attempts the sink makes.
+func (k Sink) Attempts() int {
+	if k.MaxAttempts > 0 {
+		return k.MaxAttempts
+	}
+	return DefaultMaxAttempts
+}
+
+// DeliveryPolicy is the spec's policy, or the default.
+func (s Spec) DeliveryPolicy() string {
+	if s.Policy == "" {
+		return PolicyQueue
+	}
+	return s.Policy
+}
+
+func (s *Spec) validateDelivery() error {
+	switch s.Policy {
+	case "", PolicyQueue, PolicyDeferIdle, PolicyImmediate:
+	default:
+		return fieldErr("policy", "%q: want queue, defer_idle or immediate", s.Policy)
+	}
+	if len(s.Deliver) > MaxSinks {
+		return fieldErr("deliver", "%d sinks: at most %d", len(s.Deliver), MaxSinks)
+	}
+	for i, k := range s.Deliver {
+		field := fmt.Sprintf("deliver[%d]", i)
+		switch k.Type {
+		case SinkWebhook:
+			if err := checkWebhookURL(k.URL); err != nil {
+				return fieldErr(field+".url", "%v", err)
+			}
+			if len(k.Argv) > 0 {
+				return fieldErr(field+".argv", "only with type exec")
+			}
+		case SinkExec:
+			if len(k.Argv) == 0 || k.Argv[0] == "" {
+				return fieldErr(field+".argv", "exec needs an argv with a program first")
+			}
+			for j, a := range k.Argv {
+				if strings.ContainsRune(a, 0) {
+					return fieldErr(field+".argv", "argv[%d] contains a NUL byte", j)
+				}
+				if err := checkTemplate(a, argvPlaceholders); err != nil {
+					return fieldErr(field+".argv", "argv[%d]: %v", j, err)
+				}
+			}
+			if k.URL != "" {
+				return fieldErr(field+".url", "only with type webhook")
+			}
+		case "":
+			return fieldErr(field+".type", "required: webhook or exec")
+		default:
+			return fieldErr(field+".type", "%q: want webhook or exec", k.Type)
+		}
+		if k.Timeout != "" {
+			d, err := parsePositiveDuration(k.Timeout)
+			if err != nil {
+				return fieldErr(field+".timeout", "%v", err)
+			}
+			if d > MaxSinkTimeout {
+				return fieldErr(field+".timeout", "%s is over the limit of %s", d, MaxSinkTimeout)
+			}
+		}
+		if k.MaxAttempts < 0 || k.MaxAttempts > MaxAttemptsLimit {
+			return fieldErr(field+".max_attempts", "%d: want 1 to %d", k.MaxAttempts, MaxAttemptsLimit)
+		}
+	}
+	return nil
+}
+
+func checkWebhookURL(raw string) error {
+	if raw == "" {
+		return fmt.Errorf("required for a webhook")
+	}
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%q is not a URL: %v", raw, err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Errorf("%q: want an http or https URL", raw)
+	case u.Host == "":
+		return fmt.Errorf("%q has no host", raw)
+	case u.User != nil:
+		return fmt.Errorf("%q: credentials do not belong in a URL kept in the event stream", raw)
+	}
+	return nil
+}
+
+// SinkState is how far one push sink of a fired task has got.
+type SinkState struct {
+	Type     string `json:"type"`
+	Attempts int    `json:"attempts,omitempty"`
+	// Claim is the attempt in flight (claimed, no result yet), and ClaimedBy its writer.
+	Claim     *events.DeliveryAttempt `json:"claim,omitempty"`
+	ClaimedBy string                  `json:"claimed_by,omitempty"`
+	// RetryAt is when the next attempt is due after a failed one.
+	RetryAt   *time.Time `json:"retry_at,omitempty"`
+	LastError string     `json:"last_error,omitempty"`
+	Delivered bool       `json:"delivered,omitempty"`
+	// GivingUp: the last attempt failed and none follows; delivery-failed is due.
+	GivingUp bool `json:"giving_up,omitempty"`
+	Failed   bool `json:"failed,omitempty"`
+}
+
+// Done reports whether the sink has nothing more to do.
+func (k SinkState) Done() bool { return k.Delivered || k.Failed }
+
+// Acknowledged reports whether a task's push sinks are all done: under defer_idle,
+// a later wake-up of its target waits for that.
+func (s State) Acknowledged() bool {
+	for _, k := range s.Deliveries {
+		if !k.Done() {
+			return false
+		}
+	}
+	return true
+}
+
+// Engine is an engine process as a claimant of deliveries: its writer id, and the
+// instance that tells this run of it from an earlier one.
+type Engine struct {
+	Writer   string
+	Instance string
+}
+
+// claimLive reports whether a claim still holds at now for engine me: it has not
+// expired, and it is not a claim of an earlier run of me, which died with it.
+func claimLive(k SinkState, me Engine, now time.Time) bool {
+	if k.Claim == nil {
+		return false
+	}
+	if k.ClaimedBy == me.Writer && k.Claim.Instance != me.Instance {
+		return false
+	}
+	return now.Before(k.Claim.Until)
+}
+
+func (s State) sink(i int) (SinkState, error) {
+	if s.Phase != PhaseFired {
+		return SinkState{}, phaseError(s)
+	}
+	if i < 0 || i >= len(s.Deliveries) {
+		return SinkState{}, fmt.Errorf("%w: task %s has no sink %d", ErrWrongPhase, s.ID, i)
+	}
+	return s.Deliveries[i], nil
+}
+
+func (s State) applyDelivery(payload events.Payload, rec events.Record) (State, error) {
+	var i int
+	switch p := payload.(type) {
+	case *events.DeliveryAttempt:
+		i = p.Sink
+	case *events.DeliveryResult:
+		i = p.Sink
+	case *events.DeliveryFailed:
+		i = p.Sink
+	}
+	k, err := s.sink(i)
+	if err != nil {
+		return s, err
+	}
+	if k.Done() {
+		return s, fmt.Errorf("%w: sink %d of task %s is done", ErrWrongPhase, i, s.ID)
+	}
+	switch p := payload.(type) {
+	case *events.DeliveryAttempt:
+		switch {
+		case k.GivingUp:
+			return s, fmt.Errorf("%w: sink %d of task %s has made its last attempt", ErrWrongPhase, i, s.ID)
+		case p.Attempt != k.Attempts+1:
+			return s, fmt.Errorf("attempt %d of sink %d after %d attempts", p.Attempt, i, k.Attempts)
+		case claimLive(k, Engine{Writer: rec.Writer, Instance: p.Instance}, rec.Time):
+			return s, fmt.Errorf("%w: attempt %d of sink %d is claimed by %s until %s", ErrNotOwner,
+				k.Claim.Attempt, i, k.ClaimedBy, k.Claim.Until.Format(time.RFC3339))
+		}
+		claim := *p
+		k.Attempts, k.Claim, k.ClaimedBy, k.RetryAt = p.Attempt, &claim, rec.Writer, nil
+	case *events.DeliveryResult:
+		switch {
+		case k.Claim == nil || k.Claim.Attempt != p.Attempt:
+			return s, fmt.Errorf("result of attempt %d of sink %d, which is not in flight", p.Attempt, i)
+		case rec.Writer != k.ClaimedBy:
+			return s, fmt.Errorf("%w: %s reports attempt %d of sink %d, claimed by %s", ErrNotOwner, rec.Writer, p.Attempt, i, k.ClaimedBy)
+		}
+		k.Claim, k.ClaimedBy, k.LastError = nil, "", p.Error
+		switch {
+		case p.OK:
+			k.Delivered = true
+		case p.RetryAt != nil:
+			retry := *p.RetryAt
+			k.RetryAt = &retry
+		default:
+			k.GivingUp = true
+		}
+	case *events.DeliveryFailed:
+		if !k.GivingUp {
+			return s, fmt.Errorf("%w: sink %d of task %s has attempts left", ErrWrongPhase, i, s.ID)
+		}
+		k.GivingUp, k.Failed = false, true
+	}
+	s.Deliveries = append([]SinkState(nil), s.Deliveries...) // states are values: never share
+	s.Deliveries[i] = k
+	return s, nil
+}
+
+// ClaimDelivery claims the next attempt of a push sink for engine Engine; the claim
+// holds for the sink's timeout and a grace.
+type ClaimDelivery struct {
+	Sink   int
+	Engine Engine
+}
+
+func (c ClaimDelivery) decide(s State, m Meta) (events.Payload, uint64, error) {
+	k, err := s.sink(c.Sink)
+	if err != nil {
+		return nil, 0, err
+	}
+	switch {
+	case k.Done() || k.GivingUp:
+		return nil, 0, fmt.Errorf("%w: sink %d of task %s has no attempt to make", ErrWrongPhase, c.Sink, s.ID)
+	case claimLive(k, c.Engine, m.Now):
+		return nil, 0, fmt.Errorf("%w: sink %d of task %s is in flight", ErrNotOwner, c.Sink, s.ID)
+	}
+	spec := s.Spec.Deliver[c.Sink]
+	return &events.DeliveryAttempt{
+		Sink: c.Sink, SinkType: spec.Type, Attempt: k.Attempts + 1, Instance: c.Engine.Instance,
+		Until: m.Now.Add(spec.AttemptTimeout() + claimGrace),
+	}, s.Epoch, nil
+}
+
+// SinkOutcome is what one attempt of a push sink came to.
+type SinkOutcome struct {
+	OK bool
+	// Permanent: a failure that another attempt would not change (a 4xx).
+	Permanent  bool
+	HTTPStatus int
+	ExitCode   *int
+	Error      string
+	Output     string
+	Duration   time.Duration
+	// RetryAfter is the receiver's own wish (a Retry-After header), if any.
+	RetryAfter time.Duration
+}
+
+// RecordDelivery records the outcome of the attempt in flight. Backoff is the wait
+// before the next attempt, if the outcome allows one.
+type RecordDelivery struct {
+	Sink    int
+	Outcome SinkOutcome
+	Backoff time.Duration
+}
+
+func (c RecordDelivery) decide(s State, m Meta) (events.Payload, uint64, error) {
+	k, err := s.sink(c.Sink)
+	if err != nil {
+		return nil, 0, err
+	}
+	if k.Claim == nil || k.ClaimedBy != m.Writer {
+		return nil, 0, fmt.Errorf("%w: sink %d of task %s has no attempt of %s in flight", ErrNotOwner, c.Sink, s.ID, m.Writer)
+	}
+	o := c.Outcome
+	r := &events.DeliveryResult{
+		Sink: c.Sink, Attempt: k.Claim.Attempt, OK: o.OK, HTTPStatus: o.HTTPStatus, ExitCode: o.ExitCode,
+		Error: o.Error, Output: o.Output, DurationMS: o.Duration.Milliseconds(),
+	}
+	if !o.OK && !o.Permanent && k.Claim.Attempt < s.Spec.Deliver[c.Sink].Attempts() {
+		at := m.Now.Add(c.Backoff)
+		r.RetryAt = &at
+	}
+	return r, s.Epoch, nil
+}
+
+// GiveUpDelivery records that a push sink failed for good.
+type GiveUpDelivery struct{ Sink int }
+
+func (c GiveUpDelivery) decide(s State, _ Meta) (events.Payload, uint64, error) {
+	k, err := s.sink(c.Sink)
+	if err != nil {
+		return nil, 0, err
+	}
+	if !k.GivingUp {
+		return nil, 0, fmt.Errorf("%w: sink %d of task %s is not giving up", ErrWrongPhase, c.Sink, s.ID)
+	}
+	reason := k.LastError
+	if reason == "" {
+		reason = "the last attempt failed"
+	}
+	return &events.DeliveryFailed{Sink: c.Sink, Attempts: k.Attempts, Reason: reason}, s.Epoch, nil
+}
+
+// Push names one sink of one task.
+type Push struct {
+	TaskID string
+	Sink   int
+}
+
+// Plan is what to do now about the pushes of one target.
+type Plan struct {
+	// Start are attempts to claim and make now; GiveUp are sinks whose last attempt
+	// failed, to be recorded as delivery-failed.
+	Start, GiveUp []Push
+	// Held are the tasks whose pushes wait for the target or an earlier wake-up.
+	Held []string
+	// Next is when the plan may change by time alone (a retry due, a claim expiring,
+	// a busy state ending); zero if never.
+	Next time.Time
+}
+
+// PlanTarget decides which pushes of one target's fired tasks start at now, with
+// tasks in the order they fired. It is the policies' one definition:
+//   - immediate starts every due attempt;
+//   - queue holds while the target is busy, and otherwise starts one task's
+//     attempts at a time, in order, so held wake-ups arrive in the order they fired;
+//   - defer_idle holds like queue, and also while any earlier wake-up of the target
+//     has a sink not done (delivered, or failed for good).
+//
+// A failed attempt waiting for its retry does not block a later queued task.
+func PlanTarget(tasks []State, target events.TargetState, me Engine, now time.Time) Plan {
+	var plan Plan
+	later := func(t time.Time) {
+		if t.After(now) && (plan.Next.IsZero() || t.Before(plan.Next)) {
+			plan.Next = t
+		}
+	}
+	busy := target.BusyAt(now)
+	if busy && target.Until != nil {
+		later(*target.Until)
+	}
+	laneBusy, unacknowledged := false, false
+	for _, s := range tasks {
+		var due []Push
+		inFlight := false
+		for i, k := range s.Deliveries {
+			switch {
+			case k.Done():
+			case k.GivingUp:
+				plan.GiveUp = append(plan.GiveUp, Push{s.ID, i})
+			case claimLive(k, me, now):
+				inFlight = true
+				later(k.Claim.Until)
+			case k.RetryAt != nil && k.RetryAt.After(now):
+				later(*k.RetryAt)
+			default:
+				due = append(due, Push{s.ID, i})
+			}
+		}
+		policy := s.Spec.DeliveryPolicy()
+		if inFlight && policy != PolicyImmediate {
+			laneBusy = true
+		}
+		if len(due) > 0 {
+			hold := false
+			switch policy {
+			case PolicyQueue:
+				hold = busy || laneBusy
+			case PolicyDeferIdle:
+				hold = busy || laneBusy || unacknowledged
+			}
+			if hold {
+				plan.Held = append(plan.Held, s.ID)
+			} else {
+				plan.Start = append(plan.Start, due...)
+				laneBusy = laneBusy || policy != PolicyImmediate
+			}
+		}
+		if !s.Acknowledged() {
+			unacknowledged = true
+		}
+	}
+	return plan
+}

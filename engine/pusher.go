@@ -1,0 +1,304 @@
+package engine
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/bgtask/bgtask/events"
+)
+
+// SinkRunner makes one attempt of a push sink.
+type SinkRunner interface {
+	Push(ctx context.Context, sink Sink, w events.Wakeup, attempt int) SinkOutcome
+}
+
+// DefaultRetryBase is the wait after a push sink's first failed attempt; each later
+// wait doubles, up to MaxRetryWait, with jitter.
+const (
+	DefaultRetryBase = time.Second
+	MaxRetryWait     = 5 * time.Minute
+)
+
+// Pusher pushes fired wake-ups to their specs' sinks, as their policies and their
+// targets' states allow. Every attempt is claimed with a conditional append before
+// it is made and its result appended after, so engine replicas never push the same
+// attempt twice, and what is held, in flight or failed is in the log, not in memory:
+// a restart resumes where the last run stopped. A push is at least once: an engine
+// that dies after pushing and before recording it pushes again, with the same
+// Idempotency-Key (the task id).
+type Pusher struct {
+	base      Base
+	store     events.Store
+	tasks     TaskReader
+	runner    SinkRunner
+	me        Engine
+	retryBase time.Duration
+
+	mu      sync.Mutex
+	pending map[string]bool // fired tasks with push sinks not done
+	targets map[string]events.TargetState
+	running map[Push]bool
+	// appended is the sequence of this pusher's last append to a task: until the
+	// reader has caught up with it, the task is not planned from a stale state.
+	appended map[string]uint64
+	wake     chan struct{}
+	ctx      context.Context
+	cancel   context.CancelFunc
+	stopped  sync.WaitGroup
+}
+
+// NewPusher returns the pusher of engine me. retryBase 0 means DefaultRetryBase.
+func NewPusher(store events.Store, tasks TaskReader, runner SinkRunner, me Engine, retryBase time.Duration, base Base) *Pusher {
+	if retryBase <= 0 {
+		retryBase = DefaultRetryBase
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Pusher{
+		base: base.WithDefaults(), store: store, tasks: tasks, runner: runner, me: me, retryBase: retryBase,
+		pending: map[string]bool{}, targets: map[string]events.TargetState{}, running: map[Push]bool{},
+		appended: map[string]uint64{}, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
+	}
+}
+
+// Notify is called with every task state the projector applies live.
+func (p *Pusher) Notify(s State) {
+	if s.Phase != PhaseFired || len(s.Deliveries) == 0 {
+		return
+	}
+	p.mu.Lock()
+	p.pending[s.ID] = true
+	p.mu.Unlock()
+	p.signal()
+}
+
+// Recover queues the pushes a restart found unfinished.
+func (p *Pusher) Recover(states []State) {
+	for _, s := range states {
+		p.Notify(s)
+	}
+}
+
+// TargetChanged is called with a target's new state.
+func (p *Pusher) TargetChanged(name string, st events.TargetState) {
+	p.mu.Lock()
+	p.targets[name] = st
+	p.mu.Unlock()
+	p.signal()
+}
+
+// Target is a target's state as the pusher knows it.
+func (p *Pusher) Target(name string) events.TargetState {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if st, ok := p.targets[name]; ok {
+		return st
+	}
+	return events.TargetState{State: events.TargetIdle}
+}
+
+func (p *Pusher) signal() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Start runs the pusher until Stop. Call it once the targets' states are known,
+// or a wake-up held for a busy target could go out before its state is read.
+func (p *Pusher) Start() {
+	p.stopped.Add(1)
+	go func() {
+		defer p.stopped.Done()
+		timer := time.NewTimer(time.Hour)
+		defer timer.Stop()
+		for {
+			next := p.plan()
+			timer.Stop()
+			if !next.IsZero() {
+				timer.Reset(max(next.Sub(p.base.Now()), time.Millisecond))
+			}
+			select {
+			case <-p.ctx.Done():
+				return
+			case <-p.wake:
+			case <-timer.C:
+			}
+		}
+	}()
+}
+
+// Stop ends the pusher. Attempts in flight are abandoned unrecorded; the next
+// start of this engine claims them again.
+func (p *Pusher) Stop() {
+	p.cancel()
+	p.stopped.Wait()
+}
+
+// plan starts what the policies allow now and returns when to look again.
+func (p *Pusher) plan() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.base.Now()
+	byTarget := map[string][]State{}
+	for id := range p.pending {
+		s, ok := p.tasks.Task(id)
+		if !ok {
+			continue
+		}
+		if s.Acknowledged() && s.Seq >= p.appended[id] && !p.runningTask(id) {
+			delete(p.pending, id)
+			delete(p.appended, id)
+			continue
+		}
+		byTarget[s.Spec.Target] = append(byTarget[s.Spec.Target], s)
+	}
+	var next time.Time
+	for target, tasks := range byTarget {
+		slices.SortFunc(tasks, func(a, b State) int { return cmp.Compare(a.FiredSeq, b.FiredSeq) })
+		st, ok := p.targets[target]
+		if !ok {
+			st = events.TargetState{State: events.TargetIdle}
+		}
+		plan := PlanTarget(tasks, st, p.me, now)
+		if !plan.Next.IsZero() && (next.IsZero() || plan.Next.Before(next)) {
+			next = plan.Next
+		}
+		for _, push := range plan.GiveUp {
+			p.launch(push, true, tasks)
+		}
+		for _, push := range plan.Start {
+			p.launch(push, false, tasks)
+		}
+	}
+	return next
+}
+
+func (p *Pusher) runningTask(id string) bool {
+	for push := range p.running {
+		if push.TaskID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// launch starts one push unless it runs already or the reader is behind this
+// pusher's own appends to the task. p.mu is held.
+func (p *Pusher) launch(push Push, giveUp bool, tasks []State) {
+	if p.running[push] {
+		return
+	}
+	i := slices.IndexFunc(tasks, func(s State) bool { return s.ID == push.TaskID })
+	s := tasks[i]
+	if s.Seq < p.appended[push.TaskID] {
+		return // the projector's notification of our append is on its way
+	}
+	p.running[push] = true
+	p.stopped.Add(1)
+	go func() {
+		defer p.stopped.Done()
+		if giveUp {
+			p.giveUp(s, push)
+		} else {
+			p.attempt(s, push)
+		}
+		p.mu.Lock()
+		delete(p.running, push)
+		p.mu.Unlock()
+		p.signal()
+	}()
+}
+
+// appendTo appends the event of command c to task s and returns the task's new state.
+func (p *Pusher) appendTo(s State, c Command) (State, error) {
+	ev, err := Decide(s, c, Meta{Writer: p.me.Writer, Now: p.base.Now()})
+	if err != nil {
+		return s, err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(p.ctx), 30*time.Second)
+	defer cancel()
+	seq, err := p.store.Append(ctx, ev, s.Seq)
+	if err != nil {
+		return s, err
+	}
+	p.mu.Lock()
+	p.appended[s.ID] = max(p.appended[s.ID], seq)
+	p.mu.Unlock()
+	return Apply(s, events.Record{Seq: seq, Event: ev})
+}
+
+// conflicted notes that task s has events past what its state says: it is not
+// planned again until the reader has them.
+func (p *Pusher) conflicted(s State) {
+	p.mu.Lock()
+	p.appended[s.ID] = max(p.appended[s.ID], s.Seq+1)
+	p.mu.Unlock()
+}
+
+func (p *Pusher) giveUp(s State, push Push) {
+	if _, err := p.appendTo(s, GiveUpDelivery{Sink: push.Sink}); err != nil {
+		if errors.Is(err, events.ErrConflict) {
+			p.conflicted(s)
+		} else {
+			p.base.Logger.Warn("delivery-failed not recorded", "task", s.ID, "sink", push.Sink, "err", err)
+		}
+		return
+	}
+	p.base.Logger.Warn("push sink gave up", "task", s.ID, "sink", push.Sink, "attempts", s.Deliveries[push.Sink].Attempts)
+}
+
+func (p *Pusher) attempt(s State, push Push) {
+	s, err := p.appendTo(s, ClaimDelivery{Sink: push.Sink, Engine: p.me})
+	if err != nil {
+		if errors.Is(err, events.ErrConflict) {
+			p.conflicted(s) // another engine has it, or the reader is behind
+		} else {
+			p.base.Logger.Warn("delivery attempt not claimed", "task", s.ID, "sink", push.Sink, "err", err)
+		}
+		return
+	}
+	sink, claim := s.Spec.Deliver[push.Sink], s.Deliveries[push.Sink].Claim
+	ctx, cancel := context.WithTimeout(p.ctx, sink.AttemptTimeout())
+	outcome := p.runner.Push(ctx, sink, *s.Wakeup, claim.Attempt)
+	cancel()
+	if p.ctx.Err() != nil {
+		return // stopping: the next start claims this attempt again
+	}
+	record := RecordDelivery{Sink: push.Sink, Outcome: outcome, Backoff: p.backoff(claim.Attempt, outcome.RetryAfter)}
+	for tries := 0; ; tries++ {
+		_, err = p.appendTo(s, record)
+		if err == nil || tries == 5 || p.ctx.Err() != nil {
+			break
+		}
+		if !errors.Is(err, events.ErrConflict) {
+			p.base.Logger.Warn("delivery result not recorded, retrying", "task", s.ID, "sink", push.Sink, "err", err)
+		}
+		if s, err = Load(p.ctx, p.store, s.ID); err != nil {
+			break
+		}
+		if k := s.Deliveries[push.Sink]; k.Claim == nil || k.Claim.Attempt != claim.Attempt || k.ClaimedBy != p.me.Writer {
+			err = errors.New("the attempt's claim was taken over")
+			break
+		}
+	}
+	level, msg := p.base.Logger.Info, "pushed"
+	if !outcome.OK {
+		level, msg = p.base.Logger.Warn, "push failed"
+	}
+	level(msg, "task", s.ID, "sink", sink.Type, "attempt", claim.Attempt, "error", outcome.Error, "recorded", err == nil)
+}
+
+// backoff is the wait before the attempt after attempt n: exponential from the
+// retry base, with equal jitter so that many failed pushes do not retry in step,
+// and never shorter than what the receiver asked for.
+func (p *Pusher) backoff(n int, retryAfter time.Duration) time.Duration {
+	d := p.retryBase << min(n-1, 20)
+	d = min(d, MaxRetryWait)
+	d = d/2 + rand.N(d/2+1)
+	return max(d, min(retryAfter, MaxRetryWait))
+}
