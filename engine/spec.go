@@ -111,14 +111,15 @@ func ParseSpecAt(data []byte, now time.Time) (Spec, error) {
 var specFields = jsonFields(reflect.TypeFor[Spec]())
 
 // jsonFields maps the wire names of a struct's fields to the struct type of the
-// field's value, or nil when the value is not an object with fields of its own.
+// field's value (or of its elements, for a list), or nil when the value is not an
+// object with fields of its own.
 func jsonFields(t reflect.Type) map[string]reflect.Type {
 	fields := map[string]reflect.Type{}
 	for i := range t.NumField() {
 		f := t.Field(i)
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		ft := f.Type
-		if ft.Kind() == reflect.Pointer {
+		if ft.Kind() == reflect.Pointer || ft.Kind() == reflect.Slice {
 			ft = ft.Elem()
 		}
 		if ft.Kind() != reflect.Struct {
@@ -155,8 +156,20 @@ func checkObjectFields(data []byte, known map[string]reflect.Type, prefix string
 		if !ok {
 			return fieldErr(prefix+name, "unknown field")
 		}
-		if nested != nil {
+		if nested == nil {
+			continue
+		}
+		var list []json.RawMessage
+		if json.Unmarshal(value, &list) != nil {
+			list = nil
+		}
+		if list == nil {
 			if err := checkObjectFields(value, jsonFields(nested), prefix+name+"."); err != nil {
+				return err
+			}
+		}
+		for i, elem := range list {
+			if err := checkObjectFields(elem, jsonFields(nested), fmt.Sprintf("%s%s[%d].", prefix, name, i)); err != nil {
 				return err
 			}
 		}

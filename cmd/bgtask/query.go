@@ -126,6 +126,12 @@ func printTask(w io.Writer, t api.TaskView) error {
 	}
 	row("deadline", t.Spec.Deadline)
 	row("fired", stamp(t.FiredAt))
+	if len(t.Spec.Deliver) > 0 {
+		row("policy", t.Spec.DeliveryPolicy())
+	}
+	for i, sink := range t.Spec.Deliver {
+		row(fmt.Sprintf("push %d", i), sink.Type+" "+sinkDestination(sink)+": "+sinkProgress(t.State, i))
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -142,6 +148,33 @@ func printTask(w io.Writer, t api.TaskView) error {
 		}
 	}
 	return nil
+}
+
+func sinkDestination(k engine.Sink) string {
+	if k.Type == engine.SinkWebhook {
+		return k.URL
+	}
+	return oneLine(strings.Join(k.Argv, " "), 80)
+}
+
+// sinkProgress says how far push sink i of a task has got.
+func sinkProgress(s engine.State, i int) string {
+	if i >= len(s.Deliveries) {
+		return "after the task fires"
+	}
+	k := s.Deliveries[i]
+	tried := fmt.Sprintf(" (%d attempts)", k.Attempts)
+	switch {
+	case k.Delivered:
+		return "delivered" + tried
+	case k.Failed, k.GivingUp:
+		return "failed: " + k.LastError + tried
+	case k.Claim != nil:
+		return fmt.Sprintf("attempt %d in flight", k.Claim.Attempt)
+	case k.RetryAt != nil:
+		return "retry at " + stamp(k.RetryAt) + " after " + k.LastError + tried
+	}
+	return "waiting for the policy (" + s.Spec.DeliveryPolicy() + ": target busy, or an earlier wake-up first)"
 }
 
 func historyCmd(g *globals) *cobra.Command {

@@ -1,0 +1,130 @@
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// recorder is a stand-in for an agent runtime's CLI: it records its arguments (each
+// ended by a NUL: a prompt has newlines), its stdin and the BGTASK_ part of its environment under $RECORD_DIR,
+// named after itself.
+const recorder = `#!/bin/sh
+name=$(basename "$0")
+printf '%s\0' "$@" > "$RECORD_DIR/$name.args.tmp"
+cat > "$RECORD_DIR/$name.stdin"
+env | grep '^BGTASK_' | sort > "$RECORD_DIR/$name.env"
+mv "$RECORD_DIR/$name.args.tmp" "$RECORD_DIR/$name.args"
+`
+
+// Each recipe of examples/ registers as it is written, and its exec sink calls the
+// runtime's CLI the way the recipe says; the CLIs are stand-ins that record what they
+// were given, since none of them is installed here.
+func TestRecipesWakeTheirRuntimes(t *testing.T) {
+	t.Parallel()
+	stand, records := t.TempDir(), t.TempDir()
+	for _, name := range []string{"claude", "codex", "openclaw", "cli-jaw", "curl"} {
+		if err := os.WriteFile(filepath.Join(stand, name), []byte(recorder), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	home := t.TempDir()
+	startServerEnv(t, home, []string{
+		"PATH=" + stand + ":" + os.Getenv("PATH"), "RECORD_DIR=" + records,
+		"SLACK_WEBHOOK_URL=https://hooks.slack.example/services/T0/B0/x",
+	})
+	examples, err := filepath.Abs("../examples")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		recipe, runtime string
+		args            []string // what the runtime's CLI must get; PROMPT stands for the prompt
+	}{
+		{"claude-code.json", "claude", []string{"--resume", "sess-42", "-p"}},
+		{"codex.json", "codex", []string{"exec", "resume", "sess-42", "-"}},
+		{"openclaw.json", "openclaw", []string{"system", "event", "--text", "PROMPT", "--mode", "now"}},
+		{"cli-jaw.json", "cli-jaw", []string{"chat", "send", "PROMPT"}},
+		{"slack.json", "curl", nil},
+	} {
+		data, err := os.ReadFile(filepath.Join(examples, tc.recipe))
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec := strings.ReplaceAll(string(data), "SESSION_ID", "sess-42")
+		spec = strings.ReplaceAll(spec, `"examples/slack-notify.sh"`, `"`+filepath.Join(examples, "slack-notify.sh")+`"`)
+		id := add(t, home, "--spec", writeSpec(t, spec), "--", "echo recipe output from "+tc.runtime)
+		var recorded string
+		eventually(t, 60*time.Second, tc.recipe+": the runtime was not called", func() bool {
+			out, err := os.ReadFile(filepath.Join(records, tc.runtime+".args"))
+			recorded = string(out)
+			return err == nil
+		})
+		stdin, err := os.ReadFile(filepath.Join(records, tc.runtime+".stdin"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		env, err := os.ReadFile(filepath.Join(records, tc.runtime+".env"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := waitFor(t, home, id)
+		if !strings.Contains(w.Prompt, "recipe output from "+tc.runtime) || !strings.Contains(string(env), "BGTASK_TASK_ID="+id+"\n") {
+			t.Fatalf("%s: prompt %q, environment:\n%s", tc.recipe, w.Prompt, env)
+		}
+		got := strings.Split(strings.TrimSuffix(recorded, "\x00"), "\x00")
+		if tc.runtime == "curl" {
+			// The Slack recipe builds {"text": prompt} and posts it to the URL from the
+			// server's environment, never from the spec.
+			var body struct{ Text string }
+			if err := json.Unmarshal(stdin, &body); err != nil || body.Text != w.Prompt || got[len(got)-1] != "https://hooks.slack.example/services/T0/B0/x" {
+				t.Fatalf("slack recipe: curl %q with stdin %q", got, stdin)
+			}
+			continue
+		}
+		want := make([]string, len(tc.args))
+		for i, a := range tc.args {
+			want[i] = strings.ReplaceAll(a, "PROMPT", w.Prompt)
+		}
+		if strings.Join(got, "\x00") != strings.Join(want, "\x00") {
+			t.Fatalf("%s: %s got %q, want %q", tc.recipe, tc.runtime, got, want)
+		}
+		if string(stdin) != w.Prompt {
+			t.Fatalf("%s: stdin %q, want the prompt %q", tc.recipe, stdin, w.Prompt)
+		}
+	}
+	auditClean(t, home)
+}
+
+// The shell-loop recipe prints each wake-up of its target as it arrives.
+func TestInboxLoopRecipe(t *testing.T) {
+	t.Parallel()
+	home := t.TempDir()
+	startServer(t, home)
+	path := t.TempDir()
+	if err := os.Symlink(bin, filepath.Join(path, "bgtask")); err != nil {
+		t.Fatal(err)
+	}
+	loop := exec.Command("sh", "../examples/inbox-loop.sh", "loop-target")
+	loop.Env = append(childEnv(home), "PATH="+path+":"+os.Getenv("PATH"))
+	out := &syncBuffer{}
+	loop.Stdout, loop.Stderr = out, out
+	loop.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // the loop and its bgtask inbox
+	if err := loop.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = killGroup(loop.Process.Pid)
+		_ = loop.Wait()
+	})
+	first := add(t, home, "--target", "loop-target", "--", "true")
+	second := add(t, home, "--target", "loop-target", "--", "exit 3")
+	eventually(t, 60*time.Second, "the loop did not print both wake-ups", func() bool {
+		return strings.Contains(out.String(), "task "+first+" succeeded\n") && strings.Contains(out.String(), "task "+second+" failed\n")
+	})
+}
