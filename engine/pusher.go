@@ -91,16 +91,6 @@ func (p *Pusher) TargetChanged(name string, st events.TargetState) {
 	p.signal()
 }
 
-// Target is a target's state as the pusher knows it.
-func (p *Pusher) Target(name string) events.TargetState {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if st, ok := p.targets[name]; ok {
-		return st
-	}
-	return events.TargetState{State: events.TargetIdle}
-}
-
 func (p *Pusher) signal() {
 	select {
 	case p.wake <- struct{}{}:

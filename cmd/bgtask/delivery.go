@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -100,18 +101,9 @@ anything is idle.`,
 				if !events.ValidToken(args[0]) {
 					return usageErr("target %q: use 1-128 letters, digits, '-' or '_'", args[0])
 				}
-				c, js, err := g.streamClient()
-				if err != nil {
-					return err
-				}
-				defer c.Close()
-				ctx, cancel := requestContext(cmd.Context())
-				defer cancel()
-				targets, err := events.ConnectTargets(ctx, js)
-				if err != nil {
-					return err
-				}
-				return targets.Set(ctx, args[0], st)
+				return g.withTargets(cmd.Context(), func(ctx context.Context, targets *events.Targets) error {
+					return targets.Set(ctx, args[0], st)
+				})
 			},
 		}
 		if state == events.TargetBusy {
@@ -128,18 +120,11 @@ anything is idle.`,
 		Short: "List the targets that have a state",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, js, err := g.streamClient()
-			if err != nil {
+			var states map[string]events.TargetState
+			err := g.withTargets(cmd.Context(), func(ctx context.Context, targets *events.Targets) (err error) {
+				states, err = targets.List(ctx)
 				return err
-			}
-			defer c.Close()
-			ctx, cancel := requestContext(cmd.Context())
-			defer cancel()
-			targets, err := events.ConnectTargets(ctx, js)
-			if err != nil {
-				return err
-			}
-			states, err := targets.List(ctx)
+			})
 			if err != nil {
 				return err
 			}
@@ -173,4 +158,20 @@ anything is idle.`,
 	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.AddCommand(set(events.TargetBusy), set(events.TargetIdle), list)
 	return cmd
+}
+
+// withTargets calls fn with the target-state bucket of the server.
+func (g *globals) withTargets(ctx context.Context, fn func(context.Context, *events.Targets) error) error {
+	c, js, err := g.streamClient()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := requestContext(ctx)
+	defer cancel()
+	targets, err := events.ConnectTargets(ctx, js)
+	if err != nil {
+		return err
+	}
+	return fn(ctx, targets)
 }

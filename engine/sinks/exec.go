@@ -18,7 +18,7 @@ import (
 
 // execWaitDelay bounds the wait for a program's output after it exited or was
 // killed: a daemon it left behind holding the pipe does not hold the attempt.
-const execWaitDelay = 5 * time.Second
+const execWaitDelay = 2 * time.Second
 
 // runExec runs argv in a process group of its own with w's prompt on stdin and
 // w's fields in its environment. Exit 0 is success; the group is killed when ctx
@@ -36,7 +36,9 @@ func runExec(ctx context.Context, argv []string, w events.Wakeup, attempt int) e
 	o := engine.SinkOutcome{Output: out.String()}
 	var exit *exec.ExitError
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, exec.ErrWaitDelay):
+		// ErrWaitDelay: it exited 0, and something it left behind still holds its
+		// output; the rest of that output is not the sink's answer.
 		o.OK = true
 		code := 0
 		o.ExitCode = &code

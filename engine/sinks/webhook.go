@@ -90,4 +90,3 @@ func retryAfter(v string, now time.Time) time.Duration {
 	}
 	return 0
 }
-
