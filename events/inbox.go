@@ -124,6 +124,11 @@ func (in *JetStreamInbox) find(ctx context.Context, subject, msgID string, since
 	}
 }
 
+// InboxAckWait is how long a wake-up read from the inbox consumer may go without an
+// ack before it is delivered again: a reader that died holding it gets it back
+// this soon. `bgtask inbox` acks as soon as it printed.
+const InboxAckWait = 10 * time.Second
+
 // InboxConsumerName is the durable consumer that `bgtask inbox --target T` reads with.
 // A runtime that consumes the inbox itself may use it or its own.
 func InboxConsumerName(target string) string { return "inbox-" + target }
@@ -139,6 +144,6 @@ func InboxConsumer(ctx context.Context, js jetstream.JetStream, target string) (
 		FilterSubject: InboxSubject(target),
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckWait:       30 * time.Second,
+		AckWait:       InboxAckWait,
 	})
 }

@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -43,8 +45,9 @@ func runExec(ctx context.Context, argv []string, w events.Wakeup, attempt int) e
 		code := 0
 		o.ExitCode = &code
 	case errors.As(err, &exit):
-		code := exit.ExitCode()
-		o.ExitCode = &code
+		if code := exit.ExitCode(); code >= 0 { // -1: killed by a signal, which Error names
+			o.ExitCode = &code
+		}
 		o.Error = exit.String()
 		if ctx.Err() != nil {
 			o.Error = "timed out: " + o.Error
@@ -82,7 +85,16 @@ func Env(w events.Wakeup, attempt int) []string {
 	if len(w.Origin) == 0 || dec.Decode(&origin) != nil {
 		return env
 	}
-	for k, v := range origin {
+	// Keys that make the same name ("chat-id", "chat_id") go in sorted order, the
+	// first one winning, so every attempt sees the same environment.
+	named := map[string]bool{}
+	for _, k := range slices.Sorted(maps.Keys(origin)) {
+		name := "BGTASK_ORIGIN_" + envName(k)
+		if named[name] {
+			continue
+		}
+		named[name] = true
+		v := origin[k]
 		value, ok := v.(string)
 		if !ok {
 			data, _ := json.Marshal(v)
@@ -91,7 +103,7 @@ func Env(w events.Wakeup, attempt int) []string {
 		if strings.ContainsRune(value, 0) {
 			continue
 		}
-		env = append(env, "BGTASK_ORIGIN_"+envName(k)+"="+value)
+		env = append(env, name+"="+value)
 	}
 	return env
 }
