@@ -2,6 +2,9 @@ package integration
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,22 +25,19 @@ env | grep '^BGTASK_' | sort > "$RECORD_DIR/$name.env"
 mv "$RECORD_DIR/$name.args.tmp" "$RECORD_DIR/$name.args"
 `
 
-// Each recipe of examples/ registers as it is written, and its exec sink calls the
-// runtime's CLI the way the recipe says; the CLIs are stand-ins that record what they
-// were given, since none of them is installed here.
+// Each agent recipe of examples/ registers as it is written, and its exec sink calls
+// the runtime's CLI the way the recipe says; the CLIs are stand-ins that record what
+// they were given, since none of them is installed here.
 func TestRecipesWakeTheirRuntimes(t *testing.T) {
 	t.Parallel()
 	stand, records := t.TempDir(), t.TempDir()
-	for _, name := range []string{"claude", "codex", "openclaw", "cli-jaw", "curl"} {
+	for _, name := range []string{"claude", "codex", "openclaw", "cli-jaw"} {
 		if err := os.WriteFile(filepath.Join(stand, name), []byte(recorder), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
 	home := t.TempDir()
-	startServerEnv(t, home, []string{
-		"PATH=" + stand + ":" + os.Getenv("PATH"), "RECORD_DIR=" + records,
-		"SLACK_WEBHOOK_URL=https://hooks.slack.example/services/T0/B0/x",
-	})
+	startServerEnv(t, home, []string{"PATH=" + stand + ":" + os.Getenv("PATH"), "RECORD_DIR=" + records})
 	examples, err := filepath.Abs("../examples")
 	if err != nil {
 		t.Fatal(err)
@@ -50,14 +50,12 @@ func TestRecipesWakeTheirRuntimes(t *testing.T) {
 		{"codex.json", "codex", []string{"exec", "resume", "sess-42", "-"}},
 		{"openclaw.json", "openclaw", []string{"system", "event", "--text", "PROMPT", "--mode", "now"}},
 		{"cli-jaw.json", "cli-jaw", []string{"chat", "send", "PROMPT"}},
-		{"slack.json", "curl", nil},
 	} {
 		data, err := os.ReadFile(filepath.Join(examples, tc.recipe))
 		if err != nil {
 			t.Fatal(err)
 		}
 		spec := strings.ReplaceAll(string(data), "SESSION_ID", "sess-42")
-		spec = strings.ReplaceAll(spec, `"examples/slack-notify.sh"`, `"`+filepath.Join(examples, "slack-notify.sh")+`"`)
 		id := add(t, home, "--spec", writeSpec(t, spec), "--", "echo recipe output from "+tc.runtime)
 		var recorded string
 		eventually(t, 60*time.Second, tc.recipe+": the runtime was not called", func() bool {
@@ -78,15 +76,6 @@ func TestRecipesWakeTheirRuntimes(t *testing.T) {
 			t.Fatalf("%s: prompt %q, environment:\n%s", tc.recipe, w.Prompt, env)
 		}
 		got := strings.Split(strings.TrimSuffix(recorded, "\x00"), "\x00")
-		if tc.runtime == "curl" {
-			// The Slack recipe builds {"text": prompt} and posts it to the URL from the
-			// server's environment, never from the spec.
-			var body struct{ Text string }
-			if err := json.Unmarshal(stdin, &body); err != nil || body.Text != w.Prompt || got[len(got)-1] != "https://hooks.slack.example/services/T0/B0/x" {
-				t.Fatalf("slack recipe: curl %q with stdin %q", got, stdin)
-			}
-			continue
-		}
 		want := make([]string, len(tc.args))
 		for i, a := range tc.args {
 			want[i] = strings.ReplaceAll(a, "PROMPT", w.Prompt)
@@ -97,6 +86,68 @@ func TestRecipesWakeTheirRuntimes(t *testing.T) {
 		if string(stdin) != w.Prompt {
 			t.Fatalf("%s: stdin %q, want the prompt %q", tc.recipe, stdin, w.Prompt)
 		}
+	}
+	auditClean(t, home)
+}
+
+// The Slack recipe posts {"text": prompt} to the webhook URL from the server's
+// environment, with real curl when this machine has it (else a stand-in that records
+// what curl was given).
+func TestSlackRecipePostsThePrompt(t *testing.T) {
+	t.Parallel()
+	posts := make(chan string, 4)
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		posts <- r.Header.Get("Idempotency-Key") + " " + string(body)
+	}))
+	t.Cleanup(hook.Close)
+	path, records := os.Getenv("PATH"), t.TempDir()
+	_, err := exec.LookPath("curl")
+	realCurl := err == nil
+	if !realCurl {
+		stand := t.TempDir()
+		if err := os.WriteFile(filepath.Join(stand, "curl"), []byte(recorder), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		path = stand + ":" + path
+	}
+	home := t.TempDir()
+	startServerEnv(t, home, []string{"PATH=" + path, "RECORD_DIR=" + records, "SLACK_WEBHOOK_URL=" + hook.URL + "/services/T0/B0/x"})
+	examples, err := filepath.Abs("../examples")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(examples, "slack.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := strings.ReplaceAll(string(data), `"examples/slack-notify.sh"`, `"`+filepath.Join(examples, "slack-notify.sh")+`"`)
+	id := add(t, home, "--spec", writeSpec(t, spec), "--", "echo nightly done")
+	w := waitFor(t, home, id)
+	var got string
+	if realCurl {
+		select {
+		case got = <-posts:
+		case <-time.After(60 * time.Second):
+			t.Fatal("the Slack recipe posted nothing")
+		}
+	} else {
+		var stdin []byte
+		eventually(t, 60*time.Second, "the Slack recipe did not call curl", func() bool {
+			_, err := os.Stat(filepath.Join(records, "curl.args"))
+			return err == nil
+		})
+		stdin, _ = os.ReadFile(filepath.Join(records, "curl.stdin"))
+		args, _ := os.ReadFile(filepath.Join(records, "curl.args"))
+		if !strings.Contains(string(args), hook.URL) {
+			t.Fatalf("curl arguments %q", args)
+		}
+		got = id + " " + string(stdin)
+	}
+	key, body, _ := strings.Cut(got, " ")
+	var post struct{ Text string }
+	if err := json.Unmarshal([]byte(body), &post); err != nil || key != id || post.Text != w.Prompt {
+		t.Fatalf("the hook got %q, want Idempotency-Key %s and {\"text\": %q}", got, id, w.Prompt)
 	}
 	auditClean(t, home)
 }
