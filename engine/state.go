@@ -17,10 +17,11 @@ const (
 	PhasePersisted Phase = "persisted" // completion persisted; wake-up not yet fired
 	PhaseFired     Phase = "fired"     // the wake-up is in the inbox: done
 	PhaseCancelled Phase = "cancelled" // cancelled: done, nothing delivered
+	PhaseArchived  Phase = "archived"  // done long ago: its history is in the archive
 )
 
 // Terminal reports whether nothing more will happen to a task in this phase.
-func (p Phase) Terminal() bool { return p == PhaseFired || p == PhaseCancelled }
+func (p Phase) Terminal() bool { return p == PhaseFired || p == PhaseCancelled || p == PhaseArchived }
 
 // Outcomes: the status of a finished task.
 const (
@@ -71,10 +72,14 @@ type State struct {
 	StallNotified bool            `json:"stall_notified,omitempty"`
 	// Respawns counts runs started again after a stall; RespawnPending: a stall
 	// stopped the run and its worker is to start the next one.
-	Respawns       int         `json:"respawns,omitempty"`
-	RespawnPending bool        `json:"respawn_pending,omitempty"`
-	LastType       events.Type `json:"last_event"`
-	Events         int         `json:"events"`
+	Respawns       int  `json:"respawns,omitempty"`
+	RespawnPending bool `json:"respawn_pending,omitempty"`
+	// ArchiveSeq is where an archived task's history is in the archive, and
+	// ArchivedFrom the phase it was archived in.
+	ArchiveSeq   uint64      `json:"archive_seq,omitempty"`
+	ArchivedFrom Phase       `json:"archived_from,omitempty"`
+	LastType     events.Type `json:"last_event"`
+	Events       int         `json:"events"`
 }
 
 // TransitionError is an event that does not fit the task's state. It is reported,
@@ -198,6 +203,14 @@ func apply(s State, rec events.Record) (State, error) {
 		}
 	case *events.DeliveryAttempt, *events.DeliveryResult, *events.DeliveryFailed:
 		return s.applyDelivery(payload, rec)
+	case *events.Archived:
+		// The history before it may be gone from the stream: the state is the
+		// summary alone, whether or not the history was seen first, so a replay
+		// after the compaction equals the state built live.
+		if s.Phase != "" && !s.archivable() {
+			return s, ErrWrongPhase
+		}
+		return archivedState(rec.TaskID, p), nil
 	case *events.Lost:
 		if s.Phase != PhaseRunning {
 			return s, ErrWrongPhase

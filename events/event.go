@@ -112,6 +112,8 @@ func (e Event) Decode() (Payload, error) {
 		p = &DeliveryResult{}
 	case TypeDeliveryFailed:
 		p = &DeliveryFailed{}
+	case TypeArchived:
+		p = &Archived{}
 	default:
 		return nil, fmt.Errorf("event %s: unknown type %q", e.ID, e.Type)
 	}

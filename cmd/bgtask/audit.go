@@ -47,8 +47,8 @@ Each violation is printed with its task id; the exit status is 1 if there is any
 				for _, o := range report.Open {
 					fmt.Fprintf(g.stdout, "open %s %s %s\n", o.TaskID, o.Phase, o.Worker)
 				}
-				fmt.Fprintf(g.stdout, "audit: %d events, %d tasks (%d fired, %d cancelled, %d open), %d violations\n",
-					report.Events, report.Tasks, report.Fired, report.Cancelled, len(report.Open), len(report.Violations))
+				fmt.Fprintf(g.stdout, "audit: %d events, %d tasks (%d fired, %d cancelled, %d archived, %d open), %d violations\n",
+					report.Events, report.Tasks, report.Fired, report.Cancelled, report.Archived, len(report.Open), len(report.Violations))
 			}
 			if len(report.Violations) > 0 {
 				return &exitError{code: 1}
@@ -67,6 +67,21 @@ func audit(ctx context.Context, js jetstream.JetStream) (projections.Report, err
 		return projections.Report{}, err
 	}
 	a := projections.NewAudit()
+	archive, err := events.ConnectArchive(ctx, js)
+	if err != nil {
+		return projections.Report{}, err
+	}
+	err = archive.Each(ctx, func(seq uint64, h events.ArchivedHistory, err error) bool {
+		if err != nil {
+			a.Add(events.Record{Seq: seq}, fmt.Errorf("archive seq %d: %w", seq, err))
+			return true
+		}
+		a.AddArchived(h)
+		return true
+	})
+	if err != nil {
+		return projections.Report{}, fmt.Errorf("read archive: %w", err)
+	}
 	last, err := store.LastSeq(ctx)
 	if err != nil {
 		return projections.Report{}, err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
+	"github.com/bgtask/bgtask/events"
 )
 
 func listCmd(g *globals) *cobra.Command {
@@ -126,6 +127,9 @@ func printTask(w io.Writer, t api.TaskView) error {
 	}
 	row("deadline", t.Spec.Deadline)
 	row("fired", stamp(t.FiredAt))
+	if t.ArchiveSeq != 0 {
+		row("archived", fmt.Sprintf("its history is in %s at seq %d", events.ArchiveStreamName, t.ArchiveSeq))
+	}
 	if len(t.Spec.Deliver) > 0 {
 		row("policy", t.Spec.DeliveryPolicy())
 	}

@@ -31,7 +31,9 @@ type serverOptions struct {
 	noWorker bool
 	worker   workerOptions
 	delivery deliveryOptions
-	logLevel string
+	// archiveAfter is how long finished tasks stay whole in the event stream.
+	archiveAfter time.Duration
+	logLevel     string
 }
 
 func serverCmd(g *globals) *cobra.Command {
@@ -61,6 +63,7 @@ server runs per home. SIGINT or SIGTERM stops it cleanly.`,
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	o.worker.register(f)
 	o.delivery.register(f)
+	f.DurationVar(&o.archiveAfter, "archive-after", engine.DefaultArchiveAfter, "move tasks finished longer ago than this out of the event stream into the archive stream BGTASK_ARCHIVE (their history, audit and show stay whole); 0: never")
 	return cmd
 }
 
@@ -119,7 +122,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	if err != nil {
 		return err
 	}
-	node, err := startNode(ctx, nc, base, "engine@"+hostName(), o.leaseTTL, o.delivery.pushing(secret))
+	node, err := startNode(ctx, nc, base, "engine@"+hostName(), o.leaseTTL, o.delivery.pushing(secret), o.archiveAfter)
 	if err != nil {
 		return err
 	}
@@ -149,11 +152,12 @@ type node struct {
 	timers     *engine.Timers
 	leases     *engine.Leases
 	pusher     *engine.Pusher
+	archiver   *engine.Archiver
 	targets    func() // stops the watch of the targets' states
 	api        *api.Server
 }
 
-func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer string, leaseTTL time.Duration, push pushing) (*node, error) {
+func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer string, leaseTTL time.Duration, push pushing, archiveAfter time.Duration) (*node, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -174,6 +178,10 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer stri
 		return nil, err
 	}
 	targets, err := events.OpenTargets(ctx, js, 1)
+	if err != nil {
+		return nil, err
+	}
+	archive, err := events.OpenArchive(ctx, js, 1)
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +217,11 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer stri
 		return nil, err
 	}
 	n.pusher.Start()
-	n.api, err = api.Serve(nc, engine.NewService(store, writer, base), n.projector, store, version(), base)
+	n.archiver = engine.NewArchiver(store, store, archive, n.projector, writer, archiveAfter, base)
+	if archiveAfter > 0 {
+		n.archiver.Start(ctx, min(max(archiveAfter/10, time.Second), 10*time.Minute))
+	}
+	n.api, err = api.Serve(nc, engine.NewService(store, writer, base), n.projector, store, archive, version(), base)
 	if err != nil {
 		n.stopEngine()
 		return nil, err
@@ -223,6 +235,9 @@ func (n *node) stop() {
 }
 
 func (n *node) stopEngine() {
+	if n.archiver != nil {
+		n.archiver.Stop()
+	}
 	n.leases.Stop()
 	n.projector.Stop() // first: no notification may reach a stopped dispatcher or timer
 	if n.targets != nil {

@@ -111,19 +111,25 @@ type errorReply struct {
 	Error *Error `json:"error"`
 }
 
+// Archive reads the histories of archived tasks.
+type Archive interface {
+	Get(ctx context.Context, seq uint64) (events.ArchivedHistory, error)
+}
+
 // Server serves the API.
 type Server struct {
 	svc     *engine.Service
 	queries Queries
 	store   events.Store
+	archive Archive
 	base    engine.Base
 	micro   micro.Service
 }
 
 // Serve starts the micro service on nc. Endpoints share a queue group, so several
 // engines can serve one deployment.
-func Serve(nc *nats.Conn, svc *engine.Service, queries Queries, store events.Store, version string, base engine.Base) (*Server, error) {
-	s := &Server{svc: svc, queries: queries, store: store, base: base.WithDefaults()}
+func Serve(nc *nats.Conn, svc *engine.Service, queries Queries, store events.Store, archive Archive, version string, base engine.Base) (*Server, error) {
+	s := &Server{svc: svc, queries: queries, store: store, archive: archive, base: base.WithDefaults()}
 	m, err := micro.AddService(nc, micro.Config{
 		Name:        ServiceName,
 		Version:     version,
@@ -240,7 +246,30 @@ func (s *Server) get(ctx context.Context, data []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if state.Phase == engine.PhaseArchived {
+		// One task asked for by id is worth a read of the archive: it comes back
+		// whole, wake-up included, as it was when it finished.
+		history, err := s.archived(ctx, state)
+		if err != nil {
+			return nil, err
+		}
+		full, _ := engine.Replay(history)
+		full.ArchiveSeq = state.ArchiveSeq
+		return View(full), nil
+	}
 	return View(state), nil
+}
+
+// archived reads an archived task's history from the archive.
+func (s *Server) archived(ctx context.Context, state engine.State) ([]events.Record, error) {
+	h, err := s.archive.Get(ctx, state.ArchiveSeq)
+	if err != nil {
+		return nil, fmt.Errorf("task %s is archived: %w", state.ID, err)
+	}
+	if h.TaskID != state.ID {
+		return nil, fmt.Errorf("task %s is archived at seq %d, which holds task %s", state.ID, state.ArchiveSeq, h.TaskID)
+	}
+	return h.Events, nil
 }
 
 // task reads a task from the projection, after waiting for the projection to catch
@@ -295,6 +324,15 @@ func (s *Server) history(ctx context.Context, data []byte) (any, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if first := hist[0]; first.Type == events.TypeArchived {
+		// Compacted: the events before it are in the archive.
+		state, _ := engine.Replay(hist)
+		archived, err := s.archived(ctx, state)
+		if err != nil {
+			return nil, err
+		}
+		hist = append(archived, hist...)
 	}
 	return HistoryReply{Events: hist}, nil
 }

@@ -1,0 +1,48 @@
+package integration
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Tasks finished longer ago than --archive-after leave the event stream for the
+// archive; show, wait, history and the audit still see them whole, across a restart.
+func TestFinishedTasksAreArchivedAndStayWhole(t *testing.T) {
+	t.Parallel()
+	home := t.TempDir()
+	srv := startServer(t, home, "--archive-after", "1s")
+	id := add(t, home, "--idempotency-key", "nightly-7", "--", "echo archived-output; exit 3")
+	waitFor(t, home, id)
+	eventually(t, 60*time.Second, "the task was not archived", func() bool {
+		return strings.Contains(ok(t, home, "list", "--json"), `"state": "archived"`)
+	})
+	check := func(when string) {
+		t.Helper()
+		s := show(t, home, id)
+		if s.Status != "failed" || s.ExitCode == nil || *s.ExitCode != 3 {
+			t.Fatalf("%s: show of an archived task: %+v", when, s)
+		}
+		w := waitFor(t, home, id)
+		if w.ExitCode == nil || *w.ExitCode != 3 || strings.Join(w.Tail, ",") != "archived-output" {
+			t.Fatalf("%s: wait on an archived task: %+v", when, w)
+		}
+		n := countTypes(history(t, home, id))
+		if n["armed"] != 1 || n["exited"] != 1 || n["fired"] != 1 || n["archived"] != 1 {
+			t.Fatalf("%s: history of an archived task: %v", when, n)
+		}
+		// The same idempotency key still names the same task, which does not run again.
+		if again := add(t, home, "--idempotency-key", "nightly-7", "--", "echo again"); again != id {
+			t.Fatalf("%s: the key registered a new task %s", when, again)
+		}
+		auditClean(t, home)
+		if out := ok(t, home, "audit"); !strings.Contains(out, "1 archived") {
+			t.Fatalf("%s: audit does not count the archived task:\n%s", when, out)
+		}
+	}
+	check("live")
+	srv.stop(syscall.SIGKILL)
+	startServer(t, home, "--archive-after", "1s")
+	check("after a restart")
+}
