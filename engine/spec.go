@@ -65,6 +65,8 @@ type Spec struct {
 	// (default: the outcome is lost) or respawn (another worker runs it again; for
 	// idempotent commands only).
 	OnLost string `json:"on_lost,omitempty"`
+	// Placement limits which workers may take the task (default: any worker).
+	Placement *Placement `json:"placement,omitempty"`
 }
 
 // ParseSpec decodes and validates a spec registered now.
@@ -235,7 +237,7 @@ func (s *Spec) Validate() error {
 	if err := checkTemplate(s.Prompt); err != nil {
 		return fieldErr("prompt", "%v", err)
 	}
-	return nil
+	return s.Placement.validate()
 }
 
 // CommandLine is the command as a person reads it.

@@ -131,8 +131,15 @@ func (s *JetStreamStore) History(ctx context.Context, taskID string) ([]Record, 
 			return nil, fmt.Errorf("read history of task %s: %w", taskID, err)
 		}
 		n := 0
+		done := false
+		// The batch is read to its end even after the last event: its fetch ends
+		// with the server's end-of-batch status, and a fetch left waiting for it
+		// would outlive the call.
 		for msg := range batch.Messages() {
 			n++
+			if done {
+				continue
+			}
 			meta, err := msg.Metadata()
 			if err != nil {
 				return nil, err
@@ -142,15 +149,13 @@ func (s *JetStreamStore) History(ctx context.Context, taskID string) ([]Record, 
 				return nil, err
 			}
 			out = append(out, rec)
-			if rec.Seq >= last.Seq {
-				return out, nil
-			}
+			done = rec.Seq >= last.Seq
 		}
 		if err := batch.Error(); err != nil {
 			return nil, fmt.Errorf("read history of task %s: %w", taskID, err)
 		}
-		if n == 0 {
-			return out, nil // the tail was removed while we read
+		if done || n == 0 {
+			return out, nil // n == 0: the tail was removed while we read
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, err

@@ -17,7 +17,8 @@ import (
 type addOptions struct {
 	cwd, kind, prompt, target, key, origin string
 	env                                    []string
-	noCwd, keepRunning, asJSON             bool
+	noCwd, keepRunning, asJSON, anywhere   bool
+	labels                                 []string
 	completeJSON                           []string
 	completeRegex                          string
 	stallAfter, onStall, deadline          string
@@ -48,12 +49,19 @@ times). --deadline stops it when the time passes, outcome timed_out.
 
 The prompt template may use {{result}} {{exit_code}} {{status}} {{reason}}
 {{task_id}} {{kind}} {{command}} {{tail}} {{duration}} and {{origin.KEY}}.
+Placement: a task with a cwd (the default: the current directory) runs on this
+host only, since a directory here means nothing on another machine: its
+placement is {"labels": {"host": "THIS-HOST"}}. --label KEY=VALUE places it on
+workers with those labels instead, --anywhere on any worker. A task that no live
+worker can take stays armed; 'bgtask show ID' says what it waits for.
+
 --spec reads a whole JSON spec (see the README); flags given too override it.`,
 		Example: `  bgtask add -- make test
   bgtask add --kind deploy --target agent-7 --origin '{"session":"s1"}' -- ./deploy.sh prod
   bgtask add --complete-on-json type=watch.complete --result matched-line -- ./watch --json
   bgtask add --complete-on-regex '^BUILD (OK|FAILED)$' --stall-after 5m --on-stall kill -- make
   bgtask add --deadline 30m --result 'command:gh run view 42 --json conclusion' -- gh run watch 42
+  bgtask add --label pool=gpu --no-cwd -- ./train.sh
   id=$(bgtask add --json -- 'sleep 5; echo done' | jq -r .id)`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dash := cmd.ArgsLenAtDash(); dash > 0 {
@@ -93,6 +101,8 @@ The prompt template may use {{result}} {{exit_code}} {{status}} {{reason}}
 	f.IntVar(&o.maxRespawns, "max-respawns", engine.DefaultMaxRespawns, "how many times --on-stall respawn starts the command again")
 	f.StringVar(&o.deadline, "deadline", "", "stop the command as timed_out after this long (30m) or at this RFC 3339 time")
 	f.StringVar(&o.result, "result", "", "the wake-up's {{result}}: tail:N, matched-line, or command:ARGV (words, or a JSON array)")
+	f.StringArrayVar(&o.labels, "label", nil, "KEY=VALUE a worker must have to take the task (repeatable; replaces the default host placement)")
+	f.BoolVar(&o.anywhere, "anywhere", false, "any worker may take the task, whatever host registered it")
 	f.StringVar(&o.specFile, "spec", "", "a whole JSON spec from a file ('-' for stdin); flags given too override it")
 	f.BoolVar(&o.asJSON, "json", false, "print {\"id\": ...} as JSON")
 	return cmd
@@ -132,6 +142,9 @@ func (o *addOptions) spec(cmd *cobra.Command, args []string) ([]byte, error) {
 			return nil, fmt.Errorf("--cwd: %w", err)
 		}
 		doc["cwd"] = cwd
+	}
+	if err := o.placement(cmd, doc); err != nil {
+		return nil, err
 	}
 	set("kind", "kind", o.kind)
 	set("prompt", "prompt", o.prompt)
@@ -176,6 +189,27 @@ func (o *addOptions) spec(cmd *cobra.Command, args []string) ([]byte, error) {
 		doc["result"] = r
 	}
 	return json.Marshal(doc)
+}
+
+// placement sets the spec's placement: --label, --anywhere, else the registering
+// host for a task with a cwd that names none.
+func (o *addOptions) placement(cmd *cobra.Command, doc map[string]any) error {
+	changed := cmd.Flags().Changed
+	switch {
+	case changed("label") && o.anywhere:
+		return usageErr("--label and --anywhere: give one")
+	case changed("label"):
+		labels, err := parseKeyValues("--label", o.labels)
+		if err != nil {
+			return err
+		}
+		doc["placement"] = map[string]any{"labels": labels}
+	case o.anywhere:
+		delete(doc, "placement")
+	case doc["cwd"] != nil && doc["placement"] == nil:
+		doc["placement"] = map[string]any{"labels": map[string]string{engine.HostLabel: hostName()}}
+	}
+	return nil
 }
 
 func readSpecFile(path string, doc map[string]any) error {

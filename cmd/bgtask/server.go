@@ -141,6 +141,7 @@ type node struct {
 	dispatcher *engine.Dispatcher
 	timers     *engine.Timers
 	leases     *engine.Leases
+	scheduler  *engine.Scheduler
 	api        *api.Server
 }
 
@@ -168,10 +169,14 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer stri
 	n.projector = projections.New(store, func(s engine.State) {
 		n.dispatcher.Notify(s)
 		n.timers.Notify(s)
+		n.scheduler.Notify(s)
 	}, base)
 	n.dispatcher = engine.NewDispatcher(store, inbox, n.projector, writer, 4, base)
 	n.timers = engine.NewTimers(store, n.projector, writer, base)
 	n.leases = engine.NewLeases(store, n.projector, liveness, writer, base)
+	n.scheduler = engine.NewScheduler(n.projector, liveness, func(ctx context.Context, worker string, o events.Offer) (events.OfferReply, error) {
+		return events.OfferTask(ctx, nc, worker, o)
+	}, base)
 	if err := n.projector.Start(ctx); err != nil {
 		return nil, err
 	}
@@ -183,7 +188,11 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer stri
 	n.dispatcher.Recover(all)
 	n.timers.Recover(all)
 	n.leases.Start(ctx)
-	n.api, err = api.Serve(nc, engine.NewService(store, writer, base), n.projector, store, version(), base)
+	if err := n.scheduler.Start(ctx); err != nil {
+		n.stopEngine()
+		return nil, err
+	}
+	n.api, err = api.Serve(nc, engine.NewService(store, writer, base), n.projector, n.scheduler, store, version(), base)
 	if err != nil {
 		n.stopEngine()
 		return nil, err
@@ -199,6 +208,7 @@ func (n *node) stop() {
 func (n *node) stopEngine() {
 	n.leases.Stop()
 	n.projector.Stop() // first: no notification may reach a stopped dispatcher or timer
+	n.scheduler.Stop()
 	n.timers.Stop()
 	n.dispatcher.Stop()
 }
