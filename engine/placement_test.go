@@ -184,7 +184,7 @@ func TestFairOrderTakesTargetsAndKindsInTurn(t *testing.T) {
 	}
 	want := []string{
 		"a-build-0", "b-0", "c-0", // one of each target
-		"a-test-0",                // then a's kinds take turns
+		"a-test-0", // then a's kinds take turns
 		"a-build-1", "a-test-1",
 		"a-build-2", "a-build-3", "a-build-4",
 	}
