@@ -72,8 +72,14 @@ func (s *JetStreamStore) Append(ctx context.Context, ev Event, expect uint64) (u
 		jetstream.WithExpectStream(StreamName),
 		jetstream.WithExpectLastSequenceForSubject(expect, TaskFilter(ev.TaskID)))
 	if err == nil {
+		// On a replicated stream a retry of an append that was stored is
+		// acknowledged as a duplicate, with the original sequence.
 		return ack.Sequence, nil
 	}
+	// A retry that reaches a replicated stream while the first attempt is still
+	// being replicated gets 10158 ("duplicate message id is in process"): it is
+	// returned as an error like any other, and the caller's next retry of the same
+	// event gets the duplicate acknowledgement.
 	if !isWrongLastSequence(err) {
 		return 0, fmt.Errorf("append %s to task %s: %w", ev.Type, ev.TaskID, err)
 	}

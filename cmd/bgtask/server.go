@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -28,15 +29,17 @@ type serverOptions struct {
 	sync     string
 	leaseTTL time.Duration
 	noWorker bool
+	replicas int
 	worker   workerOptions
 	logLevel string
+	probe    probeOptions
 }
 
 func serverCmd(g *globals) *cobra.Command {
 	var o serverOptions
 	cmd := &cobra.Command{
 		Use:   "server",
-		Short: "Run bgtask all-in-one: embedded NATS JetStream, engine, projector and a worker",
+		Short: "Run bgtask: engine, projector and a worker, on embedded NATS or a NATS cluster",
 		Long: `Run bgtask all-in-one on this machine: an embedded NATS server with JetStream
 (file storage in the home directory), the engine that serves the API on
 bgtask.register and friends, the dispatcher that delivers wake-ups, the projector
@@ -45,10 +48,40 @@ that rebuilds state from the stream, and a worker.
 The server listens on loopback only and requires the credentials it generates
 into the home directory (credentials.json, mode 0600). It writes server.json there
 so that every client command finds it through --home or $BGTASK_HOME. Only one
-server runs per home. SIGINT or SIGTERM stops it cleanly.`,
+server runs per home. SIGINT or SIGTERM stops it cleanly.
+
+With --nats URL (and the auth and TLS flags) it runs against an existing NATS
+JetStream cluster instead: no embedded server, no discovery file; streams and the
+heartbeat bucket are created with --replicas copies (3 on a cluster of three or
+more JetStream nodes). Any number of such servers may run at once: they share
+the API (a queue group) and every append is conditional, so each task still
+fires once whichever of them sees its end first. Before it serves, it checks that
+neither an anonymous connection nor the client identity (--client-user,
+--client-creds, --client-nkey) can publish into the event stream, and refuses to
+run if one can: registering a task is running a command.`,
+		Example: `  bgtask server
+  bgtask server --nats nats://n1:4222,nats://n2:4222,nats://n3:4222 --user engine \
+      --replicas 3 --no-worker --client-user client`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runServer(cmd.Context(), g, o)
+			changed := cmd.Flags().Changed
+			if o.replicas < 1 || o.replicas > 5 {
+				return usageErr("--replicas %d: want 1 to 5", o.replicas)
+			}
+			if g.natsURL == "" {
+				for _, flag := range []string{"replicas", "client-user", "client-creds", "client-nkey"} {
+					if changed(flag) {
+						return usageErr("--%s goes with --nats: the embedded server is one node with one identity", flag)
+					}
+				}
+				return runServer(cmd.Context(), g, o)
+			}
+			for _, flag := range []string{"listen", "sync"} {
+				if changed(flag) {
+					return usageErr("--%s is for the embedded server; with --nats the cluster's own configuration decides", flag)
+				}
+			}
+			return runExternal(cmd.Context(), g, o)
 		},
 	}
 	f := cmd.Flags()
@@ -56,6 +89,8 @@ server runs per home. SIGINT or SIGTERM stops it cleanly.`,
 	f.StringVar(&o.sync, "sync", "always", "when the embedded JetStream store reaches the disk: always (fsync before every acknowledgement) or interval (every 2 minutes: faster, but a power loss can undo acknowledged events)")
 	f.DurationVar(&o.leaseTTL, "lease-ttl", events.DefaultLeaseTTL, "how long a worker may go without a heartbeat before its running tasks are lost (it must outlast a worker's restart)")
 	f.BoolVar(&o.noWorker, "no-worker", false, "run no worker in the server (tasks wait for 'bgtask worker' processes)")
+	f.IntVar(&o.replicas, "replicas", 1, "copies of each stream and of the heartbeat bucket, with --nats (3 on a cluster of three or more JetStream nodes)")
+	o.probe.register(f)
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	o.worker.register(f)
 	return cmd
@@ -112,7 +147,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	defer nc.Close()
 
 	base := engine.Base{Logger: logger}
-	node, err := startNode(ctx, nc, base, "engine@"+hostName(), o.leaseTTL)
+	node, err := startNode(ctx, nc, base, "engine@"+hostName(), o.leaseTTL, 1)
 	if err != nil {
 		return err
 	}
@@ -135,6 +170,61 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	return nil
 }
 
+// runExternal runs the engine (and a worker, unless --no-worker) against a NATS
+// deployment of your own.
+func runExternal(ctx context.Context, g *globals, o serverOptions) error {
+	logger, err := newLogger(g.stderr, o.logLevel)
+	if err != nil {
+		return err
+	}
+	if err := o.probe.check(ctx, g, logger); err != nil {
+		return err
+	}
+	nc, err := g.connect("bgtask-engine")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	base := engine.Base{Logger: logger}
+	node, err := startNode(ctx, nc, base, "engine@"+hostName(), o.leaseTTL, o.replicas)
+	if err != nil {
+		return err
+	}
+	defer node.stop()
+	if !o.noWorker {
+		home, err := homeDir(g.home)
+		if err != nil {
+			return err
+		}
+		o.worker.stateDir = filepath.Join(home, "worker")
+		wnc, err := g.connect("bgtask-worker")
+		if err != nil {
+			return err
+		}
+		w, err := newWorker(ctx, wnc, o.worker, base)
+		if err != nil {
+			wnc.Close()
+			return err
+		}
+		defer w.Stop()
+	}
+	logger.Info("bgtask server ready", "nats", redactURL(g.natsURL), "replicas", o.replicas)
+	<-ctx.Done()
+	logger.Info("bgtask server stopping")
+	return nil
+}
+
+// redactURL drops passwords from NATS URLs before they are logged.
+func redactURL(urls string) string {
+	var out []string
+	for _, raw := range strings.Split(urls, ",") {
+		if u, err := url.Parse(strings.TrimSpace(raw)); err == nil {
+			out = append(out, u.Redacted())
+		}
+	}
+	return strings.Join(out, ",")
+}
+
 // node is the engine side of a deployment: projector, dispatcher and API.
 type node struct {
 	projector  *projections.Projector
@@ -145,23 +235,23 @@ type node struct {
 	api        *api.Server
 }
 
-func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer string, leaseTTL time.Duration) (*node, error) {
+func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer string, leaseTTL time.Duration, replicas int) (*node, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
-	store, err := events.OpenStore(ctx, js, events.StreamConfig{})
+	store, err := events.OpenStore(ctx, js, events.StreamConfig{Replicas: replicas})
 	if err != nil {
 		return nil, err
 	}
-	inbox, err := events.OpenInbox(ctx, js, events.InboxConfig{})
+	inbox, err := events.OpenInbox(ctx, js, events.InboxConfig{Replicas: replicas})
 	if err != nil {
 		return nil, err
 	}
-	if _, err := events.OpenLogs(ctx, js, events.LogConfig{}); err != nil {
+	if _, err := events.OpenLogs(ctx, js, events.LogConfig{Replicas: replicas}); err != nil {
 		return nil, err
 	}
-	liveness, err := events.OpenLiveness(ctx, js, leaseTTL, 1)
+	liveness, err := events.OpenLiveness(ctx, js, leaseTTL, replicas)
 	if err != nil {
 		return nil, err
 	}
