@@ -13,7 +13,8 @@ import (
 
 // WorkerFeed is the fleet's heartbeats: every worker's current one, then changes.
 type WorkerFeed interface {
-	Watch(ctx context.Context) (<-chan events.WorkerUpdate, error)
+	// Watch returns the current heartbeats, then sends changes until ctx ends.
+	Watch(ctx context.Context) ([]events.WorkerUpdate, <-chan events.WorkerUpdate, error)
 	TTL() time.Duration
 }
 
@@ -78,20 +79,25 @@ func NewScheduler(tasks TaskLister, feed WorkerFeed, offer OfferFunc, base Base)
 	}
 }
 
-// Start follows the heartbeats and places tasks until Stop.
+// Start reads the fleet's heartbeats, places what it can at once, and goes on
+// following changes and placing tasks until Stop. Once it returns, every armed
+// task the reader knew of has been offered or has a reason to wait.
 func (s *Scheduler) Start(ctx context.Context) error {
 	ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	updates, err := s.feed.Watch(ctx)
+	current, updates, err := s.feed.Watch(ctx)
 	if err != nil {
 		s.cancel()
 		return err
 	}
+	for _, u := range current {
+		s.update(u)
+	}
+	s.pass(ctx)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		s.loop(ctx, updates)
 	}()
-	s.signal()
 	return nil
 }
 
@@ -127,8 +133,14 @@ func (s *Scheduler) loop(ctx context.Context, updates <-chan events.WorkerUpdate
 
 func (s *Scheduler) rewatch(ctx context.Context) <-chan events.WorkerUpdate {
 	for {
-		updates, err := s.feed.Watch(ctx)
+		current, updates, err := s.feed.Watch(ctx)
 		if err == nil {
+			s.mu.Lock()
+			clear(s.workers) // the current values replace what the lost watch knew
+			s.mu.Unlock()
+			for _, u := range current {
+				s.update(u)
+			}
 			return updates
 		}
 		s.base.Logger.Warn("scheduler: watching workers failed, retrying", "err", err)

@@ -109,13 +109,26 @@ type WorkerUpdate struct {
 	Gone bool
 }
 
-// Watch sends every worker's current heartbeat, then every change, until ctx ends;
-// then the channel is closed. An entry that expires with its TTL sends nothing: a
-// reader ages entries out by At.
-func (l *Liveness) Watch(ctx context.Context) (<-chan WorkerUpdate, error) {
+// Watch returns every worker's current heartbeat, then sends every change until
+// ctx ends; then the channel is closed. An entry that expires with its TTL sends
+// nothing: a reader ages entries out by At.
+func (l *Liveness) Watch(ctx context.Context) ([]WorkerUpdate, <-chan WorkerUpdate, error) {
 	w, err := l.kv.WatchAll(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("watch %s: %w", WorkersBucket, err)
+		return nil, nil, fmt.Errorf("watch %s: %w", WorkersBucket, err)
+	}
+	var current []WorkerUpdate
+	for entry := range w.Updates() {
+		if entry == nil {
+			break // the end of the current values
+		}
+		if u, ok := workerUpdate(entry); ok {
+			current = append(current, u)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		_ = w.Stop()
+		return nil, nil, err
 	}
 	out := make(chan WorkerUpdate)
 	go func() {
@@ -132,11 +145,8 @@ func (l *Liveness) Watch(ctx context.Context) (<-chan WorkerUpdate, error) {
 					return
 				}
 			}
-			if entry == nil {
-				continue // the end of the current values
-			}
-			u := WorkerUpdate{ID: entry.Key(), At: entry.Created(), Gone: entry.Operation() != jetstream.KeyValuePut}
-			if !u.Gone && json.Unmarshal(entry.Value(), &u.Info) != nil {
+			u, ok := workerUpdate(entry)
+			if !ok {
 				continue
 			}
 			select {
@@ -146,7 +156,15 @@ func (l *Liveness) Watch(ctx context.Context) (<-chan WorkerUpdate, error) {
 			}
 		}
 	}()
-	return out, nil
+	return current, out, nil
+}
+
+func workerUpdate(entry jetstream.KeyValueEntry) (WorkerUpdate, bool) {
+	u := WorkerUpdate{ID: entry.Key(), At: entry.Created(), Gone: entry.Operation() != jetstream.KeyValuePut}
+	if !u.Gone && json.Unmarshal(entry.Value(), &u.Info) != nil {
+		return u, false
+	}
+	return u, true
 }
 
 // Alive reports whether a worker's heartbeat is within the lease TTL.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -89,6 +90,12 @@ restarting them loses nothing and restarts no task.`,
 				return err
 			}
 			defer nc.Close()
+			if err := waitForServer(cmd.Context(), nc, logger); err != nil {
+				if cmd.Context().Err() != nil {
+					return nil // stopped while it waited
+				}
+				return err
+			}
 			// SIGUSR1 drains; registered before the worker starts so an early one is not lost.
 			usr1 := make(chan os.Signal, 1)
 			signal.Notify(usr1, syscall.SIGUSR1)
@@ -161,6 +168,39 @@ func shimCmd() *cobra.Command {
 		RunE: func(_ *cobra.Command, args []string) error {
 			return workers.RunShim(args[0])
 		},
+	}
+}
+
+// waitForServer waits until a bgtask server has created the streams and the
+// heartbeat bucket: in a deployment, workers may start before any engine.
+func waitForServer(ctx context.Context, nc *nats.Conn, logger *slog.Logger) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	for logged := false; ; {
+		_, err := js.Stream(ctx, events.StreamName)
+		if err == nil {
+			_, err = js.Stream(ctx, events.LogStreamName)
+		}
+		if err == nil {
+			_, err = js.KeyValue(ctx, events.WorkersBucket)
+		}
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrBucketNotFound) {
+			return err
+		}
+		if !logged {
+			logger.Info("waiting for a bgtask server to create the streams", "missing", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
 	}
 }
 
