@@ -225,6 +225,29 @@ func redactURL(urls string) string {
 	return strings.Join(out, ",")
 }
 
+// startTimeout bounds how long a server retries creating its streams.
+const startTimeout = 2 * time.Minute
+
+// retryStart retries one step of the start: on a cluster, a stream is not created
+// while a leader is elected, or while another engine creates the same stream, and
+// that passes. A step that still fails after startTimeout fails the start, with
+// every attempt's error logged.
+func retryStart[T any](ctx context.Context, log *slog.Logger, step func() (T, error)) (T, error) {
+	deadline := time.Now().Add(startTimeout)
+	for {
+		v, err := step()
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return v, err
+		}
+		log.Warn("starting: retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return v, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 // node is the engine side of a deployment: projector, dispatcher and API.
 type node struct {
 	projector  *projections.Projector
@@ -240,18 +263,27 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer stri
 	if err != nil {
 		return nil, err
 	}
-	store, err := events.OpenStore(ctx, js, events.StreamConfig{Replicas: replicas})
+	log := base.WithDefaults().Logger
+	store, err := retryStart(ctx, log, func() (*events.JetStreamStore, error) {
+		return events.OpenStore(ctx, js, events.StreamConfig{Replicas: replicas})
+	})
 	if err != nil {
 		return nil, err
 	}
-	inbox, err := events.OpenInbox(ctx, js, events.InboxConfig{Replicas: replicas})
+	inbox, err := retryStart(ctx, log, func() (*events.JetStreamInbox, error) {
+		return events.OpenInbox(ctx, js, events.InboxConfig{Replicas: replicas})
+	})
 	if err != nil {
 		return nil, err
 	}
-	if _, err := events.OpenLogs(ctx, js, events.LogConfig{Replicas: replicas}); err != nil {
+	if _, err := retryStart(ctx, log, func() (*events.Logs, error) {
+		return events.OpenLogs(ctx, js, events.LogConfig{Replicas: replicas})
+	}); err != nil {
 		return nil, err
 	}
-	liveness, err := events.OpenLiveness(ctx, js, leaseTTL, replicas)
+	liveness, err := retryStart(ctx, log, func() (*events.Liveness, error) {
+		return events.OpenLiveness(ctx, js, leaseTTL, replicas)
+	})
 	if err != nil {
 		return nil, err
 	}
