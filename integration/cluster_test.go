@@ -28,7 +28,8 @@ type deployment struct {
 }
 
 // startDeployment starts n clustered nodes on loopback with the shipped permissions.
-func startDeployment(t *testing.T, n int) *deployment {
+// configure, if given, changes each node's options further.
+func startDeployment(t *testing.T, n int, configure ...func(int, *server.Options)) *deployment {
 	t.Helper()
 	d := &deployment{passwords: map[string]string{}}
 	conf, err := os.ReadFile("../deploy/nats/accounts.conf")
@@ -52,6 +53,10 @@ func startDeployment(t *testing.T, n int) *deployment {
 			t.Fatalf("deploy/nats/accounts.conf: %v", err)
 		}
 		o.Accounts, o.Users = parsed.Accounts, parsed.Users
+	}, func(i int, o *server.Options) {
+		for _, c := range configure {
+			c(i, o)
+		}
 	})
 	return d
 }
