@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -109,5 +110,30 @@ func auditClusterClean(t *testing.T, d *deployment) {
 	t.Helper()
 	if r := d.run(t, "engine", "audit"); r.code != 0 {
 		t.Fatalf("audit found violations (exit %d):\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+// The configuration the compose file gives each NATS node parses, with JetStream
+// writing to disk before every acknowledgement, the three routes and the three
+// identities. (docker compose itself is not run by the tests.)
+func TestTheComposeNATSConfigurationParses(t *testing.T) {
+	t.Setenv("NATS_NAME", "nats-1")
+	for _, user := range []string{"ENGINE", "WORKER", "CLIENT"} {
+		t.Setenv("BGTASK_"+user+"_PASSWORD", "p-"+user)
+	}
+	o, err := server.ProcessConfigFile("../deploy/nats/cluster.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.ServerName != "nats-1" || !o.JetStream || !o.SyncAlways || o.Cluster.Name != "bgtask" || len(o.Routes) != 3 {
+		t.Errorf("cluster.conf: name %q, jetstream %v, sync always %v, cluster %q, %d routes",
+			o.ServerName, o.JetStream, o.SyncAlways, o.Cluster.Name, len(o.Routes))
+	}
+	users := map[string]string{}
+	for _, u := range o.Users {
+		users[u.Username] = u.Password
+	}
+	if len(users) != 3 || users["client"] != "p-CLIENT" {
+		t.Errorf("users %v, want engine, worker and client with the passwords of the environment", users)
 	}
 }
