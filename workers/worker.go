@@ -1,6 +1,7 @@
-// Package workers runs tasks. A worker takes a task by appending spawned on top of
-// its armed event, conditional on armed still being the task's last event, so only
-// one worker can ever take it; it then runs the command in its own process group in
+// Package workers runs tasks. A worker advertises its labels, state and capacity
+// in its heartbeat; the engine offers it armed tasks its labels match. It takes one
+// by appending spawned on top of the armed event, conditional on armed still being
+// the task's last event, so only one worker can ever take it; it then runs the command in its own process group in
 // the user's login environment, appends ticks while it runs and exited when it ends.
 // Every append is conditional on the worker's own last event: when the engine
 // cancels the task, the next append fails, and the worker stops the process group.
