@@ -72,7 +72,7 @@ func (s *Service) Register(ctx context.Context, raw []byte) (string, bool, error
 	if err != nil {
 		return "", false, err
 	}
-	_, err = s.store.Append(ctx, ev, 0)
+	_, err = s.appendArmed(ctx, ev)
 	switch {
 	case err == nil:
 		s.base.Logger.Info("armed", "task", id, "command", spec.CommandLine(), "target", spec.Target)
@@ -81,6 +81,24 @@ func (s *Service) Register(ctx context.Context, raw []byte) (string, bool, error
 		return id, false, nil
 	default:
 		return "", false, err
+	}
+}
+
+// appendArmed appends a task's first event, retrying the same event while the
+// store cannot be reached (a stream leader being elected takes seconds): the
+// event's id makes a retry of a write that was stored count once.
+func (s *Service) appendArmed(ctx context.Context, ev events.Event) (uint64, error) {
+	for {
+		seq, err := s.store.Append(ctx, ev, 0)
+		if err == nil || errors.Is(err, events.ErrConflict) || ctx.Err() != nil {
+			return seq, err
+		}
+		s.base.Logger.Warn("armed not recorded yet, retrying", "task", ev.TaskID, "err", err)
+		select {
+		case <-ctx.Done():
+			return 0, err
+		case <-time.After(250 * time.Millisecond):
+		}
 	}
 }
 

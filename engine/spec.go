@@ -71,6 +71,8 @@ type Spec struct {
 	Policy string `json:"policy,omitempty"`
 	// Deliver lists push sinks that get the wake-up besides the inbox.
 	Deliver []Sink `json:"deliver,omitempty"`
+	// Placement limits which workers may take the task (default: any worker).
+	Placement *Placement `json:"placement,omitempty"`
 }
 
 // ParseSpec decodes and validates a spec registered now.
@@ -257,7 +259,7 @@ func (s *Spec) Validate() error {
 	if err := checkTemplate(s.Prompt, placeholders); err != nil {
 		return fieldErr("prompt", "%v", err)
 	}
-	return nil
+	return s.Placement.validate()
 }
 
 // CommandLine is the command as a person reads it.

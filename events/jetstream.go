@@ -72,8 +72,14 @@ func (s *JetStreamStore) Append(ctx context.Context, ev Event, expect uint64) (u
 		jetstream.WithExpectStream(StreamName),
 		jetstream.WithExpectLastSequenceForSubject(expect, TaskFilter(ev.TaskID)))
 	if err == nil {
+		// On a replicated stream a retry of an append that was stored is
+		// acknowledged as a duplicate, with the original sequence.
 		return ack.Sequence, nil
 	}
+	// A retry that reaches a replicated stream while the first attempt is still
+	// being replicated gets 10158 ("duplicate message id is in process"): it is
+	// returned as an error like any other, and the caller's next retry of the same
+	// event gets the duplicate acknowledgement.
 	if !isWrongLastSequence(err) {
 		return 0, fmt.Errorf("append %s to task %s: %w", ev.Type, ev.TaskID, err)
 	}
@@ -131,8 +137,15 @@ func (s *JetStreamStore) History(ctx context.Context, taskID string) ([]Record, 
 			return nil, fmt.Errorf("read history of task %s: %w", taskID, err)
 		}
 		n := 0
+		done := false
+		// The batch is read to its end even after the last event: its fetch ends
+		// with the server's end-of-batch status, and a fetch left waiting for it
+		// would outlive the call.
 		for msg := range batch.Messages() {
 			n++
+			if done {
+				continue
+			}
 			meta, err := msg.Metadata()
 			if err != nil {
 				return nil, err
@@ -142,15 +155,13 @@ func (s *JetStreamStore) History(ctx context.Context, taskID string) ([]Record, 
 				return nil, err
 			}
 			out = append(out, rec)
-			if rec.Seq >= last.Seq {
-				return out, nil
-			}
+			done = rec.Seq >= last.Seq
 		}
 		if err := batch.Error(); err != nil {
 			return nil, fmt.Errorf("read history of task %s: %w", taskID, err)
 		}
-		if n == 0 {
-			return out, nil // the tail was removed while we read
+		if done || n == 0 {
+			return out, nil // n == 0: the tail was removed while we read
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, err

@@ -21,12 +21,27 @@ const DefaultLeaseTTL = time.Minute
 
 // WorkerInfo is what a worker's heartbeat says.
 type WorkerInfo struct {
-	ID        string    `json:"id"`
-	Host      string    `json:"host"`
-	Running   int       `json:"running"`
-	MaxTasks  int       `json:"max_tasks"`
-	Heartbeat time.Time `json:"heartbeat"`
+	ID   string `json:"id"`
+	Host string `json:"host"`
+	// Labels always include host; placement matches tasks to them.
+	Labels map[string]string `json:"labels,omitempty"`
+	// State says whether it takes tasks: only a ready worker is offered any.
+	State     WorkerState `json:"state,omitempty"`
+	Running   int         `json:"running"`
+	MaxTasks  int         `json:"max_tasks"`
+	Heartbeat time.Time   `json:"heartbeat"`
+	StartedAt time.Time   `json:"started_at,omitzero"`
 }
+
+// WorkerState is where a worker is in its life.
+type WorkerState string
+
+const (
+	WorkerStarting WorkerState = "starting" // watching its runs again, resolving its environment
+	WorkerReady    WorkerState = "ready"    // takes tasks
+	WorkerDraining WorkerState = "draining" // takes no task; exits when its runs have ended
+	WorkerStopped  WorkerState = "stopped"  // its process ended; its runs go on, its lease holds
+)
 
 // Liveness is the heartbeat bucket.
 type Liveness struct {
@@ -77,6 +92,79 @@ func (l *Liveness) Beat(ctx context.Context, info WorkerInfo) error {
 	}
 	_, err = l.kv.Put(ctx, info.ID, data)
 	return err
+}
+
+// Remove deletes a worker's heartbeat: it holds no task any more and is gone.
+func (l *Liveness) Remove(ctx context.Context, workerID string) error {
+	return l.kv.Delete(ctx, workerID)
+}
+
+// WorkerUpdate is a change of one worker's heartbeat entry.
+type WorkerUpdate struct {
+	ID   string
+	Info WorkerInfo
+	// At is when the server stored the heartbeat: one clock for every worker.
+	At time.Time
+	// Gone: the entry was removed (the worker drained and left).
+	Gone bool
+}
+
+// Watch returns every worker's current heartbeat, then sends every change until
+// ctx ends; then the channel is closed. An entry that expires with its TTL sends
+// nothing: a reader ages entries out by At.
+func (l *Liveness) Watch(ctx context.Context) ([]WorkerUpdate, <-chan WorkerUpdate, error) {
+	w, err := l.kv.WatchAll(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("watch %s: %w", WorkersBucket, err)
+	}
+	var current []WorkerUpdate
+	for entry := range w.Updates() {
+		if entry == nil {
+			break // the end of the current values
+		}
+		if u, ok := workerUpdate(entry); ok {
+			current = append(current, u)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		_ = w.Stop()
+		return nil, nil, err
+	}
+	out := make(chan WorkerUpdate)
+	go func() {
+		defer close(out)
+		defer func() { _ = w.Stop() }()
+		for {
+			var entry jetstream.KeyValueEntry
+			var ok bool
+			select {
+			case <-ctx.Done():
+				return
+			case entry, ok = <-w.Updates():
+				if !ok {
+					return
+				}
+			}
+			u, ok := workerUpdate(entry)
+			if !ok {
+				continue
+			}
+			select {
+			case out <- u:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return current, out, nil
+}
+
+func workerUpdate(entry jetstream.KeyValueEntry) (WorkerUpdate, bool) {
+	u := WorkerUpdate{ID: entry.Key(), At: entry.Created(), Gone: entry.Operation() != jetstream.KeyValuePut}
+	if !u.Gone && json.Unmarshal(entry.Value(), &u.Info) != nil {
+		return u, false
+	}
+	return u, true
 }
 
 // Alive reports whether a worker's heartbeat is within the lease TTL.

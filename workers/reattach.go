@@ -123,6 +123,7 @@ func (w *Worker) reattach(ctx context.Context) error {
 // resume runs a task found again after a restart, in a slot of its own if one is
 // free: more runs than capacity (it was lowered) still need watching.
 func (w *Worker) resume(ctx context.Context, r *run, offsets [2]int64, first func(*[2]int64) bool) {
+	w.hold(r) // now, not when the goroutine runs: a drain must count this run
 	slot := false
 	select {
 	case w.slots <- struct{}{}:

@@ -92,20 +92,13 @@ func (r *run) resync(ctx context.Context) bool {
 	}
 }
 
-// execute runs the command of a task the worker has just taken, to its end: once,
+// execute runs the command of a task the worker holds, to its end: once,
 // or again after each stall the spec says to respawn on.
 // first is the first run: a new one (runOnce), or one found again after a restart.
 // offsets is where the task's log stands, so a respawned run's log goes on after it.
 func (r *run) execute(ctx context.Context, offsets [2]int64, first func(*[2]int64) bool) {
 	w, id := r.w, r.state.ID
-	w.mu.Lock()
-	w.runs[id] = r
-	w.mu.Unlock()
-	defer func() {
-		w.mu.Lock()
-		delete(w.runs, id)
-		w.mu.Unlock()
-	}()
+	defer w.release(id) // held by whoever started the run
 	for respawn := first(&offsets); respawn; respawn = r.runOnce(ctx, &offsets) {
 		if err := writeIntent(w.runDir(id, r.state.Epoch+1), id, r.state.Epoch+1); err != nil {
 			w.cfg.Base.Logger.Error("respawn not started", "task", id, "err", err)

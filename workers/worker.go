@@ -1,6 +1,7 @@
-// Package workers runs tasks. A worker takes a task by appending spawned on top of
-// its armed event, conditional on armed still being the task's last event, so only
-// one worker can ever take it; it then runs the command in its own process group in
+// Package workers runs tasks. A worker advertises its labels, state and capacity
+// in its heartbeat; the engine offers it armed tasks its labels match. It takes one
+// by appending spawned on top of the armed event, conditional on armed still being
+// the task's last event, so only one worker can ever take it; it then runs the command in its own process group in
 // the user's login environment, appends ticks while it runs and exited when it ends.
 // Every append is conditional on the worker's own last event: when the engine
 // cancels the task, the next append fails, and the worker stops the process group.
@@ -12,7 +13,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
+	"maps"
 	"os"
 	"strings"
 	"sync"
@@ -24,13 +25,6 @@ import (
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
 )
-
-// pullWait is how long one request for an armed task waits.
-const pullWait = 5 * time.Second
-
-// ConsumerName is the durable consumer of armed events that all workers share, so
-// each armed task is offered to one worker at a time.
-const ConsumerName = "workers"
 
 // Config configures a worker.
 type Config struct {
@@ -52,7 +46,12 @@ type Config struct {
 	// Shim is the command that runs a shim, given a run directory as its last
 	// argument. Default: this program with the argument "shim".
 	Shim []string
-	Base engine.Base
+	// Labels are matched against the placement of tasks; host (the hostname) is
+	// added unless given.
+	Labels map[string]string
+	// Drain starts the worker draining: it watches the runs it left and exits.
+	Drain bool
+	Base  engine.Base
 }
 
 // Defaults.
@@ -82,11 +81,18 @@ func (c Config) withDefaults() Config {
 		// This very binary, even if an upgrade replaced its file meanwhile.
 		c.Shim = []string{"/proc/self/exe", "shim"}
 	}
+	c.Labels = maps.Clone(c.Labels)
+	if c.Labels == nil {
+		c.Labels = map[string]string{}
+	}
+	if c.Labels[engine.HostLabel] == "" {
+		c.Labels[engine.HostLabel] = hostname()
+	}
 	c.Base = c.Base.WithDefaults()
 	return c
 }
 
-// Worker takes armed tasks and runs them.
+// Worker takes the tasks the engine offers it and runs them.
 type Worker struct {
 	cfg   Config
 	host  string
@@ -95,14 +101,23 @@ type Worker struct {
 	store events.Store
 	logs  *events.Logs
 	env   func() []string
+	// slots holds one token per task the worker runs or is taking: it never runs
+	// more than MaxTasks.
 	slots chan struct{}
 
-	mu   sync.Mutex
-	runs map[string]*run
+	mu       sync.Mutex
+	runs     map[string]*run
+	taking   map[string]bool
+	state    events.WorkerState
+	stopping bool
+	held     int // what a stopping worker left running
+	started  time.Time
+	drained  chan struct{} // closed when a drain has ended: nothing runs, nothing is taken
 
+	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	sub    *nats.Subscription
+	subs   []*nats.Subscription
 	lock   *os.File
 
 	liveness *events.Liveness
@@ -112,9 +127,13 @@ type Worker struct {
 func (w *Worker) beat(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, appendTimeout)
 	defer cancel()
-	return w.liveness.Beat(ctx, events.WorkerInfo{
-		ID: w.cfg.ID, Host: w.host, Running: len(w.Running()), MaxTasks: w.cfg.MaxTasks, Heartbeat: time.Now().UTC(),
-	})
+	w.mu.Lock()
+	info := events.WorkerInfo{
+		ID: w.cfg.ID, Host: w.host, Labels: w.cfg.Labels, State: w.state, Running: max(len(w.runs), w.held),
+		MaxTasks: w.cfg.MaxTasks, Heartbeat: time.Now().UTC(), StartedAt: w.started,
+	}
+	w.mu.Unlock()
+	return w.liveness.Beat(ctx, info)
 }
 
 // heartbeat renews the lease four times per lease TTL until the worker stops.
@@ -138,7 +157,8 @@ func New(nc *nats.Conn, js jetstream.JetStream, store events.Store, cfg Config) 
 	cfg = cfg.withDefaults()
 	w := &Worker{
 		cfg: cfg, host: hostname(), nc: nc, js: js, store: store,
-		slots: make(chan struct{}, cfg.MaxTasks), runs: map[string]*run{},
+		slots: make(chan struct{}, cfg.MaxTasks), runs: map[string]*run{}, taking: map[string]bool{},
+		state: events.WorkerStarting, started: time.Now().UTC(), drained: make(chan struct{}),
 	}
 	w.env = sync.OnceValue(func() []string {
 		if cfg.Env != nil {
@@ -161,6 +181,9 @@ func (w *Worker) ID() string { return w.cfg.ID }
 func (w *Worker) Start(ctx context.Context) error {
 	if w.cfg.StateDir == "" || len(w.cfg.Shim) == 0 {
 		return errors.New("worker: a state directory and a shim command are required")
+	}
+	if err := engine.ValidateLabels("--label", w.cfg.Labels); err != nil {
+		return fmt.Errorf("worker: %w", err)
 	}
 	lock, err := lockStateDir(w.cfg.StateDir)
 	if err != nil {
@@ -194,31 +217,30 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.beat(ctx); err != nil {
 		return fmt.Errorf("worker: heartbeat: %w", err)
 	}
-	cons, err := w.js.CreateOrUpdateConsumer(ctx, events.StreamName, jetstream.ConsumerConfig{
-		Durable:     ConsumerName,
-		Description: "armed tasks, shared by all bgtask workers",
-		// A task is armed by its registration, and again when its worker is lost
-		// and its spec says respawn.
-		FilterSubjects: []string{events.TypeFilter(events.TypeArmed), events.TypeFilter(events.TypeLost)},
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        30 * time.Second,
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
-	})
-	if err != nil {
-		return fmt.Errorf("worker: consumer %s: %w", ConsumerName, err)
-	}
 	// Cancellations are published on the task's subject; a core subscription sees
 	// them at once. One that is missed is still caught by the next conditional append.
-	w.sub, err = w.nc.Subscribe(events.TypeFilter(events.TypeCancelled), w.onCancelled)
+	sub, err := w.nc.Subscribe(events.TypeFilter(events.TypeCancelled), w.onCancelled)
 	if err != nil {
 		return fmt.Errorf("worker: subscribe to cancellations: %w", err)
 	}
-	ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	w.subs = append(w.subs, sub)
+	w.ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	ctx = w.ctx
 	if err := w.reattach(ctx); err != nil {
 		w.cancel()
 		w.wg.Wait()
-		_ = w.sub.Unsubscribe()
+		w.unsubscribe()
 		return err
+	}
+	for verb, handle := range map[string]nats.MsgHandler{events.VerbOffer: w.onOffer, events.VerbDrain: w.onDrain} {
+		sub, err := w.nc.Subscribe(events.WorkerSubject(w.cfg.ID, verb), handle)
+		if err != nil {
+			w.cancel()
+			w.wg.Wait()
+			w.unsubscribe()
+			return fmt.Errorf("worker: subscribe to %s: %w", verb, err)
+		}
+		w.subs = append(w.subs, sub)
 	}
 	w.wg.Add(1)
 	go func() {
@@ -231,23 +253,70 @@ func (w *Worker) Start(ctx context.Context) error {
 		// A login shell takes a second or two: take no task before it is resolved,
 		// so tasks go to workers that can start them at once.
 		w.env()
-		w.takeLoop(ctx, cons)
+		w.setState(ctx, events.WorkerStarting, events.WorkerReady)
 	}()
 	started = true
-	w.cfg.Base.Logger.Info("worker started", "worker", w.cfg.ID, "max_tasks", w.cfg.MaxTasks)
+	w.cfg.Base.Logger.Info("worker started", "worker", w.cfg.ID, "max_tasks", w.cfg.MaxTasks, "labels", engine.FormatLabels(w.cfg.Labels))
+	if w.cfg.Drain {
+		w.Drain()
+	}
 	return nil
+}
+
+// setState moves the worker from one state to another, if it is still in the
+// first, and says so in a heartbeat at once: the engine offers tasks only to a
+// ready worker.
+func (w *Worker) setState(ctx context.Context, from, to events.WorkerState) bool {
+	w.mu.Lock()
+	if w.state != from {
+		w.mu.Unlock()
+		return false
+	}
+	w.state = to
+	w.mu.Unlock()
+	if err := w.beat(ctx); err != nil && ctx.Err() == nil {
+		w.cfg.Base.Logger.Warn("heartbeat not recorded", "err", err)
+	}
+	return true
+}
+
+func (w *Worker) unsubscribe() {
+	for _, sub := range w.subs {
+		_ = sub.Unsubscribe()
+	}
 }
 
 // Stop takes no more tasks and stops watching the running ones. Their commands go
 // on under their shims; the next Start of a worker with the same state directory
-// watches them again and records their exits.
+// watches them again and records their exits. The worker's lease holds meanwhile:
+// its last heartbeat says stopped, or is removed if it ran nothing.
 func (w *Worker) Stop() {
 	if w.cancel == nil {
 		return
 	}
-	_ = w.sub.Unsubscribe()
+	w.unsubscribe()
+	w.mu.Lock()
+	w.stopping = true
+	// The runs it holds now are left running, and stay its own: they keep its lease.
+	held := len(w.runs) + len(w.taking)
+	w.held = held
+	w.mu.Unlock()
 	w.cancel()
 	w.wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), appendTimeout)
+	defer cancel()
+	var err error
+	if held == 0 || w.isDrained() {
+		err = w.liveness.Remove(ctx, w.cfg.ID)
+	} else {
+		w.mu.Lock()
+		w.state = events.WorkerStopped
+		w.mu.Unlock()
+		err = w.beat(ctx)
+	}
+	if err != nil {
+		w.cfg.Base.Logger.Warn("last heartbeat not recorded", "err", err)
+	}
 	w.lock.Close()
 }
 
@@ -260,106 +329,6 @@ func (w *Worker) Running() []string {
 		ids = append(ids, id)
 	}
 	return ids
-}
-
-func (w *Worker) takeLoop(ctx context.Context, cons jetstream.Consumer) {
-	backoff := 50 * time.Millisecond
-	for {
-		select {
-		case w.slots <- struct{}{}: // wait for capacity before asking for a task
-		case <-ctx.Done():
-			return
-		}
-		// A short pull: a request lost with a restarted server is replaced within
-		// seconds instead of waiting out a long expiry.
-		pullCtx, cancelPull := context.WithTimeout(ctx, pullWait)
-		msg, err := cons.Next(jetstream.FetchContext(pullCtx))
-		cancelPull()
-		if err != nil {
-			<-w.slots
-			if ctx.Err() != nil {
-				return
-			}
-			if !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
-				w.cfg.Base.Logger.Warn("worker: fetching armed tasks", "err", err)
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(backoff):
-				}
-				backoff = min(2*backoff, 5*time.Second)
-			}
-			continue
-		}
-		backoff = 50 * time.Millisecond
-		w.wg.Add(1)
-		go func() {
-			defer w.wg.Done()
-			defer func() { <-w.slots }()
-			w.take(ctx, msg)
-		}()
-	}
-}
-
-// take tries to become the owner of an armed task and runs it if it did.
-func (w *Worker) take(ctx context.Context, msg jetstream.Msg) {
-	log := w.cfg.Base.Logger
-	meta, err := msg.Metadata()
-	if err != nil {
-		_ = msg.Term()
-		return
-	}
-	rec, err := events.DecodeRecord(meta.Sequence.Stream, msg.Data())
-	if err == nil {
-		var armed engine.State
-		var offsets [2]int64
-		if rec.Type == events.TypeArmed {
-			armed, err = engine.Apply(engine.State{}, rec)
-		} else {
-			// Lost by its worker: armed again if its spec says respawn. That takes the
-			// whole history, and the log goes on after the earlier runs' output.
-			armed, err = engine.Load(ctx, w.store, rec.TaskID)
-			if err == nil && (armed.Phase != engine.PhaseArmed || armed.Seq != rec.Seq) {
-				_ = msg.Ack() // ended, or moved on since
-				return
-			}
-			for i, stream := range []string{events.Stdout, events.Stderr} {
-				if err == nil {
-					offsets[i], err = w.logs.End(ctx, rec.TaskID, stream)
-				}
-			}
-		}
-		if err == nil {
-			// The run's directory is made before the spawn is appended: a worker that
-			// dies between the two finds the task again when it restarts.
-			dir := w.runDir(armed.ID, armed.Epoch+1)
-			if err = writeIntent(dir, armed.ID, armed.Epoch+1); errors.Is(err, fs.ErrExist) {
-				_ = msg.Ack() // this worker took it before a restart, and holds the run
-				return
-			} else if err != nil {
-				log.Error("worker: cannot write its state directory", "err", err)
-				_ = msg.NakWithDelay(time.Second)
-				return
-			}
-			r := &run{w: w, state: armed, cancelled: make(chan struct{})}
-			switch err = r.record(ctx, engine.Spawn{Host: w.host}); {
-			case err == nil:
-				_ = msg.Ack()
-				engine.CrashPoint(engine.CrashAfterSpawn)
-				r.execute(ctx, offsets, func(offsets *[2]int64) bool { return r.runOnce(ctx, offsets) })
-			case errors.Is(err, errFenced):
-				_ = os.RemoveAll(dir)
-				_ = msg.Ack() // another worker took it, or it was cancelled first
-			default:
-				_ = os.RemoveAll(dir)
-				log.Warn("worker: could not take task, will retry", "task", rec.TaskID, "err", err)
-				_ = msg.NakWithDelay(time.Second)
-			}
-			return
-		}
-	}
-	log.Error("worker: unreadable armed event skipped", "seq", meta.Sequence.Stream, "err", err)
-	_ = msg.Term()
 }
 
 func (w *Worker) onCancelled(m *nats.Msg) {

@@ -22,6 +22,7 @@ import (
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/events/eventstest"
+	"github.com/bgtask/bgtask/projections"
 	"github.com/bgtask/bgtask/workers"
 )
 
@@ -45,10 +46,33 @@ func setup(t *testing.T) *bundle {
 	if _, err := events.OpenLogs(ctx, srv.JS, events.LogConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := events.OpenLiveness(ctx, srv.JS, time.Minute, 1); err != nil {
+	liveness, err := events.OpenLiveness(ctx, srv.JS, time.Minute, 1)
+	if err != nil {
 		t.Fatal(err)
 	}
+	startScheduler(t, srv.Conn, store, liveness)
 	return &bundle{srv: srv, store: store}
+}
+
+// startScheduler runs the engine's part that offers armed tasks to workers, with
+// the projector it reads the tasks from, until the test ends.
+func startScheduler(t *testing.T, nc *nats.Conn, store *events.JetStreamStore, liveness *events.Liveness) {
+	t.Helper()
+	var sched *engine.Scheduler
+	proj := projections.New(store, func(s engine.State) { sched.Notify(s) }, engine.Base{})
+	sched = engine.NewScheduler(proj, liveness, func(ctx context.Context, worker string, o events.Offer) (events.OfferReply, error) {
+		return events.OfferTask(ctx, nc, worker, o)
+	}, engine.Base{})
+	if err := proj.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := sched.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		proj.Stop()
+		sched.Stop()
+	})
 }
 
 // startWorker starts a worker on the bundle's own connection.

@@ -17,7 +17,8 @@ import (
 type addOptions struct {
 	cwd, kind, prompt, target, key, origin string
 	env                                    []string
-	noCwd, keepRunning, asJSON             bool
+	noCwd, keepRunning, asJSON, anywhere   bool
+	labels                                 []string
 	completeJSON                           []string
 	completeRegex                          string
 	stallAfter, onStall, deadline          string
@@ -56,6 +57,12 @@ a webhook gets it as a signed JSON POST, an exec sink runs a program with the
 prompt on stdin (its argv may use the placeholders and {{prompt}}). --policy
 says when: queue (default: hold while the target is busy, see 'bgtask target'),
 defer_idle (also one at a time), or immediate.
+Placement: a task with a cwd (the default: the current directory) runs on this
+host only, since a directory here means nothing on another machine: its
+placement is {"labels": {"host": "THIS-HOST"}}. --label KEY=VALUE places it on
+workers with those labels instead, --anywhere on any worker. A task that no live
+worker can take stays armed; 'bgtask show ID' says what it waits for.
+
 --spec reads a whole JSON spec (see the README); flags given too override it.`,
 		Example: `  bgtask add -- make test
   bgtask add --kind deploy --target agent-7 --origin '{"session":"s1"}' -- ./deploy.sh prod
@@ -64,6 +71,7 @@ defer_idle (also one at a time), or immediate.
   bgtask add --deadline 30m --result 'command:gh run view 42 --json conclusion' -- gh run watch 42
   bgtask add --target agent-7 --webhook https://hooks.example.com/bgtask -- make release
   bgtask add --exec-json '["claude","-p","--resume","SESSION"]' --policy defer_idle -- make test
+  bgtask add --label pool=gpu --no-cwd -- ./train.sh
   id=$(bgtask add --json -- 'sleep 5; echo done' | jq -r .id)`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dash := cmd.ArgsLenAtDash(); dash > 0 {
@@ -106,6 +114,8 @@ defer_idle (also one at a time), or immediate.
 	f.StringVar(&o.policy, "policy", "", "when push sinks get the wake-up: queue (default), defer_idle or immediate")
 	f.StringArrayVar(&o.webhooks, "webhook", nil, "POST the wake-up to this http(s) URL (repeatable)")
 	f.StringArrayVar(&o.execs, "exec-json", nil, `run this argv, a JSON array like '["notify","{{task_id}}"]', with the prompt on stdin (repeatable)`)
+	f.StringArrayVar(&o.labels, "label", nil, "KEY=VALUE a worker must have to take the task (repeatable; replaces the default host placement)")
+	f.BoolVar(&o.anywhere, "anywhere", false, "any worker may take the task, whatever host registered it")
 	f.StringVar(&o.specFile, "spec", "", "a whole JSON spec from a file ('-' for stdin); flags given too override it")
 	f.BoolVar(&o.asJSON, "json", false, "print {\"id\": ...} as JSON")
 	return cmd
@@ -145,6 +155,9 @@ func (o *addOptions) spec(cmd *cobra.Command, args []string) ([]byte, error) {
 			return nil, fmt.Errorf("--cwd: %w", err)
 		}
 		doc["cwd"] = cwd
+	}
+	if err := o.placement(cmd, doc); err != nil {
+		return nil, err
 	}
 	set("kind", "kind", o.kind)
 	set("prompt", "prompt", o.prompt)
@@ -213,6 +226,27 @@ func (o *addOptions) sinks() ([]engine.Sink, error) {
 		sinks = append(sinks, engine.Sink{Type: engine.SinkExec, Argv: argv})
 	}
 	return sinks, nil
+}
+
+// placement sets the spec's placement: --label, --anywhere, else the registering
+// host for a task with a cwd that names none.
+func (o *addOptions) placement(cmd *cobra.Command, doc map[string]any) error {
+	changed := cmd.Flags().Changed
+	switch {
+	case changed("label") && o.anywhere:
+		return usageErr("--label and --anywhere: give one")
+	case changed("label"):
+		labels, err := parseKeyValues("--label", o.labels)
+		if err != nil {
+			return err
+		}
+		doc["placement"] = map[string]any{"labels": labels}
+	case o.anywhere:
+		delete(doc, "placement")
+	case doc["cwd"] != nil && doc["placement"] == nil:
+		doc["placement"] = map[string]any{"labels": map[string]string{engine.HostLabel: hostName()}}
+	}
+	return nil
 }
 
 func readSpecFile(path string, doc map[string]any) error {

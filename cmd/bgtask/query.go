@@ -56,6 +56,11 @@ func printTaskTable(w io.Writer, reply api.ListReply) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	for _, t := range reply.Tasks {
+		if t.Waiting != "" {
+			fmt.Fprintf(w, "%s %s\n", t.ID, t.Waiting)
+		}
+	}
 	if reply.Total > len(reply.Tasks) {
 		_, err := fmt.Fprintf(w, "(%d of %d tasks; --limit 0 shows all)\n", len(reply.Tasks), reply.Total)
 		return err
@@ -100,7 +105,9 @@ func printTask(w io.Writer, t api.TaskView) error {
 	row("cwd", t.Spec.Cwd)
 	row("kind", t.Spec.Kind)
 	row("target", t.Spec.Target)
+	row("placement", t.Spec.Placement.String())
 	row("armed", stamp(&t.ArmedAt))
+	row("waiting", t.Waiting)
 	if t.Worker != "" {
 		row("worker", t.Worker+" on "+t.Host)
 	}

@@ -41,12 +41,11 @@ const (
 
 // globals are the flags every command has.
 type globals struct {
-	home     string
-	natsURL  string
-	user     string
-	password string
-	stdout   io.Writer
-	stderr   io.Writer
+	home    string
+	natsURL string
+	auth    natsAuth
+	stdout  io.Writer
+	stderr  io.Writer
 }
 
 // Run runs the bgtask command line.
@@ -72,15 +71,14 @@ register work with 'bgtask add -- COMMAND' and wait for it with 'bgtask wait ID'
 	root.SetContext(ctx)
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.home, "home", "", "server home directory (default $BGTASK_HOME, else $XDG_STATE_HOME/bgtask or ~/.local/state/bgtask)")
-	pf.StringVar(&g.natsURL, "nats", "", "NATS URL of a bgtask deployment, instead of finding the server through --home")
-	pf.StringVar(&g.user, "user", "", "NATS user, with --nats")
-	pf.StringVar(&g.password, "password", "", "NATS password, with --nats (or $BGTASK_NATS_PASSWORD)")
+	pf.StringVar(&g.natsURL, "nats", "", "NATS URL(s) of a bgtask deployment, comma separated, instead of finding the server through --home")
+	g.auth.register(pf)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		return &exitError{code: exitUsage, err: err}
 	})
 	root.AddCommand(
 		serverCmd(g), workerCmd(g), addCmd(g), waitCmd(g), listCmd(g),
-		showCmd(g), historyCmd(g), logsCmd(g), cancelCmd(g), inboxCmd(g), targetCmd(g), auditCmd(g), shimCmd(),
+		showCmd(g), historyCmd(g), logsCmd(g), cancelCmd(g), inboxCmd(g), targetCmd(g), auditCmd(g), workersCmd(g), shimCmd(),
 	)
 	err := root.Execute()
 	if err != nil && !errors.As(err, new(*exitError)) && isUsageError(err) {
@@ -114,18 +112,18 @@ func version() string {
 func (g *globals) connect(name string) (*nats.Conn, error) {
 	opts := []nats.Option{nats.Name(name), nats.Timeout(5 * time.Second), nats.MaxReconnects(-1)}
 	if g.natsURL != "" {
-		password := g.password
-		if password == "" {
-			password = os.Getenv("BGTASK_NATS_PASSWORD")
+		auth, err := g.auth.options()
+		if err != nil {
+			return nil, err
 		}
-		if g.user != "" {
-			opts = append(opts, nats.UserInfo(g.user, password))
-		}
-		nc, err := nats.Connect(g.natsURL, opts...)
+		nc, err := nats.Connect(g.natsURL, append(opts, auth...)...)
 		if err != nil {
 			return nil, fmt.Errorf("connect to %s: %w", g.natsURL, err)
 		}
 		return nc, nil
+	}
+	if g.auth.given() {
+		return nil, usageErr("the NATS auth and TLS flags go with --nats URL; without it the home's own credentials are used")
 	}
 	home, err := homeDir(g.home)
 	if err != nil {

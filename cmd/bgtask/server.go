@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -29,18 +30,20 @@ type serverOptions struct {
 	sync     string
 	leaseTTL time.Duration
 	noWorker bool
+	replicas int
 	worker   workerOptions
 	delivery deliveryOptions
 	// archiveAfter is how long finished tasks stay whole in the event stream.
 	archiveAfter time.Duration
 	logLevel     string
+	probe        probeOptions
 }
 
 func serverCmd(g *globals) *cobra.Command {
 	var o serverOptions
 	cmd := &cobra.Command{
 		Use:   "server",
-		Short: "Run bgtask all-in-one: embedded NATS JetStream, engine, projector and a worker",
+		Short: "Run bgtask: engine, projector and a worker, on embedded NATS or a NATS cluster",
 		Long: `Run bgtask all-in-one on this machine: an embedded NATS server with JetStream
 (file storage in the home directory), the engine that serves the API on
 bgtask.register and friends, the dispatcher that delivers wake-ups, the projector
@@ -49,10 +52,40 @@ that rebuilds state from the stream, and a worker.
 The server listens on loopback only and requires the credentials it generates
 into the home directory (credentials.json, mode 0600). It writes server.json there
 so that every client command finds it through --home or $BGTASK_HOME. Only one
-server runs per home. SIGINT or SIGTERM stops it cleanly.`,
+server runs per home. SIGINT or SIGTERM stops it cleanly.
+
+With --nats URL (and the auth and TLS flags) it runs against an existing NATS
+JetStream cluster instead: no embedded server, no discovery file; streams and the
+heartbeat bucket are created with --replicas copies (3 on a cluster of three or
+more JetStream nodes). Any number of such servers may run at once: they share
+the API (a queue group) and every append is conditional, so each task still
+fires once whichever of them sees its end first. Before it serves, it checks that
+neither an anonymous connection nor the client identity (--client-user,
+--client-creds, --client-nkey) can publish into the event stream, and refuses to
+run if one can: registering a task is running a command.`,
+		Example: `  bgtask server
+  bgtask server --nats nats://n1:4222,nats://n2:4222,nats://n3:4222 --user engine \
+      --replicas 3 --no-worker --client-user client`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runServer(cmd.Context(), g, o)
+			changed := cmd.Flags().Changed
+			if o.replicas < 1 || o.replicas > 5 {
+				return usageErr("--replicas %d: want 1 to 5", o.replicas)
+			}
+			if g.natsURL == "" {
+				for _, flag := range []string{"replicas", "client-user", "client-creds", "client-nkey"} {
+					if changed(flag) {
+						return usageErr("--%s goes with --nats: the embedded server is one node with one identity", flag)
+					}
+				}
+				return runServer(cmd.Context(), g, o)
+			}
+			for _, flag := range []string{"listen", "sync"} {
+				if changed(flag) {
+					return usageErr("--%s is for the embedded server; with --nats the cluster's own configuration decides", flag)
+				}
+			}
+			return runExternal(cmd.Context(), g, o)
 		},
 	}
 	f := cmd.Flags()
@@ -60,6 +93,8 @@ server runs per home. SIGINT or SIGTERM stops it cleanly.`,
 	f.StringVar(&o.sync, "sync", "always", "when the embedded JetStream store reaches the disk: always (fsync before every acknowledgement) or interval (every 2 minutes: faster, but a power loss can undo acknowledged events)")
 	f.DurationVar(&o.leaseTTL, "lease-ttl", events.DefaultLeaseTTL, "how long a worker may go without a heartbeat before its running tasks are lost (it must outlast a worker's restart)")
 	f.BoolVar(&o.noWorker, "no-worker", false, "run no worker in the server (tasks wait for 'bgtask worker' processes)")
+	f.IntVar(&o.replicas, "replicas", 1, "copies of each stream and of the heartbeat bucket, with --nats (3 on a cluster of three or more JetStream nodes)")
+	o.probe.register(f)
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	o.worker.register(f)
 	o.delivery.register(f)
@@ -122,7 +157,12 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	if err != nil {
 		return err
 	}
-	node, err := startNode(ctx, nc, base, "engine@"+hostName(), o.leaseTTL, o.delivery.pushing(secret), o.archiveAfter)
+	// One engine per home: its id is the same across restarts, so a push it
+	// claimed before a crash is known to be dead when it starts again.
+	node, err := startNode(ctx, nc, base, nodeOptions{
+		writer: "engine@" + hostName(), leaseTTL: o.leaseTTL, replicas: 1,
+		push: o.delivery.pushing(secret), archiveAfter: o.archiveAfter,
+	})
 	if err != nil {
 		return err
 	}
@@ -145,6 +185,93 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	return nil
 }
 
+// runExternal runs the engine (and a worker, unless --no-worker) against a NATS
+// deployment of your own.
+func runExternal(ctx context.Context, g *globals, o serverOptions) error {
+	logger, err := newLogger(g.stderr, o.logLevel)
+	if err != nil {
+		return err
+	}
+	if err := o.probe.check(ctx, g, logger); err != nil {
+		return err
+	}
+	nc, err := g.connect("bgtask-engine")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	base := engine.Base{Logger: logger}
+	home, err := homeDir(g.home)
+	if err != nil {
+		return err
+	}
+	secret, err := loadWebhookSecret(o.delivery.secretFile, home)
+	if err != nil {
+		return err
+	}
+	// Replicas may share a host: each engine process has an id of its own, so no
+	// replica takes another's push in flight for one of its own dead ones.
+	node, err := startNode(ctx, nc, base, nodeOptions{
+		writer: fmt.Sprintf("engine@%s/%d", hostName(), os.Getpid()), leaseTTL: o.leaseTTL, replicas: o.replicas,
+		push: o.delivery.pushing(secret), archiveAfter: o.archiveAfter,
+	})
+	if err != nil {
+		return err
+	}
+	defer node.stop()
+	if !o.noWorker {
+		o.worker.stateDir = filepath.Join(home, "worker")
+		wnc, err := g.connect("bgtask-worker")
+		if err != nil {
+			return err
+		}
+		w, err := newWorker(ctx, wnc, o.worker, base)
+		if err != nil {
+			wnc.Close()
+			return err
+		}
+		defer w.Stop()
+	}
+	logger.Info("bgtask server ready", "nats", redactURL(g.natsURL), "replicas", o.replicas)
+	<-ctx.Done()
+	logger.Info("bgtask server stopping")
+	return nil
+}
+
+// redactURL drops passwords from NATS URLs before they are logged.
+func redactURL(urls string) string {
+	var out []string
+	for _, raw := range strings.Split(urls, ",") {
+		if u, err := url.Parse(strings.TrimSpace(raw)); err == nil {
+			out = append(out, u.Redacted())
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+// startTimeout bounds how long a server retries creating its streams.
+const startTimeout = 2 * time.Minute
+
+// retryStart retries one step of the start: on a cluster, a stream is not created
+// while a leader is elected, or while another engine creates the same stream, and
+// that passes. A step that still fails after startTimeout fails the start, with
+// every attempt's error logged.
+func retryStart[T any](ctx context.Context, log *slog.Logger, step func() (T, error)) (T, error) {
+	deadline := time.Now().Add(startTimeout)
+	for {
+		v, err := step()
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return v, err
+		}
+		log.Warn("starting: retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return v, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 // node is the engine side of a deployment: projector, dispatcher and API.
 type node struct {
 	projector  *projections.Projector
@@ -154,34 +281,54 @@ type node struct {
 	pusher     *engine.Pusher
 	archiver   *engine.Archiver
 	targets    func() // stops the watch of the targets' states
+	scheduler  *engine.Scheduler
 	api        *api.Server
 }
 
-func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer string, leaseTTL time.Duration, push pushing, archiveAfter time.Duration) (*node, error) {
+// nodeOptions are what an engine is started with.
+type nodeOptions struct {
+	writer       string
+	leaseTTL     time.Duration
+	replicas     int
+	push         pushing
+	archiveAfter time.Duration
+}
+
+func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptions) (*node, error) {
+	writer, replicas := o.writer, o.replicas
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
-	store, err := events.OpenStore(ctx, js, events.StreamConfig{})
+	log := base.WithDefaults().Logger
+	store, err := retryStart(ctx, log, func() (*events.JetStreamStore, error) {
+		return events.OpenStore(ctx, js, events.StreamConfig{Replicas: replicas})
+	})
 	if err != nil {
 		return nil, err
 	}
-	inbox, err := events.OpenInbox(ctx, js, events.InboxConfig{})
+	inbox, err := retryStart(ctx, log, func() (*events.JetStreamInbox, error) {
+		return events.OpenInbox(ctx, js, events.InboxConfig{Replicas: replicas})
+	})
 	if err != nil {
 		return nil, err
 	}
-	if _, err := events.OpenLogs(ctx, js, events.LogConfig{}); err != nil {
+	if _, err := retryStart(ctx, log, func() (*events.Logs, error) {
+		return events.OpenLogs(ctx, js, events.LogConfig{Replicas: replicas})
+	}); err != nil {
 		return nil, err
 	}
-	liveness, err := events.OpenLiveness(ctx, js, leaseTTL, 1)
+	liveness, err := retryStart(ctx, log, func() (*events.Liveness, error) {
+		return events.OpenLiveness(ctx, js, o.leaseTTL, replicas)
+	})
 	if err != nil {
 		return nil, err
 	}
-	targets, err := events.OpenTargets(ctx, js, 1)
+	targets, err := events.OpenTargets(ctx, js, replicas)
 	if err != nil {
 		return nil, err
 	}
-	archive, err := events.OpenArchive(ctx, js, 1)
+	archive, err := events.OpenArchive(ctx, js, replicas)
 	if err != nil {
 		return nil, err
 	}
@@ -190,11 +337,15 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer stri
 		n.dispatcher.Notify(s)
 		n.timers.Notify(s)
 		n.pusher.Notify(s)
+		n.scheduler.Notify(s)
 	}, base)
-	n.pusher = engine.NewPusher(store, n.projector, push.runner, engine.Engine{Writer: writer, Instance: uuid.NewString()}, push.retryBase, base)
+	n.pusher = engine.NewPusher(store, n.projector, o.push.runner, engine.Engine{Writer: writer, Instance: uuid.NewString()}, o.push.retryBase, base)
 	n.dispatcher = engine.NewDispatcher(store, inbox, n.projector, writer, 4, base)
 	n.timers = engine.NewTimers(store, n.projector, writer, base)
 	n.leases = engine.NewLeases(store, n.projector, liveness, writer, base)
+	n.scheduler = engine.NewScheduler(n.projector, liveness, func(ctx context.Context, worker string, o events.Offer) (events.OfferReply, error) {
+		return events.OfferTask(ctx, nc, worker, o)
+	}, base)
 	if err := n.projector.Start(ctx); err != nil {
 		return nil, err
 	}
@@ -217,11 +368,15 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, writer stri
 		return nil, err
 	}
 	n.pusher.Start()
-	n.archiver = engine.NewArchiver(store, store, archive, n.projector, writer, archiveAfter, base)
-	if archiveAfter > 0 {
-		n.archiver.Start(ctx, min(max(archiveAfter/10, time.Second), 10*time.Minute))
+	n.archiver = engine.NewArchiver(store, store, archive, n.projector, writer, o.archiveAfter, base)
+	if o.archiveAfter > 0 {
+		n.archiver.Start(ctx, min(max(o.archiveAfter/10, time.Second), 10*time.Minute))
 	}
-	n.api, err = api.Serve(nc, engine.NewService(store, writer, base), n.projector, store, archive, version(), base)
+	if err := n.scheduler.Start(ctx); err != nil {
+		n.stopEngine()
+		return nil, err
+	}
+	n.api, err = api.Serve(nc, engine.NewService(store, writer, base), n.projector, n.scheduler, store, archive, version(), base)
 	if err != nil {
 		n.stopEngine()
 		return nil, err
@@ -244,6 +399,7 @@ func (n *node) stopEngine() {
 		n.targets()
 	}
 	n.pusher.Stop()
+	n.scheduler.Stop()
 	n.timers.Stop()
 	n.dispatcher.Stop()
 }

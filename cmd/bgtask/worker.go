@@ -3,7 +3,12 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -23,6 +28,8 @@ type workerOptions struct {
 	maxTasks  int
 	tick      time.Duration
 	killGrace time.Duration
+	labels    []string
+	drain     bool
 }
 
 func (o *workerOptions) register(f *pflag.FlagSet) {
@@ -30,6 +37,7 @@ func (o *workerOptions) register(f *pflag.FlagSet) {
 	f.IntVar(&o.maxTasks, "max-tasks", workers.DefaultMaxTasks, "commands the worker runs at once; it takes no task beyond that")
 	f.DurationVar(&o.tick, "tick", workers.DefaultTickInterval, "interval of a running task's tick events")
 	f.DurationVar(&o.killGrace, "kill-grace", workers.DefaultKillGrace, "time between TERM and KILL when a task's process group is stopped")
+	f.StringArrayVar(&o.labels, "label", nil, "KEY=VALUE the worker advertises; a task's placement must match its labels (repeatable; host=HOSTNAME is always added unless given)")
 }
 
 func workerCmd(g *globals) *cobra.Command {
@@ -38,16 +46,27 @@ func workerCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "worker",
 		Short: "Run a worker that takes tasks and runs their commands",
-		Long: `Run a worker as its own process. It connects to the server found through --home
-(or to --nats URL), takes armed tasks while it has capacity, runs each command in
-its own process group in the login environment of the user running it, appends
-tick events while it runs and an exited event when it ends.
+		Long: `Run a worker as its own process, on this host or another. It connects to the
+server found through --home (or to --nats URL with the auth flags), advertises its
+labels (always host=HOSTNAME), its capacity and a heartbeat, and runs the tasks the
+engine offers it: only tasks whose placement its labels match, never more than
+--max-tasks at once. Each command runs in its own process group in the login
+environment of the user running the worker; tick events are appended while it
+runs and an exited event when it ends.
 
 Each command runs under a shim (this binary in shim mode) in a session of its
 own, so stopping the worker (SIGINT, SIGTERM, even kill -9) leaves its commands
 running; the next start with the same --state-dir watches them again and records
 the exits that happened meanwhile, once. Any number of workers may run, each with
-its own state directory; each task is taken by exactly one of them.`,
+its own state directory; each task is taken by exactly one of them.
+
+Draining: 'bgtask worker drain ID', SIGUSR1, or --drain at start make the worker
+take no new task, watch its running ones to their end, and then exit (status 0)
+with its heartbeat removed. Upgrading workers one at a time by draining or by
+restarting them loses nothing and restarts no task.`,
+		Example: `  bgtask worker --label pool=gpu --max-tasks 4
+  bgtask worker --nats nats://nats-1:4222 --creds worker.creds --label pool=build --state-dir /var/lib/bgtask
+  bgtask worker drain build-1-3fa9c2d0`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			logger, err := newLogger(g.stderr, logLevel)
@@ -71,18 +90,71 @@ its own state directory; each task is taken by exactly one of them.`,
 				return err
 			}
 			defer nc.Close()
+			if err := waitForServer(cmd.Context(), nc, logger); err != nil {
+				if cmd.Context().Err() != nil {
+					return nil // stopped while it waited
+				}
+				return err
+			}
+			// SIGUSR1 drains; registered before the worker starts so an early one is not lost.
+			usr1 := make(chan os.Signal, 1)
+			signal.Notify(usr1, syscall.SIGUSR1)
+			defer signal.Stop(usr1)
 			w, err := newWorker(cmd.Context(), nc, o, engine.Base{Logger: logger})
 			if err != nil {
 				return err
 			}
-			<-cmd.Context().Done()
-			w.Stop()
-			return nil
+			defer w.Stop()
+			for {
+				select {
+				case <-cmd.Context().Done():
+					return nil
+				case <-usr1:
+					w.w.Drain()
+				case <-w.w.Drained():
+					return nil
+				}
+			}
 		},
 	}
 	o.register(cmd.Flags())
+	cmd.Flags().BoolVar(&o.drain, "drain", false, "start draining: watch the runs left in the state directory to their end, take no new task, then exit")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	cmd.Flags().StringVar(&stateDir, "state-dir", "", "where the worker keeps its runs and identity (default HOME/workers/WORKER-ID, or HOME/workers/default)")
+	cmd.AddCommand(drainCmd(g))
+	return cmd
+}
+
+func drainCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "drain WORKER-ID",
+		Short: "Tell a worker to take no new task and exit once its running tasks end",
+		Long: `Tell a running worker to drain: it takes no new task, keeps watching the tasks it
+runs until they end, then removes its heartbeat and exits. Its tasks are not
+stopped or restarted. Prints what it still runs. 'bgtask workers' lists the ids.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !events.ValidToken(args[0]) {
+				return usageErr("worker id %q: use letters, digits, '-' and '_'", args[0])
+			}
+			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
+				reply, err := events.DrainWorker(ctx, c.nc, args[0])
+				if errors.Is(err, events.ErrNoWorker) {
+					return fmt.Errorf("worker %s: %w", args[0], err)
+				}
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSONLine(g.stdout, reply)
+				}
+				_, err = fmt.Fprintf(g.stdout, "worker %s is draining; it exits after %d running task(s)\n", reply.ID, len(reply.Running))
+				return err
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print {\"id\": ..., \"running\": [...]} as JSON")
 	return cmd
 }
 
@@ -99,6 +171,39 @@ func shimCmd() *cobra.Command {
 	}
 }
 
+// waitForServer waits until a bgtask server has created the streams and the
+// heartbeat bucket: in a deployment, workers may start before any engine.
+func waitForServer(ctx context.Context, nc *nats.Conn, logger *slog.Logger) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	for logged := false; ; {
+		_, err := js.Stream(ctx, events.StreamName)
+		if err == nil {
+			_, err = js.Stream(ctx, events.LogStreamName)
+		}
+		if err == nil {
+			_, err = js.KeyValue(ctx, events.WorkersBucket)
+		}
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrBucketNotFound) {
+			return err
+		}
+		if !logged {
+			logger.Info("waiting for a bgtask server to create the streams", "missing", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 // newWorker starts a worker on nc; it owns nc and closes it when stopped.
 func newWorker(ctx context.Context, nc *nats.Conn, o workerOptions, base engine.Base) (*workerHandle, error) {
 	if o.stateDir == "" {
@@ -112,8 +217,16 @@ func newWorker(ctx context.Context, nc *nats.Conn, o workerOptions, base engine.
 	if err != nil {
 		return nil, err
 	}
+	labels, err := parseKeyValues("--label", o.labels)
+	if err != nil {
+		return nil, err
+	}
+	if err := engine.ValidateLabels("--label", labels); err != nil {
+		return nil, usageErr("%v", err)
+	}
 	w := workers.New(nc, js, store, workers.Config{
-		ID: o.id, MaxTasks: o.maxTasks, TickInterval: o.tick, KillGrace: o.killGrace, StateDir: o.stateDir, Base: base,
+		ID: o.id, MaxTasks: o.maxTasks, TickInterval: o.tick, KillGrace: o.killGrace, StateDir: o.stateDir,
+		Labels: labels, Drain: o.drain, Base: base,
 	})
 	if err := w.Start(ctx); err != nil {
 		return nil, err

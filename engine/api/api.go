@@ -30,6 +30,7 @@ const (
 	SubjectGet      = "bgtask.get"
 	SubjectList     = "bgtask.list"
 	SubjectHistory  = "bgtask.history"
+	SubjectWorkers  = "bgtask.workers"
 )
 
 // ServiceName is the micro service's name.
@@ -43,6 +44,18 @@ type Queries interface {
 	WaitFor(ctx context.Context, seq uint64) error
 }
 
+// Fleet is what the engine knows of its workers.
+type Fleet interface {
+	Workers() []engine.WorkerStatus
+	// Waiting says why an armed task has not started ("" if it has no reason yet).
+	Waiting(id string) string
+}
+
+// WorkersReply lists the live workers.
+type WorkersReply struct {
+	Workers []engine.WorkerStatus `json:"workers"`
+}
+
 // TaskView is a task as the API and the CLI show it: its state, with the fields a
 // reader looks for first at the top.
 type TaskView struct {
@@ -51,6 +64,8 @@ type TaskView struct {
 	ExitCode    *int   `json:"exit_code"`
 	MatchedLine string `json:"matched_line,omitempty"`
 	Result      string `json:"result,omitempty"`
+	// Waiting says what an armed task waits for: a worker with its labels, a free slot.
+	Waiting string `json:"waiting,omitempty"`
 }
 
 // View builds the view of a state.
@@ -120,6 +135,7 @@ type Archive interface {
 type Server struct {
 	svc     *engine.Service
 	queries Queries
+	fleet   Fleet
 	store   events.Store
 	archive Archive
 	base    engine.Base
@@ -128,8 +144,8 @@ type Server struct {
 
 // Serve starts the micro service on nc. Endpoints share a queue group, so several
 // engines can serve one deployment.
-func Serve(nc *nats.Conn, svc *engine.Service, queries Queries, store events.Store, archive Archive, version string, base engine.Base) (*Server, error) {
-	s := &Server{svc: svc, queries: queries, store: store, archive: archive, base: base.WithDefaults()}
+func Serve(nc *nats.Conn, svc *engine.Service, queries Queries, fleet Fleet, store events.Store, archive Archive, version string, base engine.Base) (*Server, error) {
+	s := &Server{svc: svc, queries: queries, fleet: fleet, store: store, archive: archive, base: base.WithDefaults()}
 	m, err := micro.AddService(nc, micro.Config{
 		Name:        ServiceName,
 		Version:     version,
@@ -148,6 +164,7 @@ func Serve(nc *nats.Conn, svc *engine.Service, queries Queries, store events.Sto
 		{"get", SubjectGet, s.get},
 		{"list", SubjectList, s.list},
 		{"history", SubjectHistory, s.history},
+		{"workers", SubjectWorkers, s.workers},
 	}
 	for _, ep := range endpoints {
 		handle := ep.handle
@@ -257,7 +274,16 @@ func (s *Server) get(ctx context.Context, data []byte) (any, error) {
 		full.ArchiveSeq = state.ArchiveSeq
 		return View(full), nil
 	}
-	return View(state), nil
+	return s.view(state), nil
+}
+
+// view is View with what an armed task waits for.
+func (s *Server) view(st engine.State) TaskView {
+	v := View(st)
+	if st.Phase == engine.PhaseArmed {
+		v.Waiting = s.fleet.Waiting(st.ID)
+	}
+	return v
 }
 
 // archived reads an archived task's history from the archive.
@@ -305,7 +331,7 @@ func (s *Server) list(_ context.Context, data []byte) (any, error) {
 	states, total := s.queries.List(q)
 	reply := ListReply{Tasks: make([]TaskView, len(states)), Total: total}
 	for i, st := range states {
-		reply.Tasks[i] = View(st)
+		reply.Tasks[i] = s.view(st)
 	}
 	return reply, nil
 }
@@ -335,4 +361,8 @@ func (s *Server) history(ctx context.Context, data []byte) (any, error) {
 		hist = append(archived, hist...)
 	}
 	return HistoryReply{Events: hist}, nil
+}
+
+func (s *Server) workers(context.Context, []byte) (any, error) {
+	return WorkersReply{Workers: s.fleet.Workers()}, nil
 }

@@ -49,6 +49,12 @@ func (c *Client) History(ctx context.Context, id string) (HistoryReply, error) {
 	return out, c.callJSON(ctx, SubjectHistory, IDRequest{ID: id}, &out)
 }
 
+// Workers lists the live workers.
+func (c *Client) Workers(ctx context.Context) (WorkersReply, error) {
+	var out WorkersReply
+	return out, c.call(ctx, SubjectWorkers, nil, &out)
+}
+
 func (c *Client) callJSON(ctx context.Context, subject string, req, out any) error {
 	data, err := json.Marshal(req)
 	if err != nil {

@@ -1,0 +1,227 @@
+package engine
+
+import (
+	"cmp"
+	"fmt"
+	"hash/fnv"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// Placement limits which workers may take a task: every label it names must be one
+// of the worker's labels, with the same value. No labels: any worker.
+type Placement struct {
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// HostLabel is the label every worker has: the host it runs on.
+const HostLabel = "host"
+
+// MaxLabels bounds the labels of a placement or a worker.
+const MaxLabels = 16
+
+var (
+	labelKey   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
+	labelValue = regexp.MustCompile(`^[A-Za-z0-9._:/@+-]{1,128}$`)
+)
+
+// ValidateLabels checks a set of labels; field names the labels in errors (a spec's
+// placement.labels, or a worker's --label).
+func ValidateLabels(field string, labels map[string]string) error {
+	if len(labels) > MaxLabels {
+		return fieldErr(field, "%d labels is more than %d", len(labels), MaxLabels)
+	}
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		if !labelKey.MatchString(k) {
+			return fieldErr(field, "label name %q: use 1-63 letters, digits, '.', '_', '/' or '-', starting with a letter or digit", k)
+		}
+		if !labelValue.MatchString(labels[k]) {
+			return fieldErr(field, "label %s=%q: the value must be 1-128 letters, digits or ._:/@+-", k, labels[k])
+		}
+	}
+	return nil
+}
+
+func (p *Placement) validate() error {
+	if p == nil {
+		return nil
+	}
+	return ValidateLabels("placement.labels", p.Labels)
+}
+
+// Matches reports whether a worker with these labels may take the task.
+func (p *Placement) Matches(labels map[string]string) bool {
+	if p == nil {
+		return true
+	}
+	for k, v := range p.Labels {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// String is the placement as a person reads it: host=build-1, pool=blue.
+func (p *Placement) String() string {
+	if p == nil || len(p.Labels) == 0 {
+		return ""
+	}
+	return FormatLabels(p.Labels)
+}
+
+// FormatLabels writes labels sorted by name: a=1, b=2.
+func FormatLabels(labels map[string]string) string {
+	parts := make([]string, 0, len(labels))
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		parts = append(parts, k+"="+labels[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Candidate is a worker as the scheduler sees it when it places a task.
+type Candidate struct {
+	ID     string
+	Labels map[string]string
+	// MaxTasks is its capacity; Load how many tasks it runs or has been offered.
+	MaxTasks int
+	Load     int
+	// Accepting is false while it starts, drains or stops.
+	Accepting bool
+}
+
+// Choose picks the worker a task is offered to, or says why there is none.
+//
+// The rule: among the workers that accept tasks, match the placement and have a
+// free slot, the least loaded one relative to its capacity; a tie goes to the
+// worker that the task's id hashes highest with (rendezvous hashing), so engine
+// replicas that see the same fleet choose the same worker for the same task.
+func Choose(s State, workers []Candidate) (string, string) {
+	var best *Candidate
+	var bestHash uint64
+	matching, full := 0, 0
+	for i := range workers {
+		w := &workers[i]
+		if !s.Spec.Placement.Matches(w.Labels) {
+			continue
+		}
+		matching++
+		if !w.Accepting {
+			continue
+		}
+		if w.Load >= w.MaxTasks {
+			full++
+			continue
+		}
+		h := rendezvous(s.ID, w.ID)
+		if best == nil || lessLoaded(w, best) || (sameLoad(w, best) && h > bestHash) {
+			best, bestHash = w, h
+		}
+	}
+	if best != nil {
+		return best.ID, ""
+	}
+	return "", waitingReason(s.Spec.Placement, len(workers), matching, full)
+}
+
+func waitingReason(p *Placement, workers, matching, full int) string {
+	who := "a worker"
+	if p.String() != "" {
+		who = "a worker with " + p.String()
+	}
+	switch {
+	case workers == 0:
+		return "waiting for " + who + ": no worker is connected"
+	case matching == 0:
+		return "waiting for " + who + ": no live worker has these labels"
+	case full == matching:
+		return fmt.Sprintf("waiting for a free slot: the %s that can take it %s at capacity", plural(matching, "worker"), isAre(matching))
+	case full == 0:
+		return fmt.Sprintf("waiting for %s: the %s that can take it %s starting, draining or stopping", who, plural(matching, "worker"), isAre(matching))
+	}
+	return fmt.Sprintf("waiting for a free slot: of the %s that can take it, %d %s at capacity and the others are not taking tasks", plural(matching, "worker"), full, isAre(full))
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
+}
+
+func isAre(n int) string {
+	if n == 1 {
+		return "is"
+	}
+	return "are"
+}
+
+// lessLoaded compares load/capacity without division.
+func lessLoaded(a, b *Candidate) bool { return a.Load*b.MaxTasks < b.Load*a.MaxTasks }
+func sameLoad(a, b *Candidate) bool   { return a.Load*b.MaxTasks == b.Load*a.MaxTasks }
+
+func rendezvous(taskID, workerID string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(taskID))
+	h.Write([]byte{0})
+	h.Write([]byte(workerID))
+	return h.Sum64()
+}
+
+// FairOrder is the order in which waiting tasks get free slots. Targets take turns,
+// one task each, starting with the target whose task has waited longest; within a
+// target its kinds take turns the same way; within a kind the oldest task goes
+// first. So a target (or a kind) with a thousand queued tasks delays another
+// target's task by at most one task per round, never by its whole queue.
+func FairOrder(tasks []State) []State {
+	sorted := slices.Clone(tasks)
+	slices.SortFunc(sorted, func(a, b State) int {
+		if c := a.ArmedAt.Compare(b.ArmedAt); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Seq, b.Seq)
+	})
+	byTarget := groupInOrder(sorted, func(s State) string { return s.Spec.Target })
+	perTarget := make([][]State, len(byTarget))
+	for i, tasks := range byTarget {
+		perTarget[i] = interleave(groupInOrder(tasks, func(s State) string { return s.Spec.Kind }))
+	}
+	return interleave(perTarget)
+}
+
+// groupInOrder splits items by key, keeping their order, with the groups in the
+// order of their first item.
+func groupInOrder[T any](items []T, key func(T) string) [][]T {
+	index := map[string]int{}
+	var groups [][]T
+	for _, it := range items {
+		k := key(it)
+		i, ok := index[k]
+		if !ok {
+			i = len(groups)
+			index[k] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], it)
+	}
+	return groups
+}
+
+// interleave takes one item of each list in turn until all are empty.
+func interleave[T any](lists [][]T) []T {
+	var out []T
+	for round := 0; ; round++ {
+		took := false
+		for _, l := range lists {
+			if round < len(l) {
+				out = append(out, l[round])
+				took = true
+			}
+		}
+		if !took {
+			return out
+		}
+	}
+}

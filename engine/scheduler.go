@@ -1,0 +1,320 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/bgtask/bgtask/events"
+)
+
+// WorkerFeed is the fleet's heartbeats: every worker's current one, then changes.
+type WorkerFeed interface {
+	// Watch returns the current heartbeats, then sends changes until ctx ends.
+	Watch(ctx context.Context) ([]events.WorkerUpdate, <-chan events.WorkerUpdate, error)
+	TTL() time.Duration
+}
+
+// OfferFunc offers a task to a worker and returns its answer.
+type OfferFunc func(ctx context.Context, workerID string, o events.Offer) (events.OfferReply, error)
+
+// WorkerStatus is a worker as `bgtask workers` shows it: its heartbeat, and the
+// tasks the log says it runs.
+type WorkerStatus struct {
+	events.WorkerInfo
+	// LastSeen is when the server stored its last heartbeat.
+	LastSeen time.Time `json:"last_seen"`
+	Tasks    []string  `json:"tasks"`
+}
+
+// Scheduler places armed tasks on workers. It keeps the fleet's heartbeats, and on
+// every change that can let a task start (a task armed, a run ended, a worker
+// joined or became ready) it offers waiting tasks, in FairOrder, to the worker
+// Choose picks. Whether a task starts is decided by the worker's conditional spawn,
+// never by the offer: offers may be lost, repeated, or made by several engines at
+// once, and a task still starts once. A task no worker can take stays armed, with
+// the reason kept for `show` and `list`, until a worker that can take it appears.
+type Scheduler struct {
+	base  Base
+	tasks TaskLister
+	feed  WorkerFeed
+	offer OfferFunc
+
+	mu      sync.Mutex
+	workers map[string]*fleetEntry
+	// inflight: tasks offered, answer pending. taken: tasks a worker took whose
+	// spawn the reader has not applied yet; both count in the worker's load.
+	inflight map[string]string
+	taken    map[string]string
+	waiting  map[string]string
+
+	kick   chan struct{}
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+type fleetEntry struct {
+	info events.WorkerInfo
+	at   time.Time
+	// unreachable: nothing answered its last offer; it gets none until it beats again.
+	unreachable bool
+}
+
+// offerTimeout bounds one offer: the worker reads the task and appends its spawn.
+const offerTimeout = 10 * time.Second
+
+// schedulePeriod is how often waiting tasks are looked at without any change: it
+// retries offers whose answers were lost and ages out workers whose heartbeats expired.
+const schedulePeriod = time.Second
+
+// NewScheduler returns the scheduler of an engine.
+func NewScheduler(tasks TaskLister, feed WorkerFeed, offer OfferFunc, base Base) *Scheduler {
+	return &Scheduler{
+		base: base.WithDefaults(), tasks: tasks, feed: feed, offer: offer,
+		workers: map[string]*fleetEntry{}, inflight: map[string]string{}, taken: map[string]string{},
+		waiting: map[string]string{}, kick: make(chan struct{}, 1),
+	}
+}
+
+// Start reads the fleet's heartbeats, places what it can at once, and goes on
+// following changes and placing tasks until Stop. Once it returns, every armed
+// task the reader knew of has been offered or has a reason to wait.
+func (s *Scheduler) Start(ctx context.Context) error {
+	ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	current, updates, err := s.feed.Watch(ctx)
+	if err != nil {
+		s.cancel()
+		return err
+	}
+	for _, u := range current {
+		s.update(u)
+	}
+	s.pass(ctx)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.loop(ctx, updates)
+	}()
+	return nil
+}
+
+// Stop ends placing tasks and waits for the offers in flight.
+func (s *Scheduler) Stop() {
+	if s.cancel != nil {
+		s.cancel()
+		s.wg.Wait()
+	}
+}
+
+func (s *Scheduler) loop(ctx context.Context, updates <-chan events.WorkerUpdate) {
+	ticker := time.NewTicker(schedulePeriod)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case u, ok := <-updates:
+			if !ok {
+				// The watch ended under us (the server went away): watch again.
+				updates = s.rewatch(ctx)
+				continue
+			}
+			s.update(u)
+		case <-s.kick:
+			s.pass(ctx)
+		case <-ticker.C:
+			s.pass(ctx)
+		}
+	}
+}
+
+func (s *Scheduler) rewatch(ctx context.Context) <-chan events.WorkerUpdate {
+	for {
+		current, updates, err := s.feed.Watch(ctx)
+		if err == nil {
+			s.mu.Lock()
+			clear(s.workers) // the current values replace what the lost watch knew
+			s.mu.Unlock()
+			for _, u := range current {
+				s.update(u)
+			}
+			return updates
+		}
+		s.base.Logger.Warn("scheduler: watching workers failed, retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (s *Scheduler) update(u events.WorkerUpdate) {
+	s.mu.Lock()
+	if u.Gone {
+		delete(s.workers, u.ID)
+	} else {
+		s.workers[u.ID] = &fleetEntry{info: u.Info, at: u.At}
+	}
+	s.mu.Unlock()
+	s.signal()
+}
+
+func (s *Scheduler) signal() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Notify is called with every task state the projector applies live.
+func (s *Scheduler) Notify(st State) {
+	if st.Phase != PhaseArmed {
+		s.mu.Lock()
+		delete(s.taken, st.ID)
+		delete(s.waiting, st.ID)
+		s.mu.Unlock()
+	}
+	switch {
+	case st.Phase == PhaseArmed:
+	case st.LastType == events.TypeSpawned: // the worker's load is now in the log
+	case st.LastType == events.TypeExited, st.LastType == events.TypeFailed,
+		st.LastType == events.TypeCancelled, st.LastType == events.TypeLost:
+		// a slot may be free
+	default:
+		return
+	}
+	s.signal()
+}
+
+// pass offers every waiting task that a worker can take now.
+func (s *Scheduler) pass(ctx context.Context) {
+	armed, _ := s.tasks.List(ListQuery{Phase: PhaseArmed})
+	running, _ := s.tasks.List(ListQuery{Phase: PhaseRunning})
+	now := s.base.Now()
+	ttl := s.feed.TTL()
+
+	s.mu.Lock()
+	isArmed := make(map[string]bool, len(armed))
+	for _, t := range armed {
+		isArmed[t.ID] = true
+	}
+	load := map[string]int{}
+	for _, r := range running {
+		load[r.Worker]++
+	}
+	for id, w := range s.taken {
+		if !isArmed[id] {
+			delete(s.taken, id) // its spawn was applied before the answer came
+			continue
+		}
+		load[w]++
+	}
+	for _, w := range s.inflight {
+		load[w]++
+	}
+	var cands []Candidate
+	index := map[string]int{}
+	for _, id := range slices.Sorted(maps.Keys(s.workers)) {
+		e := s.workers[id]
+		if now.Sub(e.at) > ttl {
+			delete(s.workers, id) // its heartbeat expired with its lease
+			continue
+		}
+		index[id] = len(cands)
+		cands = append(cands, Candidate{
+			ID: id, Labels: e.info.Labels, MaxTasks: e.info.MaxTasks, Load: load[id],
+			Accepting: e.info.State == events.WorkerReady && !e.unreachable,
+		})
+	}
+	clear(s.waiting)
+	type offer struct{ task, worker string }
+	var offers []offer
+	for _, t := range FairOrder(armed) {
+		if s.inflight[t.ID] != "" || s.taken[t.ID] != "" {
+			continue
+		}
+		w, why := Choose(t, cands)
+		if w == "" {
+			s.waiting[t.ID] = why
+			continue
+		}
+		cands[index[w]].Load++
+		s.inflight[t.ID] = w
+		offers = append(offers, offer{t.ID, w})
+	}
+	s.mu.Unlock()
+
+	for _, o := range offers {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.send(ctx, o.task, o.worker)
+		}()
+	}
+}
+
+func (s *Scheduler) send(ctx context.Context, taskID, workerID string) {
+	ctx, cancel := context.WithTimeout(ctx, offerTimeout)
+	reply, err := s.offer(ctx, workerID, events.Offer{TaskID: taskID})
+	cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.inflight, taskID)
+	switch {
+	case errors.Is(err, events.ErrNoWorker):
+		if e := s.workers[workerID]; e != nil {
+			e.unreachable = true
+		}
+	case err != nil:
+		if ctx.Err() == nil {
+			s.base.Logger.Warn("scheduler: offer not answered", "task", taskID, "worker", workerID, "err", err)
+		}
+	case reply.Taken:
+		if st, ok := s.tasks.Task(taskID); ok && st.Phase == PhaseArmed {
+			s.taken[taskID] = workerID
+		}
+	default:
+		s.base.Logger.Debug("scheduler: offer declined", "task", taskID, "worker", workerID, "reason", reply.Reason)
+	}
+	// A declined or lost offer is made again at the next periodic pass, not at once:
+	// a worker whose own count disagrees with the log for a moment is not flooded.
+}
+
+// Waiting says why an armed task has not started, as of the last placement pass.
+func (s *Scheduler) Waiting(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w := s.inflight[id]; w != "" {
+		return "being offered to worker " + w
+	}
+	return s.waiting[id]
+}
+
+// Workers lists the live workers, by id.
+func (s *Scheduler) Workers() []WorkerStatus {
+	running, _ := s.tasks.List(ListQuery{Phase: PhaseRunning})
+	tasks := map[string][]string{}
+	for _, r := range running {
+		tasks[r.Worker] = append(tasks[r.Worker], r.ID)
+	}
+	now, ttl := s.base.Now(), s.feed.TTL()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]WorkerStatus, 0, len(s.workers))
+	for _, id := range slices.Sorted(maps.Keys(s.workers)) {
+		e := s.workers[id]
+		if now.Sub(e.at) > ttl {
+			continue
+		}
+		ts := tasks[id]
+		slices.Sort(ts)
+		st := WorkerStatus{WorkerInfo: e.info, LastSeen: e.at, Tasks: append([]string{}, ts...)}
+		st.Running = len(ts)
+		out = append(out, st)
+	}
+	return out
+}

@@ -1,0 +1,193 @@
+package workers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"slices"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+)
+
+// onOffer answers the engine's offer of an armed task. The worker takes it only
+// while it is ready and has a free slot; taking it is the conditional append of
+// spawned, so an offer repeated or made to another worker too starts nothing twice.
+func (w *Worker) onOffer(m *nats.Msg) {
+	var o events.Offer
+	if json.Unmarshal(m.Data, &o) != nil || !events.ValidToken(o.TaskID) {
+		respond(m, events.OfferReply{Reason: events.DeclineError})
+		return
+	}
+	w.mu.Lock()
+	switch {
+	case w.stopping || w.state != events.WorkerReady:
+		w.mu.Unlock()
+		respond(m, events.OfferReply{Reason: events.DeclineNotReady})
+		return
+	case w.runs[o.TaskID] != nil || w.taking[o.TaskID]:
+		w.mu.Unlock()
+		respond(m, events.OfferReply{Reason: events.DeclineTaken})
+		return
+	}
+	select {
+	case w.slots <- struct{}{}:
+	default:
+		w.mu.Unlock()
+		respond(m, events.OfferReply{Reason: events.DeclineFull})
+		return
+	}
+	w.taking[o.TaskID] = true
+	w.wg.Add(1) // under mu, after the stopping check: Stop waits for this take
+	w.mu.Unlock()
+	go func() {
+		defer w.wg.Done()
+		reply, r, offsets := w.take(w.ctx, o.TaskID)
+		respond(m, reply)
+		if r == nil {
+			<-w.slots
+			w.release("")
+			return
+		}
+		engine.CrashPoint(engine.CrashAfterSpawn)
+		defer func() { <-w.slots }()
+		r.execute(w.ctx, offsets, func(offsets *[2]int64) bool { return r.runOnce(w.ctx, offsets) })
+	}()
+}
+
+func respond(m *nats.Msg, reply any) {
+	data, _ := json.Marshal(reply)
+	_ = m.Respond(data)
+}
+
+// take tries to become the owner of an armed task. It returns the run it now owns
+// (nil if it does not) and where the task's log stands.
+func (w *Worker) take(ctx context.Context, id string) (events.OfferReply, *run, [2]int64) {
+	log := w.cfg.Base.Logger
+	var offsets [2]int64
+	defer func() {
+		w.mu.Lock()
+		delete(w.taking, id)
+		w.mu.Unlock()
+	}()
+	armed, err := engine.Load(ctx, w.store, id)
+	switch {
+	case errors.Is(err, engine.ErrNotFound):
+		return events.OfferReply{Reason: events.DeclineTaken}, nil, offsets
+	case err != nil:
+		log.Warn("worker: cannot read an offered task", "task", id, "err", err)
+		return events.OfferReply{Reason: events.DeclineError}, nil, offsets
+	case armed.Phase != engine.PhaseArmed:
+		return events.OfferReply{Reason: events.DeclineTaken}, nil, offsets
+	case !armed.Spec.Placement.Matches(w.cfg.Labels):
+		return events.OfferReply{Reason: events.DeclineLabels}, nil, offsets
+	}
+	if armed.Epoch > 0 {
+		// Armed again after its worker was lost: the log goes on after the earlier
+		// runs' output.
+		for i, stream := range []string{events.Stdout, events.Stderr} {
+			if offsets[i], err = w.logs.End(ctx, id, stream); err != nil {
+				return events.OfferReply{Reason: events.DeclineError}, nil, offsets
+			}
+		}
+	}
+	// The run's directory is made before the spawn is appended: a worker that dies
+	// between the two finds the task again when it restarts.
+	dir := w.runDir(id, armed.Epoch+1)
+	if err := writeIntent(dir, id, armed.Epoch+1); errors.Is(err, fs.ErrExist) {
+		return events.OfferReply{Reason: events.DeclineTaken}, nil, offsets // taken before a restart, and held
+	} else if err != nil {
+		log.Error("worker: cannot write its state directory", "err", err)
+		return events.OfferReply{Reason: events.DeclineError}, nil, offsets
+	}
+	r := &run{w: w, state: armed, cancelled: make(chan struct{})}
+	switch err := r.record(ctx, engine.Spawn{Host: w.host}); {
+	case err == nil:
+		w.hold(r)
+		return events.OfferReply{Taken: true}, r, offsets
+	case errors.Is(err, errFenced):
+		_ = os.RemoveAll(dir)
+		return events.OfferReply{Reason: events.DeclineTaken}, nil, offsets // another worker took it, or it was cancelled first
+	default:
+		_ = os.RemoveAll(dir)
+		log.Warn("worker: could not take task", "task", id, "err", err)
+		return events.OfferReply{Reason: events.DeclineError}, nil, offsets
+	}
+}
+
+// hold counts a run as the worker's own until release.
+func (w *Worker) hold(r *run) {
+	w.mu.Lock()
+	w.runs[r.state.ID] = r
+	w.mu.Unlock()
+}
+
+// release forgets a run that ended (id "" after a take that took nothing) and ends a
+// drain when it was the last.
+func (w *Worker) release(id string) {
+	w.mu.Lock()
+	if id != "" {
+		delete(w.runs, id)
+	}
+	// A stopping worker lets go of its runs, which go on: that ends no drain.
+	done := !w.stopping && w.state == events.WorkerDraining && len(w.runs) == 0 && len(w.taking) == 0
+	w.mu.Unlock()
+	if done {
+		w.finishDrain()
+	}
+}
+
+// Drain makes the worker take no new task; when the runs it has end, Drained is
+// closed and its heartbeat removed: it holds nothing, and is gone.
+func (w *Worker) Drain() {
+	if !w.setState(w.ctx, events.WorkerReady, events.WorkerDraining) &&
+		!w.setState(w.ctx, events.WorkerStarting, events.WorkerDraining) {
+		return // draining already, or stopping
+	}
+	w.cfg.Base.Logger.Info("worker draining: no new task; exits when its runs have ended", "running", len(w.Running()))
+	w.release("")
+}
+
+func (w *Worker) finishDrain() {
+	w.mu.Lock()
+	if w.isDrainedLocked() {
+		w.mu.Unlock()
+		return
+	}
+	close(w.drained)
+	w.mu.Unlock()
+	if err := w.liveness.Remove(w.ctx, w.cfg.ID); err != nil && w.ctx.Err() == nil {
+		w.cfg.Base.Logger.Warn("heartbeat not removed", "err", err)
+	}
+	w.cfg.Base.Logger.Info("worker drained")
+}
+
+// Drained is closed when a drain has ended.
+func (w *Worker) Drained() <-chan struct{} { return w.drained }
+
+func (w *Worker) isDrained() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.isDrainedLocked()
+}
+
+func (w *Worker) isDrainedLocked() bool {
+	select {
+	case <-w.drained:
+		return true
+	default:
+		return false
+	}
+}
+
+// onDrain answers `bgtask worker drain`.
+func (w *Worker) onDrain(m *nats.Msg) {
+	w.Drain()
+	running := w.Running()
+	slices.Sort(running)
+	respond(m, events.DrainReply{ID: w.cfg.ID, Running: running})
+}
