@@ -324,11 +324,15 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptio
 	if err != nil {
 		return nil, err
 	}
-	targets, err := events.OpenTargets(ctx, js, replicas)
+	targets, err := retryStart(ctx, log, func() (*events.Targets, error) {
+		return events.OpenTargets(ctx, js, replicas)
+	})
 	if err != nil {
 		return nil, err
 	}
-	archive, err := events.OpenArchive(ctx, js, replicas)
+	archive, err := retryStart(ctx, log, func() (*events.Archive, error) {
+		return events.OpenArchive(ctx, js, replicas)
+	})
 	if err != nil {
 		return nil, err
 	}
