@@ -170,12 +170,54 @@ func rendezvous(taskID, workerID string) uint64 {
 	return h.Sum64()
 }
 
+// Turns remembers when each target, and each kind of a target, last got a slot, so
+// that FairOrder can give the next one to whoever waited longest for a turn.
+type Turns struct {
+	n    uint64
+	last map[string]uint64
+}
+
+// NewTurns returns turns where no one has been served yet.
+func NewTurns() *Turns { return &Turns{last: map[string]uint64{}} }
+
+func targetKey(s State) string { return s.Spec.Target }
+func kindKey(s State) string   { return s.Spec.Target + "\x00" + s.Spec.Kind }
+
+// Served records that a task's target and kind got a slot now.
+func (t *Turns) Served(s State) {
+	t.n++
+	t.last[targetKey(s)] = t.n
+	t.last[kindKey(s)] = t.n
+}
+
+// Keep forgets the targets and kinds of no task in waiting: one that comes back
+// after it had nothing waiting has waited long enough.
+func (t *Turns) Keep(waiting []State) {
+	keep := map[string]bool{}
+	for _, s := range waiting {
+		keep[targetKey(s)], keep[kindKey(s)] = true, true
+	}
+	for k := range t.last {
+		if !keep[k] {
+			delete(t.last, k)
+		}
+	}
+}
+
+func (t *Turns) of(key string) uint64 {
+	if t == nil {
+		return 0
+	}
+	return t.last[key]
+}
+
 // FairOrder is the order in which waiting tasks get free slots. Targets take turns,
-// one task each, starting with the target whose task has waited longest; within a
-// target its kinds take turns the same way; within a kind the oldest task goes
-// first. So a target (or a kind) with a thousand queued tasks delays another
-// target's task by at most one task per round, never by its whole queue.
-func FairOrder(tasks []State) []State {
+// one task each: first the target that was served least recently (never, first),
+// and among those the one whose task has waited longest; within a target its kinds
+// take turns the same way; within a kind the oldest task goes first. So a target
+// (or a kind) with a thousand queued tasks delays another target's task by at most
+// one task, never by its whole queue, even when only one slot is ever free.
+func FairOrder(tasks []State, turns *Turns) []State {
 	sorted := slices.Clone(tasks)
 	slices.SortFunc(sorted, func(a, b State) int {
 		if c := a.ArmedAt.Compare(b.ArmedAt); c != 0 {
@@ -183,12 +225,23 @@ func FairOrder(tasks []State) []State {
 		}
 		return cmp.Compare(a.Seq, b.Seq)
 	})
-	byTarget := groupInOrder(sorted, func(s State) string { return s.Spec.Target })
+	byTarget := groupInOrder(sorted, targetKey)
+	sortByTurn(byTarget, turns, targetKey)
 	perTarget := make([][]State, len(byTarget))
 	for i, tasks := range byTarget {
-		perTarget[i] = interleave(groupInOrder(tasks, func(s State) string { return s.Spec.Kind }))
+		byKind := groupInOrder(tasks, kindKey)
+		sortByTurn(byKind, turns, kindKey)
+		perTarget[i] = interleave(byKind)
 	}
 	return interleave(perTarget)
+}
+
+// sortByTurn puts the groups served least recently first, keeping the order of
+// their oldest task among equals.
+func sortByTurn(groups [][]State, turns *Turns, key func(State) string) {
+	slices.SortStableFunc(groups, func(a, b []State) int {
+		return cmp.Compare(turns.of(key(a[0])), turns.of(key(b[0])))
+	})
 }
 
 // groupInOrder splits items by key, keeping their order, with the groups in the

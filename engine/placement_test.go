@@ -178,17 +178,31 @@ func TestFairOrderTakesTargetsAndKindsInTurn(t *testing.T) {
 	add("c-0", "c", "")
 	slices.Reverse(tasks) // the input order does not matter
 
-	var got []string
-	for _, s := range engine.FairOrder(tasks) {
-		got = append(got, s.ID)
+	order := func(tasks []engine.State, turns *engine.Turns) []string {
+		var got []string
+		for _, s := range engine.FairOrder(tasks, turns) {
+			got = append(got, s.ID)
+		}
+		return got
 	}
 	want := []string{
-		"a-build-0", "b-0", "c-0", // one of each target
+		"a-build-0", "b-0", "c-0", // one of each target, the longest waiting first
 		"a-test-0", // then a's kinds take turns
 		"a-build-1", "a-test-1",
 		"a-build-2", "a-build-3", "a-build-4",
 	}
-	if !slices.Equal(got, want) {
+	if got := order(tasks, engine.NewTurns()); !slices.Equal(got, want) {
 		t.Errorf("order\n got %v\nwant %v", got, want)
+	}
+
+	// With one slot free at a time, a's older tasks must not keep b and c waiting:
+	// once a was served, b and c come first, and a's next task is a test.
+	turns := engine.NewTurns()
+	first := tasks[len(tasks)-1] // a-build-0
+	turns.Served(first)
+	rest := slices.DeleteFunc(slices.Clone(tasks), func(s engine.State) bool { return s.ID == first.ID })
+	want = []string{"b-0", "c-0", "a-test-0", "a-build-1", "a-test-1", "a-build-2", "a-build-3", "a-build-4"}
+	if got := order(rest, turns); !slices.Equal(got, want) {
+		t.Errorf("order after a was served\n got %v\nwant %v", got, want)
 	}
 }

@@ -50,6 +50,7 @@ type Scheduler struct {
 	inflight map[string]string
 	taken    map[string]string
 	waiting  map[string]string
+	turns    *Turns
 
 	kick   chan struct{}
 	cancel context.CancelFunc
@@ -75,7 +76,7 @@ func NewScheduler(tasks TaskLister, feed WorkerFeed, offer OfferFunc, base Base)
 	return &Scheduler{
 		base: base.WithDefaults(), tasks: tasks, feed: feed, offer: offer,
 		workers: map[string]*fleetEntry{}, inflight: map[string]string{}, taken: map[string]string{},
-		waiting: map[string]string{}, kick: make(chan struct{}, 1),
+		waiting: map[string]string{}, turns: NewTurns(), kick: make(chan struct{}, 1),
 	}
 }
 
@@ -231,9 +232,10 @@ func (s *Scheduler) pass(ctx context.Context) {
 		})
 	}
 	clear(s.waiting)
+	s.turns.Keep(armed)
 	type offer struct{ task, worker string }
 	var offers []offer
-	for _, t := range FairOrder(armed) {
+	for _, t := range FairOrder(armed, s.turns) {
 		if s.inflight[t.ID] != "" || s.taken[t.ID] != "" {
 			continue
 		}
@@ -243,6 +245,7 @@ func (s *Scheduler) pass(ctx context.Context) {
 			continue
 		}
 		cands[index[w]].Load++
+		s.turns.Served(t)
 		s.inflight[t.ID] = w
 		offers = append(offers, offer{t.ID, w})
 	}

@@ -110,7 +110,8 @@ func firstTickPID(t *testing.T, d *deployment, id string) int {
 				PID int `json:"pid"`
 			} `json:"payload"`
 		}
-		if json.Unmarshal([]byte(d.ok(t, "client", "history", id, "--json")), &hist) != nil {
+		r := d.run(t, "client", "history", id, "--json")
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &hist) != nil {
 			return false
 		}
 		for _, e := range hist {
@@ -124,15 +125,17 @@ func firstTickPID(t *testing.T, d *deployment, id string) int {
 	return pid
 }
 
+// historyTypes returns the types of a task's events. A query that fails while the
+// cluster, loaded by the test, elects a leader is made again.
 func historyTypes(t *testing.T, d *deployment, id string) []string {
 	t.Helper()
 	var hist []struct {
-		Type   string `json:"type"`
-		Writer string `json:"writer"`
+		Type string `json:"type"`
 	}
-	if err := json.Unmarshal([]byte(d.ok(t, "client", "history", id, "--json")), &hist); err != nil {
-		t.Fatal(err)
-	}
+	eventually(t, 30*time.Second, "the history of "+id, func() bool {
+		r := d.run(t, "client", "history", id, "--json")
+		return r.code == 0 && json.Unmarshal([]byte(r.stdout), &hist) == nil
+	})
 	var out []string
 	for _, e := range hist {
 		out = append(out, e.Type)

@@ -146,3 +146,46 @@ func TestAWorkerStartedDrainingWithNoRunsIsDrainedAtOnce(t *testing.T) {
 		t.Fatal("an idle worker started with Drain is not drained")
 	}
 }
+
+// With one slot, a target with a queue of tasks does not keep another target's task
+// waiting behind its whole queue: targets take turns.
+func TestABusyTargetDoesNotStarveAnother(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startWorker(t, workers.Config{ID: "single", MaxTasks: 1})
+	dir := t.TempDir()
+	gate := filepath.Join(dir, "go")
+	first := b.arm(t, engine.Spec{
+		Command: `while [ ! -e "$GATE" ]; do sleep 0.05; done`, Env: map[string]string{"GATE": gate},
+		Cwd: dir, Target: "busy",
+	})
+	b.waitFor(t, first, 20*time.Second, "started", hasPID)
+	var busy []string
+	for range 4 {
+		busy = append(busy, b.arm(t, engine.Spec{Command: "true", Cwd: "/", Target: "busy"}))
+	}
+	other := b.arm(t, engine.Spec{Command: "true", Cwd: "/", Target: "other"})
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	spawnSeq := func(id string) uint64 {
+		b.waitFor(t, id, 30*time.Second, "ended", ended)
+		for _, rec := range b.history(t, id) {
+			if rec.Type == events.TypeSpawned {
+				return rec.Seq
+			}
+		}
+		t.Fatalf("task %s has no spawn", id)
+		return 0
+	}
+	otherAt := spawnSeq(other)
+	before := 0
+	for _, id := range busy {
+		if spawnSeq(id) < otherAt {
+			before++
+		}
+	}
+	if before > 0 {
+		t.Errorf("%d of the busy target's queued tasks started before the other target's, want none: it was its turn", before)
+	}
+}

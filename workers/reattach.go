@@ -156,6 +156,9 @@ func writeIntent(dir, taskID string, epoch uint64) error {
 	return writeJSONAtomic(filepath.Join(dir, intentFile), shimRun{TaskID: taskID, Epoch: epoch})
 }
 
+// ErrStateDirInUse: another worker process holds the state directory.
+var ErrStateDirInUse = errors.New("the worker state directory is in use by another worker")
+
 // lockStateDir takes a worker's state directory for this process: two workers
 // sharing one would watch the same runs.
 func lockStateDir(dir string) (*os.File, error) {
@@ -169,7 +172,7 @@ func lockStateDir(dir string) (*os.File, error) {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("worker state directory %s is in use by another worker: give each worker its own --state-dir", dir)
+			return nil, fmt.Errorf("%w: %s: give each worker its own --state-dir", ErrStateDirInUse, dir)
 		}
 		return nil, err
 	}

@@ -21,7 +21,7 @@ type natsAuth struct {
 
 func (a *natsAuth) register(f *pflag.FlagSet) {
 	f.StringVar(&a.creds, "creds", "", "NATS credentials file (JWT and nkey seed), with --nats")
-	f.StringVar(&a.nkey, "nkey", "", "file holding an NATS nkey seed (SU...), with --nats")
+	f.StringVar(&a.nkey, "nkey", "", "file holding a NATS nkey seed (SU...), with --nats")
 	f.StringVar(&a.user, "user", "", "NATS user, with --nats")
 	f.StringVar(&a.password, "password", "", "NATS password, with --nats (better: $BGTASK_NATS_PASSWORD, which ps does not show)")
 	f.StringVar(&a.tlsCA, "tls-ca", "", "PEM file of the CA that signed the NATS servers' certificates, with --nats")

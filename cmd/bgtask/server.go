@@ -253,15 +253,16 @@ func redactURL(urls string) string {
 const startTimeout = 2 * time.Minute
 
 // retryStart retries one step of the start: on a cluster, a stream is not created
-// while a leader is elected, or while another engine creates the same stream, and
-// that passes. A step that still fails after startTimeout fails the start, with
+// (or found, or a heartbeat not written) while a leader is elected, while another
+// engine creates the same stream, or while the cluster is too busy to answer in
+// time, and all of that passes. A step that still fails after startTimeout fails the start, with
 // every attempt's error logged.
 func retryStart[T any](ctx context.Context, log *slog.Logger, step func() (T, error)) (T, error) {
 	deadline := time.Now().Add(startTimeout)
 	for {
 		v, err := step()
-		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
-			return v, err
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) || errors.As(err, new(*exitError)) {
+			return v, err // an exitError is a bad command line: no retry mends it
 		}
 		log.Warn("starting: retrying", "err", err)
 		select {

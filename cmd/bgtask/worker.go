@@ -100,7 +100,13 @@ restarting them loses nothing and restarts no task.`,
 			usr1 := make(chan os.Signal, 1)
 			signal.Notify(usr1, syscall.SIGUSR1)
 			defer signal.Stop(usr1)
-			w, err := newWorker(cmd.Context(), nc, o, engine.Base{Logger: logger})
+			w, err := retryStart(cmd.Context(), logger, func() (*workerHandle, error) {
+				w, err := newWorker(cmd.Context(), nc, o, engine.Base{Logger: logger})
+				if errors.Is(err, workers.ErrStateDirInUse) {
+					return nil, &exitError{code: 1, err: err} // waiting does not free it
+				}
+				return w, err
+			})
 			if err != nil {
 				return err
 			}
@@ -189,11 +195,12 @@ func waitForServer(ctx context.Context, nc *nats.Conn, logger *slog.Logger) erro
 		if err == nil {
 			return nil
 		}
-		if !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrBucketNotFound) {
+		if errors.Is(err, nats.ErrPermissionViolation) || errors.Is(err, nats.ErrAuthorization) {
 			return err
 		}
+		// Not created yet, or a cluster too busy or electing a leader to answer.
 		if !logged {
-			logger.Info("waiting for a bgtask server to create the streams", "missing", err)
+			logger.Info("waiting for a bgtask server to create the streams", "err", err)
 			logged = true
 		}
 		select {
