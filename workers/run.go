@@ -16,6 +16,10 @@ import (
 	"github.com/bgtask/bgtask/events"
 )
 
+// ReasonShimDied is the reason of a task lost because the shim of its run died
+// without recording how the command ended; what was left of the command is killed.
+const ReasonShimDied = "the shim of its run died without recording how the command ended; what was left of the command was killed"
+
 // errFenced: the task changed under the worker (cancelled, or taken over); the
 // worker no longer owns it and must not touch it again.
 var errFenced = errors.New("worker no longer owns the task")
@@ -262,7 +266,7 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 			// and nothing watches the command any more. Stop what is left of it.
 			r.w.cfg.Base.Logger.Error("the shim of a run died without an exit file", "task", id)
 			proc.signalGroup(unix.SIGKILL)
-			recorded = r.recordEnd(ctx, engine.Lose{})
+			recorded = r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDied})
 		case proc.failure != "":
 			recorded = r.recordEnd(ctx, engine.Fail{Reason: proc.failure})
 		default:
