@@ -148,7 +148,74 @@ func RunShim(dir string) error {
 	if ws.Signaled() {
 		exit.ExitCode, exit.Signal = 128+int(ws.Signal()), signalName(ws.Signal())
 	}
-	return writeJSONAtomic(filepath.Join(dir, exitFile), exit)
+	err = writeJSONAtomic(filepath.Join(dir, exitFile), exit)
+	// The exit is recorded: nothing waits for what the command left behind.
+	stopOrphans(max(run.KillGrace, time.Second))
+	return err
+}
+
+// stopOrphans ends what the command left running when it exited: processes it
+// started in the background, in its process group or in a session of their own
+// (setsid, a daemon's double fork). Their parents have ended, so they are the
+// shim's children now (it is their subreaper). Each gets TERM, and KILL once grace
+// has passed; their own children come to the shim in turn when they end.
+func stopOrphans(grace time.Duration) {
+	self := os.Getpid()
+	killAt := time.Now().Add(grace)
+	termed := map[int]bool{}
+	for {
+		for {
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if errors.Is(err, syscall.ECHILD) {
+				return // no child left
+			}
+			if errors.Is(err, syscall.EINTR) {
+				continue
+			}
+			if err != nil || pid <= 0 {
+				break // children left, none ended
+			}
+		}
+		// A child is not reaped but here, so its PID cannot name another process
+		// between this look and the signal.
+		kill := !time.Now().Before(killAt)
+		for _, pid := range childrenOf(self) {
+			switch {
+			case kill:
+				_ = unix.Kill(pid, unix.SIGKILL)
+			case !termed[pid]:
+				_ = unix.Kill(pid, unix.SIGTERM)
+				termed[pid] = true
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// childrenOf lists the processes whose parent is pid, from /proc.
+func childrenOf(pid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...
+		i := strings.LastIndexByte(string(data), ')')
+		if fields := strings.Fields(string(data[i+1:])); i >= 0 && len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
+			out = append(out, child)
+		}
+	}
+	return out
 }
 
 // reap waits for every child, the command and the orphans reparented to the shim,
