@@ -3,9 +3,12 @@ package workers_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -229,4 +232,129 @@ func TestTheShimStopsWhatACommandLeftBehind(t *testing.T) {
 		t.Fatalf("ended %s (%q), want exit 3", st.Status, st.Reason)
 	}
 	waitPIDsGone(t, 10*time.Second, left...)
+}
+
+// A worker that died while its shim was starting the command finds the run's
+// directory without the command's PIDs: it waits for the shim, which is still
+// starting, and watches the command to its end, rather than record a failure and
+// leave the command running unwatched.
+func TestAWorkerThatDiedWhileItsShimStartedWaitsForTheShim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state, dir := t.TempDir(), t.TempDir()
+	spec := engine.Spec{Command: `while [ ! -e done ]; do sleep 0.02; done; exit 9`, Cwd: dir}
+	id := b.arm(t, spec)
+	st, err := engine.Load(context.Background(), b.store, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := engine.Decide(st, engine.Spawn{Host: "h"}, engine.Meta{Writer: "stable", Now: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Append(context.Background(), ev, st.Seq); err != nil {
+		t.Fatal(err)
+	}
+	// The shim is slow to start: it waits for the file shim-go.
+	gate := filepath.Join(dir, "shim-go")
+	shim := []string{"sh", "-c", `while [ ! -e "$0" ]; do sleep 0.01; done; exec "$1" shim "$2"`, gate, os.Args[0]}
+	launched, err := workers.StartRunAndDie(shim, filepath.Join(state, "runs", id+"-1"), id, 1, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = os.WriteFile(gate, nil, 0o600)
+		<-launched
+	})
+
+	var logged syncLog
+	w := workers.New(b.srv.Conn, b.srv.JS, b.store, workers.Config{
+		ID: "stable", StateDir: state, Env: os.Environ(), TickInterval: time.Minute, KillGrace: 300 * time.Millisecond,
+		Base: engine.Base{Logger: slog.New(slog.NewTextHandler(io.MultiWriter(&logged, testWriter{t}), nil))},
+	})
+	started := make(chan error, 1)
+	go func() { started <- w.Start(context.Background()) }()
+	t.Cleanup(func() {
+		w.Stop()
+		killRuns(t, state)
+	})
+	eventually(t, 20*time.Second, "the worker waiting for the shim, or recording the run's end", func() bool {
+		h := b.history(t, id)
+		return strings.Contains(logged.String(), "still starting") || h[len(h)-1].Type != events.TypeSpawned
+	})
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "done"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	end := b.waitFor(t, id, 20*time.Second, "ended", ended)
+	if end.Run == nil || end.Run.ExitCode != 9 {
+		t.Fatalf("ended %s (%q), want the command's exit 9 recorded", end.Status, end.Reason)
+	}
+}
+
+// A shim killed once it started the command, before or after it recorded the
+// command's PID, takes the command with it: the task is lost, once, and says why,
+// and nothing of the command runs on.
+func TestAShimKilledAsItStartsTheCommandTakesTheCommandWithIt(t *testing.T) {
+	t.Parallel()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		shim    []string
+		command string
+	}{
+		{"before it recorded the PID", []string{"env", engine.CrashEnv + "=" + engine.CrashShimAfterStart, self, "shim"}, `echo $$ > pid; exec sleep 600`},
+		{"by its command, after", nil, `echo $$ > pid; kill -KILL $PPID; exec sleep 600`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.startWorker(t, workers.Config{Shim: tc.shim})
+			dir := t.TempDir()
+			id := b.arm(t, engine.Spec{Command: tc.command, Cwd: dir})
+			st := b.waitFor(t, id, 20*time.Second, "ended", ended)
+			if st.Status != engine.StatusLost || st.Reason != workers.ReasonShimDied {
+				t.Fatalf("ended %s (%q), want lost because its shim died", st.Status, st.Reason)
+			}
+			// The command may have died before it wrote its PID.
+			if _, err := os.Stat(filepath.Join(dir, "pid")); err == nil {
+				pid := readPID(t, filepath.Join(dir, "pid"))
+				t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+				waitPIDsGone(t, 10*time.Second, pid)
+			}
+			n := map[events.Type]int{}
+			for _, rec := range b.history(t, id) {
+				n[rec.Type]++
+			}
+			if n[events.TypeLost] != 1 || n[events.TypeExited]+n[events.TypeFailed] != 0 {
+				t.Fatalf("history %v, want one lost and no other end", n)
+			}
+		})
+	}
+}
+
+// syncLog is a log a test reads while a worker writes it.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -45,7 +45,15 @@ func (w *Worker) reattach(ctx context.Context) error {
 		if err != nil && !errors.Is(err, engine.ErrNotFound) {
 			return fmt.Errorf("worker: find run %s again: %w", dir, err)
 		}
-		proc, perr := attachProcess(dir)
+		// The shim of a run whose run.json is written may still be starting (this
+		// worker's previous process died meanwhile): what it does is awaited first.
+		var proc *process
+		perr := errShimNotStarted
+		if readJSON(filepath.Join(dir, runFile), &sr) == nil {
+			proc, perr = awaitShim(dir, func() {
+				log.Info("the shim of a run is still starting its command: waiting for it", "task", sr.TaskID)
+			})
+		}
 		if errors.Is(err, engine.ErrNotFound) {
 			// The log does not know the task (another deployment's, or a log that was
 			// reset): nothing will ever record it, so nothing may keep running for it.
@@ -73,8 +81,10 @@ func (w *Worker) reattach(ctx context.Context) error {
 			continue
 		}
 		r := &run{w: w, state: state, cancelled: make(chan struct{})}
-		if readJSON(filepath.Join(dir, runFile), &sr) != nil {
-			// Taken, but the worker stopped before it started the command: start it now.
+		switch {
+		case errors.Is(perr, errShimNotStarted):
+			// Taken, but the worker stopped before its shim started the command: start
+			// it now.
 			log.Info("starting a task taken before a restart", "task", sr.TaskID)
 			var offsets [2]int64
 			for i, stream := range []string{events.Stdout, events.Stderr} {
@@ -84,9 +94,15 @@ func (w *Worker) reattach(ctx context.Context) error {
 			}
 			w.resume(ctx, r, offsets, func(offsets *[2]int64) bool { return r.runOnce(ctx, offsets) })
 			continue
-		}
-		if perr != nil {
-			if r.recordEnd(ctx, engine.Fail{Reason: "the shim did not start the command"}) {
+		case errors.Is(perr, errShimDied):
+			log.Error("the shim of a run died while it started the command", "task", sr.TaskID)
+			if r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDied}) {
+				_ = os.RemoveAll(dir)
+			}
+			continue
+		case perr != nil:
+			// The command could not start (its start error), or its PIDs cannot be read.
+			if r.recordEnd(ctx, engine.Fail{Reason: perr.Error()}) {
 				_ = os.RemoveAll(dir)
 			}
 			continue

@@ -171,6 +171,12 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 	}
 	dir := w.runDir(id, r.state.Epoch)
 	proc, err := startProcess(w.cfg.Shim, dir, run, spec)
+	if errors.Is(err, errShimDied) {
+		_ = os.RemoveAll(dir)
+		log.Error("the shim of a run died while it started the command", "task", id)
+		r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDied})
+		return false
+	}
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		log.Info("task failed to start", "task", id, "err", err)
