@@ -358,3 +358,38 @@ func (l *syncLog) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// A completion line whose first half the log holds when the worker stops, and whose
+// second half comes while it is away, completes the task after the restart: the
+// watch reads the line again from its beginning, not from where the log stands.
+func TestACompletionLineSplitAcrossARestartStillMatches(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state, dir := t.TempDir(), t.TempDir()
+	first := b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
+	spec := engine.Spec{
+		Command:    `printf '{"done":'; while [ ! -e go ]; do sleep 0.02; done; printf ' true}\n'; exec sleep 600`,
+		Cwd:        dir,
+		Completion: &engine.Completion{Type: engine.CompleteOnJSON, Match: map[string]any{"done": true}},
+	}
+	id := b.arm(t, spec)
+	b.waitFor(t, id, 20*time.Second, "started", hasPID)
+	logs, err := events.ConnectLogs(context.Background(), b.srv.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the first half of the line in the log", func() bool {
+		end, err := logs.End(context.Background(), id, events.Stdout)
+		return err == nil && end > 0
+	})
+	first.Stop()
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
+	st := b.waitFor(t, id, 20*time.Second, "ended", ended)
+	if st.Status != engine.StatusSucceeded || st.Run.MatchedLine != `{"done": true}` {
+		t.Fatalf("ended %s (%q) with matched line %q, want succeeded with the whole line", st.Status, st.Reason, st.Run.MatchedLine)
+	}
+}

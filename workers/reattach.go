@@ -129,8 +129,9 @@ func (w *Worker) reattach(ctx context.Context) error {
 			fileOffsets[i] = max(0, offsets[i]-sr.LogOffsets[i])
 		}
 		log.Info("watching a run again", "task", sr.TaskID, "pid", proc.pids.Command.PID)
+		decided := decisionOf(dir, state)
 		w.resume(ctx, r, offsets, func(offsets *[2]int64) bool {
-			return r.watch(ctx, proc, sr, offsets, fileOffsets, false)
+			return r.watch(ctx, proc, sr, offsets, fileOffsets, false, decided)
 		})
 	}
 	return nil
@@ -153,6 +154,40 @@ func (w *Worker) resume(ctx context.Context, r *run, offsets [2]int64, first fun
 		}
 		r.execute(ctx, offsets, first)
 	}()
+}
+
+// decisionFile keeps what the worker decided to do with a run before it acted.
+const decisionFile = "stop.json"
+
+// stopDecision is what a worker decided to do with a run, written before it acts:
+// stop the command for a rule (a match, the deadline, a stall), or leave it running
+// after a match. A worker that dies before the end is recorded (during the kill
+// grace, say) finishes the same decision when it starts again, rather than watch
+// again a command whose matched line is behind where the log stands.
+type stopDecision struct {
+	StoppedBy   string  `json:"stopped_by"`
+	MatchedLine *string `json:"matched_line,omitempty"`
+	KeepRunning bool    `json:"keep_running,omitempty"`
+}
+
+func (r *run) saveDecision(dir string, d stopDecision) {
+	if err := writeJSONAtomic(filepath.Join(dir, decisionFile), d); err != nil {
+		r.w.cfg.Base.Logger.Warn("a decision about a run is not on disk: a restart before its end is recorded may not finish it",
+			"task", r.state.ID, "stopped_by", d.StoppedBy, "err", err)
+	}
+}
+
+// decisionOf returns what was decided about a run before a restart, if anything: from
+// its directory, or, for a stall that the log says was to be killed, from the log.
+func decisionOf(dir string, state engine.State) *stopDecision {
+	var d stopDecision
+	if readJSON(filepath.Join(dir, decisionFile), &d) == nil && d.StoppedBy != "" {
+		return &d
+	}
+	if state.Stall != nil && state.Stall.Action == engine.OnStallKill {
+		return &stopDecision{StoppedBy: events.StoppedByStall}
+	}
+	return nil
 }
 
 // intentFile names the task and epoch a run directory is for. It is written before

@@ -184,15 +184,18 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 		return false
 	}
 	log.Info("task started", "task", id, "pid", proc.pids.Command.PID, "command", spec.CommandLine())
-	return r.watch(ctx, proc, run, offsets, [2]int64{}, true)
+	return r.watch(ctx, proc, run, offsets, [2]int64{}, true, nil)
 }
 
 // watch follows a run to its end: its output into the tail, the log and the
 // completion rule, its ticks, stall and deadline, and its exit. fileOffsets is
 // where in the output files the log stands (0 for a new run); started says whether
-// the run's first tick is still to be written. When the worker stops, watch lets go
-// of the run and the command goes on, to be watched again after the restart.
-func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2]int64, fileOffsets [2]int64, started bool) (respawn bool) {
+// the run's first tick is still to be written; decided is what a previous process
+// of this worker decided to do with the run (stop it for a rule, or leave it
+// running after a match) and did not record before it died. When the worker stops,
+// watch lets go of the run and the command goes on, to be watched again after the
+// restart.
+func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2]int64, fileOffsets [2]int64, started bool, decided *stopDecision) (respawn bool) {
 	w, id, log := r.w, r.state.ID, r.w.cfg.Base.Logger
 	spec := r.state.Spec
 	tail := NewTail(max(w.cfg.TailLines, spec.TailLines()), MaxLineBytes)
@@ -209,9 +212,18 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 	var watch *lineWatch
 	var matched <-chan struct{}
 	if m := spec.Matcher(); m != nil {
-		watch = newLineWatch(m)
-		stdout.writers = append(stdout.writers, watch)
+		// A match is on disk before the log has its line, so a worker that dies at
+		// any moment finds either the match or, where the log stands, the line again.
+		watch = newLineWatch(m, func(line string) {
+			r.saveDecision(proc.dir, stopDecision{StoppedBy: events.StoppedByMatch, MatchedLine: &line, KeepRunning: spec.KeepRunning})
+		})
+		stdout.writers = append([]io.Writer{watch}, stdout.writers...)
 		matched = watch.hit
+		if decided != nil && decided.MatchedLine != nil {
+			watch.matchedBefore(*decided.MatchedLine)
+		} else {
+			watch.resume(filepath.Join(proc.dir, stdoutFile), fileOffsets[0])
+		}
 	}
 	// After a restart, the tail starts with what the run printed before it.
 	_, _ = tailOut.Write(lastBytes(filepath.Join(proc.dir, stdoutFile), fileOffsets[0], 256<<10))
@@ -302,6 +314,14 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 		stallCheck = check.C
 	}
 
+	if decided != nil {
+		log.Info("finishing what the worker decided before it restarted", "task", id, "stopped_by", decided.StoppedBy)
+		if !decided.KeepRunning {
+			proc.stop(w.cfg.KillGrace)
+		}
+		end(decided.StoppedBy, decided.KeepRunning)
+		return false
+	}
 	var err error
 	if started {
 		err = r.record(ctx, engine.Tick{PID: proc.pids.Command.PID})
@@ -332,6 +352,7 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 			default:
 			}
 			log.Info("deadline passed: stopping the task", "task", id)
+			r.saveDecision(proc.dir, stopDecision{StoppedBy: events.StoppedByDeadline})
 			proc.stop(w.cfg.KillGrace)
 			end(events.StoppedByDeadline, false)
 			return false
@@ -360,6 +381,7 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 			default:
 				if err = stall(engine.OnStallKill, silent); err == nil {
 					log.Info("task stalled: stopping it", "task", id, "silent", silent)
+					r.saveDecision(proc.dir, stopDecision{StoppedBy: events.StoppedByStall})
 					proc.stop(w.cfg.KillGrace)
 					end(events.StoppedByStall, false)
 					return false
