@@ -393,3 +393,33 @@ func TestACompletionLineSplitAcrossARestartStillMatches(t *testing.T) {
 		t.Fatalf("ended %s (%q) with matched line %q, want succeeded with the whole line", st.Status, st.Reason, st.Run.MatchedLine)
 	}
 }
+
+// A spawn that reached the log but whose ack never came back, while the server
+// stays away longer than an event is retried: the worker learns from the log that
+// the task is its own and runs it, rather than give it up and leave it held by a
+// worker that does not run it (its lease alive, nothing would ever end it).
+func TestASpawnWhoseOutcomeStaysUnknownIsSettledByTheLog(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	faulty := &faultyStore{Store: b.store}
+	// The spawn is written, then every retry fails for longer than an append is
+	// retried (10s, a retry every 200ms).
+	drops := make([]fault, 60)
+	for i := range drops {
+		drops[i] = dropWrite
+	}
+	faulty.inject(events.TypeSpawned, append([]fault{loseAck}, drops...)...)
+	startWorker(t, b.srv.Conn, b.srv.JS, faulty, workers.Config{ID: "patient"})
+	id := b.arm(t, engine.Spec{Command: "exit 3", Cwd: t.TempDir()})
+	st := b.waitFor(t, id, 40*time.Second, "ended", ended)
+	if st.Run == nil || st.Run.ExitCode != 3 {
+		t.Fatalf("ended %s (%q), want exit 3", st.Status, st.Reason)
+	}
+	n := map[events.Type]int{}
+	for _, rec := range b.history(t, id) {
+		n[rec.Type]++
+	}
+	if n[events.TypeSpawned] != 1 || n[events.TypeExited] != 1 {
+		t.Fatalf("history %v, want one spawned and one exited", n)
+	}
+}

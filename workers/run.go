@@ -111,14 +111,53 @@ func (r *run) execute(ctx context.Context, offsets [2]int64, first func(*[2]int6
 		w.mu.Unlock()
 	}()
 	for respawn := first(&offsets); respawn; respawn = r.runOnce(ctx, &offsets) {
-		if err := writeIntent(w.runDir(id, r.state.Epoch+1), id, r.state.Epoch+1); err != nil {
+		dir := w.runDir(id, r.state.Epoch+1)
+		if err := writeIntent(dir, id, r.state.Epoch+1); err != nil {
 			w.cfg.Base.Logger.Error("respawn not started", "task", id, "err", err)
 			return
 		}
-		if err := r.record(ctx, engine.Spawn{Host: w.host}); err != nil {
-			// Still the owner without a run: lease expiry ends the task.
-			w.cfg.Base.Logger.Error("respawn not recorded", "task", id, "err", err)
+		held, err := r.claim(ctx)
+		if err != nil {
+			// Stopping with the spawn's outcome unknown: the next start settles it.
+			w.cfg.Base.Logger.Warn("stopping before a respawn was settled", "task", id, "err", err)
 			return
+		}
+		if !held {
+			_ = os.RemoveAll(dir) // cancelled meanwhile
+			return
+		}
+	}
+}
+
+// claim appends the spawn of a run: the take of an armed task, or the respawn of
+// a stalled one. It reports whether this worker now holds the run, as the log says:
+// a spawn whose outcome is unknown (its ack lost, the server away longer than an
+// append is retried) may be in the log, so it is tried again, and the log read
+// again, until the log says who holds the task or the worker stops (held false with
+// the error: the run's directory then settles it at the next start).
+func (r *run) claim(ctx context.Context) (held bool, err error) {
+	me, want := r.w.cfg.ID, r.state.Epoch+1
+	for {
+		err = r.record(ctx, engine.Spawn{Host: r.w.host})
+		if err == nil {
+			return true, nil
+		}
+		st, lerr := engine.Load(ctx, r.w.store, r.state.ID)
+		switch {
+		case lerr != nil:
+		case st.Phase == engine.PhaseRunning && st.Worker == me && st.Epoch == want:
+			r.state = st // this spawn is in the log; its ack did not come back
+			return true, nil
+		case st.Epoch+1 != want || !(st.Phase == engine.PhaseArmed || st.RespawnPending && st.Worker == me):
+			return false, nil // taken by another worker, or cancelled
+		default:
+			r.state = st // the spawn is not in the log: again
+		}
+		r.w.cfg.Base.Logger.Warn("spawn not recorded yet, retrying", "task", r.state.ID, "err", err)
+		select {
+		case <-ctx.Done():
+			return false, err
+		case <-time.After(time.Second):
 		}
 	}
 }

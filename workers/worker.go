@@ -342,18 +342,18 @@ func (w *Worker) take(ctx context.Context, msg jetstream.Msg) {
 				return
 			}
 			r := &run{w: w, state: armed, cancelled: make(chan struct{})}
-			switch err = r.record(ctx, engine.Spawn{Host: w.host}); {
-			case err == nil:
+			switch held, err := r.claim(ctx); {
+			case held:
 				_ = msg.Ack()
 				engine.CrashPoint(engine.CrashAfterSpawn)
 				r.execute(ctx, offsets, func(offsets *[2]int64) bool { return r.runOnce(ctx, offsets) })
-			case errors.Is(err, errFenced):
+			case err == nil:
 				_ = os.RemoveAll(dir)
 				_ = msg.Ack() // another worker took it, or it was cancelled first
 			default:
-				_ = os.RemoveAll(dir)
-				log.Warn("worker: could not take task, will retry", "task", rec.TaskID, "err", err)
-				_ = msg.NakWithDelay(time.Second)
+				// Stopping with the spawn's outcome unknown: the run's directory stays,
+				// and the next start of this worker learns it from the log.
+				log.Warn("worker: stopping before its take of a task was settled", "task", rec.TaskID, "err", err)
 			}
 			return
 		}
