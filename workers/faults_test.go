@@ -423,3 +423,42 @@ func TestASpawnWhoseOutcomeStaysUnknownIsSettledByTheLog(t *testing.T) {
 		t.Fatalf("history %v, want one spawned and one exited", n)
 	}
 }
+
+// A worker started on another worker's state directory that holds runs is refused:
+// it would find none of those runs its own and stop them all, and their tasks would
+// end lost. The directory's own worker watches them to their end.
+func TestAStateDirectoryKeepsItsWorkersIdentityWhileItHoldsRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state, dir := t.TempDir(), t.TempDir()
+	first := b.startWorker(t, workers.Config{ID: "first", StateDir: state})
+	id := b.arm(t, engine.Spec{Command: `while [ ! -e go ]; do sleep 0.02; done; exit 5`, Cwd: dir})
+	pid := b.waitFor(t, id, 20*time.Second, "started", hasPID).PID
+	first.Stop()
+
+	other := workers.New(b.srv.Conn, b.srv.JS, b.store, workers.Config{ID: "second", StateDir: state, Env: os.Environ()})
+	if err := other.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "runs of worker first") {
+		other.Stop()
+		t.Fatalf("a worker with another id on a state directory holding runs: %v", err)
+	}
+	if !alive(pid) {
+		t.Fatal("the refused worker stopped the command")
+	}
+	again := b.startWorker(t, workers.Config{ID: "first", StateDir: state})
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if st := b.waitFor(t, id, 20*time.Second, "ended", ended); st.Run == nil || st.Run.ExitCode != 5 {
+		t.Fatalf("ended %s (%q), want exit 5", st.Status, st.Reason)
+	}
+
+	// Without runs, the directory may change hands.
+	eventually(t, 10*time.Second, "the run directory removed", func() bool {
+		runs, _ := filepath.Glob(filepath.Join(state, "runs", "*"))
+		return len(runs) == 0
+	})
+	again.Stop()
+	if w := b.startWorker(t, workers.Config{ID: "second", StateDir: state}); w.ID() != "second" {
+		t.Fatalf("worker id %q on an empty state directory, want second", w.ID())
+	}
+}

@@ -227,12 +227,29 @@ func lockStateDir(dir string) (*os.File, error) {
 }
 
 // stableID is the worker's identity, kept in its state directory: a restarted
-// worker is the same worker and finds its runs again.
-func stableID(dir string) (string, error) {
+// worker is the same worker and finds its runs again. want is the identity asked
+// for, if any (default: the directory's, or a new one). A directory holding runs
+// keeps its identity: the log gives those runs to the worker it names, and a worker
+// with another identity would find none of them its own and stop them all.
+func stableID(dir, want string) (string, error) {
 	path := filepath.Join(dir, "id")
-	if data, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(data)) != "" {
-		return strings.TrimSpace(string(data)), nil
+	data, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return "", err
 	}
-	id := hostname() + "-" + randomHex(4)
+	have := strings.TrimSpace(string(data))
+	switch {
+	case have != "" && (want == "" || want == have):
+		return have, nil
+	case have != "":
+		if runs, _ := filepath.Glob(filepath.Join(dir, "runs", "*")); len(runs) > 0 {
+			return "", fmt.Errorf("worker state directory %s holds %d runs of worker %s: start worker %s on it to watch them to their end, or give worker %s a state directory of its own",
+				dir, len(runs), have, have, want)
+		}
+	}
+	id := want
+	if id == "" {
+		id = hostname() + "-" + randomHex(4)
+	}
 	return id, os.WriteFile(path, []byte(id+"\n"), 0o600)
 }
