@@ -16,6 +16,7 @@ const (
 	CrashAfterDeliver   = "dispatcher-after-deliver"    // the wake-up is in the inbox, fired not appended
 	CrashAfterSpawn     = "worker-after-spawn"          // spawned appended, the command not started
 	CrashBeforeExitSave = "worker-before-exit-recorded" // the command exited, exited not appended
+	CrashShimAfterStart = "shim-after-start"            // the shim started the command, its PID not recorded
 )
 
 // CrashPoint kills this process if a test named this point.

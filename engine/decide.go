@@ -56,11 +56,12 @@ type Stall struct {
 // Fail records that the command could not run.
 type Fail struct{ Reason string }
 
-// Lose ends the lease of a worker that is gone: the task fails as lost, or is armed
-// again, as its spec's on_lost says.
-type Lose struct{}
+// Lose ends a run that can no longer be followed (its worker is gone past its
+// lease, or its shim died without recording the exit): the task fails as lost, or is
+// armed again, as its spec's on_lost says. Reason says why; empty: the worker is gone.
+type Lose struct{ Reason string }
 
-func (Lose) decide(s State, _ Meta) (events.Payload, uint64, error) {
+func (c Lose) decide(s State, _ Meta) (events.Payload, uint64, error) {
 	if s.Phase != PhaseRunning {
 		return nil, 0, phaseError(s)
 	}
@@ -68,7 +69,7 @@ func (Lose) decide(s State, _ Meta) (events.Payload, uint64, error) {
 	if s.Spec.OnLost == OnLostRespawn {
 		action = OnLostRespawn
 	}
-	return &events.Lost{Worker: s.Worker, Action: action}, s.Epoch, nil
+	return &events.Lost{Worker: s.Worker, Action: action, Reason: c.Reason}, s.Epoch, nil
 }
 
 // Expire ends a task that is still waiting for a worker when its deadline passes.

@@ -224,8 +224,10 @@ func apply(s State, rec events.Record) (State, error) {
 			s.Respawns++
 			break
 		}
-		s.Phase, s.Status, s.EndedAt = PhaseEnded, StatusLost, &at
-		s.Reason = "its worker " + p.Worker + " was gone past its lease"
+		s.Phase, s.Status, s.EndedAt, s.Reason = PhaseEnded, StatusLost, &at, p.Reason
+		if s.Reason == "" {
+			s.Reason = "its worker " + p.Worker + " was gone past its lease"
+		}
 	case *events.Cancelled:
 		if s.Phase != PhaseArmed && s.Phase != PhaseRunning {
 			return s, ErrWrongPhase

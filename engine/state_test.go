@@ -664,3 +664,28 @@ func TestReplayOfNothingIsTheEmptyState(t *testing.T) {
 		t.Fatalf("Replay(nil) = %+v, %v; want the zero state and no problems", got, problems)
 	}
 }
+
+// A lost run says why: its worker gone past its lease (the engine's lease check
+// gives no reason), or its shim dead (the worker says so), and the wake-up says it.
+func TestLostSaysWhyTheRunCannotBeFollowed(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, reason, want string
+	}{
+		{"worker gone", "", "its worker " + workerA + " was gone past its lease"},
+		{"shim dead", "the shim died", "the shim died"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := build(t, engine.PhaseRunning)
+			f.do(workerA, engine.Lose{Reason: tc.reason})
+			if f.state.Status != engine.StatusLost || f.state.Reason != tc.want {
+				t.Fatalf("lost task: status %q reason %q, want lost with %q", f.state.Status, f.state.Reason, tc.want)
+			}
+			f.do(engineWriter, engine.PersistCompletion{})
+			if w := f.state.Wakeup; w.Reason != tc.want || !strings.Contains(w.Prompt, tc.want) {
+				t.Fatalf("wake-up reason %q, prompt:\n%s\nwant %q in both", w.Reason, w.Prompt, tc.want)
+			}
+		})
+	}
+}

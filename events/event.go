@@ -192,12 +192,16 @@ type Stalled struct {
 	Action    string `json:"action"`
 }
 
-// Lost records that the worker holding a running task is gone past its lease, and
-// what the spec's on_lost did: fail (the outcome is lost) or respawn (the task is
-// armed again for another worker).
+// Lost records that a running task's run can no longer be followed, and what the
+// spec's on_lost did: fail (the outcome is lost) or respawn (the task is armed again
+// for another worker). Reason says why: the worker holding it is gone past its lease
+// (the engine writes it), or the run's shim died without recording the command's
+// exit (its worker writes it). Empty in events written before it existed: the
+// worker was gone.
 type Lost struct {
 	Worker string `json:"worker"`
 	Action string `json:"action"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // Failed records that the command could not run. StoppedBy is deadline when the

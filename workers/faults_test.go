@@ -3,10 +3,14 @@ package workers_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -202,5 +206,259 @@ func TestTheShimStopsACommandAtItsDeadlineWhileNoWorkerWatches(t *testing.T) {
 	}
 	if st := b.waitFor(t, quiet, 20*time.Second, "ended", ended); st.Status != engine.StatusStalled {
 		t.Fatalf("stall held by the shim: ended %s (%q), want stalled", st.Status, st.Reason)
+	}
+}
+
+// What a command leaves running when it exits (a background process in its group,
+// one in a session of its own, one that ignores TERM) is stopped by its shim after
+// the exit is recorded: TERM, then KILL after the grace.
+func TestTheShimStopsWhatACommandLeftBehind(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startWorker(t, workers.Config{})
+	dir := t.TempDir()
+	id := b.arm(t, engine.Spec{
+		Command: `sleep 600 & echo $! > group; setsid sleep 600 & echo $! > session; ` +
+			`setsid bash -c 'trap "" TERM; exec sleep 600' & echo $! > stubborn; exit 3`,
+		Cwd: dir,
+	})
+	var left []int
+	for _, name := range []string{"group", "session", "stubborn"} {
+		pid := readPID(t, filepath.Join(dir, name))
+		t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+		left = append(left, pid)
+	}
+	if st := b.waitFor(t, id, 20*time.Second, "ended", ended); st.Run == nil || st.Run.ExitCode != 3 {
+		t.Fatalf("ended %s (%q), want exit 3", st.Status, st.Reason)
+	}
+	waitPIDsGone(t, 10*time.Second, left...)
+}
+
+// A worker that died while its shim was starting the command finds the run's
+// directory without the command's PIDs: it waits for the shim, which is still
+// starting, and watches the command to its end, rather than record a failure and
+// leave the command running unwatched.
+func TestAWorkerThatDiedWhileItsShimStartedWaitsForTheShim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state, dir := t.TempDir(), t.TempDir()
+	spec := engine.Spec{Command: `while [ ! -e done ]; do sleep 0.02; done; exit 9`, Cwd: dir}
+	id := b.arm(t, spec)
+	st, err := engine.Load(context.Background(), b.store, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := engine.Decide(st, engine.Spawn{Host: "h"}, engine.Meta{Writer: "stable", Now: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Append(context.Background(), ev, st.Seq); err != nil {
+		t.Fatal(err)
+	}
+	// The shim is slow to start: it waits for the file shim-go.
+	gate := filepath.Join(dir, "shim-go")
+	shim := []string{"sh", "-c", `while [ ! -e "$0" ]; do sleep 0.01; done; exec "$1" shim "$2"`, gate, os.Args[0]}
+	launched, err := workers.StartRunAndDie(shim, filepath.Join(state, "runs", id+"-1"), id, 1, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = os.WriteFile(gate, nil, 0o600)
+		<-launched
+	})
+
+	var logged syncLog
+	w := workers.New(b.srv.Conn, b.srv.JS, b.store, workers.Config{
+		ID: "stable", StateDir: state, Env: os.Environ(), TickInterval: time.Minute, KillGrace: 300 * time.Millisecond,
+		Base: engine.Base{Logger: slog.New(slog.NewTextHandler(io.MultiWriter(&logged, testWriter{t}), nil))},
+	})
+	started := make(chan error, 1)
+	go func() { started <- w.Start(context.Background()) }()
+	t.Cleanup(func() {
+		w.Stop()
+		killRuns(t, state)
+	})
+	eventually(t, 20*time.Second, "the worker waiting for the shim, or recording the run's end", func() bool {
+		h := b.history(t, id)
+		return strings.Contains(logged.String(), "still starting") || h[len(h)-1].Type != events.TypeSpawned
+	})
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "done"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	end := b.waitFor(t, id, 20*time.Second, "ended", ended)
+	if end.Run == nil || end.Run.ExitCode != 9 {
+		t.Fatalf("ended %s (%q), want the command's exit 9 recorded", end.Status, end.Reason)
+	}
+}
+
+// A shim killed once it started the command, before or after it recorded the
+// command's PID, takes the command with it: the task is lost, once, and says why,
+// and nothing of the command runs on.
+func TestAShimKilledAsItStartsTheCommandTakesTheCommandWithIt(t *testing.T) {
+	t.Parallel()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		shim    []string
+		command string
+	}{
+		{"before it recorded the PID", []string{"env", engine.CrashEnv + "=" + engine.CrashShimAfterStart, self, "shim"}, `echo $$ > pid; exec sleep 600`},
+		{"by its command, after", nil, `echo $$ > pid; kill -KILL $PPID; exec sleep 600`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.startWorker(t, workers.Config{Shim: tc.shim})
+			dir := t.TempDir()
+			id := b.arm(t, engine.Spec{Command: tc.command, Cwd: dir})
+			st := b.waitFor(t, id, 20*time.Second, "ended", ended)
+			if st.Status != engine.StatusLost || st.Reason != workers.ReasonShimDied {
+				t.Fatalf("ended %s (%q), want lost because its shim died", st.Status, st.Reason)
+			}
+			// The command may have died before it wrote its PID.
+			if _, err := os.Stat(filepath.Join(dir, "pid")); err == nil {
+				pid := readPID(t, filepath.Join(dir, "pid"))
+				t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+				waitPIDsGone(t, 10*time.Second, pid)
+			}
+			n := map[events.Type]int{}
+			for _, rec := range b.history(t, id) {
+				n[rec.Type]++
+			}
+			if n[events.TypeLost] != 1 || n[events.TypeExited]+n[events.TypeFailed] != 0 {
+				t.Fatalf("history %v, want one lost and no other end", n)
+			}
+		})
+	}
+}
+
+// syncLog is a log a test reads while a worker writes it.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A completion line whose first half the log holds when the worker stops, and whose
+// second half comes while it is away, completes the task after the restart: the
+// watch reads the line again from its beginning, not from where the log stands.
+func TestACompletionLineSplitAcrossARestartStillMatches(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state, dir := t.TempDir(), t.TempDir()
+	first := b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
+	spec := engine.Spec{
+		Command:    `printf '{"done":'; while [ ! -e go ]; do sleep 0.02; done; printf ' true}\n'; exec sleep 600`,
+		Cwd:        dir,
+		Completion: &engine.Completion{Type: engine.CompleteOnJSON, Match: map[string]any{"done": true}},
+	}
+	id := b.arm(t, spec)
+	b.waitFor(t, id, 20*time.Second, "started", hasPID)
+	logs, err := events.ConnectLogs(context.Background(), b.srv.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the first half of the line in the log", func() bool {
+		end, err := logs.End(context.Background(), id, events.Stdout)
+		return err == nil && end > 0
+	})
+	first.Stop()
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
+	st := b.waitFor(t, id, 20*time.Second, "ended", ended)
+	if st.Status != engine.StatusSucceeded || st.Run.MatchedLine != `{"done": true}` {
+		t.Fatalf("ended %s (%q) with matched line %q, want succeeded with the whole line", st.Status, st.Reason, st.Run.MatchedLine)
+	}
+}
+
+// A spawn that reached the log but whose ack never came back, while the server
+// stays away longer than an event is retried: the worker learns from the log that
+// the task is its own and runs it, rather than give it up and leave it held by a
+// worker that does not run it (its lease alive, nothing would ever end it).
+func TestASpawnWhoseOutcomeStaysUnknownIsSettledByTheLog(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	faulty := &faultyStore{Store: b.store}
+	// The spawn is written, then every retry fails for longer than an append is
+	// retried (10s, a retry every 200ms).
+	drops := make([]fault, 60)
+	for i := range drops {
+		drops[i] = dropWrite
+	}
+	faulty.inject(events.TypeSpawned, append([]fault{loseAck}, drops...)...)
+	startWorker(t, b.srv.Conn, b.srv.JS, faulty, workers.Config{ID: "patient"})
+	id := b.arm(t, engine.Spec{Command: "exit 3", Cwd: t.TempDir()})
+	st := b.waitFor(t, id, 40*time.Second, "ended", ended)
+	if st.Run == nil || st.Run.ExitCode != 3 {
+		t.Fatalf("ended %s (%q), want exit 3", st.Status, st.Reason)
+	}
+	n := map[events.Type]int{}
+	for _, rec := range b.history(t, id) {
+		n[rec.Type]++
+	}
+	if n[events.TypeSpawned] != 1 || n[events.TypeExited] != 1 {
+		t.Fatalf("history %v, want one spawned and one exited", n)
+	}
+}
+
+// A worker started on another worker's state directory that holds runs is refused:
+// it would find none of those runs its own and stop them all, and their tasks would
+// end lost. The directory's own worker watches them to their end.
+func TestAStateDirectoryKeepsItsWorkersIdentityWhileItHoldsRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state, dir := t.TempDir(), t.TempDir()
+	first := b.startWorker(t, workers.Config{ID: "first", StateDir: state})
+	id := b.arm(t, engine.Spec{Command: `while [ ! -e go ]; do sleep 0.02; done; exit 5`, Cwd: dir})
+	pid := b.waitFor(t, id, 20*time.Second, "started", hasPID).PID
+	first.Stop()
+
+	other := workers.New(b.srv.Conn, b.srv.JS, b.store, workers.Config{ID: "second", StateDir: state, Env: os.Environ()})
+	if err := other.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "runs of worker first") {
+		other.Stop()
+		t.Fatalf("a worker with another id on a state directory holding runs: %v", err)
+	}
+	if !alive(pid) {
+		t.Fatal("the refused worker stopped the command")
+	}
+	again := b.startWorker(t, workers.Config{ID: "first", StateDir: state})
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if st := b.waitFor(t, id, 20*time.Second, "ended", ended); st.Run == nil || st.Run.ExitCode != 5 {
+		t.Fatalf("ended %s (%q), want exit 5", st.Status, st.Reason)
+	}
+
+	// Without runs, the directory may change hands.
+	eventually(t, 10*time.Second, "the run directory removed", func() bool {
+		runs, _ := filepath.Glob(filepath.Join(state, "runs", "*"))
+		return len(runs) == 0
+	})
+	again.Stop()
+	if w := b.startWorker(t, workers.Config{ID: "second", StateDir: state}); w.ID() != "second" {
+		t.Fatalf("worker id %q on an empty state directory, want second", w.ID())
 	}
 }

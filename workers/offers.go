@@ -105,16 +105,17 @@ func (w *Worker) take(ctx context.Context, id string) (events.OfferReply, *run, 
 		return events.OfferReply{Reason: events.DeclineError}, nil, offsets
 	}
 	r := &run{w: w, state: armed, cancelled: make(chan struct{})}
-	switch err := r.record(ctx, engine.Spawn{Host: w.host}); {
-	case err == nil:
+	switch held, err := r.claim(ctx); {
+	case held:
 		w.hold(r)
 		return events.OfferReply{Taken: true}, r, offsets
-	case errors.Is(err, errFenced):
+	case err == nil:
 		_ = os.RemoveAll(dir)
 		return events.OfferReply{Reason: events.DeclineTaken}, nil, offsets // another worker took it, or it was cancelled first
 	default:
-		_ = os.RemoveAll(dir)
-		log.Warn("worker: could not take task", "task", id, "err", err)
+		// Stopping with the spawn's outcome unknown: the run's directory stays, and
+		// the next start of this worker learns from the log whether it holds the task.
+		log.Warn("worker: stopping before its take of a task was settled", "task", id, "err", err)
 		return events.OfferReply{Reason: events.DeclineError}, nil, offsets
 	}
 }

@@ -31,21 +31,53 @@ func (o output) Write(p []byte) (int, error) {
 // engine.MatchLineBytes is matched on its beginning; the rest is skipped without
 // being kept, so no line is too long to read.
 type lineWatch struct {
-	match   engine.LineMatcher
-	mu      sync.Mutex
-	line    []byte
-	matched *string // the first line that matched
-	hit     chan struct{}
+	match engine.LineMatcher
+	// onMatch is called with the matched line before Write returns: what follows
+	// the watch in an output (the log) gets the line only after it.
+	onMatch  func(line string)
+	mu       sync.Mutex
+	line     []byte
+	skipping bool    // the current line's beginning is unknown: it is not matched
+	matched  *string // the first line that matched
+	hit      chan struct{}
 }
 
-func newLineWatch(match engine.LineMatcher) *lineWatch {
-	return &lineWatch{match: match, hit: make(chan struct{})}
+func newLineWatch(match engine.LineMatcher, onMatch func(string)) *lineWatch {
+	return &lineWatch{match: match, onMatch: onMatch, hit: make(chan struct{})}
+}
+
+// resume starts the watch in the middle of the output, at offset in the stdout file
+// at path: after a restart, the line the previous watch was reading when it
+// stopped is read again from its beginning. A beginning more than
+// engine.MatchLineBytes back is not looked for: that line is not matched.
+func (l *lineWatch) resume(path string, offset int64) {
+	if offset <= 0 {
+		return
+	}
+	start := max(0, offset-engine.MatchLineBytes)
+	partial := lastBytes(path, offset, offset-start)
+	if i := bytes.LastIndexByte(partial, '\n'); i >= 0 {
+		partial = partial[i+1:]
+	} else if start > 0 {
+		l.mu.Lock()
+		l.skipping = true
+		l.mu.Unlock()
+		return
+	}
+	_, _ = l.Write(partial)
 }
 
 func (l *lineWatch) Write(p []byte) (int, error) {
 	n := len(p)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.skipping {
+		_, rest, newline := bytes.Cut(p, []byte{'\n'})
+		if !newline {
+			return n, nil
+		}
+		l.skipping, p = false, rest
+	}
 	for len(p) > 0 && l.matched == nil {
 		chunk, rest, newline := bytes.Cut(p, []byte{'\n'})
 		if room := engine.MatchLineBytes - len(l.line); len(chunk) > room {
@@ -68,9 +100,22 @@ func (l *lineWatch) check() {
 		kept := line[:min(len(line), MaxLineBytes)]
 		s := string(bytes.ToValidUTF8(kept, []byte("\uFFFD")))
 		l.matched = &s
+		if l.onMatch != nil {
+			l.onMatch(s)
+		}
 		close(l.hit)
 	}
 	l.line = l.line[:0]
+}
+
+// matchedBefore sets the line a previous watch of the same run matched.
+func (l *lineWatch) matchedBefore(line string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.matched == nil {
+		l.matched = &line
+		close(l.hit)
+	}
 }
 
 // finish matches a last line that ended without a newline.

@@ -33,53 +33,122 @@ type process struct {
 // startProcess writes a run directory and starts the shim that runs the spec's
 // command, in a new session of its own.
 func startProcess(shim []string, dir string, run shimRun, spec engine.Spec) (*process, error) {
+	if err := prepareRun(dir, run, spec); err != nil {
+		return nil, err
+	}
+	if err := launchShim(shim, dir); err != nil {
+		return nil, err
+	}
+	return awaitShim(dir, nil)
+}
+
+// prepareRun writes what the shim of a run needs into its directory.
+func prepareRun(dir string, run shimRun, spec engine.Spec) error {
 	if spec.Command != "" {
 		bash, err := lookPath("bash", run.Env, run.Dir)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		run.Path, run.Args = bash, []string{"bash", "-c", spec.Command}
 	} else {
 		path, err := lookPath(spec.Argv[0], run.Env, run.Dir)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		run.Path, run.Args = path, spec.Argv
 	}
 	if info, err := os.Stat(run.Dir); err != nil || !info.IsDir() {
-		return nil, errors.New("working directory " + run.Dir + " does not exist")
+		return errors.New("working directory " + run.Dir + " does not exist")
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
+		return err
 	}
 	for _, name := range []string{stdoutFile, stderrFile} {
 		f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE, 0o600)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		f.Close()
 	}
-	if err := writeJSONAtomic(filepath.Join(dir, runFile), run); err != nil {
-		return nil, err
+	return writeJSONAtomic(filepath.Join(dir, runFile), run)
+}
+
+// launchShim starts the shim of a prepared run, handing it the run's start lock,
+// and returns once its first stage has started the second, detached one.
+func launchShim(shim []string, dir string) error {
+	lock, err := os.OpenFile(filepath.Join(dir, startLockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close() // the shim holds it from here
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return err
 	}
 	// The shim starts itself again, detached, and returns at once.
-	if out, err := exec.Command(shim[0], append(shim[1:], dir)...).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("start the shim: %w: %s", err, out)
+	cmd := exec.Command(shim[0], append(shim[1:], dir)...)
+	cmd.ExtraFiles = []*os.File{lock} // startLockFD
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("start the shim: %w: %s", err, out)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	return nil
+}
+
+// How a shim's start can go wrong besides the command's own start error.
+var (
+	// errShimNotStarted: the shim ended before it started the command; nothing ran.
+	errShimNotStarted = errors.New("the shim ended before it started the command")
+	// errShimDied: the shim died while it started the command, before it recorded
+	// the command's PID; the command, if it started, was killed with it.
+	errShimDied = errors.New("the shim died while it started the command")
+)
+
+// awaitShim waits for the shim of a run, started by this worker or by a process
+// of it that died meanwhile, to record how the command's start went: its PIDs, a
+// start error (returned as the error), or nothing before no shim holds the run's
+// start lock any more (errShimDied or errShimNotStarted). waiting, if set, is
+// called once if the shim is still starting when first looked at.
+func awaitShim(dir string, waiting func()) (*process, error) {
+	outcome := func() (*process, error, bool) {
 		var exit shimExit
 		if readJSON(filepath.Join(dir, exitFile), &exit) == nil && exit.StartError != "" {
-			return nil, errors.New(exit.StartError)
+			return nil, errors.New(exit.StartError), true
 		}
 		if _, err := os.Stat(filepath.Join(dir, pidFile)); err == nil {
-			return attachProcess(dir)
+			p, err := attachProcess(dir)
+			return p, err, true
 		}
-		if time.Now().After(deadline) {
-			return nil, errors.New("the shim did not start the command in 10s")
+		return nil, nil, false
+	}
+	for {
+		if p, err, ok := outcome(); ok {
+			return p, err
+		}
+		if !shimAlive(dir) {
+			// It may have written its outcome just before it ended.
+			if p, err, ok := outcome(); ok {
+				return p, err
+			}
+			if _, err := os.Stat(filepath.Join(dir, startingFile)); err == nil {
+				return nil, errShimDied
+			}
+			return nil, errShimNotStarted
+		}
+		if waiting != nil {
+			waiting()
+			waiting = nil
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// shimAlive reports whether a shim of the run in dir holds its start lock.
+func shimAlive(dir string) bool {
+	f, err := os.Open(filepath.Join(dir, startLockFile))
+	if err != nil {
+		return false // never started: the worker makes the file before the shim
+	}
+	defer f.Close() // releases the lock if this took it
+	return errors.Is(unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB), unix.EWOULDBLOCK)
 }
 
 // attachProcess watches a run that a shim started, from its directory: after a

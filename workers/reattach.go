@@ -45,7 +45,15 @@ func (w *Worker) reattach(ctx context.Context) error {
 		if err != nil && !errors.Is(err, engine.ErrNotFound) {
 			return fmt.Errorf("worker: find run %s again: %w", dir, err)
 		}
-		proc, perr := attachProcess(dir)
+		// The shim of a run whose run.json is written may still be starting (this
+		// worker's previous process died meanwhile): what it does is awaited first.
+		var proc *process
+		perr := errShimNotStarted
+		if readJSON(filepath.Join(dir, runFile), &sr) == nil {
+			proc, perr = awaitShim(dir, func() {
+				log.Info("the shim of a run is still starting its command: waiting for it", "task", sr.TaskID)
+			})
+		}
 		if errors.Is(err, engine.ErrNotFound) {
 			// The log does not know the task (another deployment's, or a log that was
 			// reset): nothing will ever record it, so nothing may keep running for it.
@@ -73,8 +81,10 @@ func (w *Worker) reattach(ctx context.Context) error {
 			continue
 		}
 		r := &run{w: w, state: state, cancelled: make(chan struct{})}
-		if readJSON(filepath.Join(dir, runFile), &sr) != nil {
-			// Taken, but the worker stopped before it started the command: start it now.
+		switch {
+		case errors.Is(perr, errShimNotStarted):
+			// Taken, but the worker stopped before its shim started the command: start
+			// it now.
 			log.Info("starting a task taken before a restart", "task", sr.TaskID)
 			var offsets [2]int64
 			for i, stream := range []string{events.Stdout, events.Stderr} {
@@ -84,9 +94,15 @@ func (w *Worker) reattach(ctx context.Context) error {
 			}
 			w.resume(ctx, r, offsets, func(offsets *[2]int64) bool { return r.runOnce(ctx, offsets) })
 			continue
-		}
-		if perr != nil {
-			if r.recordEnd(ctx, engine.Fail{Reason: "the shim did not start the command"}) {
+		case errors.Is(perr, errShimDied):
+			log.Error("the shim of a run died while it started the command", "task", sr.TaskID)
+			if r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDied}) {
+				_ = os.RemoveAll(dir)
+			}
+			continue
+		case perr != nil:
+			// The command could not start (its start error), or its PIDs cannot be read.
+			if r.recordEnd(ctx, engine.Fail{Reason: perr.Error()}) {
 				_ = os.RemoveAll(dir)
 			}
 			continue
@@ -113,8 +129,9 @@ func (w *Worker) reattach(ctx context.Context) error {
 			fileOffsets[i] = max(0, offsets[i]-sr.LogOffsets[i])
 		}
 		log.Info("watching a run again", "task", sr.TaskID, "pid", proc.pids.Command.PID)
+		decided := decisionOf(dir, state)
 		w.resume(ctx, r, offsets, func(offsets *[2]int64) bool {
-			return r.watch(ctx, proc, sr, offsets, fileOffsets, false)
+			return r.watch(ctx, proc, sr, offsets, fileOffsets, false, decided)
 		})
 	}
 	return nil
@@ -138,6 +155,40 @@ func (w *Worker) resume(ctx context.Context, r *run, offsets [2]int64, first fun
 		}
 		r.execute(ctx, offsets, first)
 	}()
+}
+
+// decisionFile keeps what the worker decided to do with a run before it acted.
+const decisionFile = "stop.json"
+
+// stopDecision is what a worker decided to do with a run, written before it acts:
+// stop the command for a rule (a match, the deadline, a stall), or leave it running
+// after a match. A worker that dies before the end is recorded (during the kill
+// grace, say) finishes the same decision when it starts again, rather than watch
+// again a command whose matched line is behind where the log stands.
+type stopDecision struct {
+	StoppedBy   string  `json:"stopped_by"`
+	MatchedLine *string `json:"matched_line,omitempty"`
+	KeepRunning bool    `json:"keep_running,omitempty"`
+}
+
+func (r *run) saveDecision(dir string, d stopDecision) {
+	if err := writeJSONAtomic(filepath.Join(dir, decisionFile), d); err != nil {
+		r.w.cfg.Base.Logger.Warn("a decision about a run is not on disk: a restart before its end is recorded may not finish it",
+			"task", r.state.ID, "stopped_by", d.StoppedBy, "err", err)
+	}
+}
+
+// decisionOf returns what was decided about a run before a restart, if anything: from
+// its directory, or, for a stall that the log says was to be killed, from the log.
+func decisionOf(dir string, state engine.State) *stopDecision {
+	var d stopDecision
+	if readJSON(filepath.Join(dir, decisionFile), &d) == nil && d.StoppedBy != "" {
+		return &d
+	}
+	if state.Stall != nil && state.Stall.Action == engine.OnStallKill {
+		return &stopDecision{StoppedBy: events.StoppedByStall}
+	}
+	return nil
 }
 
 // intentFile names the task and epoch a run directory is for. It is written before
@@ -180,12 +231,29 @@ func lockStateDir(dir string) (*os.File, error) {
 }
 
 // stableID is the worker's identity, kept in its state directory: a restarted
-// worker is the same worker and finds its runs again.
-func stableID(dir string) (string, error) {
+// worker is the same worker and finds its runs again. want is the identity asked
+// for, if any (default: the directory's, or a new one). A directory holding runs
+// keeps its identity: the log gives those runs to the worker it names, and a worker
+// with another identity would find none of them its own and stop them all.
+func stableID(dir, want string) (string, error) {
 	path := filepath.Join(dir, "id")
-	if data, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(data)) != "" {
-		return strings.TrimSpace(string(data)), nil
+	data, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return "", err
 	}
-	id := hostname() + "-" + randomHex(4)
+	have := strings.TrimSpace(string(data))
+	switch {
+	case have != "" && (want == "" || want == have):
+		return have, nil
+	case have != "":
+		if runs, _ := filepath.Glob(filepath.Join(dir, "runs", "*")); len(runs) > 0 {
+			return "", fmt.Errorf("worker state directory %s holds %d runs of worker %s: start worker %s on it to watch them to their end, or give worker %s a state directory of its own",
+				dir, len(runs), have, have, want)
+		}
+	}
+	id := want
+	if id == "" {
+		id = hostname() + "-" + randomHex(4)
+	}
 	return id, os.WriteFile(path, []byte(id+"\n"), 0o600)
 }

@@ -16,6 +16,10 @@ import (
 	"github.com/bgtask/bgtask/events"
 )
 
+// ReasonShimDied is the reason of a task lost because the shim of its run died
+// without recording how the command ended; what was left of the command is killed.
+const ReasonShimDied = "the shim of its run died without recording how the command ended; what was left of the command was killed"
+
 // errFenced: the task changed under the worker (cancelled, or taken over); the
 // worker no longer owns it and must not touch it again.
 var errFenced = errors.New("worker no longer owns the task")
@@ -100,14 +104,53 @@ func (r *run) execute(ctx context.Context, offsets [2]int64, first func(*[2]int6
 	w, id := r.w, r.state.ID
 	defer w.release(id) // held by whoever started the run
 	for respawn := first(&offsets); respawn; respawn = r.runOnce(ctx, &offsets) {
-		if err := writeIntent(w.runDir(id, r.state.Epoch+1), id, r.state.Epoch+1); err != nil {
+		dir := w.runDir(id, r.state.Epoch+1)
+		if err := writeIntent(dir, id, r.state.Epoch+1); err != nil {
 			w.cfg.Base.Logger.Error("respawn not started", "task", id, "err", err)
 			return
 		}
-		if err := r.record(ctx, engine.Spawn{Host: w.host}); err != nil {
-			// Still the owner without a run: lease expiry ends the task.
-			w.cfg.Base.Logger.Error("respawn not recorded", "task", id, "err", err)
+		held, err := r.claim(ctx)
+		if err != nil {
+			// Stopping with the spawn's outcome unknown: the next start settles it.
+			w.cfg.Base.Logger.Warn("stopping before a respawn was settled", "task", id, "err", err)
 			return
+		}
+		if !held {
+			_ = os.RemoveAll(dir) // cancelled meanwhile
+			return
+		}
+	}
+}
+
+// claim appends the spawn of a run: the take of an armed task, or the respawn of
+// a stalled one. It reports whether this worker now holds the run, as the log says:
+// a spawn whose outcome is unknown (its ack lost, the server away longer than an
+// append is retried) may be in the log, so it is tried again, and the log read
+// again, until the log says who holds the task or the worker stops (held false with
+// the error: the run's directory then settles it at the next start).
+func (r *run) claim(ctx context.Context) (held bool, err error) {
+	me, want := r.w.cfg.ID, r.state.Epoch+1
+	for {
+		err = r.record(ctx, engine.Spawn{Host: r.w.host})
+		if err == nil {
+			return true, nil
+		}
+		st, lerr := engine.Load(ctx, r.w.store, r.state.ID)
+		switch {
+		case lerr != nil:
+		case st.Phase == engine.PhaseRunning && st.Worker == me && st.Epoch == want:
+			r.state = st // this spawn is in the log; its ack did not come back
+			return true, nil
+		case st.Epoch+1 != want || !(st.Phase == engine.PhaseArmed || st.RespawnPending && st.Worker == me):
+			return false, nil // taken by another worker, or cancelled
+		default:
+			r.state = st // the spawn is not in the log: again
+		}
+		r.w.cfg.Base.Logger.Warn("spawn not recorded yet, retrying", "task", r.state.ID, "err", err)
+		select {
+		case <-ctx.Done():
+			return false, err
+		case <-time.After(time.Second):
 		}
 	}
 }
@@ -160,6 +203,12 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 	}
 	dir := w.runDir(id, r.state.Epoch)
 	proc, err := startProcess(w.cfg.Shim, dir, run, spec)
+	if errors.Is(err, errShimDied) {
+		_ = os.RemoveAll(dir)
+		log.Error("the shim of a run died while it started the command", "task", id)
+		r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDied})
+		return false
+	}
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		log.Info("task failed to start", "task", id, "err", err)
@@ -167,15 +216,18 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 		return false
 	}
 	log.Info("task started", "task", id, "pid", proc.pids.Command.PID, "command", spec.CommandLine())
-	return r.watch(ctx, proc, run, offsets, [2]int64{}, true)
+	return r.watch(ctx, proc, run, offsets, [2]int64{}, true, nil)
 }
 
 // watch follows a run to its end: its output into the tail, the log and the
 // completion rule, its ticks, stall and deadline, and its exit. fileOffsets is
 // where in the output files the log stands (0 for a new run); started says whether
-// the run's first tick is still to be written. When the worker stops, watch lets go
-// of the run and the command goes on, to be watched again after the restart.
-func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2]int64, fileOffsets [2]int64, started bool) (respawn bool) {
+// the run's first tick is still to be written; decided is what a previous process
+// of this worker decided to do with the run (stop it for a rule, or leave it
+// running after a match) and did not record before it died. When the worker stops,
+// watch lets go of the run and the command goes on, to be watched again after the
+// restart.
+func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2]int64, fileOffsets [2]int64, started bool, decided *stopDecision) (respawn bool) {
 	w, id, log := r.w, r.state.ID, r.w.cfg.Base.Logger
 	spec := r.state.Spec
 	tail := NewTail(max(w.cfg.TailLines, spec.TailLines()), MaxLineBytes)
@@ -192,9 +244,18 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 	var watch *lineWatch
 	var matched <-chan struct{}
 	if m := spec.Matcher(); m != nil {
-		watch = newLineWatch(m)
-		stdout.writers = append(stdout.writers, watch)
+		// A match is on disk before the log has its line, so a worker that dies at
+		// any moment finds either the match or, where the log stands, the line again.
+		watch = newLineWatch(m, func(line string) {
+			r.saveDecision(proc.dir, stopDecision{StoppedBy: events.StoppedByMatch, MatchedLine: &line, KeepRunning: spec.KeepRunning})
+		})
+		stdout.writers = append([]io.Writer{watch}, stdout.writers...)
 		matched = watch.hit
+		if decided != nil && decided.MatchedLine != nil {
+			watch.matchedBefore(*decided.MatchedLine)
+		} else {
+			watch.resume(filepath.Join(proc.dir, stdoutFile), fileOffsets[0])
+		}
 	}
 	// After a restart, the tail starts with what the run printed before it.
 	_, _ = tailOut.Write(lastBytes(filepath.Join(proc.dir, stdoutFile), fileOffsets[0], 256<<10))
@@ -255,7 +316,7 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 			// and nothing watches the command any more. Stop what is left of it.
 			r.w.cfg.Base.Logger.Error("the shim of a run died without an exit file", "task", id)
 			proc.signalGroup(unix.SIGKILL)
-			recorded = r.recordEnd(ctx, engine.Lose{})
+			recorded = r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDied})
 		case proc.failure != "":
 			recorded = r.recordEnd(ctx, engine.Fail{Reason: proc.failure})
 		default:
@@ -285,6 +346,14 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 		stallCheck = check.C
 	}
 
+	if decided != nil {
+		log.Info("finishing what the worker decided before it restarted", "task", id, "stopped_by", decided.StoppedBy)
+		if !decided.KeepRunning {
+			proc.stop(w.cfg.KillGrace)
+		}
+		end(decided.StoppedBy, decided.KeepRunning)
+		return false
+	}
 	var err error
 	if started {
 		err = r.record(ctx, engine.Tick{PID: proc.pids.Command.PID})
@@ -315,6 +384,7 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 			default:
 			}
 			log.Info("deadline passed: stopping the task", "task", id)
+			r.saveDecision(proc.dir, stopDecision{StoppedBy: events.StoppedByDeadline})
 			proc.stop(w.cfg.KillGrace)
 			end(events.StoppedByDeadline, false)
 			return false
@@ -343,6 +413,7 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 			default:
 				if err = stall(engine.OnStallKill, silent); err == nil {
 					log.Info("task stalled: stopping it", "task", id, "silent", silent)
+					r.saveDecision(proc.dir, stopDecision{StoppedBy: events.StoppedByStall})
 					proc.stop(w.cfg.KillGrace)
 					end(events.StoppedByStall, false)
 					return false

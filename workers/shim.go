@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
 )
 
@@ -26,15 +28,26 @@ import (
 //	run.json    what to start (written by the worker)
 //	stdout      the command's output
 //	stderr
+//	start.lock  locked for as long as a shim of the run lives (see startLockFD)
+//	starting    made just before the shim starts the command
 //	pid.json    the command's and the shim's PIDs with their start times
 //	exit.json   how the command ended (or why it could not start)
 const (
-	runFile    = "run.json"
-	pidFile    = "pid.json"
-	exitFile   = "exit.json"
-	stdoutFile = "stdout"
-	stderrFile = "stderr"
+	runFile       = "run.json"
+	startLockFile = "start.lock"
+	startingFile  = "starting"
+	pidFile       = "pid.json"
+	exitFile      = "exit.json"
+	stdoutFile    = "stdout"
+	stderrFile    = "stderr"
 )
+
+// startLockFD is the descriptor of the run's start lock in a shim. The worker locks
+// the file (flock) before it starts the shim and hands the locked descriptor down,
+// and each stage of the shim keeps it open for as long as it lives: whoever finds
+// the lock free knows that no shim of the run is alive, or ever will be, so a worker
+// that died while its shim started can tell a shim still starting from one gone.
+const startLockFD = 3
 
 // shimRun is what the shim starts.
 type shimRun struct {
@@ -83,14 +96,20 @@ const shimDetachedEnv = "BGTASK_SHIM_DETACHED"
 // and its exit file is written.
 func RunShim(dir string) error {
 	if os.Getenv(shimDetachedEnv) == "" {
+		files := []*os.File{nil, nil, nil}
+		if _, err := unix.FcntlInt(startLockFD, unix.F_GETFD, 0); err == nil {
+			files = append(files, os.NewFile(startLockFD, startLockFile)) // the lock, handed down
+		}
 		// /proc/self/exe is this very binary, even if an upgrade replaced its file.
 		_, err := os.StartProcess("/proc/self/exe", os.Args, &os.ProcAttr{
 			Env:   append(os.Environ(), shimDetachedEnv+"=1"),
-			Files: []*os.File{nil, nil, nil},
+			Files: files,
 			Sys:   &syscall.SysProcAttr{Setsid: true},
 		})
 		return err
 	}
+	// The start lock (descriptor startLockFD, if the worker handed one down) stays
+	// open until this process ends; CloseRange below keeps it from the command.
 	// Orphans of the command become the shim's children, not init's, so the whole
 	// tree stays under it.
 	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -117,11 +136,20 @@ func RunShim(dir string) error {
 	// Descriptors the worker inherited (a pipe its caller reads) must not reach a
 	// command that outlives it: its reader would never see EOF.
 	_ = unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+	// From here on the command may be running before its PIDs are recorded: a worker
+	// that finds this file and no pid.json knows the shim died starting it.
+	if err := os.WriteFile(filepath.Join(dir, startingFile), nil, 0o600); err != nil {
+		return fail(err)
+	}
+	// The command dies with the shim (Pdeathsig), so it never runs on unrecorded if
+	// the shim is killed before it wrote pid.json. The signal follows the thread that
+	// started it: this goroutine keeps that thread until the shim ends.
+	runtime.LockOSThread()
 	proc, err := os.StartProcess(run.Path, run.Args, &os.ProcAttr{
 		Dir:   run.Dir,
 		Env:   run.Env,
 		Files: []*os.File{devnull, stdout, stderr},
-		Sys:   &syscall.SysProcAttr{Setpgid: true},
+		Sys:   &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL},
 	})
 	devnull.Close()
 	stdout.Close()
@@ -129,6 +157,7 @@ func RunShim(dir string) error {
 	if err != nil {
 		return fail(err)
 	}
+	engine.CrashPoint(engine.CrashShimAfterStart)
 	self, _ := procStart(os.Getpid())
 	child, _ := procStart(proc.Pid)
 	if err := writeJSONAtomic(filepath.Join(dir, pidFile), shimPIDs{
@@ -148,7 +177,74 @@ func RunShim(dir string) error {
 	if ws.Signaled() {
 		exit.ExitCode, exit.Signal = 128+int(ws.Signal()), signalName(ws.Signal())
 	}
-	return writeJSONAtomic(filepath.Join(dir, exitFile), exit)
+	err = writeJSONAtomic(filepath.Join(dir, exitFile), exit)
+	// The exit is recorded: nothing waits for what the command left behind.
+	stopOrphans(max(run.KillGrace, time.Second))
+	return err
+}
+
+// stopOrphans ends what the command left running when it exited: processes it
+// started in the background, in its process group or in a session of their own
+// (setsid, a daemon's double fork). Their parents have ended, so they are the
+// shim's children now (it is their subreaper). Each gets TERM, and KILL once grace
+// has passed; their own children come to the shim in turn when they end.
+func stopOrphans(grace time.Duration) {
+	self := os.Getpid()
+	killAt := time.Now().Add(grace)
+	termed := map[int]bool{}
+	for {
+		for {
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if errors.Is(err, syscall.ECHILD) {
+				return // no child left
+			}
+			if errors.Is(err, syscall.EINTR) {
+				continue
+			}
+			if err != nil || pid <= 0 {
+				break // children left, none ended
+			}
+		}
+		// A child is not reaped but here, so its PID cannot name another process
+		// between this look and the signal.
+		kill := !time.Now().Before(killAt)
+		for _, pid := range childrenOf(self) {
+			switch {
+			case kill:
+				_ = unix.Kill(pid, unix.SIGKILL)
+			case !termed[pid]:
+				_ = unix.Kill(pid, unix.SIGTERM)
+				termed[pid] = true
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// childrenOf lists the processes whose parent is pid, from /proc.
+func childrenOf(pid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...
+		i := strings.LastIndexByte(string(data), ')')
+		if fields := strings.Fields(string(data[i+1:])); i >= 0 && len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
+			out = append(out, child)
+		}
+	}
+	return out
 }
 
 // reap waits for every child, the command and the orphans reparented to the shim,

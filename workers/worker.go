@@ -196,10 +196,11 @@ func (w *Worker) Start(ctx context.Context) error {
 			lock.Close() // another worker may have the directory
 		}
 	}()
-	if w.cfg.ID == "" {
-		if w.cfg.ID, err = stableID(w.cfg.StateDir); err != nil {
-			return err
-		}
+	if w.cfg.ID != "" && !events.ValidToken(w.cfg.ID) {
+		return fmt.Errorf("worker: id %q: use letters, digits, '-' and '_'", w.cfg.ID)
+	}
+	if w.cfg.ID, err = stableID(w.cfg.StateDir, w.cfg.ID); err != nil {
+		return fmt.Errorf("worker: %w", err)
 	}
 	logs, err := events.ConnectLogs(ctx, w.js)
 	if err != nil {

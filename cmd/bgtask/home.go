@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -126,6 +128,24 @@ func readDiscovery(home string) (discovery, error) {
 		return d, fmt.Errorf("%s is damaged", filepath.Join(home, discoveryFile))
 	}
 	return d, nil
+}
+
+// discoveryDialer dials the server where the home's discovery file says it is at
+// the moment of the dial, so that a long-lived connection (a worker's) follows a
+// server restarted on another port: a clean stop forgets the port, and a port
+// taken meanwhile is replaced. Without a discovery file it dials where it was told.
+type discoveryDialer struct {
+	home   string
+	dialer net.Dialer
+}
+
+func (d *discoveryDialer) Dial(network, address string) (net.Conn, error) {
+	if disc, err := readDiscovery(d.home); err == nil {
+		if u, err := url.Parse(disc.URL); err == nil && u.Host != "" {
+			address = u.Host
+		}
+	}
+	return d.dialer.Dial(network, address)
 }
 
 func writeDiscovery(home string, d discovery) error {

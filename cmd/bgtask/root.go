@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -144,7 +145,8 @@ func (g *globals) connect(name string) (*nats.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read credentials: %w", err)
 	}
-	opts = append(opts, auth)
+	// Reconnects go where the server is now, should it come back on another port.
+	opts = append(opts, auth, nats.SetCustomDialer(&discoveryDialer{home: home, dialer: net.Dialer{Timeout: 5 * time.Second}}))
 	nc, err := nats.Connect(d.URL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("the bgtask server of %s (pid %d, %s) does not answer: %w", home, d.PID, d.URL, err)

@@ -1,0 +1,25 @@
+package workers
+
+import (
+	"os"
+	"time"
+
+	"github.com/bgtask/bgtask/engine"
+)
+
+// StartRunAndDie does what a worker does to start a task's command in runDir, up
+// to handing it to its shim, and then nothing more, as a worker killed at that
+// moment: the shim (started through shim) records the command's start later, or
+// never. launched receives the result of the shim's first stage.
+func StartRunAndDie(shim []string, runDir, taskID string, epoch uint64, spec engine.Spec) (launched <-chan error, err error) {
+	if err := writeIntent(runDir, taskID, epoch); err != nil {
+		return nil, err
+	}
+	run := shimRun{TaskID: taskID, Epoch: epoch, Env: os.Environ(), Dir: spec.Cwd, KillGrace: time.Second}
+	if err := prepareRun(runDir, run, spec); err != nil {
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- launchShim(shim, runDir) }()
+	return done, nil
+}
