@@ -170,8 +170,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	rep.Seconds = time.Since(rep.Started).Seconds()
 	rep.Machine.LoadAfter = loadAverage()
-	if err := ctx.Err(); err != nil {
-		return rep, err
+	if ctx.Err() != nil {
+		return rep, errors.New("interrupted: every process the bench started is stopped and its temporary homes removed")
 	}
 	if len(failed) > 0 {
 		return rep, fmt.Errorf("%d scenario(s) failed: %s", len(failed), strings.Join(failed, ", "))

@@ -286,10 +286,11 @@ type replayFigures struct {
 
 // replayInProcess opens home's store in an embedded NATS server in this process
 // and replays it with bgtask's projector, timing each and weighing the live heap
-// each holds after a collection.
+// each holds. The projector's is weighed after the settle time, when the NATS
+// server has dropped the blocks the replay read from its caches (after 10 s).
 func (r *runner) replayInProcess(ctx context.Context, home string) (replayFigures, error) {
 	var f replayFigures
-	before := liveHeap()
+	before := settledHeap()
 	start := time.Now()
 	ns, nc, err := embeddedNATS(filepath.Join(home, r.opts.StoreDir))
 	if err != nil {
@@ -308,7 +309,7 @@ func (r *runner) replayInProcess(ctx context.Context, home string) (replayFigure
 		return f, err
 	}
 	f.natsStart = time.Since(start)
-	withNATS := liveHeap()
+	withNATS := settledHeap()
 	f.natsHeap = withNATS - before
 
 	start = time.Now()
@@ -318,15 +319,32 @@ func (r *runner) replayInProcess(ctx context.Context, home string) (replayFigure
 	}
 	defer p.Stop()
 	f.replay = time.Since(start)
-	f.projectorHeap = liveHeap() - withNATS
+	if err := sleepCtx(ctx, r.size.settle); err != nil {
+		return f, err
+	}
+	f.projectorHeap = settledHeap() - withNATS
 	_, f.tasks = p.List(engine.ListQuery{Limit: 1})
 	return f, nil
 }
 
-// liveHeap is the heap still in use after a full collection.
-func liveHeap() int64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return int64(m.HeapAlloc)
+// settledHeap is the heap still in use after a full collection, once it stops
+// shrinking: a NATS server that was shut down lets go of its memory over a few
+// hundred milliseconds.
+func settledHeap() int64 {
+	heap := func() int64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return int64(m.HeapAlloc)
+	}
+	last := heap()
+	for range 30 {
+		time.Sleep(100 * time.Millisecond)
+		now := heap()
+		if now > last-last/100 {
+			return min(now, last)
+		}
+		last = now
+	}
+	return last
 }
