@@ -78,31 +78,31 @@ type sizes struct {
 	sequential   int           // tasks of the latency and start scenarios, per server
 	throughput   int           // tasks of the throughput scenario
 	restartTasks int           // finished tasks in the restart scenario's stream
-	restartTicks int           // ticks per task there: 10 events per task with 4
+	restartTicks int           // ticks per task there: each task has ticks+5 events
 	concurrent   int           // running commands in the memory scenario
 	tick         time.Duration // the worker's tick interval there
 	watchTicks   int           // tick intervals watched there
 	loginShells  int           // `bash -lc true` runs (each takes as long as the profile)
 	loginTasks   int           // `bash -c true` runs in the resolved environment
 	growthTasks  int           // finished tasks in the growth scenario's stream
-	growthTicks  int           // ticks per task there: 7 events per task with 1
+	growthTicks  int           // ticks per task there
 	settle       time.Duration // how long a server idles before its memory is read again
 }
 
 var (
 	fullSizes = sizes{
 		registers: 2000, sequential: 1000, throughput: 2000,
-		restartTasks: 100_000, restartTicks: 4,
+		restartTasks: 100_000, restartTicks: 5,
 		concurrent: 1000, tick: 10 * time.Second, watchTicks: 2,
 		loginShells: 9, loginTasks: 300,
-		growthTasks: 200_000, growthTicks: 1, settle: 30 * time.Second,
+		growthTasks: 200_000, growthTicks: 2, settle: 30 * time.Second,
 	}
 	quickSizes = sizes{
 		registers: 200, sequential: 20, throughput: 30,
-		restartTasks: 2000, restartTicks: 4,
+		restartTasks: 2000, restartTicks: 5,
 		concurrent: 20, tick: time.Second, watchTicks: 2,
 		loginShells: 1, loginTasks: 20,
-		growthTasks: 5000, growthTicks: 1, settle: 2 * time.Second,
+		growthTasks: 5000, growthTicks: 2, settle: 2 * time.Second,
 	}
 )
 
