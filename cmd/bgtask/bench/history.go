@@ -193,7 +193,9 @@ func (r *runner) generate(ctx context.Context, home string, tasks, ticks int) (i
 		return 0, err
 	}
 	publish := func(m *nats.Msg, opts ...jetstream.PublishOpt) error {
-		_, err := js.PublishMsgAsync(m, opts...)
+		// Waiting for room among the pending acks is the flow control: a loaded
+		// machine's store may hold them for seconds.
+		_, err := js.PublishMsgAsync(m, append(opts, jetstream.WithStallWait(time.Minute))...)
 		return err
 	}
 	// One maker per core: building the events with the engine's own code costs more
