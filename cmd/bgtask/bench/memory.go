@@ -89,15 +89,14 @@ func runMemory(ctx context.Context, r *runner, s *Scenario) error {
 		return err
 	}
 	r.progress("memory: %d tasks registered; waiting for all to run", n)
-	// Every task's first tick comes when its command has started, with its PID.
-	for last := time.Now(); log.tasks() < n; {
+	// Every task's first tick comes when its command has started, with its PID. A
+	// worker that cannot start them all in time is measured with those it runs.
+	limit := max(time.Minute, time.Duration(n)*300*time.Millisecond)
+	for last := time.Now(); log.tasks() < n && time.Since(start) < limit; {
 		if worker.exited() {
 			return worker.failure("exited")
 		}
-		if time.Since(start) > 10*time.Minute {
-			return fmt.Errorf("%d of %d tasks running after 10 minutes", log.tasks(), n)
-		}
-		if time.Since(last) > 5*time.Second {
+		if time.Since(last) > 10*time.Second {
 			r.progress("memory: %d of %d running", log.tasks(), n)
 			last = time.Now()
 		}
@@ -105,14 +104,25 @@ func runMemory(ctx context.Context, r *runner, s *Scenario) error {
 			return err
 		}
 	}
-	allRunning := time.Since(start)
+	running, allRunning := log.tasks(), time.Since(start)
+	if running < n {
+		s.note("only %d of %d tasks were running %v after their registration; measured with those", running, n, limit)
+	}
 	window := time.Duration(r.size.watchTicks)*tick + tick/2
-	r.progress("memory: all %d running after %.1f s; watching their ticks for %v", n, allRunning.Seconds(), window)
+	r.progress("memory: %d running after %.1f s; watching their ticks for %v", running, allRunning.Seconds(), window)
+	cpu0, err := cpuTime(worker.pid())
+	if err != nil {
+		return err
+	}
 	from := time.Now()
 	if err := sleepCtx(ctx, window); err != nil {
 		return err
 	}
 	to := time.Now()
+	cpu1, err := cpuTime(worker.pid())
+	if err != nil {
+		return err
+	}
 
 	wm, err := readMem(worker.pid())
 	if err != nil {
@@ -144,13 +154,14 @@ func runMemory(ctx context.Context, r *runner, s *Scenario) error {
 	}
 	total := wm.RSS + shimSum
 	s.add("tasks running, each ticking", "tasks", summarize([]float64{float64(len(gaps))}, false))
-	s.add("registration → all running", "s", summarize([]float64{allRunning.Seconds()}, false))
+	s.add("registration → all of them running", "s", summarize([]float64{allRunning.Seconds()}, false))
 	s.add("longest wait for a tick, per task", "s", summarize(gapSecs, true))
+	s.add("worker CPU while they run (sleep, no output)", "% of a core", summarize([]float64{100 * (cpu1 - cpu0).Seconds() / to.Sub(from).Seconds()}, false))
 	s.add("worker RSS", "MiB", summarize([]float64{mib(wm.RSS)}, false))
 	s.add("shim RSS, per shim", "MiB", summarize(shimRSS, true))
 	s.add("shim PSS (shared pages divided), per shim", "MiB", summarize(shimPSS, true))
 	s.add("worker + shims RSS, summed", "MiB", summarize([]float64{mib(total)}, false))
-	s.add("worker + shims RSS per running task", "MiB", summarize([]float64{mib(total) / float64(n)}, false))
+	s.add("worker + shims RSS per running task", "MiB", summarize([]float64{mib(total) / float64(max(len(shimRSS), 1))}, false))
 	s.add("the commands themselves (sleep) RSS, for scale", "MiB", summarize(cmdRSS, false))
 	s.target(fmt.Sprintf("all %d watched with ticks on time (no wait over 1.5 ticks)", n), len(gaps) == n && late == 0 && len(shimRSS) == n,
 		"%d ticking, %d shims, %d late", len(gaps), len(shimRSS), late)
