@@ -157,6 +157,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		}
 		r.progress("%s: starting", sc.name)
 		s := Scenario{Name: sc.name, Title: sc.title}
+		// The load of a shared machine changes within a run: each scenario says
+		// what it ran under.
+		s.param("load_average", loadAverage())
 		start := time.Now()
 		err := sc.run(ctx, r, &s)
 		s.Seconds = time.Since(start).Seconds()
