@@ -79,7 +79,7 @@ register work with 'bgtask add -- COMMAND' and wait for it with 'bgtask wait ID'
 	})
 	root.AddCommand(
 		serverCmd(g), workerCmd(g), addCmd(g), waitCmd(g), listCmd(g),
-		showCmd(g), historyCmd(g), logsCmd(g), cancelCmd(g), inboxCmd(g), targetCmd(g), auditCmd(g), workersCmd(g), shimCmd(),
+		showCmd(g), historyCmd(g), logsCmd(g), cancelCmd(g), inboxCmd(g), targetCmd(g), auditCmd(g), workersCmd(g), benchCmd(g), shimCmd(),
 	)
 	err := root.Execute()
 	if err != nil && !errors.As(err, new(*exitError)) && isUsageError(err) {

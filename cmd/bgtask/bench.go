@@ -1,0 +1,95 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+
+	"github.com/bgtask/bgtask/cmd/bgtask/bench"
+)
+
+func benchCmd(g *globals) *cobra.Command {
+	var (
+		quick     bool
+		asJSON    bool
+		repeats   int
+		scenarios []string
+	)
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure bgtask against its own baselines, side by side in one run",
+		Long: `Measure bgtask on this machine. Each scenario starts its own 'bgtask server'
+(and 'bgtask worker') processes in a temporary home, drives them as a client
+would, and measures the same work done the plainest way as its baseline, in the
+same run: the figures mean something as ratios, on a shared and noisy machine.
+
+Scenarios (in the order they run):
+  register    tasks armed per second through bgtask.register, 1 and 8 clients,
+              against raw synchronous JetStream publishes with a per-subject
+              expected-sequence check
+  latency     exit → wake-up p50/p99 with --sync always and interval, against
+              sequential conditional JetStream appends
+  start       register → command started p50/p99, against exec.Command
+  throughput  tasks running 'true' with the worker's default parallelism,
+              against a Go program running them as parallel
+  restart     server start to serving queries on a stream of 1M events,
+              against a raw ordered-consumer read of it
+  memory      1,000 concurrent 'sleep' tasks on one worker: RSS of the worker
+              and its shims, ticks on time
+  loginenv    a task's start in the login environment, against 'bash -lc true'
+  growth      server memory with 200,000 finished tasks in the stream
+
+Each measurement is repeated (--repeat); the report gives the median, p50/p99
+where it applies, min and max, the ratio to the baseline and whether the target
+of issue 6 is met. --quick runs every scenario at a small size, in under a
+minute; the full run takes several minutes and a few GB of disk in the temporary
+directory. Everything the bench starts is killed and removed when it ends, on an
+error or Ctrl-C too.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			exe, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("find the bgtask binary: %w", err)
+			}
+			rep, err := bench.Run(cmd.Context(), bench.Options{
+				Exe: exe,
+				Connect: func(home string) (*nats.Conn, error) {
+					return (&globals{home: home}).connect("bgtask-bench")
+				},
+				ServerPID: func(home string) (int, error) {
+					d, err := readDiscovery(home)
+					return d.PID, err
+				},
+				StoreDir:  storeDir,
+				Quick:     quick,
+				Scenarios: scenarios,
+				Repeats:   repeats,
+				Progress:  g.stderr,
+			})
+			if rep == nil {
+				if errors.Is(err, bench.ErrUnknownScenario) {
+					return &exitError{code: exitUsage, err: err}
+				}
+				return err
+			}
+			if asJSON {
+				if perr := printJSON(g.stdout, rep); perr != nil {
+					return perr
+				}
+			} else {
+				rep.Print(g.stdout)
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&quick, "quick", false, "small sizes: every scenario in under a minute (targets only indicative)")
+	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
+	f.IntVar(&repeats, "repeat", 0, "repeats of each measurement (default 2 with --quick, else 3)")
+	f.StringSliceVar(&scenarios, "scenario", nil, "scenarios to run, comma-separated: "+strings.Join(bench.Names(), ",")+" (default all)")
+	return cmd
+}

@@ -1,0 +1,279 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+)
+
+// startCommand prints when it started, in Unix nanoseconds: the one moment both
+// bgtask and the baseline can observe the same way.
+const startCommand = "date +%s%N"
+
+// seqResult is what sequential tasks on one server measured, in milliseconds.
+type seqResult struct {
+	start     []float64 // register called → the command printed its start
+	wake      []float64 // the shim's exit record (ended_at) → the wake-up seen
+	baseStart []float64 // exec.Command started → the command printed its start
+	baseWake  []float64 // the three writes of the wake-up's path, as raw appends
+	stages    []stage   // where the time of start and wake goes
+}
+
+// stage is a step between two events of a task, from their event times.
+type stage struct {
+	name    string
+	samples []float64
+}
+
+// sequentialTasks runs tasks one at a time on the shared server of mode, each
+// printing its start time, and measures their start and wake-up latencies with
+// their baselines, in interleaved rounds. The latency and start scenarios share
+// them: one run of tasks measures both.
+func (r *runner) sequentialTasks(ctx context.Context, mode string, alsoStart ...string) (*seqResult, error) {
+	if res := r.samples[mode]; res != nil {
+		return res, nil
+	}
+	srv, err := r.sharedServer(ctx, mode, alsoStart...)
+	if err != nil {
+		return nil, err
+	}
+	if err := createRawStream(ctx, srv.js); err != nil {
+		return nil, err
+	}
+	const target = "bench-seq"
+	w, err := watchInbox(srv.nc, target)
+	if err != nil {
+		return nil, err
+	}
+	defer w.close()
+	chain, err := wakeupPath()
+	if err != nil {
+		return nil, err
+	}
+	spec := srv.spec(startCommand, target)
+	res := &seqResult{}
+	type task struct {
+		id      string
+		called  time.Time
+		arrived arrival
+		printed time.Time
+	}
+	var tasks []task
+	n := r.size.sequential
+	for round := range r.repeats {
+		k := share(n, r.repeats, round)
+		r.progress("sequential tasks, --sync %s: round %d of %d, %d tasks", mode, round+1, r.repeats, k)
+		for range k {
+			called := time.Now()
+			reg, err := srv.api.Register(ctx, spec)
+			if err != nil {
+				return nil, err
+			}
+			wctx, cancel := context.WithTimeout(ctx, time.Minute)
+			a, err := w.wait(wctx, reg.ID)
+			cancel()
+			if err != nil {
+				return nil, fmt.Errorf("task %s: %w", reg.ID, err)
+			}
+			printed, err := printedStart(a.wakeup)
+			if err != nil {
+				return nil, fmt.Errorf("task %s: %w", reg.ID, err)
+			}
+			tasks = append(tasks, task{id: reg.ID, called: called, arrived: a, printed: printed})
+			res.start = append(res.start, ms(printed.Sub(called)))
+			res.wake = append(res.wake, ms(a.at.Sub(*a.wakeup.EndedAt)))
+		}
+		for range k {
+			d, err := execStart(ctx)
+			if err != nil {
+				return nil, err
+			}
+			res.baseStart = append(res.baseStart, ms(d))
+		}
+		for range k {
+			d, err := rawChain(ctx, srv, chain)
+			if err != nil {
+				return nil, err
+			}
+			res.baseWake = append(res.baseWake, ms(d))
+		}
+	}
+
+	// Where the time goes, from the times of the tasks' events (each is when its
+	// writer decided it, just before the append).
+	r.progress("sequential tasks, --sync %s: reading %d histories", mode, len(tasks))
+	names := []string{
+		"start: register → spawned (worker takes the task)",
+		"start: spawned → command printed (shim starts it)",
+		"wake: exit record → exited (worker sees the exit file, flushes the log)",
+		"wake: exited → completion-persisted (append, projector, dispatcher)",
+		"wake: completion-persisted → wake-up seen (append, inbox publish)",
+	}
+	samples := make([][]float64, len(names))
+	for _, t := range tasks {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		h, err := srv.api.History(ctx, t.id)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		at := map[events.Type]time.Time{}
+		for _, ev := range h.Events {
+			if _, seen := at[ev.Type]; !seen {
+				at[ev.Type] = ev.Time
+			}
+		}
+		ended := *t.arrived.wakeup.EndedAt
+		for i, d := range []time.Duration{
+			at[events.TypeSpawned].Sub(t.called),
+			t.printed.Sub(at[events.TypeSpawned]),
+			at[events.TypeExited].Sub(ended),
+			at[events.TypeCompletionPersisted].Sub(at[events.TypeExited]),
+			t.arrived.at.Sub(at[events.TypeCompletionPersisted]),
+		} {
+			samples[i] = append(samples[i], ms(d))
+		}
+	}
+	for i, name := range names {
+		res.stages = append(res.stages, stage{name: name, samples: samples[i]})
+	}
+	r.samples[mode] = res
+	return res, nil
+}
+
+// printedStart reads the start time the command printed from the wake-up's tail.
+func printedStart(w events.Wakeup) (time.Time, error) {
+	if w.Status != engine.StatusSucceeded || len(w.Tail) == 0 || w.EndedAt == nil {
+		return time.Time{}, fmt.Errorf("unexpected wake-up: status %s, tail %q", w.Status, w.Tail)
+	}
+	ns, err := strconv.ParseInt(strings.TrimSpace(w.Tail[len(w.Tail)-1]), 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("the command printed no time: %q", w.Tail)
+	}
+	return time.Unix(0, ns), nil
+}
+
+// execStart starts the command the way a plain Go program would and returns how
+// long it took until it printed its start.
+func execStart(ctx context.Context) (time.Duration, error) {
+	called := time.Now()
+	out, err := exec.CommandContext(ctx, "bash", "-c", startCommand).Output()
+	if err != nil {
+		return 0, fmt.Errorf("baseline %s: %w", startCommand, err)
+	}
+	ns, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("baseline %s printed %q", startCommand, out)
+	}
+	return time.Unix(0, ns).Sub(called), nil
+}
+
+// wakeupPath is what bgtask writes between a command's exit and its wake-up being
+// readable: the exited event, the completion-persisted event and the wake-up,
+// taken from a real task history.
+func wakeupPath() ([3][]byte, error) {
+	h, err := newHistoryMaker("/")
+	if err != nil {
+		return [3][]byte{}, err
+	}
+	evs, err := h.task(1, 1)
+	if err != nil {
+		return [3][]byte{}, err
+	}
+	var path [3][]byte
+	for _, ev := range evs {
+		switch ev.event.Type {
+		case events.TypeExited:
+			path[0] = ev.data
+		case events.TypeCompletionPersisted:
+			path[1] = ev.data
+			path[2] = h.lastWakeup
+		}
+	}
+	return path, nil
+}
+
+// rawChain appends the wake-up's path as three sequential conditional appends, as
+// fast as JetStream takes them, and returns how long they took.
+func rawChain(ctx context.Context, srv *server, path [3][]byte) (time.Duration, error) {
+	task := uuid.NewString()
+	start := time.Now()
+	var seq uint64
+	for i, data := range path {
+		var err error
+		if seq, err = rawAppend(ctx, srv.js, task, strconv.Itoa(i), uuid.NewString(), data, seq); err != nil {
+			return 0, fmt.Errorf("raw append: %w", err)
+		}
+	}
+	return time.Since(start), nil
+}
+
+func runLatency(ctx context.Context, r *runner, s *Scenario) error {
+	s.param("tasks", r.size.sequential)
+	s.param("command", startCommand)
+	s.param("from", "ended_at: the shim's clock when it reaped the command, before it writes exit.json (fsync, rename)")
+	s.param("to", "the wake-up's publish to the inbox, seen by a core NATS subscription on bgtask.deliver.<target>")
+	for _, mode := range []string{"always", "interval"} {
+		res, err := r.sequentialTasks(ctx, mode, "interval")
+		if err != nil {
+			return err
+		}
+		row := s.compare("exit → wake-up, --sync "+mode, "ms", summarize(res.wake, true),
+			"exited + completion-persisted + wake-up as 3 sequential raw appends", summarize(res.baseWake, true))
+		for _, st := range res.stages {
+			if strings.HasPrefix(st.name, "wake:") {
+				s.add("  "+st.name, "ms", summarize(st.samples, true))
+			}
+		}
+		if mode == "always" {
+			s.target("p50 ≤ 2 ms (--sync always, the default)", row.Bgtask.Median <= 2, "p50 %s ms", num(row.Bgtask.Median))
+			s.target("p99 ≤ 10 ms (--sync always, the default)", *row.Bgtask.P99 <= 10, "p99 %s ms", num(*row.Bgtask.P99))
+		}
+	}
+	s.note("the baseline runs over TCP from the bench; bgtask's own appends run in-process in the server")
+	return nil
+}
+
+func runStart(ctx context.Context, r *runner, s *Scenario) error {
+	s.param("tasks", r.size.sequential)
+	s.param("command", startCommand+" (run by bash -c, in bgtask and in the baseline)")
+	s.param("to", "the start time the command printed, read from the wake-up's tail")
+	for _, mode := range []string{"always", "interval"} {
+		res := r.samples[mode]
+		if res == nil && mode == "always" {
+			var err error
+			if res, err = r.sequentialTasks(ctx, mode); err != nil {
+				return err
+			}
+		}
+		if res == nil {
+			continue // measured only when the latency scenario ran too
+		}
+		row := s.compare("register → started, --sync "+mode, "ms", summarize(res.start, true),
+			"exec.Command → started", summarize(res.baseStart, true))
+		for _, st := range res.stages {
+			if strings.HasPrefix(st.name, "start:") {
+				s.add("  "+st.name, "ms", summarize(st.samples, true))
+			}
+		}
+		if mode == "always" {
+			wall, _, err := startCost(ctx, 20, r.opts.Exe, "--version")
+			if err != nil {
+				return err
+			}
+			s.add("  one start of the bgtask binary, wall (a shim is two)", "ms", summarize(wall, true))
+			overhead := row.Bgtask.Median - row.Baseline.Median
+			s.target("overhead p50 ≤ 5 ms", overhead <= 5, "p50 %s ms against %s ms: %s ms more",
+				num(row.Bgtask.Median), num(row.Baseline.Median), num(overhead))
+		}
+	}
+	return nil
+}

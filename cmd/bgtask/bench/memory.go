@@ -1,0 +1,174 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/bgtask/bgtask/events"
+)
+
+// tickLog records when each task's ticks were seen.
+type tickLog struct {
+	mu    sync.Mutex
+	ticks map[string][]time.Time
+}
+
+func (l *tickLog) seen(m *nats.Msg) {
+	at := time.Now()
+	parts := strings.Split(m.Subject, ".") // bgtask.events.<task>.tick
+	if len(parts) != 4 {
+		return
+	}
+	l.mu.Lock()
+	l.ticks[parts[2]] = append(l.ticks[parts[2]], at)
+	l.mu.Unlock()
+}
+
+func (l *tickLog) tasks() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.ticks)
+}
+
+// gaps returns, for each task, the longest wait for a tick that it had within
+// [from, to]: between two ticks, or from its last tick to the end.
+func (l *tickLog) gaps(from, to time.Time) map[string]time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[string]time.Duration{}
+	for id, ts := range l.ticks {
+		longest := to.Sub(ts[len(ts)-1])
+		for i := 1; i < len(ts); i++ {
+			if ts[i].After(from) {
+				longest = max(longest, ts[i].Sub(ts[i-1]))
+			}
+		}
+		out[id] = longest
+	}
+	return out
+}
+
+func runMemory(ctx context.Context, r *runner, s *Scenario) error {
+	n, tick := r.size.concurrent, r.size.tick
+	s.param("tasks", n)
+	s.param("command", "sleep 3600")
+	s.param("worker", fmt.Sprintf("its own process: bgtask worker --max-tasks %d --tick %v", n, tick))
+	srv, err := r.startServer(ctx, "memory", "--no-worker")
+	if err != nil {
+		return err
+	}
+	defer srv.stop() // kills the worker, the shims and the commands too: all carry the home's marker
+	worker, err := r.spawn(srv.home, "worker", "worker", "--log-level", "warn",
+		"--max-tasks", strconv.Itoa(n), "--tick", tick.String(), "--state-dir", filepath.Join(srv.home, "worker"))
+	if err != nil {
+		return err
+	}
+	defer worker.stop(15 * time.Second)
+	log := &tickLog{ticks: map[string][]time.Time{}}
+	sub, err := srv.nc.Subscribe(events.TypeFilter(events.TypeTick), log.seen)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := srv.nc.Flush(); err != nil {
+		return err
+	}
+	clients, err := srv.clients(8)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	if _, err := registerAll(ctx, clients, n, srv.spec("sleep 3600", "bench-memory")); err != nil {
+		return err
+	}
+	r.progress("memory: %d tasks registered; waiting for all to run", n)
+	// Every task's first tick comes when its command has started, with its PID. A
+	// worker that cannot start them all in time is measured with those it runs.
+	limit := max(time.Minute, time.Duration(n)*300*time.Millisecond)
+	for last := time.Now(); log.tasks() < n && time.Since(start) < limit; {
+		if worker.exited() {
+			return worker.failure("exited")
+		}
+		if time.Since(last) > 10*time.Second {
+			r.progress("memory: %d of %d running", log.tasks(), n)
+			last = time.Now()
+		}
+		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	running, allRunning := log.tasks(), time.Since(start)
+	if running < n {
+		s.note("only %d of %d tasks were running %v after their registration; measured with those", running, n, limit)
+	}
+	window := time.Duration(r.size.watchTicks)*tick + tick/2
+	r.progress("memory: %d running after %.1f s; watching their ticks for %v", running, allRunning.Seconds(), window)
+	cpu0, err := cpuTime(worker.pid())
+	if err != nil {
+		return err
+	}
+	from := time.Now()
+	if err := sleepCtx(ctx, window); err != nil {
+		return err
+	}
+	to := time.Now()
+	cpu1, err := cpuTime(worker.pid())
+	if err != nil {
+		return err
+	}
+
+	wm, err := readMem(worker.pid())
+	if err != nil {
+		return err
+	}
+	var shimRSS, shimPSS, cmdRSS []float64
+	var shimSum int64
+	for pid, argv := range marked(srv.home) {
+		m, err := readMem(pid)
+		if err != nil {
+			continue // ended since
+		}
+		switch {
+		case len(argv) > 1 && argv[1] == "shim":
+			shimRSS, shimPSS = append(shimRSS, mib(m.RSS)), append(shimPSS, mib(m.PSS))
+			shimSum += m.RSS
+		case len(argv) > 0 && filepath.Base(argv[0]) == "sleep":
+			cmdRSS = append(cmdRSS, mib(m.RSS))
+		}
+	}
+	gaps := log.gaps(from, to)
+	var gapSecs []float64
+	late := 0
+	for _, g := range gaps {
+		gapSecs = append(gapSecs, g.Seconds())
+		if g > tick*3/2 {
+			late++
+		}
+	}
+	total := wm.RSS + shimSum
+	s.add("tasks running, each ticking", "tasks", summarize([]float64{float64(len(gaps))}, false))
+	s.add("registration → all of them running", "s", summarize([]float64{allRunning.Seconds()}, false))
+	s.add("longest wait for a tick, per task", "s", summarize(gapSecs, true))
+	s.add("worker CPU while they run (sleep, no output)", "% of a core", summarize([]float64{100 * (cpu1 - cpu0).Seconds() / to.Sub(from).Seconds()}, false))
+	s.add("worker RSS", "MiB", summarize([]float64{mib(wm.RSS)}, false))
+	s.add("shim RSS, per shim", "MiB", summarize(shimRSS, true))
+	s.add("shim PSS (shared pages divided), per shim", "MiB", summarize(shimPSS, true))
+	s.add("worker + shims RSS, summed", "MiB", summarize([]float64{mib(total)}, false))
+	s.add("worker + shims RSS per running task", "MiB", summarize([]float64{mib(total) / float64(max(len(shimRSS), 1))}, false))
+	s.add("the commands themselves (sleep) RSS, for scale", "MiB", summarize(cmdRSS, false))
+	s.target(fmt.Sprintf("all %d watched with ticks on time (no wait over 1.5 ticks)", n), len(gaps) == n && late == 0 && len(shimRSS) == n,
+		"%d ticking, %d shims, %d late", len(gaps), len(shimRSS), late)
+	perShim := 0.0
+	if len(shimRSS) > 0 {
+		perShim = mib(shimSum) / float64(len(shimRSS))
+	}
+	s.target("≤ 2 MiB of shim RSS per running task", perShim <= 2, "%s MiB", num(perShim))
+	return nil
+}

@@ -1,0 +1,207 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/bgtask/bgtask/events"
+)
+
+func runRestart(ctx context.Context, r *runner, s *Scenario) error {
+	tasks := r.size.restartTasks
+	home, err := r.newHome("restart")
+	if err != nil {
+		return err
+	}
+	r.progress("restart: generating %d finished tasks", tasks)
+	start := time.Now()
+	count, err := r.generate(ctx, home, tasks, r.size.restartTicks)
+	if err != nil {
+		return err
+	}
+	s.param("tasks", tasks)
+	s.param("events", count)
+	s.param("generated_in_s", fmt.Sprintf("%.1f", time.Since(start).Seconds()))
+	s.param("server", "--no-worker, --sync always; ready = `list` answers with every task")
+
+	r.progress("restart: replaying in this process")
+	fig, err := r.replayInProcess(ctx, home)
+	if err != nil {
+		return err
+	}
+	if fig.tasks != tasks {
+		return fmt.Errorf("the projector holds %d tasks, want %d", fig.tasks, tasks)
+	}
+	var ready, raw, rss []float64
+	for i := range r.repeats {
+		r.progress("restart: repeat %d of %d", i+1, r.repeats)
+		d, mem, err := r.restartServer(ctx, home, tasks, func(srv *server) error {
+			d, err := rawRead(ctx, srv.js, count)
+			raw = append(raw, d.Seconds())
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		ready = append(ready, d.Seconds())
+		rss = append(rss, mib(mem.RSS))
+	}
+	readyRow := s.compare("server start → serving every task", "s", summarize(ready, false),
+		"raw ordered-consumer read of the stream over TCP", summarize(raw, false))
+	rate := s.compare("events read per second", "events/s", summarize(perSecond(count, ready), false),
+		"raw ordered-consumer read", summarize(perSecond(count, raw), false))
+	s.add("  of which: embedded NATS recovers the store (in the bench's process)", "s", summarize([]float64{fig.natsStart.Seconds()}, false))
+	s.add("  of which: projector replays the stream (in the bench's process)", "s", summarize([]float64{fig.replay.Seconds()}, false))
+	s.add("server RSS when ready", "MiB", summarize(rss, false))
+	s.target("≥ 50% of the raw read rate", *rate.Ratio >= 0.5, "%.0f%%", *rate.Ratio*100)
+	s.target("ready in < 10 s", readyRow.Bgtask.Median < 10, "%s s", num(readyRow.Bgtask.Median))
+	return nil
+}
+
+func perSecond(count int, seconds []float64) []float64 {
+	out := make([]float64, len(seconds))
+	for i, d := range seconds {
+		out[i] = float64(count) / d
+	}
+	return out
+}
+
+// restartServer starts `bgtask server --no-worker` on a home holding tasks tasks
+// and returns how long it took until it served a list of all of them, and its
+// memory then. during runs while it is up. Without a worker: the generated stream
+// has no worker consumer, and a new one would be handed every armed event ever.
+func (r *runner) restartServer(ctx context.Context, home string, tasks int, during func(*server) error) (time.Duration, memInfo, error) {
+	start := time.Now()
+	p, err := r.spawn(home, "server", "server", "--log-level", "warn", "--no-worker")
+	if err != nil {
+		return 0, memInfo{}, err
+	}
+	srv := &server{proc: p, r: r}
+	defer srv.stop()
+	if err := srv.waitReady(ctx, 5*time.Minute); err != nil {
+		return 0, memInfo{}, err
+	}
+	for {
+		total, err := srv.listTotal(ctx)
+		if err != nil {
+			return 0, memInfo{}, err
+		}
+		if total == tasks {
+			break
+		}
+		if time.Since(start) > 5*time.Minute {
+			return 0, memInfo{}, srv.failure("lists %d tasks, want %d", total, tasks)
+		}
+	}
+	ready := time.Since(start)
+	mem, err := readMem(srv.pid())
+	if err != nil {
+		return 0, memInfo{}, err
+	}
+	if during != nil {
+		if err := during(srv); err != nil {
+			return 0, memInfo{}, err
+		}
+	}
+	return ready, mem, nil
+}
+
+// rawRead reads the whole event stream with an ordered consumer, as fast as the
+// client library pulls it, without decoding.
+func rawRead(ctx context.Context, js jetstream.JetStream, count int) (time.Duration, error) {
+	start := time.Now()
+	stream, err := js.Stream(ctx, events.StreamName)
+	if err != nil {
+		return 0, err
+	}
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return 0, err
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(1024))
+	if err != nil {
+		return 0, err
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	for range count {
+		if _, err := it.Next(); err != nil {
+			return 0, fmt.Errorf("raw read: %w", err)
+		}
+	}
+	return time.Since(start), nil
+}
+
+func runGrowth(ctx context.Context, r *runner, s *Scenario) error {
+	tasks, settle := r.size.growthTasks, r.size.settle
+	// measure restarts a server on home and reads its memory when it is ready and
+	// after settle, once it has given back what the replay's garbage took.
+	measure := func(home string, tasks int, ready, idle, peak *[]float64) error {
+		var settled memInfo
+		_, mem, err := r.restartServer(ctx, home, tasks, func(srv *server) error {
+			if err := sleepCtx(ctx, settle); err != nil {
+				return err
+			}
+			var err error
+			settled, err = readMem(srv.pid())
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		*ready, *idle, *peak = append(*ready, mib(mem.RSS)), append(*idle, mib(settled.RSS)), append(*peak, mib(settled.HWM))
+		return nil
+	}
+	var empty, emptyIdle, emptyPeak []float64
+	for i := range r.repeats {
+		r.progress("growth: empty server, repeat %d of %d", i+1, r.repeats)
+		home, err := r.newHome("growth-empty")
+		if err != nil {
+			return err
+		}
+		if err := measure(home, 0, &empty, &emptyIdle, &emptyPeak); err != nil {
+			return err
+		}
+	}
+	home, err := r.newHome("growth")
+	if err != nil {
+		return err
+	}
+	r.progress("growth: generating %d finished tasks", tasks)
+	count, err := r.generate(ctx, home, tasks, r.size.growthTicks)
+	if err != nil {
+		return err
+	}
+	s.param("tasks", tasks)
+	s.param("events", count)
+	s.param("subjects", fmt.Sprintf("%d: one per event type of each task in %s, its stdout and stderr in %s", count+2*tasks, events.StreamName, events.LogStreamName))
+	s.param("server", "--no-worker, restarted on the stream; memory read when `list` answers with every task, and after "+settle.String()+" idle")
+	fig, err := r.replayInProcess(ctx, home)
+	if err != nil {
+		return err
+	}
+	var full, fullIdle, fullPeak []float64
+	for i := range r.repeats {
+		r.progress("growth: server with %d tasks, repeat %d of %d", tasks, i+1, r.repeats)
+		if err := measure(home, tasks, &full, &fullIdle, &fullPeak); err != nil {
+			return err
+		}
+	}
+	idle := summarize(emptyIdle, false)
+	var perTask []float64
+	for _, v := range fullIdle {
+		perTask = append(perTask, (v-idle.Median)*(1<<20)/float64(tasks))
+	}
+	s.compare("server RSS when ready", "MiB", summarize(full, false), "empty server", summarize(empty, false))
+	s.compare("server RSS after "+settle.String()+" idle", "MiB", summarize(fullIdle, false), "empty server", idle)
+	s.compare("server peak RSS (VmHWM)", "MiB", summarize(fullPeak, false), "empty server", summarize(emptyPeak, false))
+	s.add("idle RSS per finished task, over the empty server's", "bytes", summarize(perTask, false))
+	s.add("  of which: NATS live heap holding the streams (in the bench's process)", "bytes", summarize([]float64{float64(fig.natsHeap) / float64(tasks)}, false))
+	s.add("  of which: projector live heap (in the bench's process)", "bytes", summarize([]float64{float64(fig.projectorHeap) / float64(tasks)}, false))
+	s.note("no retention yet: finished tasks stay in the stream and in the projector for good")
+	return nil
+}

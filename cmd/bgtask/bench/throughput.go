@@ -1,0 +1,122 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"sync"
+	"time"
+
+	"github.com/bgtask/bgtask/engine/api"
+	"github.com/bgtask/bgtask/workers"
+)
+
+func runThroughput(ctx context.Context, r *runner, s *Scenario) error {
+	n, parallel := r.size.throughput, workers.DefaultMaxTasks
+	s.param("tasks", n)
+	s.param("command", "true (run by bash -c, in bgtask and in the baseline)")
+	s.param("parallelism", parallel)
+	s.param("clock", "from the first registration (8 clients) to the last wake-up in the inbox")
+	for _, mode := range []string{"always", "interval"} {
+		srv, err := r.sharedServer(ctx, mode, "interval")
+		if err != nil {
+			return err
+		}
+		clients, err := srv.clients(8)
+		if err != nil {
+			return err
+		}
+		var rates, base, serverCPU []float64
+		for i := range r.repeats {
+			r.progress("throughput, --sync %s: repeat %d of %d", mode, i+1, r.repeats)
+			rate, cpu, err := tasksRate(ctx, srv, clients, n, fmt.Sprintf("bench-tp-%d", i))
+			if err != nil {
+				return err
+			}
+			rates, serverCPU = append(rates, rate), append(serverCPU, ms(cpu)/float64(n))
+			if rate, err = plainRate(ctx, n, parallel); err != nil {
+				return err
+			}
+			base = append(base, rate)
+		}
+		row := s.compare("tasks to wake-up, --sync "+mode, "tasks/s", summarize(rates, false),
+			fmt.Sprintf("Go program: bash -c true, %d at a time", parallel), summarize(base, false))
+		s.add("  server CPU per task (its own threads: engine, projector, dispatcher, worker, NATS)", "ms", summarize(serverCPU, false))
+		if mode == "always" {
+			s.target("≥ 70% of the plain program's throughput (--sync always, the default)", *row.Ratio >= 0.7, "%.0f%%", *row.Ratio*100)
+		}
+	}
+	// What a process start costs: each task's shim is the bgtask binary started
+	// twice (the second start detaches), then bash.
+	_, binCPU, err := startCost(ctx, 20, r.opts.Exe, "--version")
+	if err != nil {
+		return err
+	}
+	_, bashCPU, err := startCost(ctx, 20, "bash", "-c", "true")
+	if err != nil {
+		return err
+	}
+	s.compare("CPU of one start of the bgtask binary (a shim is two)", "ms", summarize(binCPU, true), "bash -c true", summarize(bashCPU, true))
+	return nil
+}
+
+// tasksRate registers n tasks running `true` and returns tasks per second from
+// the first registration to the last wake-up, and the CPU the server used.
+func tasksRate(ctx context.Context, srv *server, clients []*api.Client, n int, target string) (float64, time.Duration, error) {
+	w, err := watchInbox(srv.nc, target)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer w.close()
+	cpu0, err := cpuTime(srv.pid())
+	if err != nil {
+		return 0, 0, err
+	}
+	start := time.Now()
+	if _, err := registerAll(ctx, clients, n, srv.spec("true", target)); err != nil {
+		return 0, 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	last, err := w.waitCount(ctx, n)
+	if err != nil {
+		return 0, 0, err
+	}
+	cpu1, err := cpuTime(srv.pid())
+	if err != nil {
+		return 0, 0, err
+	}
+	return float64(n) / last.Sub(start).Seconds(), cpu1 - cpu0, nil
+}
+
+// plainRate runs `bash -c true` n times, parallel at a time, and returns commands
+// per second.
+func plainRate(ctx context.Context, n, parallel int) (float64, error) {
+	jobs := make(chan struct{}, n)
+	for range n {
+		jobs <- struct{}{}
+	}
+	close(jobs)
+	errs := make([]error, parallel)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for p := range parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range jobs {
+				if err := exec.CommandContext(ctx, "bash", "-c", "true").Run(); err != nil {
+					errs[p] = fmt.Errorf("baseline bash -c true: %w", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return 0, err
+		}
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
