@@ -190,11 +190,11 @@ func (t *Turns) Served(s State) {
 	t.last[kindKey(s)] = t.n
 }
 
-// Keep forgets the targets and kinds of no task in waiting: one that comes back
-// after it had nothing waiting has waited long enough.
-func (t *Turns) Keep(waiting []State) {
+// Keep forgets the targets and kinds that have no task waiting or running: one
+// that comes back after that has had no turn that still matters.
+func (t *Turns) Keep(active []State) {
 	keep := map[string]bool{}
-	for _, s := range waiting {
+	for _, s := range active {
 		keep[targetKey(s)], keep[kindKey(s)] = true, true
 	}
 	for k := range t.last {

@@ -232,8 +232,11 @@ func (s *Scheduler) pass(ctx context.Context) {
 		})
 	}
 	clear(s.waiting)
-	s.turns.Keep(armed)
-	type offer struct{ task, worker string }
+	s.turns.Keep(slices.Concat(armed, running))
+	type offer struct {
+		task   State
+		worker string
+	}
 	var offers []offer
 	for _, t := range FairOrder(armed, s.turns) {
 		if s.inflight[t.ID] != "" || s.taken[t.ID] != "" {
@@ -245,9 +248,8 @@ func (s *Scheduler) pass(ctx context.Context) {
 			continue
 		}
 		cands[index[w]].Load++
-		s.turns.Served(t)
 		s.inflight[t.ID] = w
-		offers = append(offers, offer{t.ID, w})
+		offers = append(offers, offer{t, w})
 	}
 	s.mu.Unlock()
 
@@ -260,7 +262,8 @@ func (s *Scheduler) pass(ctx context.Context) {
 	}
 }
 
-func (s *Scheduler) send(ctx context.Context, taskID, workerID string) {
+func (s *Scheduler) send(ctx context.Context, task State, workerID string) {
+	taskID := task.ID
 	ctx, cancel := context.WithTimeout(ctx, offerTimeout)
 	reply, err := s.offer(ctx, workerID, events.Offer{TaskID: taskID})
 	cancel()
@@ -277,6 +280,9 @@ func (s *Scheduler) send(ctx context.Context, taskID, workerID string) {
 			s.base.Logger.Warn("scheduler: offer not answered", "task", taskID, "worker", workerID, "err", err)
 		}
 	case reply.Taken:
+		// Its target's turn is used only when a task starts: an offer declined
+		// (a worker still finishing its last run) costs no turn.
+		s.turns.Served(task)
 		if st, ok := s.tasks.Task(taskID); ok && st.Phase == PhaseArmed {
 			s.taken[taskID] = workerID
 		}

@@ -56,7 +56,7 @@ func TestAClusterFiresEveryTaskOnceThroughTheLossOfALeaderAndAnEngine(t *testing
 	}
 	fired := map[string]int{}
 	killed := false
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	var after uint64
 	for len(fired) < tasks {
@@ -80,6 +80,11 @@ func TestAClusterFiresEveryTaskOnceThroughTheLossOfALeaderAndAnEngine(t *testing
 			return len(fired) < tasks
 		})
 		if ctx.Err() != nil {
+			for id := range placedOn {
+				if fired[id] == 0 {
+					t.Logf("not fired: %s", d.run(t, "client", "show", id, "--json").stdout)
+				}
+			}
 			t.Fatalf("%d of %d tasks fired before the timeout: %v", len(fired), tasks, err)
 		}
 		if err != nil {
