@@ -658,10 +658,10 @@ func TestBusyWithATTLEndsByItself(t *testing.T) {
 	auditClean(t, home)
 }
 
-// gate is an exec sink's program that blocks until the test releases it:
+// execGate is an exec sink's program that blocks until the test releases it:
 // `sh gate DIR`, released by DIR/release-TASK_ID (or by the death of the server that
 // ran it, so that a failed test leaves nothing running).
-const gate = `echo "$BGTASK_TASK_ID" >> "$1/started"
+const execGate = `echo "$BGTASK_TASK_ID" >> "$1/started"
 while [ ! -e "$1/release-$BGTASK_TASK_ID" ] && kill -0 "$PPID" 2>/dev/null; do sleep 0.05; done
 echo "$BGTASK_TASK_ID" >> "$1/finished"
 `
@@ -681,7 +681,7 @@ func TestDeferIdlePushesOneAtATime(t *testing.T) {
 	hk := newHook(t, nil)
 	dir := t.TempDir()
 	script := filepath.Join(dir, "gate.sh")
-	if err := os.WriteFile(script, []byte(gate), 0o600); err != nil {
+	if err := os.WriteFile(script, []byte(execGate), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	const target = "agent-d"

@@ -221,14 +221,16 @@ func add(t *testing.T, home string, args ...string) string {
 
 // wakeup is the JSON of `wait --json` and of an inbox message.
 type wakeup struct {
-	ID       string   `json:"id"`
-	Status   string   `json:"status"`
-	ExitCode *int     `json:"exit_code"`
-	Signal   string   `json:"signal"`
-	Prompt   string   `json:"prompt"`
-	Tail     []string `json:"tail"`
-	Target   string   `json:"target"`
-	Origin   any      `json:"origin"`
+	ID          string   `json:"id"`
+	Status      string   `json:"status"`
+	ExitCode    *int     `json:"exit_code"`
+	Signal      string   `json:"signal"`
+	Reason      string   `json:"reason"`
+	MatchedLine string   `json:"matched_line"`
+	Prompt      string   `json:"prompt"`
+	Tail        []string `json:"tail"`
+	Target      string   `json:"target"`
+	Origin      any      `json:"origin"`
 }
 
 func waitFor(t *testing.T, home, id string) wakeup {
@@ -258,23 +260,34 @@ func countTypes(h []historyEvent) map[string]int {
 	return n
 }
 
+// register registers a spec over NATS and returns the task's id.
+func register(t *testing.T, nc *nats.Conn, spec any) string {
+	t.Helper()
+	data, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	msg, err := nc.RequestWithContext(ctx, "bgtask.register", data)
+	if err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	var reply struct{ ID string }
+	if err := json.Unmarshal(msg.Data, &reply); err != nil || reply.ID == "" {
+		t.Fatalf("register: %s", msg.Data)
+	}
+	return reply.ID
+}
+
 // connect opens a NATS connection to a running server the way a program would: the
 // URL from server.json, the nkey from credentials.json.
 func connect(t *testing.T, home string) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	var d struct{ URL string }
 	var c struct {
 		Seed string `json:"nkey_seed"`
 	}
-	for file, v := range map[string]any{"server.json": &d, "credentials.json": &c} {
-		data, err := os.ReadFile(filepath.Join(home, file))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := json.Unmarshal(data, v); err != nil {
-			t.Fatal(err)
-		}
-	}
+	readJSONFile(t, filepath.Join(home, "credentials.json"), &c)
 	kp, err := nkeys.FromSeed([]byte(c.Seed))
 	if err != nil {
 		t.Fatal(err)
@@ -283,7 +296,7 @@ func connect(t *testing.T, home string) (*nats.Conn, jetstream.JetStream) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(d.URL, nats.Nkey(pub, kp.Sign))
+	nc, err := nats.Connect(serverURL(t, home), nats.Nkey(pub, kp.Sign))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,6 +306,25 @@ func connect(t *testing.T, home string) (*nats.Conn, jetstream.JetStream) {
 		t.Fatal(err)
 	}
 	return nc, js
+}
+
+// serverURL is where the server of home listens, from its discovery file.
+func serverURL(t *testing.T, home string) string {
+	t.Helper()
+	var d struct{ URL string }
+	readJSONFile(t, filepath.Join(home, "server.json"), &d)
+	return d.URL
+}
+
+func readJSONFile(t *testing.T, path string, v any) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // allEvents reads the whole event stream.
@@ -382,4 +414,55 @@ func killRuns(home string) {
 		_ = syscall.Kill(-pids.Command.PID, syscall.SIGKILL)
 		_ = syscall.Kill(pids.Shim.PID, syscall.SIGKILL)
 	}
+}
+
+// gate is shell for a command that waits until the test opens the gate name in its
+// working directory (openGate). It blocks reading a FIFO, without polling, unless
+// the gate is open already; it looks again once the FIFO is open, so an opening
+// between its two looks is not missed.
+func gate(name string) string {
+	return `[ -e ` + name + `.open ] || { exec 3<>` + name + `.fifo; [ -e ` + name + `.open ] || read -r _ <&3; }; `
+}
+
+// makeGate makes the gate name in dir, before a command waits on it.
+func makeGate(t *testing.T, dir, name string) {
+	t.Helper()
+	if err := syscall.Mkfifo(filepath.Join(dir, name+".fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// openGate opens the gate name in dir for good: the commands waiting on it go on,
+// and any that comes to it later passes.
+func openGate(t *testing.T, dir, name string) {
+	t.Helper()
+	touch(t, filepath.Join(dir, name+".open"))
+	// ENXIO: nobody reads the FIFO (yet, or any more); they find the .open file.
+	if f, err := os.OpenFile(filepath.Join(dir, name+".fifo"), os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+		_, _ = f.WriteString("\n")
+		f.Close()
+	}
+}
+
+// pidPairs reads the "$$ $PPID" lines commands wrote to path: each run's shell and
+// its shim.
+func pidPairs(path string) [][2]int {
+	var pairs [][2]int
+	data, _ := os.ReadFile(path)
+	for _, line := range strings.Split(string(data), "\n") {
+		var pair [2]int
+		if _, err := fmt.Sscan(line, &pair[0], &pair[1]); err == nil {
+			pairs = append(pairs, pair)
+		}
+	}
+	return pairs
+}
+
+// waitPIDPair waits for the first "$$ $PPID" line in path and returns the
+// command's shell and its shim.
+func waitPIDPair(t *testing.T, path string) (command, shim int) {
+	t.Helper()
+	eventually(t, 30*time.Second, "no pids in "+path, func() bool { return len(pidPairs(path)) > 0 })
+	p := pidPairs(path)[0]
+	return p[0], p[1]
 }

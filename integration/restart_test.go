@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"syscall"
@@ -77,15 +76,7 @@ func TestWorkersRacingForTasksSpawnEachExactlyOnce(t *testing.T) {
 	const tasks = 200
 	ids := map[string]bool{}
 	for i := range tasks {
-		msg, err := nc.Request("bgtask.register", fmt.Appendf(nil, `{"command":"sleep 0.2; exit %d"}`, i%3), 10*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var reply struct{ ID string }
-		if err := json.Unmarshal(msg.Data, &reply); err != nil || reply.ID == "" {
-			t.Fatalf("register: %s", msg.Data)
-		}
-		ids[reply.ID] = true
+		ids[register(t, nc, map[string]any{"command": fmt.Sprintf("sleep 0.2; exit %d", i%3)})] = true
 	}
 	// Wait for the last wake-up through the inbox stream, as a runtime would.
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
