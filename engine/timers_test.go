@@ -37,21 +37,26 @@ func TestTimersEndATaskNoWorkerTookBeforeItsDeadline(t *testing.T) {
 	}
 	timers := engine.NewTimers(store, storeReader{store}, "engine", engine.Base{})
 	defer timers.Stop()
+	var armed []engine.State
 	for _, id := range []string{late, taken} {
 		s, err := engine.Load(ctx, store, id)
 		if err != nil {
 			t.Fatal(err)
 		}
-		timers.Notify(s)
+		armed = append(armed, s)
 	}
-	// A worker takes the second task before the deadline: its timer must not fire.
-	s, _ := engine.Load(ctx, store, taken)
-	ev, err := engine.Decide(s, engine.Spawn{}, engine.Meta{Writer: "w1", Now: time.Now()})
+	// A worker takes the second task before its deadline: its timer, set from the
+	// state the engine saw while it was armed, must find it taken and do nothing.
+	// (Taken before the timers hear of it, so a slow machine cannot reorder the two.)
+	ev, err := engine.Decide(armed[1], engine.Spawn{}, engine.Meta{Writer: "w1", Now: time.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Append(ctx, ev, s.Seq); err != nil {
+	if _, err := store.Append(ctx, ev, armed[1].Seq); err != nil {
 		t.Fatal(err)
+	}
+	for _, s := range armed {
+		timers.Notify(s)
 	}
 
 	deadline := time.Now().Add(20 * time.Second)

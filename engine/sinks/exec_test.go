@@ -246,7 +246,8 @@ func TestExecTimeoutKillsTheWholeProcessGroup(t *testing.T) {
 	dir := t.TempDir()
 	pidFile := filepath.Join(dir, "grandchild")
 	// The grandchild holds the output pipe: the attempt must not wait for it.
-	script := fmt.Sprintf(`sleep 1000 & echo $! > %s; echo started; wait`, pidFile)
+	// "started" is in the pipe before the PID file exists, so before the kill.
+	script := fmt.Sprintf(`echo started; sleep 1000 & echo $! > %s; wait`, pidFile)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
