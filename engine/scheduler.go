@@ -85,19 +85,16 @@ func NewScheduler(tasks TaskLister, feed WorkerFeed, offer OfferFunc, base Base)
 // task the reader knew of has been offered or has a reason to wait.
 func (s *Scheduler) Start(ctx context.Context) error {
 	ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	current, updates, err := s.feed.Watch(ctx)
+	w, err := s.watch(ctx)
 	if err != nil {
 		s.cancel()
 		return err
-	}
-	for _, u := range current {
-		s.update(u)
 	}
 	s.pass(ctx)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		s.loop(ctx, updates)
+		s.loop(ctx, w)
 	}()
 	return nil
 }
@@ -110,20 +107,53 @@ func (s *Scheduler) Stop() {
 	}
 }
 
-func (s *Scheduler) loop(ctx context.Context, updates <-chan events.WorkerUpdate) {
+// workerWatch is one watch of the heartbeats, stopped by its cancel.
+type workerWatch struct {
+	updates <-chan events.WorkerUpdate
+	cancel  context.CancelFunc
+}
+
+// watch starts a watch whose current values replace what the scheduler knew.
+func (s *Scheduler) watch(ctx context.Context) (workerWatch, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	current, updates, err := s.feed.Watch(wctx)
+	if err != nil {
+		cancel()
+		return workerWatch{}, err
+	}
+	fleet := map[string]*fleetEntry{}
+	for _, u := range current {
+		if !u.Gone {
+			fleet[u.ID] = &fleetEntry{info: u.Info, at: u.At}
+		}
+	}
+	s.mu.Lock()
+	s.workers = fleet
+	s.mu.Unlock()
+	s.signal()
+	return workerWatch{updates: updates, cancel: cancel}, nil
+}
+
+func (s *Scheduler) loop(ctx context.Context, w workerWatch) {
 	ticker := time.NewTicker(schedulePeriod)
 	defer ticker.Stop()
+	// The watch is started again now and then: a watch that stalled while its
+	// server went away would otherwise age every worker out of the scheduler's view.
+	refresh := time.NewTicker(max(s.feed.TTL()/4, schedulePeriod))
+	defer refresh.Stop()
+	defer func() { w.cancel() }()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case u, ok := <-updates:
+		case u, ok := <-w.updates:
 			if !ok {
-				// The watch ended under us (the server went away): watch again.
-				updates = s.rewatch(ctx)
+				w = s.rewatch(ctx, w) // the watch ended under us
 				continue
 			}
 			s.update(u)
+		case <-refresh.C:
+			w = s.rewatch(ctx, w)
 		case <-s.kick:
 			s.pass(ctx)
 		case <-ticker.C:
@@ -132,22 +162,18 @@ func (s *Scheduler) loop(ctx context.Context, updates <-chan events.WorkerUpdate
 	}
 }
 
-func (s *Scheduler) rewatch(ctx context.Context) <-chan events.WorkerUpdate {
+// rewatch replaces a watch, retrying until it can or ctx ends.
+func (s *Scheduler) rewatch(ctx context.Context, old workerWatch) workerWatch {
+	old.cancel()
 	for {
-		current, updates, err := s.feed.Watch(ctx)
+		w, err := s.watch(ctx)
 		if err == nil {
-			s.mu.Lock()
-			clear(s.workers) // the current values replace what the lost watch knew
-			s.mu.Unlock()
-			for _, u := range current {
-				s.update(u)
-			}
-			return updates
+			return w
 		}
 		s.base.Logger.Warn("scheduler: watching workers failed, retrying", "err", err)
 		select {
 		case <-ctx.Done():
-			return nil
+			return workerWatch{cancel: func() {}}
 		case <-time.After(time.Second):
 		}
 	}

@@ -99,6 +99,9 @@ func (l *Liveness) Remove(ctx context.Context, workerID string) error {
 	return l.kv.Delete(ctx, workerID)
 }
 
+// watchInitialTimeout bounds how long a watch waits for the current values.
+const watchInitialTimeout = 30 * time.Second
+
 // WorkerUpdate is a change of one worker's heartbeat entry.
 type WorkerUpdate struct {
 	ID   string
@@ -118,17 +121,28 @@ func (l *Liveness) Watch(ctx context.Context) ([]WorkerUpdate, <-chan WorkerUpda
 		return nil, nil, fmt.Errorf("watch %s: %w", WorkersBucket, err)
 	}
 	var current []WorkerUpdate
-	for entry := range w.Updates() {
-		if entry == nil {
-			break // the end of the current values
+	initial := time.NewTimer(watchInitialTimeout)
+	defer initial.Stop()
+	for done := false; !done; {
+		select {
+		case entry, ok := <-w.Updates():
+			switch {
+			case !ok:
+				return nil, nil, fmt.Errorf("watch %s: ended before the current values", WorkersBucket)
+			case entry == nil:
+				done = true // the end of the current values
+			default:
+				if u, ok := workerUpdate(entry); ok {
+					current = append(current, u)
+				}
+			}
+		case <-initial.C:
+			_ = w.Stop()
+			return nil, nil, fmt.Errorf("watch %s: no current values after %v", WorkersBucket, watchInitialTimeout)
+		case <-ctx.Done():
+			_ = w.Stop()
+			return nil, nil, ctx.Err()
 		}
-		if u, ok := workerUpdate(entry); ok {
-			current = append(current, u)
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		_ = w.Stop()
-		return nil, nil, err
 	}
 	out := make(chan WorkerUpdate)
 	go func() {

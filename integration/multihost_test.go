@@ -82,9 +82,17 @@ func TestAClusterFiresEveryTaskOnceThroughTheLossOfALeaderAndAnEngine(t *testing
 		if ctx.Err() != nil {
 			for id := range placedOn {
 				if fired[id] == 0 {
-					t.Logf("not fired: %s", d.run(t, "client", "show", id, "--json").stdout)
+					var st struct {
+						State, Worker, Waiting string
+						LastEvent              string `json:"last_event"`
+						Epoch                  int
+					}
+					r := d.run(t, "client", "show", id, "--json")
+					_ = json.Unmarshal([]byte(r.stdout), &st)
+					t.Logf("not fired: %s: %+v %s", id, st, r.stderr)
 				}
 			}
+			t.Logf("workers: %s", d.run(t, "client", "workers", "--json").stdout)
 			t.Fatalf("%d of %d tasks fired before the timeout: %v", len(fired), tasks, err)
 		}
 		if err != nil {
