@@ -171,7 +171,7 @@ func planTrial(seed uint64) trialPlan {
 		}
 	}
 	if p.fault == faultWorkerGone {
-		p.leaseTTL = 3 * time.Second
+		p.leaseTTL = 5 * time.Second
 	}
 	p.before = time.Duration(r.IntN(800)) * time.Millisecond
 	p.settle = time.Duration(r.IntN(800)) * time.Millisecond
