@@ -89,7 +89,7 @@ func TestAKilledShimLosesItsTaskOnceAndTakesItsCommandWithIt(t *testing.T) {
 func TestAWorkerKilledTwiceInARowRecordsEachExitOnce(t *testing.T) {
 	t.Parallel()
 	home, dir := t.TempDir(), t.TempDir()
-	startServer(t, home, "--no-worker", "--lease-ttl", "30s")
+	startServer(t, home, "--no-worker")
 	worker := func() *proc { return start(t, home, "worker", "--worker-id", "twice", "--tick", "200ms") }
 	w := worker()
 	const tasks = 6
@@ -254,7 +254,7 @@ func TestACommandKilledByTERMReportsSignalTERM(t *testing.T) {
 func TestAWorkerKilledInTheKillGraceFinishesTheStopItDecided(t *testing.T) {
 	t.Parallel()
 	home, dir := t.TempDir(), t.TempDir()
-	startServer(t, home, "--no-worker", "--lease-ttl", "30s")
+	startServer(t, home, "--no-worker")
 	w := start(t, home, "worker", "--worker-id", "graceful", "--kill-grace", "60s")
 	id := add(t, home, "--cwd", dir, "--complete-on-regex", "^MATCH$", "--",
 		`trap 'echo TERM >> termed' TERM; echo $$ $PPID > pids; echo MATCH; while :; do sleep 0.05; done`)
@@ -286,7 +286,7 @@ func TestAWorkerKilledInTheKillGraceFinishesTheStopItDecided(t *testing.T) {
 func TestAWorkerFollowsItsServerToANewPort(t *testing.T) {
 	t.Parallel()
 	home, dir := t.TempDir(), t.TempDir()
-	srv := startServer(t, home, "--no-worker", "--lease-ttl", "30s")
+	srv := startServer(t, home, "--no-worker")
 	start(t, home, "worker", "--worker-id", "follower")
 	makeGate(t, dir, "g")
 	before := add(t, home, "--cwd", dir, "--", `echo $$ $PPID > pids; `+gate("g")+`exit 5`)

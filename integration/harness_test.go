@@ -147,7 +147,9 @@ func startServerEnv(t *testing.T, home string, env []string, args ...string) *pr
 	t.Helper()
 	args = append([]string{"server", "--listen", "127.0.0.1:0", "--tick", "200ms", "--kill-grace", "2s"}, args...)
 	p := startEnv(t, home, env, args...)
-	deadline := time.Now().Add(30 * time.Second)
+	// A server finds its worker's runs again before it serves: on a busy machine,
+	// with many runs, that takes a while.
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		// The discovery file is written once the API serves; it must be this process's.
 		data, err := os.ReadFile(filepath.Join(home, "server.json"))
@@ -161,7 +163,7 @@ func startServerEnv(t *testing.T, home string, env []string, args ...string) *pr
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("server not ready after 30s:\n%s", p.out.String())
+			t.Fatalf("server not ready after 60s:\n%s", p.out.String())
 		}
 	}
 }
@@ -296,7 +298,7 @@ func connect(t *testing.T, home string) (*nats.Conn, jetstream.JetStream) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(serverURL(t, home), nats.Nkey(pub, kp.Sign))
+	nc, err := nats.Connect(serverURL(t, home), nats.Nkey(pub, kp.Sign), nats.Timeout(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

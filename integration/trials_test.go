@@ -155,7 +155,8 @@ type trialPlan struct {
 
 func planTrial(seed uint64) trialPlan {
 	r := rand.New(rand.NewPCG(seed, 0x62677461736b))
-	p := trialPlan{seed: seed, shimTarget: -1, leaseTTL: 30 * time.Second}
+	// The default lease: a worker's restart must never outlast it, on a busy machine too.
+	p := trialPlan{seed: seed, shimTarget: -1, leaseTTL: time.Minute}
 	p.fault = allFaults[r.IntN(len(allFaults))]
 	if p.fault.needsWorkers() || r.IntN(2) == 0 {
 		p.workers = 1 + r.IntN(2)
@@ -170,7 +171,7 @@ func planTrial(seed uint64) trialPlan {
 		}
 	}
 	if p.fault == faultWorkerGone {
-		p.leaseTTL = 3 * time.Second
+		p.leaseTTL = 5 * time.Second
 	}
 	p.before = time.Duration(r.IntN(800)) * time.Millisecond
 	p.settle = time.Duration(r.IntN(800)) * time.Millisecond
