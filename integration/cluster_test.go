@@ -139,10 +139,11 @@ func (d *deployment) connect(t *testing.T, user string, opts ...nats.Option) (*n
 	return nc, js
 }
 
-// workersReady waits until `bgtask workers` lists n ready workers.
+// workersReady waits until `bgtask workers` lists n ready workers. On a busy
+// machine a cluster takes a while to create its R3 streams.
 func (d *deployment) workersReady(t *testing.T, n int) {
 	t.Helper()
-	eventually(t, 60*time.Second, "workers ready", func() bool {
+	eventually(t, 3*time.Minute, "workers ready", func() bool {
 		r := d.run(t, "client", "workers", "--json")
 		if r.code != 0 {
 			return false
