@@ -202,6 +202,6 @@ func runGrowth(ctx context.Context, r *runner, s *Scenario) error {
 	s.add("idle RSS per finished task, over the empty server's", "bytes", summarize(perTask, false))
 	s.add("  of which: NATS live heap holding the streams (in the bench's process)", "bytes", summarize([]float64{float64(fig.natsHeap) / float64(tasks)}, false))
 	s.add("  of which: projector live heap (in the bench's process)", "bytes", summarize([]float64{float64(fig.projectorHeap) / float64(tasks)}, false))
-	s.note("no retention yet: finished tasks stay in the stream and in the projector for good")
+	s.note("these tasks are younger than --archive-after (7 days by default): this is the stream before archiving, which leaves each task one event and a summary (README, Retention)")
 	return nil
 }
