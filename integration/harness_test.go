@@ -54,10 +54,13 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// childEnv is the environment of the bgtask processes a test starts. A binary built
-// with -race waits a second at exit by default; a race must fail the test at once.
+// childEnv is the environment of the bgtask processes a test starts. HOME is the
+// test's own, so that a worker's login shell reads no profile of the machine's: a
+// slow or stuck one (a stale pyenv lock) would hold every worker's start. A binary
+// built with -race waits a second at exit by default; a race must fail the test at
+// once.
 func childEnv(home string) []string {
-	return append(os.Environ(), "BGTASK_HOME="+home, "GORACE=atexit_sleep_ms=0 halt_on_error=1")
+	return append(os.Environ(), "BGTASK_HOME="+home, "HOME="+home, "GORACE=atexit_sleep_ms=0 halt_on_error=1")
 }
 
 // proc is a bgtask process started by a test: a server or a worker.

@@ -345,22 +345,16 @@ func (tr *trial) spec(i int) map[string]any {
 	return spec
 }
 
-// env is the environment of the trial's bgtask processes: a home of their own, so
-// that each worker's login shell (resolved at every start) reads no profile.
-func (tr *trial) env(more []string) []string {
-	return append([]string{"HOME=" + tr.home}, more...)
-}
-
 func (tr *trial) startServer(env []string) {
 	args := []string{"--kill-grace", "1s", "--lease-ttl", tr.plan.leaseTTL.String()}
 	if tr.plan.workers > 0 {
 		args = append(args, "--no-worker")
 	}
-	tr.server = startServerEnv(tr.t, tr.home, tr.env(env), args...)
+	tr.server = startServerEnv(tr.t, tr.home, env, args...)
 }
 
 func (tr *trial) startWorker(i int, env []string) {
-	tr.workers[i] = startEnv(tr.t, tr.home, tr.env(env), "worker", "--worker-id", workerID(i), "--tick", "200ms", "--kill-grace", "1s")
+	tr.workers[i] = startEnv(tr.t, tr.home, env, "worker", "--worker-id", workerID(i), "--tick", "200ms", "--kill-grace", "1s")
 }
 
 func workerID(i int) string { return "w" + strconv.Itoa(i) }

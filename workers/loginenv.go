@@ -8,23 +8,41 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
 const envMarker = "\x00__BGTASK_LOGIN_ENV__\x00"
+
+// loginEnvTimeout bounds how long a worker waits for the user's profile before it
+// runs commands in its own environment instead: it takes no task meanwhile.
+const loginEnvTimeout = 10 * time.Second
 
 // LoginEnv returns the environment a login shell (`bash -lc`) sets up: PATH and
 // everything the user's profile exports. A login shell takes a second or two to
 // start, so a worker resolves it once and runs every command with `bash -c` in it.
 // Profile scripts may print; the marker separates their output from the
 // environment.
+//
+// The shell runs in a process group of its own, so that killing the worker's group
+// does not kill a profile script midway. Profile scripts take locks (pyenv's
+// rehash does): one killed holding its lock leaves it behind, and every later
+// login shell of the user waits on it. For the same reason a shell slower than
+// loginEnvTimeout gets SIGTERM, which runs its exit traps, rather than SIGKILL.
 func LoginEnv(ctx context.Context) ([]string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, loginEnvTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-lc", `printf '\0__BGTASK_LOGIN_ENV__\0'; exec env -0`)
 	cmd.Stdin = nil
 	cmd.Stderr = nil
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
+	// A child of the profile that ignores the TERM may hold stdout open.
+	cmd.WaitDelay = 2 * time.Second
 	out, err := cmd.Output()
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("resolve login environment with bash -lc: gave up waiting for the profile: %w", ctx.Err())
+	}
 	if err != nil {
 		return nil, fmt.Errorf("resolve login environment with bash -lc: %w", err)
 	}

@@ -2,12 +2,16 @@ package workers
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestLookPathSearchesThePATHOfTheGivenEnv(t *testing.T) {
@@ -135,14 +139,7 @@ export BGTASK_TEST_MARK=1
 export BGTASK_TEST_MULTILINE='first
 second'
 `
-	// bash -l reads the first of these it finds; write both so the profile runs
-	// whichever bash prefers.
-	for _, name := range []string{".bash_profile", ".profile"} {
-		if err := os.WriteFile(filepath.Join(home, name), []byte(profile), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Setenv("HOME", home)
+	useProfile(t, home, profile)
 
 	env, err := LoginEnv(context.Background())
 	if err != nil {
@@ -179,5 +176,52 @@ second'
 		if v, ok := vars[name]; ok {
 			t.Errorf("%s=%q is in the environment, want it left out", name, v)
 		}
+	}
+}
+
+// useProfile points HOME at home, with profile as its login profile.
+func useProfile(t *testing.T, home, profile string) {
+	t.Helper()
+	// bash -l reads the first of these it finds; write both so the profile runs
+	// whichever bash prefers.
+	for _, name := range []string{".bash_profile", ".profile"} {
+		if err := os.WriteFile(filepath.Join(home, name), []byte(profile), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("HOME", home)
+}
+
+// A profile that hangs holding a lock (as pyenv's rehash does when another shell
+// holds it) must neither hold the worker forever nor, once given up on, leave its
+// lock behind: that would make every later login shell of the user wait too.
+// Not parallel: it points HOME at a profile it controls.
+func TestLoginEnvGivesUpOnAHangingProfileAndLetsItsTrapsRun(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("bash is not installed")
+	}
+	home := t.TempDir()
+	lock, straggler := filepath.Join(home, "lock"), filepath.Join(home, "straggler")
+	useProfile(t, home, `trap 'rm -f "$HOME/lock"' EXIT
+: > "$HOME/lock"
+( trap '' TERM; exec sleep 600 ) &
+echo $! > "$HOME/straggler"
+sleep 600
+`)
+	t.Cleanup(func() {
+		if data, err := os.ReadFile(straggler); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	env, err := LoginEnv(ctx)
+	if err == nil || !strings.Contains(err.Error(), "gave up waiting for the profile") {
+		t.Fatalf("LoginEnv = %d variables, %v; want the error that it gave up on the profile", len(env), err)
+	}
+	if _, err := os.Stat(lock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the profile's lock is still there (%v): its EXIT trap did not run", err)
 	}
 }

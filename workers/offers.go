@@ -153,17 +153,25 @@ func (w *Worker) Drain() {
 	w.release("")
 }
 
+// finishDrain removes the heartbeat, then closes Drained: whoever waits on it sees
+// the worker gone. Holding beatMu, it orders the removal after any heartbeat being
+// written, and no later one writes it again.
 func (w *Worker) finishDrain() {
+	w.beatMu.Lock()
 	w.mu.Lock()
-	if w.isDrainedLocked() {
+	if w.heartbeatRemoved {
 		w.mu.Unlock()
+		w.beatMu.Unlock()
 		return
 	}
-	close(w.drained)
+	w.heartbeatRemoved = true
 	w.mu.Unlock()
-	if err := w.liveness.Remove(w.ctx, w.cfg.ID); err != nil && w.ctx.Err() == nil {
+	err := w.liveness.Remove(w.ctx, w.cfg.ID)
+	w.beatMu.Unlock()
+	if err != nil && w.ctx.Err() == nil {
 		w.cfg.Base.Logger.Warn("heartbeat not removed", "err", err)
 	}
+	close(w.drained)
 	w.cfg.Base.Logger.Info("worker drained")
 }
 

@@ -105,14 +105,18 @@ type Worker struct {
 	// more than MaxTasks.
 	slots chan struct{}
 
-	mu       sync.Mutex
-	runs     map[string]*run
-	taking   map[string]bool
-	state    events.WorkerState
-	stopping bool
-	held     int // what a stopping worker left running
-	started  time.Time
-	drained  chan struct{} // closed when a drain has ended: nothing runs, nothing is taken
+	// beatMu orders the heartbeats with the removal of a drained worker's.
+	beatMu sync.Mutex
+
+	mu               sync.Mutex
+	runs             map[string]*run
+	taking           map[string]bool
+	state            events.WorkerState
+	stopping         bool
+	held             int // what a stopping worker left running
+	started          time.Time
+	drained          chan struct{} // closed when a drain has ended: nothing runs, nothing is taken
+	heartbeatRemoved bool          // by the end of a drain; set under beatMu too
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -127,7 +131,13 @@ type Worker struct {
 func (w *Worker) beat(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, appendTimeout)
 	defer cancel()
+	w.beatMu.Lock()
+	defer w.beatMu.Unlock()
 	w.mu.Lock()
+	if w.heartbeatRemoved {
+		w.mu.Unlock()
+		return nil // drained: it must not come back alive
+	}
 	info := events.WorkerInfo{
 		ID: w.cfg.ID, Host: w.host, Labels: w.cfg.Labels, State: w.state, Running: max(len(w.runs), w.held),
 		MaxTasks: w.cfg.MaxTasks, Heartbeat: time.Now().UTC(), StartedAt: w.started,
