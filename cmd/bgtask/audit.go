@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
@@ -118,6 +120,9 @@ func audit(ctx context.Context, js jetstream.JetStream) (projections.Report, err
 	}
 	for {
 		batch, err := cons.FetchNoWait(1024)
+		if consumerNotPlacedYet(ctx, err) {
+			continue
+		}
 		if err != nil {
 			return projections.Report{}, fmt.Errorf("read inbox: %w", err)
 		}
@@ -137,7 +142,11 @@ func audit(ctx context.Context, js jetstream.JetStream) (projections.Report, err
 			}
 			a.AddDelivery(key)
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+		err = batch.Error()
+		if n == 0 && consumerNotPlacedYet(ctx, err) {
+			continue
+		}
+		if err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
 			return projections.Report{}, fmt.Errorf("read inbox: %w", err)
 		}
 		if n == 0 {
@@ -145,4 +154,15 @@ func audit(ctx context.Context, js jetstream.JetStream) (projections.Report, err
 			return report, livenessErr
 		}
 	}
+}
+
+// consumerNotPlacedYet says whether a fetch found no consumer to answer it, as
+// happens on a cluster just after the consumer was created; it waits a moment
+// before the caller asks again.
+func consumerNotPlacedYet(ctx context.Context, err error) bool {
+	if !errors.Is(err, nats.ErrNoResponders) || ctx.Err() != nil {
+		return false
+	}
+	time.Sleep(100 * time.Millisecond)
+	return true
 }

@@ -48,6 +48,9 @@ read with the durable consumer inbox-TARGET; a runtime may consume it itself.`,
 				} else {
 					batch, err = cons.FetchNoWait(64)
 				}
+				if consumerNotPlacedYet(ctx, err) {
+					continue
+				}
 				if err != nil {
 					if ctx.Err() != nil {
 						return nil
@@ -64,7 +67,9 @@ read with the durable consumer inbox-TARGET; a runtime may consume it itself.`,
 						return fmt.Errorf("acknowledge wake-up: %w", err)
 					}
 				}
-				if err := batch.Error(); err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
+				if err := batch.Error(); n == 0 && consumerNotPlacedYet(ctx, err) {
+					continue
+				} else if err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
 					return fmt.Errorf("read inbox %s: %w", target, err)
 				}
 				if ctx.Err() != nil || (!follow && n == 0) {
