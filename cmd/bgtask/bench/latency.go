@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os/exec"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
@@ -109,7 +111,11 @@ func (r *runner) sequentialTasks(ctx context.Context, mode string, alsoStart ...
 
 	// Where the time goes, from the times of the tasks' events (each is when its
 	// writer decided it, just before the append).
-	r.progress("sequential tasks, --sync %s: reading %d histories", mode, len(tasks))
+	r.progress("sequential tasks, --sync %s: reading the event stream", mode)
+	times, err := eventTimes(ctx, srv, len(tasks))
+	if err != nil {
+		return nil, err
+	}
 	names := []string{
 		"start: register → spawned (worker takes the task)",
 		"start: spawned → command printed (shim starts it)",
@@ -119,17 +125,9 @@ func (r *runner) sequentialTasks(ctx context.Context, mode string, alsoStart ...
 	}
 	samples := make([][]float64, len(names))
 	for _, t := range tasks {
-		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		h, err := srv.api.History(ctx, t.id)
-		cancel()
-		if err != nil {
-			return nil, err
-		}
-		at := map[events.Type]time.Time{}
-		for _, ev := range h.Events {
-			if _, seen := at[ev.Type]; !seen {
-				at[ev.Type] = ev.Time
-			}
+		at := times[t.id]
+		if len(at) == 0 {
+			return nil, fmt.Errorf("task %s: no events in the stream", t.id)
 		}
 		ended := *t.arrived.wakeup.EndedAt
 		for i, d := range []time.Duration{
@@ -147,6 +145,50 @@ func (r *runner) sequentialTasks(ctx context.Context, mode string, alsoStart ...
 	}
 	r.samples[mode] = res
 	return res, nil
+}
+
+// eventTimes reads the whole event stream once and returns, for each task, the
+// time of the first event of each type. One ordered consumer reads it all: a
+// history request per task would create a consumer each, and a stream takes at
+// most 1,000 (nats-server's default) while they wait out their inactivity.
+func eventTimes(ctx context.Context, srv *server, tasks int) (map[string]map[events.Type]time.Time, error) {
+	stream, err := srv.js.Stream(ctx, events.StreamName)
+	if err != nil {
+		return nil, err
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return nil, err
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, err
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	out := make(map[string]map[events.Type]time.Time, tasks)
+	for range info.State.Msgs {
+		msg, err := it.Next()
+		if err != nil {
+			return nil, fmt.Errorf("read the event stream: %w", err)
+		}
+		var ev events.Event
+		if err := json.Unmarshal(msg.Data(), &ev); err != nil {
+			return nil, fmt.Errorf("read the event stream: %w", err)
+		}
+		if out[ev.TaskID] == nil {
+			out[ev.TaskID] = map[events.Type]time.Time{}
+		}
+		if _, seen := out[ev.TaskID][ev.Type]; !seen {
+			out[ev.TaskID][ev.Type] = ev.Time
+		}
+	}
+	return out, nil
 }
 
 // printedStart reads the start time the command printed from the wake-up's tail.
