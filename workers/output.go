@@ -140,34 +140,56 @@ func (l *lineWatch) result() (string, bool) {
 // copyGrowing copies a file that a command is still writing into w, from offset,
 // until done is closed and the file holds nothing more. It returns the offset it
 // reached.
-func copyGrowing(path string, offset int64, w io.Writer, done <-chan struct{}) int64 {
+func copyGrowing(n *notifier, path string, offset int64, w io.Writer, done <-chan struct{}) int64 {
 	f, err := os.Open(path)
 	if err != nil {
 		return offset
 	}
 	defer f.Close()
+	grown := n.watchGrowth(path)
+	defer grown.close()
 	buf := make([]byte, 64<<10)
 	final := false
+	var looked time.Time
 	for {
-		n, err := f.ReadAt(buf, offset)
-		if n > 0 {
-			_, _ = w.Write(buf[:n])
-			offset += int64(n)
-			continue
+		grown.arm() // before the look: a write the look misses wakes the wait after it
+		var err error
+		for err == nil { // a read that does not fill buf ends with an error, io.EOF at the end
+			var got int
+			if got, err = f.ReadAt(buf, offset); got > 0 {
+				_, _ = w.Write(buf[:got])
+				offset += int64(got)
+			}
 		}
-		if final || (err != nil && !errors.Is(err, io.EOF)) {
+		if final || !errors.Is(err, io.EOF) {
 			return offset
 		}
-		select {
-		case <-done:
-			final = true // one more read: output written since the last one
-		case <-time.After(outputPoll):
-		}
+		// One more look once done: output written since the last one.
+		final = !grown.wait(done) || !pause(outputGather-time.Since(looked), done)
+		looked = time.Now()
 	}
 }
 
-// outputPoll is how often a quiet output file is looked at again.
-const outputPoll = 20 * time.Millisecond
+// outputGather is the least time between two wake-ups for a growing output file: a
+// command that writes all the time is looked at a thousand times a second at most,
+// each look reading all it wrote meanwhile, rather than once for each of its writes.
+// Output after a quiet spell is read at once.
+const outputGather = time.Millisecond
+
+// pause waits for d, and reports false if done is closed first.
+func pause(d time.Duration, done <-chan struct{}) bool {
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return false
+	case <-t.C:
+		return true
+	}
+}
 
 // lastBytes returns up to n bytes of a file that end at offset.
 func lastBytes(path string, offset, n int64) []byte {

@@ -15,9 +15,6 @@ import (
 	"github.com/bgtask/bgtask/events"
 )
 
-// exitPoll is how often a worker looks for a run's exit file.
-const exitPoll = 25 * time.Millisecond
-
 // process is a command a shim runs, watched through its run directory.
 type process struct {
 	dir     string
@@ -32,14 +29,14 @@ type process struct {
 
 // startProcess writes a run directory and starts the shim that runs the spec's
 // command, in a new session of its own.
-func startProcess(shim []string, dir string, run shimRun, spec engine.Spec) (*process, error) {
+func startProcess(n *notifier, shim []string, dir string, run shimRun, spec engine.Spec) (*process, error) {
 	if err := prepareRun(dir, run, spec); err != nil {
 		return nil, err
 	}
 	if err := launchShim(shim, dir); err != nil {
 		return nil, err
 	}
-	return awaitShim(dir, nil)
+	return awaitShim(n, dir, nil)
 }
 
 // prepareRun writes what the shim of a run needs into its directory.
@@ -107,14 +104,14 @@ var (
 // start error (returned as the error), or nothing before no shim holds the run's
 // start lock any more (errShimDied or errShimNotStarted). waiting, if set, is
 // called once if the shim is still starting when first looked at.
-func awaitShim(dir string, waiting func()) (*process, error) {
+func awaitShim(n *notifier, dir string, waiting func()) (*process, error) {
 	outcome := func() (*process, error, bool) {
 		var exit shimExit
 		if readJSON(filepath.Join(dir, exitFile), &exit) == nil && exit.StartError != "" {
 			return nil, errors.New(exit.StartError), true
 		}
 		if _, err := os.Stat(filepath.Join(dir, pidFile)); err == nil {
-			p, err := attachProcess(dir)
+			p, err := attachProcess(n, dir)
 			return p, err, true
 		}
 		return nil, nil, false
@@ -153,19 +150,23 @@ func shimAlive(dir string) bool {
 
 // attachProcess watches a run that a shim started, from its directory: after a
 // start, or after the worker restarted.
-func attachProcess(dir string) (*process, error) {
+func attachProcess(n *notifier, dir string) (*process, error) {
 	p := &process{dir: dir, exited: make(chan struct{}), quit: make(chan struct{}), stopped: make(chan struct{})}
 	if err := readJSON(filepath.Join(dir, pidFile), &p.pids); err != nil {
 		return nil, fmt.Errorf("run %s: %w", dir, err)
 	}
-	go p.watch()
+	// Armed before the first look: an exit that lands in between still wakes it.
+	changes := n.watch(dir, exitFile)
+	changes.watchProcess(p.pids.Shim)
+	go p.watch(changes)
 	return p, nil
 }
 
-func (p *process) watch() {
+// watch waits for the exit file, the truth of how the command ended (the shim
+// writes it once it has reaped the command), or for the shim's end without it.
+func (p *process) watch(changes *waiter) {
 	defer close(p.stopped)
-	ticker := time.NewTicker(exitPoll)
-	defer ticker.Stop()
+	defer changes.close()
 	for {
 		if p.readExit() {
 			close(p.exited)
@@ -179,9 +180,7 @@ func (p *process) watch() {
 			close(p.exited)
 			return
 		}
-		select {
-		case <-ticker.C:
-		case <-p.quit:
+		if !changes.wait(p.quit) {
 			return
 		}
 	}

@@ -50,7 +50,7 @@ func (w *Worker) reattach(ctx context.Context) error {
 		var proc *process
 		perr := errShimNotStarted
 		if readJSON(filepath.Join(dir, runFile), &sr) == nil {
-			proc, perr = awaitShim(dir, func() {
+			proc, perr = awaitShim(w.notify, dir, func() {
 				log.Info("the shim of a run is still starting its command: waiting for it", "task", sr.TaskID)
 			})
 		}

@@ -202,7 +202,7 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 		run.StallAfter = spec.StallDuration() // notify and respawn need the worker
 	}
 	dir := w.runDir(id, r.state.Epoch)
-	proc, err := startProcess(w.cfg.Shim, dir, run, spec)
+	proc, err := startProcess(w.notify, w.cfg.Shim, dir, run, spec)
 	if errors.Is(err, errShimDied) {
 		_ = os.RemoveAll(dir)
 		log.Error("the shim of a run died while it started the command", "task", id)
@@ -270,7 +270,7 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 		copying.Add(1)
 		go func() {
 			defer copying.Done()
-			copyGrowing(filepath.Join(proc.dir, f.name), fileOffsets[i], f.to, copyDone)
+			copyGrowing(w.notify, filepath.Join(proc.dir, f.name), fileOffsets[i], f.to, copyDone)
 		}()
 	}
 	stopCopying := func() {

@@ -123,6 +123,8 @@ type Worker struct {
 	wg     sync.WaitGroup
 	subs   []*nats.Subscription
 	lock   *os.File
+	// notify tells the runs when their files change: one inotify instance for all.
+	notify *notifier
 
 	liveness *events.Liveness
 }
@@ -237,19 +239,21 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.subs = append(w.subs, sub)
 	w.ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	ctx = w.ctx
-	if err := w.reattach(ctx); err != nil {
+	w.notify = newNotifier(w.cfg.Base.Logger)
+	abort := func(err error) error {
 		w.cancel()
 		w.wg.Wait()
 		w.unsubscribe()
+		w.notify.close()
 		return err
+	}
+	if err := w.reattach(ctx); err != nil {
+		return abort(err)
 	}
 	for verb, handle := range map[string]nats.MsgHandler{events.VerbOffer: w.onOffer, events.VerbDrain: w.onDrain} {
 		sub, err := w.nc.Subscribe(events.WorkerSubject(w.cfg.ID, verb), handle)
 		if err != nil {
-			w.cancel()
-			w.wg.Wait()
-			w.unsubscribe()
-			return fmt.Errorf("worker: subscribe to %s: %w", verb, err)
+			return abort(fmt.Errorf("worker: subscribe to %s: %w", verb, err))
 		}
 		w.subs = append(w.subs, sub)
 	}
@@ -314,6 +318,7 @@ func (w *Worker) Stop() {
 	w.mu.Unlock()
 	w.cancel()
 	w.wg.Wait()
+	w.notify.close()
 	ctx, cancel := context.WithTimeout(context.Background(), appendTimeout)
 	defer cancel()
 	var err error

@@ -1,0 +1,353 @@
+package workers
+
+// A worker used to look for each run's exit file every 25 ms and at each quiet
+// output file every 20 ms: a command's end waited half a poll on average before
+// anyone saw it, and idle runs woke the worker all the time for nothing. The kernel
+// can say when a file in a run directory changes (inotify) and when a shim ends
+// (pidfd): the worker reacts within microseconds and sleeps otherwise.
+//
+// One inotify instance serves the whole worker: the per-user limit on instances
+// (fs.inotify.max_user_instances, 128 by default) allows none per run. A run costs
+// at most three watches (fs.inotify.max_user_watches): its directory, shared by all
+// that wait for a record in it and given back with the last of them or with the
+// directory, and each output file while its copier waits for it to grow.
+//
+// An event only hurries a look; it is never the truth. Waiters read their files
+// again after each wake-up, and look anyway every safetyPoll: on filesystems where
+// inotify does not fire (a network filesystem written from another host), and for
+// a pidfd the kernel is too old to give. When the kernel drops events
+// (IN_Q_OVERFLOW) every waiter looks again. A waiter that has no watch (no inotify,
+// the watch limit reached, the notifier closed) polls as the worker used to.
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// safetyPoll is how often a waiter looks at a watched file with no event.
+	safetyPoll = time.Second
+	// unwatchedPoll is how often it looks when the file cannot be watched.
+	unwatchedPoll = 20 * time.Millisecond
+)
+
+const (
+	// recordMask: the shim's records (exit.json, pid.json) land whole in the run
+	// directory by rename.
+	recordMask = unix.IN_MOVED_TO | unix.IN_ONLYDIR
+	// growthMask: output files grow by writes, and every write raises the event. A
+	// watch that lives for one event, armed again before each look, costs a chatty
+	// command and its worker one event per look rather than one per write.
+	growthMask = unix.IN_MODIFY | unix.IN_ONESHOT
+)
+
+// notifier wakes the goroutines of a worker that wait for files of its runs to
+// change, over one inotify instance.
+type notifier struct {
+	log *slog.Logger
+	// How often waiters look with no event: safetyPoll and unwatchedPoll, but tests
+	// that must see events alone make them longer.
+	safety, unwatched time.Duration
+
+	fd   int      // the inotify instance, used only while the notifier is open
+	file *os.File // fd, read through the runtime's poller so that closing it ends the read
+	read sync.WaitGroup
+
+	mu      sync.Mutex
+	closed  bool
+	watches map[int32]*kernelWatch // by watch descriptor
+}
+
+// kernelWatch is a watch of the inotify instance that one or more waiters share.
+type kernelWatch struct {
+	wd      int32
+	oneshot bool // the kernel removes it with its first event
+	waiters map[*waiter]struct{}
+}
+
+// newNotifier returns a notifier; without inotify, its waiters poll.
+func newNotifier(log *slog.Logger) *notifier {
+	n := &notifier{log: log, safety: safetyPoll, unwatched: unwatchedPoll, fd: -1, watches: map[int32]*kernelWatch{}}
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		log.Warn("no inotify: run directories are polled every "+unwatchedPoll.String(), "err", err)
+		n.closed = true
+		return n
+	}
+	n.fd, n.file = fd, os.NewFile(uintptr(fd), "inotify")
+	n.read.Go(n.readEvents)
+	return n
+}
+
+// close ends the notifier. Waiters still open poll from now on.
+func (n *notifier) close() {
+	n.shutdown()
+	if n.file != nil {
+		n.file.Close()
+		n.read.Wait()
+	}
+}
+
+// shutdown turns every waiter to polling and watches nothing more.
+func (n *notifier) shutdown() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.closed = true
+	for _, x := range n.watches {
+		n.forget(x, true)
+	}
+}
+
+func (n *notifier) readEvents() {
+	buf := make([]byte, 64<<10) // room for many events; one needs at most 16+256 bytes
+	for {
+		k, err := n.file.Read(buf)
+		if err != nil {
+			if !errors.Is(err, os.ErrClosed) {
+				n.log.Warn("inotify failed: run directories are polled every "+unwatchedPoll.String(), "err", err)
+				n.shutdown()
+			}
+			return
+		}
+		n.dispatch(buf[:k])
+	}
+}
+
+// dispatch wakes the waiters of the events in buf, each a struct inotify_event:
+// wd, mask, cookie and len, then len bytes of NUL-padded file name.
+func (n *notifier) dispatch(buf []byte) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for len(buf) >= unix.SizeofInotifyEvent {
+		wd := int32(binary.NativeEndian.Uint32(buf[0:]))
+		mask := binary.NativeEndian.Uint32(buf[4:])
+		end := unix.SizeofInotifyEvent + int(binary.NativeEndian.Uint32(buf[12:]))
+		if end > len(buf) {
+			return
+		}
+		name := bytes.TrimRight(buf[unix.SizeofInotifyEvent:end], "\x00")
+		buf = buf[end:]
+		x := n.watches[wd]
+		switch {
+		case mask&unix.IN_Q_OVERFLOW != 0:
+			for _, x := range n.watches {
+				for w := range x.waiters {
+					w.notify()
+				}
+			}
+		case x == nil:
+			// Queued before its watch was removed.
+		case mask&unix.IN_IGNORED != 0:
+			n.forget(x, true) // the file is gone, and the kernel removed its watch
+		default:
+			for w := range x.waiters {
+				if w.wants(name) {
+					w.notify()
+				}
+			}
+			if x.oneshot {
+				n.forget(x, false) // the kernel removed it with this event
+			}
+		}
+	}
+}
+
+// forget drops a watch the kernel no longer has: its waiters poll until armed
+// again, and look at once if wake.
+func (n *notifier) forget(x *kernelWatch, wake bool) {
+	delete(n.watches, x.wd)
+	for w := range x.waiters {
+		if w.watch == x {
+			w.watch = nil
+		}
+		if wake {
+			w.notify()
+		}
+	}
+}
+
+// watch returns a waiter that wakes when one of the named records lands in dir.
+// It is armed on return: a record that lands after it is never missed, so a
+// caller looks for its records after watch, then waits.
+func (n *notifier) watch(dir string, names ...string) *waiter {
+	w := &waiter{n: n, names: names, wake: make(chan struct{}, 1)}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.add(w, dir, recordMask)
+	return w
+}
+
+// watchGrowth returns a waiter for a file that grows: arm it before each look.
+func (n *notifier) watchGrowth(path string) *waiter {
+	return &waiter{n: n, path: path, wake: make(chan struct{}, 1)}
+}
+
+// add joins w to the kernel's watch of path; the same file gives the same watch.
+func (n *notifier) add(w *waiter, path string, mask uint32) {
+	if n.closed {
+		return
+	}
+	wd, err := unix.InotifyAddWatch(n.fd, path, mask)
+	if err != nil {
+		if !w.warned {
+			w.warned = true
+			n.log.Warn("a run's file cannot be watched: it is polled every "+unwatchedPoll.String(), "path", path, "err", err)
+		}
+		return
+	}
+	x := n.watches[int32(wd)]
+	if x == nil {
+		x = &kernelWatch{wd: int32(wd), oneshot: mask&unix.IN_ONESHOT != 0, waiters: map[*waiter]struct{}{}}
+		n.watches[x.wd] = x
+	}
+	if w.watch != x {
+		n.leave(w) // a one-shot watch that fired, its event not yet read
+		x.waiters[w] = struct{}{}
+		w.watch = x
+	}
+}
+
+// leave takes w off its watch, and gives the watch back if w was its last waiter.
+func (n *notifier) leave(w *waiter) {
+	x := w.watch
+	if x == nil {
+		return
+	}
+	w.watch = nil
+	delete(x.waiters, w)
+	if len(x.waiters) == 0 && n.watches[x.wd] == x {
+		delete(n.watches, x.wd)
+		// EINVAL if the file went meanwhile and took its watch with it.
+		_, _ = unix.InotifyRmWatch(n.fd, uint32(x.wd))
+	}
+}
+
+// waiter is one goroutine's wait for some files of a run to change.
+type waiter struct {
+	n      *notifier
+	names  []string      // the records it waits for in a directory
+	path   string        // or the file it waits to grow
+	wake   chan struct{} // holds one wake-up: those that come before it is taken are one
+	watch  *kernelWatch  // under n.mu; nil when polled
+	warned bool          // under n.mu: said once that it cannot be watched
+	timer  *time.Timer
+
+	process     *os.File // a pidfd, if the waiter also waits for a process to end
+	processWait sync.WaitGroup
+}
+
+// wants reports whether an event on a file named name (empty for the watched
+// file itself) is one the waiter waits for.
+func (w *waiter) wants(name []byte) bool {
+	if w.path != "" {
+		return true
+	}
+	for _, want := range w.names {
+		if string(name) == want {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *waiter) notify() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// arm watches a growing file for its next write. Called before each look at the
+// file, so a write after the look wakes the wait that follows it.
+func (w *waiter) arm() {
+	w.n.mu.Lock()
+	defer w.n.mu.Unlock()
+	w.n.add(w, w.path, growthMask)
+}
+
+// wait returns true when the waiter's files may have changed (an event, or the
+// poll's time) and false when stop is closed.
+func (w *waiter) wait(stop <-chan struct{}) bool {
+	every := w.pollEvery()
+	if w.timer == nil {
+		w.timer = time.NewTimer(every)
+	} else {
+		w.timer.Reset(every)
+	}
+	select {
+	case <-w.wake:
+		return true
+	case <-w.timer.C:
+		return true
+	case <-stop:
+		return false
+	}
+}
+
+func (w *waiter) pollEvery() time.Duration {
+	w.n.mu.Lock()
+	defer w.n.mu.Unlock()
+	if w.watch == nil {
+		return w.n.unwatched
+	}
+	return w.n.safety
+}
+
+// watchProcess wakes the waiter when process p ends too. A shim that dies without
+// its exit file (killed) changes nothing in its directory; its pidfd turns readable
+// when it ends, and the runtime's poller waits on it with no thread of its own.
+func (w *waiter) watchProcess(p procRef) {
+	fd, err := unix.PidfdOpen(p.PID, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return // ended already, or no pidfd (before Linux 5.10): the caller's checks and polls see the end
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	if start, err := procStart(p.PID); err != nil || start != p.Start {
+		f.Close() // the PID names another process now: p has ended
+		w.notify()
+		return
+	}
+	conn, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return
+	}
+	w.process = f
+	w.processWait.Go(func() {
+		// Read calls pidfdReadable again each time the poller says the pidfd is
+		// readable; it fails when close closes the pidfd.
+		if conn.Read(pidfdReadable) == nil {
+			w.notify()
+		}
+	})
+}
+
+func pidfdReadable(fd uintptr) bool {
+	for {
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
+		if !errors.Is(err, unix.EINTR) {
+			return err == nil && n > 0
+		}
+	}
+}
+
+// close gives the waiter's watches back.
+func (w *waiter) close() {
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	if w.process != nil {
+		w.process.Close()
+		w.processWait.Wait()
+	}
+	w.n.mu.Lock()
+	defer w.n.mu.Unlock()
+	w.n.leave(w)
+}

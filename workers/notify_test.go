@@ -1,0 +1,375 @@
+package workers
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// newTestNotifier returns a notifier whose waiters never poll in a test's time:
+// what wakes them is an event, or nothing.
+func newTestNotifier(t *testing.T) *notifier {
+	t.Helper()
+	n := newNotifier(slog.New(slog.DiscardHandler))
+	if n.closed {
+		t.Fatal("no inotify instance")
+	}
+	n.safety, n.unwatched = time.Hour, 2*time.Hour
+	t.Cleanup(n.close)
+	return n
+}
+
+// woken waits for a waiter's wake-up itself, which only an event or the end of
+// its watch gives, never a poll.
+func woken(t *testing.T, w *waiter, what string) {
+	t.Helper()
+	select {
+	case <-w.wake:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: no wake-up", what)
+	}
+}
+
+// kernelWatches counts the watches the kernel holds for the notifier's instance.
+func kernelWatches(t *testing.T, n *notifier) int {
+	t.Helper()
+	f, err := os.Open("/proc/self/fdinfo/" + strconv.Itoa(n.fd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	count := 0
+	for lines := bufio.NewScanner(f); lines.Scan(); {
+		if strings.HasPrefix(lines.Text(), "inotify wd:") {
+			count++
+		}
+	}
+	return count
+}
+
+func appendTo(t *testing.T, path, data string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(data); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// renameInto makes a file appear in dir by rename, as the shim's records do,
+// without their fsyncs.
+func renameInto(t *testing.T, dir, name string) {
+	t.Helper()
+	tmp := filepath.Join(dir, name+".tmp")
+	if err := os.WriteFile(tmp, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNotifierWakesForItsRecords(t *testing.T) {
+	n := newTestNotifier(t)
+	dir := t.TempDir()
+	exit, pids := n.watch(dir, exitFile), n.watch(dir, pidFile)
+	defer exit.close()
+	defer pids.close()
+
+	// The shim's way: a temporary file, then a rename. The temporary file's own
+	// events are not the exit file's.
+	if err := writeJSONAtomic(filepath.Join(dir, exitFile), shimExit{ExitCode: 3}); err != nil {
+		t.Fatal(err)
+	}
+	woken(t, exit, "exit file renamed into the directory")
+	if len(pids.wake) != 0 {
+		t.Fatal("the exit file woke the waiter of pid.json")
+	}
+	renameInto(t, dir, pidFile)
+	woken(t, pids, "pid.json renamed into the directory")
+	if len(exit.wake) != 0 {
+		t.Fatal("pid.json woke the waiter of the exit file")
+	}
+}
+
+func TestNotifierWakesAGrowthWaiterOncePerArm(t *testing.T) {
+	n := newTestNotifier(t)
+	dir := t.TempDir()
+	path := filepath.Join(dir, stdoutFile)
+	appendTo(t, path, "")
+	// A record waiter in the same directory: once it is woken, every event queued
+	// before its record has been dispatched.
+	barrier := n.watch(dir, exitFile)
+	defer barrier.close()
+	grown := n.watchGrowth(path)
+	defer grown.close()
+
+	appendTo(t, path, "before the arm\n")
+	grown.arm()
+	if got := kernelWatches(t, n); got != 2 {
+		t.Fatalf("%d kernel watches, want the directory's and the armed file's", got)
+	}
+	for range 100 {
+		appendTo(t, path, "chatty\n")
+	}
+	woken(t, grown, "file written after the arm")
+	if got := kernelWatches(t, n); got != 1 {
+		t.Fatalf("%d kernel watches once the file's fired, want only the directory's", got)
+	}
+	renameInto(t, dir, exitFile)
+	woken(t, barrier, "barrier")
+	if len(grown.wake) != 0 {
+		t.Fatal("writes after the first woke the waiter again: one event per write")
+	}
+
+	appendTo(t, path, "unarmed\n")
+	renameInto(t, dir, exitFile)
+	woken(t, barrier, "barrier")
+	if len(grown.wake) != 0 {
+		t.Fatal("a write woke a waiter that was not armed again")
+	}
+	grown.arm()
+	appendTo(t, path, "armed again\n")
+	woken(t, grown, "file written after the arm again")
+}
+
+func TestNotifierSharesOneWatchPerDirectory(t *testing.T) {
+	n := newTestNotifier(t)
+	const dirs = 1000 // as many runs as a worker may have
+	var paths []string
+	var exits, pids []*waiter
+	for i := range dirs {
+		dir := filepath.Join(t.TempDir(), fmt.Sprint(i))
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, dir)
+		exits = append(exits, n.watch(dir, exitFile))
+		pids = append(pids, n.watch(dir, pidFile))
+	}
+	if got := kernelWatches(t, n); got != dirs {
+		t.Fatalf("%d kernel watches for %d directories, want one each", got, dirs)
+	}
+	for _, dir := range paths {
+		renameInto(t, dir, exitFile)
+	}
+	for i, w := range exits {
+		woken(t, w, fmt.Sprintf("directory %d", i))
+	}
+	for _, w := range exits {
+		w.close()
+	}
+	if got := kernelWatches(t, n); got != dirs {
+		t.Fatalf("%d kernel watches once a waiter of each directory left, want %d", got, dirs)
+	}
+	for _, w := range pids {
+		w.close()
+	}
+	if got := kernelWatches(t, n); got != 0 || len(n.watches) != 0 {
+		t.Fatalf("%d kernel watches, %d known once every waiter left, want none", got, len(n.watches))
+	}
+}
+
+func TestNotifierForgetsARemovedDirectory(t *testing.T) {
+	n := newTestNotifier(t)
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	w := n.watch(dir, exitFile)
+	defer w.close()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	woken(t, w, "directory removed")
+	if got := w.pollEvery(); got != n.unwatched {
+		t.Fatalf("a waiter on a removed directory looks every %s, want %s", got, n.unwatched)
+	}
+	if got := kernelWatches(t, n); got != 0 {
+		t.Fatalf("%d kernel watches after the directory went, want 0", got)
+	}
+}
+
+func TestNotifierOverflowWakesEveryWaiter(t *testing.T) {
+	n := newTestNotifier(t)
+	var waiters []*waiter
+	for range 3 {
+		w := n.watch(t.TempDir(), exitFile)
+		defer w.close()
+		waiters = append(waiters, w)
+	}
+	// What the kernel queues when it dropped events: wd -1, IN_Q_OVERFLOW, no name.
+	overflow := make([]byte, unix.SizeofInotifyEvent)
+	binary.NativeEndian.PutUint32(overflow[0:], ^uint32(0))
+	binary.NativeEndian.PutUint32(overflow[4:], unix.IN_Q_OVERFLOW)
+	n.dispatch(overflow)
+	for i, w := range waiters {
+		woken(t, w, fmt.Sprintf("waiter %d after an overflow", i))
+	}
+}
+
+func TestNotifierCloseTurnsWaitersToPolling(t *testing.T) {
+	n := newNotifier(slog.New(slog.DiscardHandler))
+	w := n.watch(t.TempDir(), exitFile)
+	n.close()
+	if target, _ := os.Readlink("/proc/self/fd/" + strconv.Itoa(n.fd)); target == "anon_inode:inotify" {
+		t.Fatal("the inotify instance is still open")
+	}
+	woken(t, w, "notifier closed")
+	if got := w.pollEvery(); got != unwatchedPoll {
+		t.Fatalf("a waiter of a closed notifier looks every %s, want %s", got, unwatchedPoll)
+	}
+	w.close()
+	late := n.watch(t.TempDir(), exitFile)
+	defer late.close()
+	if got := late.pollEvery(); got != unwatchedPoll {
+		t.Fatalf("a waiter made after close looks every %s, want %s", got, unwatchedPoll)
+	}
+}
+
+// startSleep starts a process that lives until killed, and its reference.
+func startSleep(t *testing.T) (*exec.Cmd, procRef) {
+	t.Helper()
+	cmd := exec.Command("sleep", "600")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	start, err := procStart(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cmd, procRef{PID: cmd.Process.Pid, Start: start}
+}
+
+func TestWaiterWakesWhenItsProcessEnds(t *testing.T) {
+	n := newTestNotifier(t)
+	cmd, ref := startSleep(t)
+	w := n.watch(t.TempDir(), exitFile)
+	defer w.close()
+	w.watchProcess(ref)
+	if len(w.wake) != 0 {
+		t.Fatal("woken while the process runs")
+	}
+	_ = cmd.Process.Kill() // not reaped: a zombie has ended too
+	woken(t, w, "process killed")
+
+	reused := n.watch(t.TempDir(), exitFile)
+	defer reused.close()
+	_, other := startSleep(t)
+	other.Start++ // the PID, but another process than the one meant
+	reused.watchProcess(other)
+	woken(t, reused, "PID naming another process")
+}
+
+func TestProcessSeesTheExitFile(t *testing.T) {
+	self, err := procStart(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	attach := func(t *testing.T, n *notifier, dir string, shim procRef) *process {
+		t.Helper()
+		if err := writeJSONAtomic(filepath.Join(dir, pidFile), shimPIDs{Shim: shim}); err != nil {
+			t.Fatal(err)
+		}
+		p, err := attachProcess(n, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.detach)
+		return p
+	}
+	ended := func(t *testing.T, p *process) {
+		t.Helper()
+		select {
+		case <-p.exited:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the end of the run not seen")
+		}
+	}
+
+	t.Run("written before the watch", func(t *testing.T) {
+		n, dir := newTestNotifier(t), t.TempDir()
+		if err := writeJSONAtomic(filepath.Join(dir, exitFile), shimExit{ExitCode: 3}); err != nil {
+			t.Fatal(err)
+		}
+		p := attach(t, n, dir, procRef{PID: os.Getpid(), Start: self})
+		ended(t, p)
+		if p.lost || p.result.ExitCode != 3 {
+			t.Fatalf("lost %v, exit code %d, want 3", p.lost, p.result.ExitCode)
+		}
+	})
+	t.Run("written after the watch", func(t *testing.T) {
+		n, dir := newTestNotifier(t), t.TempDir()
+		p := attach(t, n, dir, procRef{PID: os.Getpid(), Start: self})
+		if err := writeJSONAtomic(filepath.Join(dir, exitFile), shimExit{ExitCode: 4}); err != nil {
+			t.Fatal(err)
+		}
+		ended(t, p)
+		if p.lost || p.result.ExitCode != 4 {
+			t.Fatalf("lost %v, exit code %d, want 4", p.lost, p.result.ExitCode)
+		}
+	})
+	t.Run("never written: the shim died", func(t *testing.T) {
+		n, dir := newTestNotifier(t), t.TempDir()
+		shim, ref := startSleep(t)
+		p := attach(t, n, dir, ref)
+		_ = shim.Process.Kill()
+		ended(t, p)
+		if !p.lost {
+			t.Fatal("a shim that died without an exit file: run not lost")
+		}
+	})
+}
+
+// chunks is a writer that hands each write on.
+type chunks chan string
+
+func (c chunks) Write(p []byte) (int, error) {
+	c <- string(p)
+	return len(p), nil
+}
+
+func TestCopyGrowingFollowsWrites(t *testing.T) {
+	n := newTestNotifier(t)
+	path := filepath.Join(t.TempDir(), stdoutFile)
+	appendTo(t, path, "before\n")
+	got, done, copied := make(chunks, 10), make(chan struct{}), make(chan int64)
+	go func() { copied <- copyGrowing(n, path, 0, got, done) }()
+	next := func(want string) {
+		t.Helper()
+		select {
+		case s := <-got:
+			if s != want {
+				t.Fatalf("copied %q, want %q", s, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%q not copied", want)
+		}
+	}
+	next("before\n")
+	appendTo(t, path, "after\n")
+	next("after\n")
+	appendTo(t, path, "last")
+	close(done)
+	if offset := <-copied; offset != int64(len("before\nafter\nlast")) {
+		t.Fatalf("copied up to %d", offset)
+	}
+	next("last")
+}
