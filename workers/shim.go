@@ -64,11 +64,13 @@ func readJSON(path string, v any) error {
 	return json.Unmarshal(data, v)
 }
 
-// writeJSONAtomic writes v so that a reader sees all of it or none.
+// writeJSONAtomic writes v so that a reader sees all of it or none, durably: the
+// worker's records of a run must outlive a crash of the host, or a task it took
+// would be running in the log with no trace on disk.
 func writeJSONAtomic(path string, v any) error {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	return shim.WriteAtomic(path, data)
+	return shim.WriteDurable(path, data)
 }

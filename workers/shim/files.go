@@ -86,9 +86,19 @@ func appendString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// WriteAtomic writes a file so that a reader sees all of it or none: a temp file,
-// fsync, rename, fsync of the directory.
+// WriteDurable writes a file so that a reader sees all of it or none, and it
+// survives the host's crash: a temp file, fsync, rename, fsync of the directory.
+func WriteDurable(path string, data []byte) error {
+	return writeFile(path, data, true)
+}
+
+// WriteAtomic writes a file so that a reader sees all of it or none: a temp file
+// renamed. A crash of the host may lose it.
 func WriteAtomic(path string, data []byte) error {
+	return writeFile(path, data, false)
+}
+
+func writeFile(path string, data []byte, durable bool) error {
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -98,15 +108,20 @@ func WriteAtomic(path string, data []byte) error {
 		f.Close()
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
+	if durable {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	if err := f.Close(); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return err
+	}
+	if !durable {
+		return nil
 	}
 	if d, err := os.Open(filepath.Dir(path)); err == nil {
 		_ = d.Sync()

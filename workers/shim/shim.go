@@ -114,7 +114,7 @@ func (r Run) supervise() error {
 	exitPath := filepath.Join(r.Dir, ExitFile)
 	fail := func(err error) error {
 		defer releaseOutput()
-		return WriteAtomic(exitPath, Exit{StartError: err.Error(), StartedAt: started, EndedAt: time.Now().UTC()}.appendJSON(nil))
+		return WriteDurable(exitPath, Exit{StartError: err.Error(), StartedAt: started, EndedAt: time.Now().UTC()}.appendJSON(nil))
 	}
 	env, err := os.ReadFile(filepath.Join(r.Dir, EnvironFile))
 	if err != nil {
@@ -163,6 +163,8 @@ func (r Run) supervise() error {
 	self, _ := ProcStart(os.Getpid())
 	child, _ := ProcStart(proc.Pid)
 	pids := PIDs{Shim: ProcRef{PID: os.Getpid(), Start: self}, Command: ProcRef{PID: proc.Pid, Start: child}, Started: started}
+	// Not made durable: after a crash of the host nothing it names is alive, and a
+	// missing pid.json beside the starting file says the same (the shim died).
 	if err := WriteAtomic(filepath.Join(r.Dir, PIDFile), pids.appendJSON(nil)); err != nil {
 		// Unwatchable: stop it rather than leave it running unknown.
 		_ = unix.Kill(-proc.Pid, unix.SIGKILL)
@@ -177,7 +179,9 @@ func (r Run) supervise() error {
 	if ws.Signaled() {
 		exit.ExitCode, exit.Signal = 128+int(ws.Signal()), SignalName(ws.Signal())
 	}
-	err = WriteAtomic(exitPath, exit.appendJSON(nil))
+	// Durable: the exit code is what the caller waits for, and it must outlive a
+	// crash of the host before the worker recorded it.
+	err = WriteDurable(exitPath, exit.appendJSON(nil))
 	// The exit is recorded: nothing waits for what the command left behind.
 	stopOrphans(max(r.KillGrace, time.Second))
 	return err
