@@ -59,6 +59,25 @@ func TestCommandsSurviveTheServerAndTheirExitsAreRecordedOnce(t *testing.T) {
 	}
 }
 
+// A worker runs its commands under bgtask-shim, installed beside its binary: the
+// small shim, not the whole of bgtask, is each command's parent.
+func TestCommandsRunUnderTheSmallShimBesideTheBinary(t *testing.T) {
+	t.Parallel()
+	home, dir := t.TempDir(), t.TempDir()
+	startServer(t, home)
+	id := add(t, home, "--cwd", dir, "--", "readlink /proc/$PPID/exe > parent")
+	if w := waitFor(t, home, id); w.Status != "succeeded" {
+		t.Fatalf("wake-up = %+v, want succeeded", w)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "parent"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.TrimSpace(string(data)), filepath.Join(filepath.Dir(bin), "bgtask-shim"); got != want {
+		t.Errorf("the command's parent runs %s, want %s", got, want)
+	}
+}
+
 func TestCancelReachesACommandStartedBeforeARestart(t *testing.T) {
 	t.Parallel()
 	home := t.TempDir()

@@ -23,7 +23,7 @@ import (
 	"github.com/bgtask/bgtask/events"
 )
 
-// bin is the bgtask binary built from this checkout.
+// bin is the bgtask binary built from this checkout, with bgtask-shim beside it.
 var bin string
 
 func TestMain(m *testing.M) {
@@ -33,11 +33,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bin = filepath.Join(dir, "bgtask")
-	args := []string{"build", "-o", bin}
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
 	if raceEnabled {
 		args = append(args, "-race")
 	}
-	build := exec.Command("go", append(args, "../cmd/bgtask")...)
+	build := exec.Command("go", append(args, "../cmd/bgtask", "../cmd/bgtask-shim")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build bgtask:", err)

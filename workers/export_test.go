@@ -15,11 +15,11 @@ func StartRunAndDie(shim []string, runDir, taskID string, epoch uint64, spec eng
 	if err := writeIntent(runDir, taskID, epoch); err != nil {
 		return nil, err
 	}
-	run := shimRun{TaskID: taskID, Epoch: epoch, Env: os.Environ(), Dir: spec.Cwd, KillGrace: time.Second}
-	if err := prepareRun(runDir, run, spec); err != nil {
+	run, err := prepareRun(runDir, shimRun{TaskID: taskID, Epoch: epoch, Env: os.Environ(), Dir: spec.Cwd, KillGrace: time.Second}, spec)
+	if err != nil {
 		return nil, err
 	}
 	done := make(chan error, 1)
-	go func() { done <- launchShim(shim, runDir) }()
+	go func() { done <- launchShim(shim, runDir, run) }()
 	return done, nil
 }

@@ -7,14 +7,15 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/bgtask/bgtask/workers"
+	"github.com/bgtask/bgtask/workers/shim"
 )
 
-// TestMain doubles as the shim: workers start commands through their own binary,
-// which in a test is this test binary, run as `workers.test shim DIR`.
+// TestMain doubles as the shim: workers without a bgtask-shim beside their binary
+// start commands through their own binary, which in a test is this test binary,
+// run as `workers.test shim ARGS`.
 func TestMain(m *testing.M) {
-	if len(os.Args) == 3 && os.Args[1] == "shim" {
-		if err := workers.RunShim(os.Args[2]); err != nil {
+	if len(os.Args) > 1 && os.Args[1] == "shim" {
+		if err := shim.Main(os.Args[2:]); err != nil {
 			fmt.Fprintln(os.Stderr, "shim:", err)
 			os.Exit(1)
 		}

@@ -29,6 +29,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bgtask/bgtask/workers/shim"
 )
 
 const (
@@ -303,13 +305,13 @@ func (w *waiter) pollEvery() time.Duration {
 // watchProcess wakes the waiter when process p ends too. A shim that dies without
 // its exit file (killed) changes nothing in its directory; its pidfd turns readable
 // when it ends, and the runtime's poller waits on it with no thread of its own.
-func (w *waiter) watchProcess(p procRef) {
+func (w *waiter) watchProcess(p shim.ProcRef) {
 	fd, err := unix.PidfdOpen(p.PID, unix.PIDFD_NONBLOCK)
 	if err != nil {
 		return // ended already, or no pidfd (before Linux 5.10): the caller's checks and polls see the end
 	}
 	f := os.NewFile(uintptr(fd), "pidfd")
-	if start, err := procStart(p.PID); err != nil || start != p.Start {
+	if start, err := shim.ProcStart(p.PID); err != nil || start != p.Start {
 		f.Close() // the PID names another process now: p has ended
 		w.notify()
 		return

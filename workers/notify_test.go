@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bgtask/bgtask/workers/shim"
 )
 
 // newTestNotifier returns a notifier whose waiters never poll in a test's time:
@@ -85,20 +87,20 @@ func renameInto(t *testing.T, dir, name string) {
 func TestNotifierWakesForItsRecords(t *testing.T) {
 	n := newTestNotifier(t)
 	dir := t.TempDir()
-	exit, pids := n.watch(dir, exitFile), n.watch(dir, pidFile)
+	exit, pids := n.watch(dir, shim.ExitFile), n.watch(dir, shim.PIDFile)
 	defer exit.close()
 	defer pids.close()
 
 	// The shim's way: a temporary file, then a rename. The temporary file's own
 	// events are not the exit file's.
-	if err := writeJSONAtomic(filepath.Join(dir, exitFile), shimExit{ExitCode: 3}); err != nil {
+	if err := writeJSONAtomic(filepath.Join(dir, shim.ExitFile), shim.Exit{ExitCode: 3}); err != nil {
 		t.Fatal(err)
 	}
 	woken(t, exit, "exit file renamed into the directory")
 	if len(pids.wake) != 0 {
 		t.Fatal("the exit file woke the waiter of pid.json")
 	}
-	renameInto(t, dir, pidFile)
+	renameInto(t, dir, shim.PIDFile)
 	woken(t, pids, "pid.json renamed into the directory")
 	if len(exit.wake) != 0 {
 		t.Fatal("pid.json woke the waiter of the exit file")
@@ -108,11 +110,11 @@ func TestNotifierWakesForItsRecords(t *testing.T) {
 func TestNotifierWakesAGrowthWaiterOncePerArm(t *testing.T) {
 	n := newTestNotifier(t)
 	dir := t.TempDir()
-	path := filepath.Join(dir, stdoutFile)
+	path := filepath.Join(dir, shim.StdoutFile)
 	appendTo(t, path, "")
 	// A record waiter in the same directory: once it is woken, every event queued
 	// before its record has been dispatched.
-	barrier := n.watch(dir, exitFile)
+	barrier := n.watch(dir, shim.ExitFile)
 	defer barrier.close()
 	grown := n.watchGrowth(path)
 	defer grown.close()
@@ -129,14 +131,14 @@ func TestNotifierWakesAGrowthWaiterOncePerArm(t *testing.T) {
 	if got := kernelWatches(t, n); got != 1 {
 		t.Fatalf("%d kernel watches once the file's fired, want only the directory's", got)
 	}
-	renameInto(t, dir, exitFile)
+	renameInto(t, dir, shim.ExitFile)
 	woken(t, barrier, "barrier")
 	if len(grown.wake) != 0 {
 		t.Fatal("writes after the first woke the waiter again: one event per write")
 	}
 
 	appendTo(t, path, "unarmed\n")
-	renameInto(t, dir, exitFile)
+	renameInto(t, dir, shim.ExitFile)
 	woken(t, barrier, "barrier")
 	if len(grown.wake) != 0 {
 		t.Fatal("a write woke a waiter that was not armed again")
@@ -157,14 +159,14 @@ func TestNotifierSharesOneWatchPerDirectory(t *testing.T) {
 			t.Fatal(err)
 		}
 		paths = append(paths, dir)
-		exits = append(exits, n.watch(dir, exitFile))
-		pids = append(pids, n.watch(dir, pidFile))
+		exits = append(exits, n.watch(dir, shim.ExitFile))
+		pids = append(pids, n.watch(dir, shim.PIDFile))
 	}
 	if got := kernelWatches(t, n); got != dirs {
 		t.Fatalf("%d kernel watches for %d directories, want one each", got, dirs)
 	}
 	for _, dir := range paths {
-		renameInto(t, dir, exitFile)
+		renameInto(t, dir, shim.ExitFile)
 	}
 	for i, w := range exits {
 		woken(t, w, fmt.Sprintf("directory %d", i))
@@ -189,7 +191,7 @@ func TestNotifierForgetsARemovedDirectory(t *testing.T) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	w := n.watch(dir, exitFile)
+	w := n.watch(dir, shim.ExitFile)
 	defer w.close()
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
@@ -207,7 +209,7 @@ func TestNotifierOverflowWakesEveryWaiter(t *testing.T) {
 	n := newTestNotifier(t)
 	var waiters []*waiter
 	for range 3 {
-		w := n.watch(t.TempDir(), exitFile)
+		w := n.watch(t.TempDir(), shim.ExitFile)
 		defer w.close()
 		waiters = append(waiters, w)
 	}
@@ -223,7 +225,7 @@ func TestNotifierOverflowWakesEveryWaiter(t *testing.T) {
 
 func TestNotifierCloseTurnsWaitersToPolling(t *testing.T) {
 	n := newNotifier(slog.New(slog.DiscardHandler))
-	w := n.watch(t.TempDir(), exitFile)
+	w := n.watch(t.TempDir(), shim.ExitFile)
 	n.close()
 	if target, _ := os.Readlink("/proc/self/fd/" + strconv.Itoa(n.fd)); target == "anon_inode:inotify" {
 		t.Fatal("the inotify instance is still open")
@@ -233,7 +235,7 @@ func TestNotifierCloseTurnsWaitersToPolling(t *testing.T) {
 		t.Fatalf("a waiter of a closed notifier looks every %s, want %s", got, unwatchedPoll)
 	}
 	w.close()
-	late := n.watch(t.TempDir(), exitFile)
+	late := n.watch(t.TempDir(), shim.ExitFile)
 	defer late.close()
 	if got := late.pollEvery(); got != unwatchedPoll {
 		t.Fatalf("a waiter made after close looks every %s, want %s", got, unwatchedPoll)
@@ -241,7 +243,7 @@ func TestNotifierCloseTurnsWaitersToPolling(t *testing.T) {
 }
 
 // startSleep starts a process that lives until killed, and its reference.
-func startSleep(t *testing.T) (*exec.Cmd, procRef) {
+func startSleep(t *testing.T) (*exec.Cmd, shim.ProcRef) {
 	t.Helper()
 	cmd := exec.Command("sleep", "600")
 	if err := cmd.Start(); err != nil {
@@ -251,17 +253,17 @@ func startSleep(t *testing.T) (*exec.Cmd, procRef) {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	start, err := procStart(cmd.Process.Pid)
+	start, err := shim.ProcStart(cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cmd, procRef{PID: cmd.Process.Pid, Start: start}
+	return cmd, shim.ProcRef{PID: cmd.Process.Pid, Start: start}
 }
 
 func TestWaiterWakesWhenItsProcessEnds(t *testing.T) {
 	n := newTestNotifier(t)
 	cmd, ref := startSleep(t)
-	w := n.watch(t.TempDir(), exitFile)
+	w := n.watch(t.TempDir(), shim.ExitFile)
 	defer w.close()
 	w.watchProcess(ref)
 	if len(w.wake) != 0 {
@@ -270,7 +272,7 @@ func TestWaiterWakesWhenItsProcessEnds(t *testing.T) {
 	_ = cmd.Process.Kill() // not reaped: a zombie has ended too
 	woken(t, w, "process killed")
 
-	reused := n.watch(t.TempDir(), exitFile)
+	reused := n.watch(t.TempDir(), shim.ExitFile)
 	defer reused.close()
 	_, other := startSleep(t)
 	other.Start++ // the PID, but another process than the one meant
@@ -279,13 +281,13 @@ func TestWaiterWakesWhenItsProcessEnds(t *testing.T) {
 }
 
 func TestProcessSeesTheExitFile(t *testing.T) {
-	self, err := procStart(os.Getpid())
+	self, err := shim.ProcStart(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
-	attach := func(t *testing.T, n *notifier, dir string, shim procRef) *process {
+	attach := func(t *testing.T, n *notifier, dir string, ref shim.ProcRef) *process {
 		t.Helper()
-		if err := writeJSONAtomic(filepath.Join(dir, pidFile), shimPIDs{Shim: shim}); err != nil {
+		if err := writeJSONAtomic(filepath.Join(dir, shim.PIDFile), shim.PIDs{Shim: ref}); err != nil {
 			t.Fatal(err)
 		}
 		p, err := attachProcess(n, dir)
@@ -306,10 +308,10 @@ func TestProcessSeesTheExitFile(t *testing.T) {
 
 	t.Run("written before the watch", func(t *testing.T) {
 		n, dir := newTestNotifier(t), t.TempDir()
-		if err := writeJSONAtomic(filepath.Join(dir, exitFile), shimExit{ExitCode: 3}); err != nil {
+		if err := writeJSONAtomic(filepath.Join(dir, shim.ExitFile), shim.Exit{ExitCode: 3}); err != nil {
 			t.Fatal(err)
 		}
-		p := attach(t, n, dir, procRef{PID: os.Getpid(), Start: self})
+		p := attach(t, n, dir, shim.ProcRef{PID: os.Getpid(), Start: self})
 		ended(t, p)
 		if p.lost || p.result.ExitCode != 3 {
 			t.Fatalf("lost %v, exit code %d, want 3", p.lost, p.result.ExitCode)
@@ -317,8 +319,8 @@ func TestProcessSeesTheExitFile(t *testing.T) {
 	})
 	t.Run("written after the watch", func(t *testing.T) {
 		n, dir := newTestNotifier(t), t.TempDir()
-		p := attach(t, n, dir, procRef{PID: os.Getpid(), Start: self})
-		if err := writeJSONAtomic(filepath.Join(dir, exitFile), shimExit{ExitCode: 4}); err != nil {
+		p := attach(t, n, dir, shim.ProcRef{PID: os.Getpid(), Start: self})
+		if err := writeJSONAtomic(filepath.Join(dir, shim.ExitFile), shim.Exit{ExitCode: 4}); err != nil {
 			t.Fatal(err)
 		}
 		ended(t, p)
@@ -348,7 +350,7 @@ func (c chunks) Write(p []byte) (int, error) {
 
 func TestCopyGrowingFollowsWrites(t *testing.T) {
 	n := newTestNotifier(t)
-	path := filepath.Join(t.TempDir(), stdoutFile)
+	path := filepath.Join(t.TempDir(), shim.StdoutFile)
 	appendTo(t, path, "before\n")
 	got, done, copied := make(chunks, 10), make(chan struct{}), make(chan int64)
 	go func() { copied <- copyGrowing(n, path, 0, got, done) }()

@@ -6,19 +6,19 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/workers/shim"
 )
 
 // process is a command a shim runs, watched through its run directory.
 type process struct {
 	dir     string
-	pids    shimPIDs
+	pids    shim.PIDs
 	exited  chan struct{} // closed when the exit file is read, or the shim is gone
 	result  events.Exited
 	lost    bool   // the shim ended without writing an exit file
@@ -29,51 +29,61 @@ type process struct {
 
 // startProcess writes a run directory and starts the shim that runs the spec's
 // command, in a new session of its own.
-func startProcess(n *notifier, shim []string, dir string, run shimRun, spec engine.Spec) (*process, error) {
-	if err := prepareRun(dir, run, spec); err != nil {
+func startProcess(n *notifier, shimCmd []string, dir string, run shimRun, spec engine.Spec) (*process, error) {
+	run, err := prepareRun(dir, run, spec)
+	if err != nil {
 		return nil, err
 	}
-	if err := launchShim(shim, dir); err != nil {
+	if err := launchShim(shimCmd, dir, run); err != nil {
 		return nil, err
 	}
 	return awaitShim(n, dir, nil)
 }
 
-// prepareRun writes what the shim of a run needs into its directory.
-func prepareRun(dir string, run shimRun, spec engine.Spec) error {
+// prepareRun writes what the shim of a run needs into its directory, and returns
+// the run with the program it starts.
+func prepareRun(dir string, run shimRun, spec engine.Spec) (shimRun, error) {
 	if spec.Command != "" {
 		bash, err := lookPath("bash", run.Env, run.Dir)
 		if err != nil {
-			return err
+			return run, err
 		}
 		run.Path, run.Args = bash, []string{"bash", "-c", spec.Command}
 	} else {
 		path, err := lookPath(spec.Argv[0], run.Env, run.Dir)
 		if err != nil {
-			return err
+			return run, err
 		}
 		run.Path, run.Args = path, spec.Argv
 	}
 	if info, err := os.Stat(run.Dir); err != nil || !info.IsDir() {
-		return errors.New("working directory " + run.Dir + " does not exist")
+		return run, errors.New("working directory " + run.Dir + " does not exist")
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
+		return run, err
 	}
-	for _, name := range []string{stdoutFile, stderrFile} {
+	for _, name := range []string{shim.StdoutFile, shim.StderrFile} {
 		f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE, 0o600)
 		if err != nil {
-			return err
+			return run, err
 		}
 		f.Close()
 	}
-	return writeJSONAtomic(filepath.Join(dir, runFile), run)
+	// Written before run.json, which says the run is ready to start: no rename
+	// needed. The directory is the worker's alone (0700); the environment may hold
+	// secrets.
+	if err := os.WriteFile(filepath.Join(dir, shim.EnvironFile), shim.JoinEnviron(run.Env), 0o600); err != nil {
+		return run, err
+	}
+	return run, writeJSONAtomic(filepath.Join(dir, runFile), run)
 }
 
 // launchShim starts the shim of a prepared run, handing it the run's start lock,
-// and returns once its first stage has started the second, detached one.
-func launchShim(shim []string, dir string) error {
-	lock, err := os.OpenFile(filepath.Join(dir, startLockFile), os.O_RDWR|os.O_CREATE, 0o600)
+// and returns once the shim has recorded how the command's start went: its first
+// stage has started the second, detached one, and that one has let go of the
+// output it shares with the first.
+func launchShim(shimCmd []string, dir string, run shimRun) error {
+	lock, err := os.OpenFile(filepath.Join(dir, shim.StartLockFile), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return err
 	}
@@ -81,9 +91,8 @@ func launchShim(shim []string, dir string) error {
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
 		return err
 	}
-	// The shim starts itself again, detached, and returns at once.
-	cmd := exec.Command(shim[0], append(shim[1:], dir)...)
-	cmd.ExtraFiles = []*os.File{lock} // startLockFD
+	cmd := exec.Command(shimCmd[0], append(shimCmd[1:], run.shimArgs(dir)...)...)
+	cmd.ExtraFiles = []*os.File{lock} // shim.StartLockFD
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("start the shim: %w: %s", err, out)
 	}
@@ -106,11 +115,11 @@ var (
 // called once if the shim is still starting when first looked at.
 func awaitShim(n *notifier, dir string, waiting func()) (*process, error) {
 	outcome := func() (*process, error, bool) {
-		var exit shimExit
-		if readJSON(filepath.Join(dir, exitFile), &exit) == nil && exit.StartError != "" {
+		var exit shim.Exit
+		if readJSON(filepath.Join(dir, shim.ExitFile), &exit) == nil && exit.StartError != "" {
 			return nil, errors.New(exit.StartError), true
 		}
-		if _, err := os.Stat(filepath.Join(dir, pidFile)); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, shim.PIDFile)); err == nil {
 			p, err := attachProcess(n, dir)
 			return p, err, true
 		}
@@ -125,7 +134,7 @@ func awaitShim(n *notifier, dir string, waiting func()) (*process, error) {
 			if p, err, ok := outcome(); ok {
 				return p, err
 			}
-			if _, err := os.Stat(filepath.Join(dir, startingFile)); err == nil {
+			if _, err := os.Stat(filepath.Join(dir, shim.StartingFile)); err == nil {
 				return nil, errShimDied
 			}
 			return nil, errShimNotStarted
@@ -140,7 +149,7 @@ func awaitShim(n *notifier, dir string, waiting func()) (*process, error) {
 
 // shimAlive reports whether a shim of the run in dir holds its start lock.
 func shimAlive(dir string) bool {
-	f, err := os.Open(filepath.Join(dir, startLockFile))
+	f, err := os.Open(filepath.Join(dir, shim.StartLockFile))
 	if err != nil {
 		return false // never started: the worker makes the file before the shim
 	}
@@ -152,11 +161,11 @@ func shimAlive(dir string) bool {
 // start, or after the worker restarted.
 func attachProcess(n *notifier, dir string) (*process, error) {
 	p := &process{dir: dir, exited: make(chan struct{}), quit: make(chan struct{}), stopped: make(chan struct{})}
-	if err := readJSON(filepath.Join(dir, pidFile), &p.pids); err != nil {
+	if err := readJSON(filepath.Join(dir, shim.PIDFile), &p.pids); err != nil {
 		return nil, fmt.Errorf("run %s: %w", dir, err)
 	}
 	// Armed before the first look: an exit that lands in between still wakes it.
-	changes := n.watch(dir, exitFile)
+	changes := n.watch(dir, shim.ExitFile)
 	changes.watchProcess(p.pids.Shim)
 	go p.watch(changes)
 	return p, nil
@@ -172,7 +181,7 @@ func (p *process) watch(changes *waiter) {
 			close(p.exited)
 			return
 		}
-		if !p.pids.Shim.alive() {
+		if !p.pids.Shim.Alive() {
 			// The exit file may have landed just before the shim ended.
 			if !p.readExit() {
 				p.lost = true
@@ -187,8 +196,8 @@ func (p *process) watch(changes *waiter) {
 }
 
 func (p *process) readExit() bool {
-	var exit shimExit
-	if readJSON(filepath.Join(p.dir, exitFile), &exit) != nil {
+	var exit shim.Exit
+	if readJSON(filepath.Join(p.dir, shim.ExitFile), &exit) != nil {
 		return false
 	}
 	p.result = events.Exited{ExitCode: exit.ExitCode, Signal: exit.Signal, StoppedBy: exit.StoppedBy, StartedAt: exit.StartedAt, EndedAt: exit.EndedAt}
@@ -224,16 +233,8 @@ func (p *process) stop(grace time.Duration) {
 // group with the same number has a leader with that PID and another start time.
 func (p *process) signalGroup(sig unix.Signal) {
 	pgid := p.pids.Command.PID
-	if start, err := procStart(pgid); err == nil && start != p.pids.Command.Start {
+	if start, err := shim.ProcStart(pgid); err == nil && start != p.pids.Command.Start {
 		return // the PID now names another process: the group is not ours
 	}
 	_ = unix.Kill(-pgid, sig)
-}
-
-func signalName(sig syscall.Signal) string {
-	name := unix.SignalName(sig)
-	if len(name) > 3 && name[:3] == "SIG" {
-		return name[3:]
-	}
-	return sig.String()
 }

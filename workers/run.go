@@ -14,6 +14,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/workers/shim"
 )
 
 // ReasonShimDied is the reason of a task lost because the shim of its run died
@@ -254,19 +255,19 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 		if decided != nil && decided.MatchedLine != nil {
 			watch.matchedBefore(*decided.MatchedLine)
 		} else {
-			watch.resume(filepath.Join(proc.dir, stdoutFile), fileOffsets[0])
+			watch.resume(filepath.Join(proc.dir, shim.StdoutFile), fileOffsets[0])
 		}
 	}
 	// After a restart, the tail starts with what the run printed before it.
-	_, _ = tailOut.Write(lastBytes(filepath.Join(proc.dir, stdoutFile), fileOffsets[0], 256<<10))
-	_, _ = tailErr.Write(lastBytes(filepath.Join(proc.dir, stderrFile), fileOffsets[1], 256<<10))
+	_, _ = tailOut.Write(lastBytes(filepath.Join(proc.dir, shim.StdoutFile), fileOffsets[0], 256<<10))
+	_, _ = tailErr.Write(lastBytes(filepath.Join(proc.dir, shim.StderrFile), fileOffsets[1], 256<<10))
 
 	copyDone := make(chan struct{})
 	var copying sync.WaitGroup
 	for i, f := range []struct {
 		name string
 		to   io.Writer
-	}{{stdoutFile, stdout}, {stderrFile, stderr}} {
+	}{{shim.StdoutFile, stdout}, {shim.StderrFile, stderr}} {
 		copying.Add(1)
 		go func() {
 			defer copying.Done()

@@ -43,8 +43,8 @@ type Config struct {
 	// StateDir keeps the worker's runs (one directory each, written by their shims),
 	// so that after a restart it watches them again. Required.
 	StateDir string
-	// Shim is the command that runs a shim, given a run directory as its last
-	// argument. Default: this program with the argument "shim".
+	// Shim is the command that runs a shim (package shim), given the shim's
+	// arguments after its own. Default: DefaultShim.
 	Shim []string
 	// Labels are matched against the placement of tasks; host (the hostname) is
 	// added unless given.
@@ -78,8 +78,7 @@ func (c Config) withDefaults() Config {
 		c.TailLines = DefaultTailLines
 	}
 	if c.Shim == nil {
-		// This very binary, even if an upgrade replaced its file meanwhile.
-		c.Shim = []string{"/proc/self/exe", "shim"}
+		c.Shim = DefaultShim()
 	}
 	c.Labels = maps.Clone(c.Labels)
 	if c.Labels == nil {
@@ -271,7 +270,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.setState(ctx, events.WorkerStarting, events.WorkerReady)
 	}()
 	started = true
-	w.cfg.Base.Logger.Info("worker started", "worker", w.cfg.ID, "max_tasks", w.cfg.MaxTasks, "labels", engine.FormatLabels(w.cfg.Labels))
+	w.cfg.Base.Logger.Info("worker started", "worker", w.cfg.ID, "max_tasks", w.cfg.MaxTasks, "labels", engine.FormatLabels(w.cfg.Labels), "shim", strings.Join(w.cfg.Shim, " "))
 	if w.cfg.Drain {
 		w.Drain()
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/workers"
+	"github.com/bgtask/bgtask/workers/shim"
 )
 
 // workerOptions are the flags of a worker, in `bgtask worker` and `bgtask server`.
@@ -54,8 +55,9 @@ engine offers it: only tasks whose placement its labels match, never more than
 environment of the user running the worker; tick events are appended while it
 runs and an exited event when it ends.
 
-Each command runs under a shim (this binary in shim mode) in a session of its
-own, so stopping the worker (SIGINT, SIGTERM, even kill -9) leaves its commands
+Each command runs under a shim (bgtask-shim, installed beside this binary; else
+this binary in shim mode, which costs each running task ten times the memory) in
+a session of its own, so stopping the worker (SIGINT, SIGTERM, even kill -9) leaves its commands
 running; the next start with the same --state-dir watches them again and records
 the exits that happened meanwhile, once. Any number of workers may run, each with
 its own state directory; each task is taken by exactly one of them.
@@ -167,12 +169,13 @@ stopped or restarted. Prints what it still runs. 'bgtask workers' lists the ids.
 // shimCmd is the shim mode the worker starts every command through.
 func shimCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:    "shim DIR",
-		Short:  "Run one command as its shim (started by workers)",
-		Hidden: true,
-		Args:   cobra.ExactArgs(1),
+		Use:   "shim --dir=DIR [...] -- PROGRAM ARGV0 [ARG...]",
+		Short: "Run one command as its shim (started by workers without bgtask-shim)",
+		// The shim's arguments are its own (package shim), the command's among them.
+		DisableFlagParsing: true,
+		Hidden:             true,
 		RunE: func(_ *cobra.Command, args []string) error {
-			return workers.RunShim(args[0])
+			return shim.Main(args)
 		},
 	}
 }

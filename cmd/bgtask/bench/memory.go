@@ -141,7 +141,7 @@ func runMemory(ctx context.Context, r *runner, s *Scenario) error {
 			continue // ended since
 		}
 		switch {
-		case len(argv) > 1 && argv[1] == "shim":
+		case len(argv) > 0 && filepath.Base(argv[0]) == "bgtask-shim", len(argv) > 1 && argv[1] == "shim":
 			shimRSS, shimPSS = append(shimRSS, mib(m.RSS)), append(shimPSS, mib(m.PSS))
 			shimSum += m.RSS
 		case len(argv) > 0 && filepath.Base(argv[0]) == "sleep":

@@ -191,17 +191,61 @@ func runGrowth(ctx context.Context, r *runner, s *Scenario) error {
 			return err
 		}
 	}
+	r.progress("growth: archiving the %d tasks", tasks)
+	took, err := r.archiveAll(ctx, home, tasks)
+	if err != nil {
+		return err
+	}
+	var archived, archivedIdle, archivedPeak []float64
+	for i := range r.repeats {
+		r.progress("growth: server with %d archived tasks, repeat %d of %d", tasks, i+1, r.repeats)
+		if err := measure(home, tasks, &archived, &archivedIdle, &archivedPeak); err != nil {
+			return err
+		}
+	}
 	idle := summarize(emptyIdle, false)
-	var perTask []float64
-	for _, v := range fullIdle {
-		perTask = append(perTask, (v-idle.Median)*(1<<20)/float64(tasks))
+	perTask := func(idleRSS []float64) []float64 {
+		var out []float64
+		for _, v := range idleRSS {
+			out = append(out, (v-idle.Median)*(1<<20)/float64(tasks))
+		}
+		return out
 	}
 	s.compare("server RSS when ready", "MiB", summarize(full, false), "empty server", summarize(empty, false))
 	s.compare("server RSS after "+settle.String()+" idle", "MiB", summarize(fullIdle, false), "empty server", idle)
 	s.compare("server peak RSS (VmHWM)", "MiB", summarize(fullPeak, false), "empty server", summarize(emptyPeak, false))
-	s.add("idle RSS per finished task, over the empty server's", "bytes", summarize(perTask, false))
+	s.add("idle RSS per finished task, over the empty server's", "bytes", summarize(perTask(fullIdle), false))
 	s.add("  of which: NATS live heap holding the streams (in the bench's process)", "bytes", summarize([]float64{float64(fig.natsHeap) / float64(tasks)}, false))
 	s.add("  of which: projector live heap (in the bench's process)", "bytes", summarize([]float64{float64(fig.projectorHeap) / float64(tasks)}, false))
-	s.note("these tasks are younger than --archive-after (7 days by default): this is the stream before archiving, which leaves each task one event and a summary (README, Retention)")
+	s.compare("after archiving: server RSS after "+settle.String()+" idle", "MiB", summarize(archivedIdle, false), "before archiving", summarize(fullIdle, false))
+	s.compare("after archiving: server peak RSS (VmHWM)", "MiB", summarize(archivedPeak, false), "before archiving", summarize(fullPeak, false))
+	s.add("after archiving: idle RSS per finished task, over the empty server's", "bytes", summarize(perTask(archivedIdle), false))
+	s.add("archiving rate (a server archiving every finished task at once)", "tasks/s", summarize([]float64{float64(tasks) / took.Seconds()}, false))
+	s.note("archiving (server --archive-after, 7 days by default) leaves each task one event and a summary in " + events.StreamName + ", its history gzipped in " + events.ArchiveStreamName + " (README, Retention)")
 	return nil
+}
+
+// archiveAll runs a server on home that archives every finished task at once,
+// until the event stream holds only their archived events.
+func (r *runner) archiveAll(ctx context.Context, home string, tasks int) (time.Duration, error) {
+	start := time.Now()
+	srv, err := r.startServerIn(ctx, home, "growth-archive", "--no-worker", "--archive-after", "1ms")
+	if err != nil {
+		return 0, err
+	}
+	defer srv.stop()
+	for {
+		stream, err := srv.js.Stream(ctx, events.StreamName)
+		if err != nil {
+			return 0, err
+		}
+		if left := stream.CachedInfo().State.Msgs; left == uint64(tasks) {
+			return time.Since(start), nil
+		} else if time.Since(start) > time.Hour {
+			return 0, srv.failure("%d events left in %s after an hour of archiving, want %d", left, events.StreamName, tasks)
+		}
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return 0, err
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -46,9 +47,10 @@ func runThroughput(ctx context.Context, r *runner, s *Scenario) error {
 			s.target("≥ 70% of the plain program's throughput (--sync always, the default)", *row.Ratio >= 0.7, "%.0f%%", *row.Ratio*100)
 		}
 	}
-	// What a process start costs: each task's shim is the bgtask binary started
-	// twice (the second start detaches), then bash.
-	_, binCPU, err := startCost(ctx, 20, r.opts.Exe, "--version")
+	// What a process start costs: each task's shim starts twice (the second start
+	// detaches), then bash.
+	shim := r.shim()
+	_, shimCPU, err := startCost(ctx, 20, shim[0], append(shim[1:], "--help")...)
 	if err != nil {
 		return err
 	}
@@ -56,8 +58,17 @@ func runThroughput(ctx context.Context, r *runner, s *Scenario) error {
 	if err != nil {
 		return err
 	}
-	s.compare("CPU of one start of the bgtask binary (a shim is two)", "ms", summarize(binCPU, true), "bash -c true", summarize(bashCPU, true))
+	s.compare("CPU of one start of the shim, "+filepath.Base(shim[0])+" (a task's shim starts twice)", "ms", summarize(shimCPU, true), "bash -c true", summarize(bashCPU, true))
 	return nil
+}
+
+// shim is the command the bench's workers start shims with: bgtask-shim beside
+// the binary, or else the binary in shim mode.
+func (r *runner) shim() []string {
+	if light, ok := workers.LightShim(r.opts.Exe); ok {
+		return []string{light}
+	}
+	return []string{r.opts.Exe, "shim"}
 }
 
 // tasksRate registers n tasks running `true` and returns tasks per second from
