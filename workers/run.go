@@ -171,8 +171,12 @@ func (l *runLogs) close(ctx context.Context, final bool) {
 	l.closed = true
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendTimeout)
 	defer cancel()
+	// The two streams flush side by side: the exit waits for both.
+	var errTotal, errDropped int64
+	var stderrClosed sync.WaitGroup
+	stderrClosed.Go(func() { errTotal, errDropped = l.stderr.Close(ctx, final) })
 	outTotal, outDropped := l.stdout.Close(ctx, final)
-	errTotal, errDropped := l.stderr.Close(ctx, final)
+	stderrClosed.Wait()
 	l.offsets[0], l.offsets[1] = outTotal, errTotal
 	l.total, l.dropped = outTotal+errTotal, outDropped+errDropped
 }
