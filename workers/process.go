@@ -1,11 +1,16 @@
 package workers
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -78,10 +83,9 @@ func prepareRun(dir string, run shimRun, spec engine.Spec) (shimRun, error) {
 	return run, writeJSONAtomic(filepath.Join(dir, runFile), run)
 }
 
-// launchShim starts the shim of a prepared run, handing it the run's start lock,
-// and returns once the shim has recorded how the command's start went: its first
-// stage has started the second, detached one, and that one has let go of the
-// output it shares with the first.
+// launchShim starts the shim of a prepared run in a session of its own, handing it
+// the run's start lock, and returns once the shim has recorded how the command's
+// start went (or ended): it reads the shim's output until the shim lets go of it.
 func launchShim(shimCmd []string, dir string, run shimRun) error {
 	lock, err := os.OpenFile(filepath.Join(dir, shim.StartLockFile), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
@@ -91,12 +95,83 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
 		return err
 	}
-	cmd := exec.Command(shimCmd[0], append(shimCmd[1:], run.shimArgs(dir)...)...)
-	cmd.ExtraFiles = []*os.File{lock} // shim.StartLockFD
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("start the shim: %w: %s", err, out)
+	path, err := exec.LookPath(shimCmd[0])
+	if err != nil {
+		return fmt.Errorf("start the shim: %w", err)
+	}
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return err
+	}
+	defer devnull.Close()
+	out, in, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	// Started directly, not through a process that detaches it: one program start
+	// less in every task's start. The shim is this process's child until it ends,
+	// and reapShims collects it then; if the worker ends first, init does.
+	proc, err := os.StartProcess(path, append(slices.Clone(shimCmd), run.shimArgs(dir)...), &os.ProcAttr{
+		Files: []*os.File{devnull, in, in, lock}, // lock: shim.StartLockFD
+		Sys:   &syscall.SysProcAttr{Setsid: true},
+	})
+	in.Close()
+	if err != nil {
+		return fmt.Errorf("start the shim: %w", err)
+	}
+	said, _ := io.ReadAll(out)
+	if recorded(dir) {
+		adoptShim(proc)
+		return nil
+	}
+	// It ended, or is ending, without a record of the start: awaitShim tells what
+	// became of the command; a shim that could not even begin says why.
+	state, err := proc.Wait()
+	if err == nil && state.ExitCode() > 0 && !exists(filepath.Join(dir, shim.StartingFile)) {
+		return fmt.Errorf("start the shim: %v: %s", state, bytes.TrimSpace(said))
 	}
 	return nil
+}
+
+// recorded says whether the shim of a run recorded the command's start: its PIDs,
+// or its start error.
+func recorded(dir string) bool {
+	return exists(filepath.Join(dir, shim.PIDFile)) || exists(filepath.Join(dir, shim.ExitFile))
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// shimChildren are the shims this process started that have not been reaped. A
+// shim ends after its run's exit is recorded, often after the worker stopped
+// watching it; until someone waits for it, it stays a zombie.
+var shimChildren = struct {
+	sync.Mutex
+	pids map[int]bool
+}{pids: map[int]bool{}}
+
+func adoptShim(proc *os.Process) {
+	shimChildren.Lock()
+	shimChildren.pids[proc.Pid] = true
+	shimChildren.Unlock()
+	_ = proc.Release() // reapShims waits for it by its PID
+}
+
+// reapShims collects the shims of this process that have ended. A child's PID is
+// not reused before it is reaped, so each wait is for that shim alone.
+func reapShims() {
+	shimChildren.Lock()
+	defer shimChildren.Unlock()
+	for pid := range shimChildren.pids {
+		var ws unix.WaitStatus
+		got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+		if got == pid || errors.Is(err, unix.ECHILD) {
+			delete(shimChildren.pids, pid)
+		}
+	}
 }
 
 // How a shim's start can go wrong besides the command's own start error.

@@ -219,3 +219,27 @@ func TestCancelKillsACommandThatIgnoresTERMAfterTheGrace(t *testing.T) {
 		t.Errorf("history = %v, want it to end with cancelled", types(h))
 	}
 }
+
+// A worker starts each shim as its own child: when the shim ends, after its run's
+// exit is recorded, the worker reaps it, and no zombie is left behind.
+func TestEndedShimsAreReaped(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startWorker(t, workers.Config{})
+	dir := t.TempDir()
+	id := b.arm(t, engine.Spec{Command: `echo $PPID > shim`, Cwd: dir})
+	b.waitFor(t, id, 20*time.Second, "ended", ended)
+	shim := readPID(t, filepath.Join(dir, "shim"))
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, err := os.Stat("/proc/" + strconv.Itoa(shim))
+		if errors.Is(err, os.ErrNotExist) {
+			return
+		}
+		if time.Now().After(deadline) {
+			state, _, _ := procStat(shim)
+			t.Fatalf("the shim %d is still there (state %c) 20 s after its run ended", shim, state)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

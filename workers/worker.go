@@ -15,8 +15,10 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/signal"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -261,6 +263,21 @@ func (w *Worker) Start(ctx context.Context) error {
 		defer w.wg.Done()
 		w.heartbeat(ctx)
 	}()
+	// Each shim ends after its run's exit is recorded, when the worker may watch it
+	// no more: it is reaped when its end is signalled.
+	ended := make(chan os.Signal, 1)
+	signal.Notify(ended, syscall.SIGCHLD)
+	w.wg.Go(func() {
+		defer signal.Stop(ended)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ended:
+				reapShims()
+			}
+		}
+	})
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()

@@ -19,8 +19,6 @@ type Run struct {
 	KillGrace  time.Duration // between TERM and KILL
 }
 
-const detachedFlag = "--detached" // marks the second stage
-
 const usage = `bgtask-shim --dir=DIR [--cwd=DIR] [--deadline=TIME] [--stall-after=D] [--kill-grace=D] -- PROGRAM ARGV0 [ARG...]
 
 Runs PROGRAM as the command of the bgtask run in DIR, with the environment in
@@ -43,15 +41,12 @@ func (r Run) ShimArgs() []string {
 	return append(append(args, "--", r.Path), r.Args...)
 }
 
-// parseArgs reads what ShimArgs wrote, after the second stage's mark if it has one.
-func parseArgs(args []string) (r Run, detached bool, err error) {
-	if len(args) > 0 && args[0] == detachedFlag {
-		detached, args = true, args[1:]
-	}
+// parseArgs reads what ShimArgs wrote.
+func parseArgs(args []string) (r Run, err error) {
 	for len(args) > 0 && args[0] != "--" {
 		name, value, ok := strings.Cut(args[0], "=")
 		if !ok {
-			return Run{}, false, errors.New("shim: argument " + args[0] + ": want --name=value")
+			return Run{}, errors.New("shim: argument " + args[0] + ": want --name=value")
 		}
 		switch name {
 		case "--dir":
@@ -65,16 +60,16 @@ func parseArgs(args []string) (r Run, detached bool, err error) {
 		case "--kill-grace":
 			r.KillGrace, err = time.ParseDuration(value)
 		default:
-			return Run{}, false, errors.New("shim: unknown argument " + name)
+			return Run{}, errors.New("shim: unknown argument " + name)
 		}
 		if err != nil {
-			return Run{}, false, errors.New("shim: " + name + ": " + err.Error())
+			return Run{}, errors.New("shim: " + name + ": " + err.Error())
 		}
 		args = args[1:]
 	}
 	if len(args) < 3 || r.Dir == "" {
-		return Run{}, false, errors.New("shim: usage: " + usage)
+		return Run{}, errors.New("shim: usage: " + usage)
 	}
 	r.Path, r.Args = args[1], args[2:]
-	return r, detached, nil
+	return r, nil
 }

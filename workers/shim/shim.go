@@ -14,6 +14,7 @@
 //	pid.json    the command's and the shim's PIDs with their start times
 //	exit.json   how the command ended (or why it could not start)
 //
+// The worker starts the shim directly in a new session and reaps it when it ends.
 // One shim lives per running task, so its memory is what a running task costs:
 // the package uses none of the standard library's reflection-based packages
 // (encoding/json, fmt), which would double a shim's resident memory. It runs as
@@ -25,7 +26,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -47,7 +47,7 @@ const (
 
 // StartLockFD is the descriptor of the run's start lock in a shim. The worker
 // locks the file (flock) before it starts the shim and hands the locked descriptor
-// down, and each stage of the shim keeps it open for as long as it lives: whoever
+// down, and the shim keeps it open for as long as it lives: whoever
 // finds the lock free knows that no shim of the run is alive, or ever will be, so
 // a worker that died while its shim started can tell a shim still starting from
 // one gone.
@@ -65,45 +65,25 @@ const (
 	CrashAfterStart = "shim-after-start" // the command started, its PID not recorded
 )
 
-// Main runs a shim with its arguments (Run.ShimArgs), the end of os.Args. The first stage starts the second
-// in a session of its own and returns when that has started the command (or
-// failed to): its PIDs or its start error are in the run directory by then. The
-// second stage returns when the command has ended and its exit file is written.
+// Main runs a shim with its arguments (Run.ShimArgs). It returns when the command
+// has ended and its exit file is written. Meanwhile, once the command's start is
+// recorded (its PIDs, or its start error), it lets go of its stdout and stderr: the
+// worker that started it reads them until then.
 func Main(args []string) error {
 	if len(args) == 1 && (args[0] == "--help" || args[0] == "-h") {
 		_, err := os.Stdout.WriteString("usage: " + usage)
 		return err
 	}
-	run, detached, err := parseArgs(args)
+	run, err := parseArgs(args)
 	if err != nil {
 		return err
-	}
-	if !detached {
-		return detach(args)
 	}
 	return run.supervise()
 }
 
-// detach starts the shim again in a new session, so it is no child of the worker
-// (the worker keeps no process to reap, and the shim belongs to no process that
-// may go away), and waits until the second stage has let go of the output it
-// shares with this one: it does once the command's start is recorded.
-func detach(args []string) error {
-	files := []*os.File{os.Stdin, os.Stdout, os.Stderr}
-	if _, err := unix.FcntlInt(StartLockFD, unix.F_GETFD, 0); err == nil {
-		files = append(files, os.NewFile(StartLockFD, StartLockFile)) // the lock, handed down
-	}
-	// The same command line (`bgtask-shim ARGS` or `bgtask shim ARGS`), marked. And
-	// /proc/self/exe is this very binary, even if an upgrade replaced its file.
-	argv := append(slices.Clone(os.Args[:len(os.Args)-len(args)]), detachedFlag)
-	_, err := os.StartProcess("/proc/self/exe", append(argv, args...), &os.ProcAttr{
-		Files: files,
-		Sys:   &syscall.SysProcAttr{Setsid: true},
-	})
-	return err
-}
-
-// supervise is the shim's second stage.
+// supervise runs the command to its end. The worker started the shim in a session
+// of its own, so that the shim outlives the worker and no signal to the worker's
+// process group reaches it.
 func (r Run) supervise() error {
 	// The start lock (descriptor StartLockFD, if the worker handed one down) stays
 	// open until this process ends; CloseRange below keeps it from the command.
@@ -187,9 +167,8 @@ func (r Run) supervise() error {
 	return err
 }
 
-// releaseOutput points the shim's stdout and stderr, which it shares with the
-// first stage's caller (the worker reads them until they close), at /dev/null:
-// the worker then knows the command's start is recorded.
+// releaseOutput points the shim's stdout and stderr, a pipe the worker reads until
+// it closes, at /dev/null: the worker then knows the command's start is recorded.
 func releaseOutput() {
 	devnull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
 	if err != nil {

@@ -44,12 +44,9 @@ func TestArgumentsReadBackTheSameRun(t *testing.T) {
 		{Dir: "/d", Cwd: "/", Path: "/bin/sleep", Args: []string{"sleep", "--", "1"},
 			Deadline: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC), StallAfter: 90 * time.Second, KillGrace: 1500 * time.Millisecond},
 	} {
-		got, detached, err := parseArgs(want.ShimArgs())
-		if err != nil || detached || !reflect.DeepEqual(got, want) {
-			t.Errorf("parseArgs(%q) = %+v, %v, %v; want %+v", want.ShimArgs(), got, detached, err, want)
-		}
-		if _, detached, err := parseArgs(append([]string{detachedFlag}, want.ShimArgs()...)); err != nil || !detached {
-			t.Errorf("the second stage's arguments: detached %v, %v", detached, err)
+		got, err := parseArgs(want.ShimArgs())
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("parseArgs(%q) = %+v, %v; want %+v", want.ShimArgs(), got, err, want)
 		}
 	}
 	for _, bad := range [][]string{
@@ -61,7 +58,7 @@ func TestArgumentsReadBackTheSameRun(t *testing.T) {
 		{"--dir=/d", "--kill-grace=soon", "--", "/bin/true", "true"},
 		{"/d", "--", "/bin/true", "true"},
 	} {
-		if _, _, err := parseArgs(bad); err == nil {
+		if _, err := parseArgs(bad); err == nil {
 			t.Errorf("parseArgs(%q) = nil error, want one", bad)
 		}
 	}
