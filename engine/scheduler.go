@@ -49,8 +49,10 @@ type Scheduler struct {
 	// spawn the reader has not applied yet; both count in the worker's load.
 	inflight map[string]string
 	taken    map[string]string
-	waiting  map[string]string
-	turns    *Turns
+	// fleet is the workers as the last pass left them, their loads counting the
+	// offers it made: Waiting tells from it why a task waits.
+	fleet []Candidate
+	turns *Turns
 
 	kick   chan struct{}
 	cancel context.CancelFunc
@@ -76,7 +78,7 @@ func NewScheduler(tasks TaskLister, feed WorkerFeed, offer OfferFunc, base Base)
 	return &Scheduler{
 		base: base.WithDefaults(), tasks: tasks, feed: feed, offer: offer,
 		workers: map[string]*fleetEntry{}, inflight: map[string]string{}, taken: map[string]string{},
-		waiting: map[string]string{}, turns: NewTurns(), kick: make(chan struct{}, 1),
+		turns: NewTurns(), kick: make(chan struct{}, 1),
 	}
 }
 
@@ -202,7 +204,6 @@ func (s *Scheduler) Notify(st State) {
 	if st.Phase != PhaseArmed {
 		s.mu.Lock()
 		delete(s.taken, st.ID)
-		delete(s.waiting, st.ID)
 		s.mu.Unlock()
 	}
 	switch {
@@ -217,24 +218,22 @@ func (s *Scheduler) Notify(st State) {
 	s.signal()
 }
 
-// pass offers every waiting task that a worker can take now.
+// pass offers every waiting task that a worker can take now. Every registration
+// asks for a pass, so a pass that can place nothing (no worker, or every slot
+// taken) stops before it reads the waiting tasks: placing them is the only work
+// that grows with their number.
 func (s *Scheduler) pass(ctx context.Context) {
-	armed, _ := s.tasks.List(ListQuery{Phase: PhaseArmed})
 	running, _ := s.tasks.List(ListQuery{Phase: PhaseRunning})
 	now := s.base.Now()
 	ttl := s.feed.TTL()
 
 	s.mu.Lock()
-	isArmed := make(map[string]bool, len(armed))
-	for _, t := range armed {
-		isArmed[t.ID] = true
-	}
 	load := map[string]int{}
 	for _, r := range running {
 		load[r.Worker]++
 	}
 	for id, w := range s.taken {
-		if !isArmed[id] {
+		if st, ok := s.tasks.Task(id); !ok || st.Phase != PhaseArmed {
 			delete(s.taken, id) // its spawn was applied before the answer came
 			continue
 		}
@@ -245,6 +244,7 @@ func (s *Scheduler) pass(ctx context.Context) {
 	}
 	var cands []Candidate
 	index := map[string]int{}
+	free := 0
 	for _, id := range slices.Sorted(maps.Keys(s.workers)) {
 		e := s.workers[id]
 		if now.Sub(e.at) > ttl {
@@ -252,12 +252,23 @@ func (s *Scheduler) pass(ctx context.Context) {
 			continue
 		}
 		index[id] = len(cands)
-		cands = append(cands, Candidate{
+		c := Candidate{
 			ID: id, Labels: e.info.Labels, MaxTasks: e.info.MaxTasks, Load: load[id],
 			Accepting: e.info.State == events.WorkerReady && !e.unreachable,
-		})
+		}
+		if c.Accepting && c.Load < c.MaxTasks {
+			free += c.MaxTasks - c.Load
+		}
+		cands = append(cands, c)
 	}
-	clear(s.waiting)
+	s.fleet = cands
+	if free == 0 {
+		// The turns of targets gone idle meanwhile are forgotten by the next pass
+		// that places tasks, before it orders them.
+		s.mu.Unlock()
+		return
+	}
+	armed, _ := s.tasks.List(ListQuery{Phase: PhaseArmed})
 	s.turns.Keep(slices.Concat(armed, running))
 	type offer struct {
 		task   State
@@ -265,15 +276,18 @@ func (s *Scheduler) pass(ctx context.Context) {
 	}
 	var offers []offer
 	for _, t := range FairOrder(armed, s.turns) {
+		if free == 0 {
+			break
+		}
 		if s.inflight[t.ID] != "" || s.taken[t.ID] != "" {
 			continue
 		}
-		w, why := Choose(t, cands)
+		w, _ := Choose(t, cands)
 		if w == "" {
-			s.waiting[t.ID] = why
 			continue
 		}
 		cands[index[w]].Load++
+		free--
 		s.inflight[t.ID] = w
 		offers = append(offers, offer{t, w})
 	}
@@ -319,14 +333,22 @@ func (s *Scheduler) send(ctx context.Context, task State, workerID string) {
 	// a worker whose own count disagrees with the log for a moment is not flooded.
 }
 
-// Waiting says why an armed task has not started, as of the last placement pass.
-func (s *Scheduler) Waiting(id string) string {
+// Waiting says why an armed task has not started, as of the last placement pass:
+// what Choose says of it on the fleet that pass left.
+func (s *Scheduler) Waiting(st State) string {
+	if st.Phase != PhaseArmed {
+		return ""
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if w := s.inflight[id]; w != "" {
+	if w := s.inflight[st.ID]; w != "" {
 		return "being offered to worker " + w
 	}
-	return s.waiting[id]
+	if s.taken[st.ID] != "" {
+		return ""
+	}
+	_, why := Choose(st, s.fleet)
+	return why
 }
 
 // Workers lists the live workers, by id.

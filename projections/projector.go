@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
@@ -39,8 +40,12 @@ type Projector struct {
 	log    Log
 	notify func(engine.State)
 
-	mu           sync.RWMutex
-	tasks        map[string]engine.State
+	mu    sync.RWMutex
+	tasks map[string]engine.State
+	// unfinished holds the ids of the tasks in each phase that is not terminal:
+	// the scheduler, the lease checks and the dispatcher list those phases all the
+	// time, and they hold few of the tasks a long stream has seen.
+	unfinished   map[engine.Phase]map[string]struct{}
 	applied      uint64
 	live         bool
 	problems     []Problem
@@ -57,7 +62,8 @@ type Projector struct {
 func New(log Log, notify func(engine.State), base engine.Base) *Projector {
 	return &Projector{
 		base: base.WithDefaults(), log: log, notify: notify,
-		tasks: map[string]engine.State{}, advanced: make(chan struct{}),
+		tasks: map[string]engine.State{}, unfinished: map[engine.Phase]map[string]struct{}{},
+		advanced: make(chan struct{}),
 	}
 }
 
@@ -106,12 +112,16 @@ func (p *Projector) apply(rec events.Record, decodeErr error) bool {
 	if decodeErr != nil {
 		p.report(Problem{Seq: rec.Seq, Err: decodeErr.Error()})
 	} else {
-		next, err := engine.Apply(p.tasks[rec.TaskID], rec)
+		prev := p.tasks[rec.TaskID]
+		next, err := engine.Apply(prev, rec)
 		if err != nil {
 			p.report(Problem{Seq: rec.Seq, TaskID: rec.TaskID, Err: err.Error()})
 		}
 		if next.ID != "" {
 			p.tasks[rec.TaskID] = next
+			if next.Phase != prev.Phase {
+				p.index(rec.TaskID, prev.Phase, next.Phase)
+			}
 			if err == nil && p.live {
 				changed = &next
 			}
@@ -125,6 +135,22 @@ func (p *Projector) apply(rec events.Record, decodeErr error) bool {
 		p.notify(*changed)
 	}
 	return true
+}
+
+// index moves a task from one phase's index to another's.
+func (p *Projector) index(id string, from, to engine.Phase) {
+	if ids := p.unfinished[from]; ids != nil {
+		delete(ids, id)
+	}
+	if to == "" || to.Terminal() {
+		return
+	}
+	ids := p.unfinished[to]
+	if ids == nil {
+		ids = map[string]struct{}{}
+		p.unfinished[to] = ids
+	}
+	ids[id] = struct{}{}
 }
 
 func (p *Projector) report(pr Problem) {
@@ -173,23 +199,41 @@ func (p *Projector) Task(id string) (engine.State, bool) {
 
 // List returns the tasks that match q, newest first, and how many matched in all.
 func (p *Projector) List(q engine.ListQuery) ([]engine.State, int) {
+	type entry struct {
+		armedAt time.Time
+		id      string
+	}
 	p.mu.RLock()
-	out := make([]engine.State, 0, len(p.tasks))
-	for _, s := range p.tasks {
-		if q.Phase == "" || s.Phase == q.Phase {
-			out = append(out, s)
+	defer p.mu.RUnlock()
+	var matched []entry
+	if q.Phase != "" && !q.Phase.Terminal() {
+		ids := p.unfinished[q.Phase]
+		matched = make([]entry, 0, len(ids))
+		for id := range ids {
+			matched = append(matched, entry{p.tasks[id].ArmedAt, id})
+		}
+	} else {
+		for id, s := range p.tasks {
+			if q.Phase == "" || s.Phase == q.Phase {
+				matched = append(matched, entry{s.ArmedAt, id})
+			}
 		}
 	}
-	p.mu.RUnlock()
-	slices.SortFunc(out, func(a, b engine.State) int {
-		if c := b.ArmedAt.Compare(a.ArmedAt); c != 0 {
+	// Sorting the keys, not the states: a state is large, and a page of a long
+	// list needs only its own states copied.
+	slices.SortFunc(matched, func(a, b entry) int {
+		if c := b.armedAt.Compare(a.armedAt); c != 0 {
 			return c
 		}
-		return cmp.Compare(b.ID, a.ID)
+		return cmp.Compare(b.id, a.id)
 	})
-	total := len(out)
-	if q.Limit > 0 && len(out) > q.Limit {
-		out = out[:q.Limit]
+	total := len(matched)
+	if q.Limit > 0 && len(matched) > q.Limit {
+		matched = matched[:q.Limit]
+	}
+	out := make([]engine.State, len(matched))
+	for i, e := range matched {
+		out[i] = p.tasks[e.id]
 	}
 	return out, total
 }

@@ -139,6 +139,21 @@ func TestReplayedStateEqualsLiveState(t *testing.T) {
 	if armed, total := replayed.List(engine.ListQuery{Phase: engine.PhaseArmed, Limit: 10}); total != 1 || len(armed) != 1 {
 		t.Fatalf("list of armed tasks: %d of %d", len(armed), total)
 	}
+	// Each phase lists its own tasks, whether its tasks are indexed (unfinished) or
+	// not, live as after a replay.
+	for _, p := range []*projections.Projector{live, replayed} {
+		for _, phase := range []engine.Phase{engine.PhaseArmed, engine.PhaseRunning, engine.PhaseEnded, engine.PhaseFired, engine.PhaseCancelled} {
+			tasks, total := p.List(engine.ListQuery{Phase: phase})
+			if total != counts[phase] || len(tasks) != total {
+				t.Errorf("list of %s tasks: %d of %d, want %d", phase, len(tasks), total, counts[phase])
+			}
+			for _, s := range tasks {
+				if s.Phase != phase {
+					t.Errorf("list of %s tasks holds %s in %s", phase, s.ID, s.Phase)
+				}
+			}
+		}
+	}
 	if page, total := replayed.List(engine.ListQuery{Limit: 2}); len(page) != 2 || total != 4 {
 		t.Fatalf("limit 2: got %d of %d", len(page), total)
 	}

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -48,7 +49,7 @@ type Queries interface {
 type Fleet interface {
 	Workers() []engine.WorkerStatus
 	// Waiting says why an armed task has not started ("" if it has no reason yet).
-	Waiting(id string) string
+	Waiting(st engine.State) string
 }
 
 // WorkersReply lists the live workers.
@@ -140,12 +141,32 @@ type Server struct {
 	archive Archive
 	base    engine.Base
 	micro   micro.Service
+	nc      *nats.Conn
+
+	// slots bounds the registrations in flight; running counts them, and once
+	// stopping is set no more are handed to goroutines of their own.
+	slots    chan struct{}
+	mu       sync.Mutex
+	stopping bool
+	running  sync.WaitGroup
 }
+
+// maxRegistering is how many registrations may wait for their appends at once.
+// micro calls an endpoint's handler for one request at a time, and an append
+// waits for the store's fsync: handled in line, every client's registration
+// would queue behind the one append in flight.
+const maxRegistering = 32
+
+// requestTimeout bounds the handling of one request.
+const requestTimeout = 30 * time.Second
 
 // Serve starts the micro service on nc. Endpoints share a queue group, so several
 // engines can serve one deployment.
 func Serve(nc *nats.Conn, svc *engine.Service, queries Queries, fleet Fleet, store events.Store, archive Archive, version string, base engine.Base) (*Server, error) {
-	s := &Server{svc: svc, queries: queries, fleet: fleet, store: store, archive: archive, base: base.WithDefaults()}
+	s := &Server{
+		svc: svc, queries: queries, fleet: fleet, store: store, archive: archive, base: base.WithDefaults(),
+		nc: nc, slots: make(chan struct{}, maxRegistering),
+	}
 	m, err := micro.AddService(nc, micro.Config{
 		Name:        ServiceName,
 		Version:     version,
@@ -158,18 +179,23 @@ func Serve(nc *nats.Conn, svc *engine.Service, queries Queries, fleet Fleet, sto
 	endpoints := []struct {
 		name, subject string
 		handle        func(context.Context, []byte) (any, error)
+		// concurrent: requests are answered from goroutines of their own.
+		concurrent bool
 	}{
-		{"register", SubjectRegister, s.register},
-		{"cancel", SubjectCancel, s.cancel},
-		{"get", SubjectGet, s.get},
-		{"list", SubjectList, s.list},
-		{"history", SubjectHistory, s.history},
-		{"workers", SubjectWorkers, s.workers},
+		{"register", SubjectRegister, s.register, true},
+		{"cancel", SubjectCancel, s.cancel, false},
+		{"get", SubjectGet, s.get, false},
+		{"list", SubjectList, s.list, false},
+		{"history", SubjectHistory, s.history, false},
+		{"workers", SubjectWorkers, s.workers, false},
 	}
 	for _, ep := range endpoints {
-		handle := ep.handle
+		handle, concurrent := ep.handle, ep.concurrent
 		err := m.AddEndpoint(ep.name, micro.ContextHandler(context.Background(), func(ctx context.Context, req micro.Request) {
-			ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			if concurrent && s.dispatch(ctx, req, handle) {
+				return
+			}
+			ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 			defer cancel()
 			s.respond(ctx, req, handle)
 		}), micro.WithEndpointSubject(ep.subject))
@@ -181,21 +207,74 @@ func Serve(nc *nats.Conn, svc *engine.Service, queries Queries, fleet Fleet, sto
 	return s, nil
 }
 
-// Stop stops serving.
-func (s *Server) Stop() error { return s.micro.Stop() }
+// Stop stops serving, and returns once every request handed to a goroutine of its
+// own is answered.
+func (s *Server) Stop() error {
+	err := s.micro.Stop()
+	s.mu.Lock()
+	s.stopping = true
+	s.mu.Unlock()
+	s.running.Wait()
+	return err
+}
 
 func (s *Server) respond(ctx context.Context, req micro.Request, handle func(context.Context, []byte) (any, error)) {
 	out, err := handle(ctx, req.Data())
-	if err != nil {
-		e := toError(err)
-		if e.Code >= 500 {
-			s.base.Logger.Error("request failed", "subject", req.Subject(), "err", err)
-		}
-		body, _ := json.Marshal(errorReply{Error: e})
+	body, e := s.answer(req.Subject(), out, err)
+	if e != nil {
 		_ = req.Error(strconv.Itoa(e.Code), e.Message, body)
 		return
 	}
-	_ = req.RespondJSON(out)
+	_ = req.Respond(body)
+}
+
+// dispatch answers req from a goroutine of its own once one of the slots is free,
+// and reports false if the server is stopping (the caller answers it in line). The
+// reply is published on the connection, not through req, which micro reads again
+// when the handler returns: so micro's statistics count such a request when it is
+// handed over, and not its errors.
+func (s *Server) dispatch(ctx context.Context, req micro.Request, handle func(context.Context, []byte) (any, error)) bool {
+	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
+		return false
+	}
+	s.running.Add(1)
+	s.mu.Unlock()
+	s.slots <- struct{}{}
+	data, subject, reply := req.Data(), req.Subject(), req.Reply()
+	go func() {
+		defer s.running.Done()
+		defer func() { <-s.slots }()
+		ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		defer cancel()
+		out, err := handle(ctx, data)
+		body, e := s.answer(subject, out, err)
+		msg := &nats.Msg{Subject: reply, Data: body}
+		if e != nil {
+			msg.Header = nats.Header{micro.ErrorHeader: {e.Message}, micro.ErrorCodeHeader: {strconv.Itoa(e.Code)}}
+		}
+		_ = s.nc.PublishMsg(msg)
+	}()
+	return true
+}
+
+// answer is the body of the reply to a request to subject, and the error it
+// reports, if any.
+func (s *Server) answer(subject string, out any, err error) ([]byte, *Error) {
+	if err == nil {
+		body, merr := json.Marshal(out)
+		if merr == nil {
+			return body, nil
+		}
+		err = fmt.Errorf("encode the reply: %w", merr)
+	}
+	e := toError(err)
+	if e.Code >= 500 {
+		s.base.Logger.Error("request failed", "subject", subject, "err", err)
+	}
+	body, _ := json.Marshal(errorReply{Error: e})
+	return body, e
 }
 
 func toError(err error) *Error {
@@ -280,9 +359,7 @@ func (s *Server) get(ctx context.Context, data []byte) (any, error) {
 // view is View with what an armed task waits for.
 func (s *Server) view(st engine.State) TaskView {
 	v := View(st)
-	if st.Phase == engine.PhaseArmed {
-		v.Waiting = s.fleet.Waiting(st.ID)
-	}
+	v.Waiting = s.fleet.Waiting(st)
 	return v
 }
 
