@@ -50,7 +50,10 @@ type Projector struct {
 	live         bool
 	problems     []Problem
 	problemCount int
-	advanced     chan struct{} // closed and replaced whenever applied moves
+	// waiters are the WaitFor calls waiting, each for its sequence; wake is the
+	// lowest of those (0: no one waits), so that an event wakes no one early.
+	waiters map[chan struct{}]uint64
+	wake    uint64
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -63,7 +66,7 @@ func New(log Log, notify func(engine.State), base engine.Base) *Projector {
 	return &Projector{
 		base: base.WithDefaults(), log: log, notify: notify,
 		tasks: map[string]engine.State{}, unfinished: map[engine.Phase]map[string]struct{}{},
-		advanced: make(chan struct{}),
+		waiters: map[chan struct{}]uint64{},
 	}
 }
 
@@ -128,8 +131,9 @@ func (p *Projector) apply(rec events.Record, decodeErr error) bool {
 		}
 	}
 	p.applied = rec.Seq
-	close(p.advanced)
-	p.advanced = make(chan struct{})
+	if p.wake != 0 && p.applied >= p.wake {
+		p.wakeWaiters()
+	}
 	p.mu.Unlock()
 	if changed != nil && p.notify != nil {
 		p.notify(*changed)
@@ -163,28 +167,50 @@ func (p *Projector) report(pr Problem) {
 
 // WaitFor blocks until every event up to seq has been applied.
 func (p *Projector) WaitFor(ctx context.Context, seq uint64) error {
-	for {
-		p.mu.RLock()
-		applied, advanced, err := p.applied, p.advanced, p.err
-		p.mu.RUnlock()
-		if applied >= seq {
-			return nil
+	p.mu.Lock()
+	if p.applied >= seq {
+		p.mu.Unlock()
+		return nil
+	}
+	if err := p.err; err != nil {
+		p.mu.Unlock()
+		return err
+	}
+	woken := make(chan struct{})
+	p.waiters[woken] = seq
+	if p.wake == 0 || seq < p.wake {
+		p.wake = seq
+	}
+	p.mu.Unlock()
+	select {
+	case <-woken:
+		return nil
+	case <-ctx.Done():
+		p.mu.Lock()
+		delete(p.waiters, woken)
+		p.mu.Unlock()
+		return ctx.Err()
+	case <-p.done:
+		p.mu.Lock()
+		delete(p.waiters, woken)
+		err := p.err
+		p.mu.Unlock()
+		if err == nil {
+			err = errors.New("projector stopped")
 		}
-		if err != nil {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-advanced:
-		case <-p.done:
-			p.mu.RLock()
-			err := p.err
-			p.mu.RUnlock()
-			if err == nil {
-				err = errors.New("projector stopped")
-			}
-			return err
+		return err
+	}
+}
+
+// wakeWaiters wakes the waiters whose sequence is applied.
+func (p *Projector) wakeWaiters() {
+	p.wake = 0
+	for woken, seq := range p.waiters {
+		if p.applied >= seq {
+			close(woken)
+			delete(p.waiters, woken)
+		} else if p.wake == 0 || seq < p.wake {
+			p.wake = seq
 		}
 	}
 }
