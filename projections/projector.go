@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
@@ -40,8 +39,10 @@ type Projector struct {
 	log    Log
 	notify func(engine.State)
 
-	mu    sync.RWMutex
-	tasks map[string]engine.State
+	mu sync.RWMutex
+	// tasks are updated in place: a state leaves the lock only as a copy. A map of
+	// pointers, so that growing it and listing it move pointers, not states.
+	tasks map[string]*engine.State
 	// unfinished holds the ids of the tasks in each phase that is not terminal:
 	// the scheduler, the lease checks and the dispatcher list those phases all the
 	// time, and they hold few of the tasks a long stream has seen.
@@ -65,7 +66,7 @@ type Projector struct {
 func New(log Log, notify func(engine.State), base engine.Base) *Projector {
 	return &Projector{
 		base: base.WithDefaults(), log: log, notify: notify,
-		tasks: map[string]engine.State{}, unfinished: map[engine.Phase]map[string]struct{}{},
+		tasks: map[string]*engine.State{}, unfinished: map[engine.Phase]map[string]struct{}{},
 		waiters: map[chan struct{}]uint64{},
 	}
 }
@@ -115,13 +116,21 @@ func (p *Projector) apply(rec events.Record, decodeErr error) bool {
 	if decodeErr != nil {
 		p.report(Problem{Seq: rec.Seq, Err: decodeErr.Error()})
 	} else {
-		prev := p.tasks[rec.TaskID]
+		task := p.tasks[rec.TaskID]
+		var prev engine.State
+		if task != nil {
+			prev = *task
+		}
 		next, err := engine.Apply(prev, rec)
 		if err != nil {
 			p.report(Problem{Seq: rec.Seq, TaskID: rec.TaskID, Err: err.Error()})
 		}
 		if next.ID != "" {
-			p.tasks[rec.TaskID] = next
+			if task == nil {
+				task = new(engine.State)
+				p.tasks[rec.TaskID] = task
+			}
+			*task = next
 			if next.Phase != prev.Phase {
 				p.index(rec.TaskID, prev.Phase, next.Phase)
 			}
@@ -220,46 +229,44 @@ func (p *Projector) Task(id string) (engine.State, bool) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	s, ok := p.tasks[id]
-	return s, ok
+	if !ok {
+		return engine.State{}, false
+	}
+	return *s, true
 }
 
 // List returns the tasks that match q, newest first, and how many matched in all.
 func (p *Projector) List(q engine.ListQuery) ([]engine.State, int) {
-	type entry struct {
-		armedAt time.Time
-		id      string
-	}
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	var matched []entry
+	var matched []*engine.State
 	if q.Phase != "" && !q.Phase.Terminal() {
 		ids := p.unfinished[q.Phase]
-		matched = make([]entry, 0, len(ids))
+		matched = make([]*engine.State, 0, len(ids))
 		for id := range ids {
-			matched = append(matched, entry{p.tasks[id].ArmedAt, id})
+			matched = append(matched, p.tasks[id])
 		}
 	} else {
-		for id, s := range p.tasks {
+		matched = make([]*engine.State, 0, len(p.tasks))
+		for _, s := range p.tasks {
 			if q.Phase == "" || s.Phase == q.Phase {
-				matched = append(matched, entry{s.ArmedAt, id})
+				matched = append(matched, s)
 			}
 		}
 	}
-	// Sorting the keys, not the states: a state is large, and a page of a long
-	// list needs only its own states copied.
-	slices.SortFunc(matched, func(a, b entry) int {
-		if c := b.armedAt.Compare(a.armedAt); c != 0 {
+	slices.SortFunc(matched, func(a, b *engine.State) int {
+		if c := b.ArmedAt.Compare(a.ArmedAt); c != 0 {
 			return c
 		}
-		return cmp.Compare(b.id, a.id)
+		return cmp.Compare(b.ID, a.ID)
 	})
 	total := len(matched)
 	if q.Limit > 0 && len(matched) > q.Limit {
 		matched = matched[:q.Limit]
 	}
 	out := make([]engine.State, len(matched))
-	for i, e := range matched {
-		out[i] = p.tasks[e.id]
+	for i, s := range matched {
+		out[i] = *s
 	}
 	return out, total
 }
