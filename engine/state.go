@@ -156,7 +156,7 @@ func apply(s State, rec events.Record) (State, error) {
 			return s, err
 		}
 		run := *p
-		s.Phase, s.Run, s.EndedAt = PhaseEnded, &run, &p.EndedAt
+		s.Phase, s.Run, s.EndedAt = PhaseEnded, &run, &run.EndedAt
 		s.Status, s.Reason = outcome(s, p)
 	case *events.Stalled:
 		if err := s.ownedBy(rec); err != nil {
