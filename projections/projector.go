@@ -202,9 +202,12 @@ func (p *Projector) WaitFor(ctx context.Context, seq uint64) error {
 	case <-p.done:
 		p.mu.Lock()
 		delete(p.waiters, woken)
-		err := p.err
+		applied, err := p.applied, p.err
 		p.mu.Unlock()
-		if err == nil {
+		switch {
+		case applied >= seq:
+			return nil
+		case err == nil:
 			err = errors.New("projector stopped")
 		}
 		return err
