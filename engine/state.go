@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/bgtask/bgtask/events"
@@ -155,7 +156,7 @@ func apply(s State, rec events.Record) (State, error) {
 			return s, err
 		}
 		run := *p
-		s.Phase, s.Run, s.EndedAt = PhaseEnded, &run, &p.EndedAt
+		s.Phase, s.Run, s.EndedAt = PhaseEnded, &run, &run.EndedAt
 		s.Status, s.Reason = outcome(s, p)
 	case *events.Stalled:
 		if err := s.ownedBy(rec); err != nil {
@@ -189,6 +190,11 @@ func apply(s State, rec events.Record) (State, error) {
 			return s, ErrWrongPhase
 		}
 		w := p.Wakeup
+		if s.Run != nil && len(w.Tail) > 0 && slices.Equal(w.Tail, s.Run.Tail) {
+			// The wake-up repeats the run's tail: a projection of many finished
+			// tasks keeps one copy of each.
+			w.Tail = s.Run.Tail
+		}
 		s.Phase, s.Status, s.Wakeup, s.PersistedAt = PhasePersisted, w.Status, &w, &at
 	case *events.Fired:
 		if s.Phase != PhasePersisted {

@@ -50,6 +50,16 @@ type Event struct {
 type Record struct {
 	Seq uint64 `json:"seq"`
 	Event
+	// decoded is the typed payload, when the reader decoded it with the envelope.
+	decoded Payload
+}
+
+// Decode returns the event's typed payload.
+func (r Record) Decode() (Payload, error) {
+	if r.decoded != nil {
+		return r.decoded, nil
+	}
+	return r.Event.Decode()
 }
 
 // Payload is implemented by every typed event payload.
@@ -84,37 +94,8 @@ func (e Event) Decode() (Payload, error) {
 	if e.V < 1 || e.V > Version {
 		return nil, fmt.Errorf("event %s: unsupported envelope version %d", e.ID, e.V)
 	}
-	var p Payload
-	switch e.Type {
-	case TypeArmed:
-		p = &Armed{}
-	case TypeSpawned:
-		p = &Spawned{}
-	case TypeTick:
-		p = &Tick{}
-	case TypeExited:
-		p = &Exited{}
-	case TypeStalled:
-		p = &Stalled{}
-	case TypeLost:
-		p = &Lost{}
-	case TypeCompletionPersisted:
-		p = &CompletionPersisted{}
-	case TypeFired:
-		p = &Fired{}
-	case TypeCancelled:
-		p = &Cancelled{}
-	case TypeFailed:
-		p = &Failed{}
-	case TypeDeliveryAttempt:
-		p = &DeliveryAttempt{}
-	case TypeDeliveryResult:
-		p = &DeliveryResult{}
-	case TypeDeliveryFailed:
-		p = &DeliveryFailed{}
-	case TypeArchived:
-		p = &Archived{}
-	default:
+	p := newPayload(e.Type)
+	if p == nil {
 		return nil, fmt.Errorf("event %s: unknown type %q", e.ID, e.Type)
 	}
 	if len(e.Payload) > 0 {
@@ -123,6 +104,57 @@ func (e Event) Decode() (Payload, error) {
 		}
 	}
 	return p, nil
+}
+
+// newPayload returns an empty payload of type t, or nil for a type this version
+// does not know.
+func newPayload(t Type) Payload {
+	switch t {
+	case TypeArmed:
+		return &Armed{}
+	case TypeSpawned:
+		return &Spawned{}
+	case TypeTick:
+		return &Tick{}
+	case TypeExited:
+		return &Exited{}
+	case TypeStalled:
+		return &Stalled{}
+	case TypeLost:
+		return &Lost{}
+	case TypeCompletionPersisted:
+		return &CompletionPersisted{}
+	case TypeFired:
+		return &Fired{}
+	case TypeCancelled:
+		return &Cancelled{}
+	case TypeFailed:
+		return &Failed{}
+	case TypeDeliveryAttempt:
+		return &DeliveryAttempt{}
+	case TypeDeliveryResult:
+		return &DeliveryResult{}
+	case TypeDeliveryFailed:
+		return &DeliveryFailed{}
+	case TypeArchived:
+		return &Archived{}
+	}
+	return nil
+}
+
+// knownType returns the constant of a type name, without allocating, or "" for a
+// name this version does not know.
+func knownType(name []byte) Type {
+	for _, t := range []Type{
+		TypeTick, TypeArmed, TypeSpawned, TypeExited, TypeCompletionPersisted, TypeFired,
+		TypeStalled, TypeLost, TypeFailed, TypeCancelled,
+		TypeDeliveryAttempt, TypeDeliveryResult, TypeDeliveryFailed, TypeArchived,
+	} {
+		if string(name) == string(t) {
+			return t
+		}
+	}
+	return ""
 }
 
 // Armed registers a task. The spec is the engine's validated spec with its defaults

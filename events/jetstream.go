@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -182,15 +184,6 @@ func (s *JetStreamStore) LastSeq(ctx context.Context) (uint64, error) {
 // after it is done, instead of keeping it for the default five minutes.
 const shortReadInactivity = 5 * time.Second
 
-// DecodeRecord decodes one stored event.
-func DecodeRecord(seq uint64, data []byte) (Record, error) {
-	var ev Event
-	if err := json.Unmarshal(data, &ev); err != nil {
-		return Record{Seq: seq}, fmt.Errorf("event at seq %d: %w", seq, err)
-	}
-	return Record{Seq: seq, Event: ev}, nil
-}
-
 // ConnectStore returns a store over an event stream that the server created.
 func ConnectStore(ctx context.Context, js jetstream.JetStream) (*JetStreamStore, error) {
 	stream, err := js.Stream(ctx, StreamName)
@@ -204,6 +197,11 @@ func ConnectStore(ctx context.Context, js jetstream.JetStream) (*JetStreamStore,
 // ones; taskID limits it to one task, "" follows the whole log. A record that does not
 // decode is passed with its error, so one bad event cannot stop a reader. Follow
 // returns when fn returns false (nil) or ctx ends (its error).
+//
+// Every reader of Follow folds every event, so a record's payload comes decoded
+// (Decode returns it without reading it again); and the events are decoded on
+// every core ahead of fn, which decoding would otherwise hold up: on a restart it
+// is most of the work of reading the whole stream.
 func (s *JetStreamStore) Follow(ctx context.Context, taskID string, after uint64, fn func(Record, error) bool) error {
 	cfg := jetstream.OrderedConsumerConfig{}
 	if taskID != "" {
@@ -224,20 +222,87 @@ func (s *JetStreamStore) Follow(ctx context.Context, taskID string, after uint64
 	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
+	stopped, err := decodeInOrder(it, fn)
+	switch {
+	case stopped:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	return fmt.Errorf("follow events: %w", err)
+}
+
+// followed is one message of a Follow, decoded.
+type followed struct {
+	rec Record
+	err error
+	// fatal: the message has no metadata, so no sequence: Follow ends with it.
+	fatal error
+}
+
+// decodeInOrder reads it until it ends, decodes its messages on one goroutine per
+// core, and calls fn with them in the order read, until fn returns false (stopped)
+// or it ends (its error, or a message without metadata). Message i goes to decoder
+// i mod n and its result is taken from that decoder's queue in turn, so the order
+// needs no bookkeeping.
+func decodeInOrder(it jetstream.MessagesContext, fn func(Record, error) bool) (stopped bool, err error) {
+	n := runtime.GOMAXPROCS(0)
+	in := make([]chan jetstream.Msg, n)
+	out := make([]chan followed, n)
+	for k := range n {
+		in[k], out[k] = make(chan jetstream.Msg, 128), make(chan followed, 128)
+	}
+	var readErr error // written before the queues close, read after
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer func() {
+			for _, c := range in {
+				close(c)
 			}
-			return fmt.Errorf("follow events: %w", err)
+		}()
+		for i := 0; ; i++ {
+			msg, err := it.Next()
+			if err != nil {
+				readErr = err
+				return
+			}
+			in[i%n] <- msg
 		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			return fmt.Errorf("follow events: %w", err)
+	})
+	for k := range n {
+		wg.Go(func() {
+			defer close(out[k])
+			for msg := range in[k] {
+				meta, err := msg.Metadata()
+				if err != nil {
+					out[k] <- followed{fatal: err}
+					continue
+				}
+				rec, err := decodeFolded(meta.Sequence.Stream, msg.Data())
+				out[k] <- followed{rec: rec, err: err}
+			}
+		})
+	}
+	// Once fn is done, the rest is drained so that every goroutine ends.
+	done := false
+	for i := 0; ; i++ {
+		f, ok := <-out[i%n]
+		if !ok {
+			break
 		}
-		if !fn(DecodeRecord(meta.Sequence.Stream, msg.Data())) {
-			return nil
+		switch {
+		case done:
+		case f.fatal != nil:
+			done, err = true, f.fatal
+			it.Stop()
+		case !fn(f.rec, f.err):
+			done, stopped = true, true
+			it.Stop()
 		}
 	}
+	wg.Wait()
+	if done {
+		return stopped, err
+	}
+	return false, readErr
 }

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
@@ -40,8 +39,10 @@ type Projector struct {
 	log    Log
 	notify func(engine.State)
 
-	mu    sync.RWMutex
-	tasks map[string]engine.State
+	mu sync.RWMutex
+	// tasks are updated in place: a state leaves the lock only as a copy. A map of
+	// pointers, so that growing it and listing it move pointers, not states.
+	tasks map[string]*engine.State
 	// unfinished holds the ids of the tasks in each phase that is not terminal:
 	// the scheduler, the lease checks and the dispatcher list those phases all the
 	// time, and they hold few of the tasks a long stream has seen.
@@ -50,7 +51,10 @@ type Projector struct {
 	live         bool
 	problems     []Problem
 	problemCount int
-	advanced     chan struct{} // closed and replaced whenever applied moves
+	// waiters are the WaitFor calls waiting, each for its sequence; wake is the
+	// lowest of those (0: no one waits), so that an event wakes no one early.
+	waiters map[chan struct{}]uint64
+	wake    uint64
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -62,8 +66,8 @@ type Projector struct {
 func New(log Log, notify func(engine.State), base engine.Base) *Projector {
 	return &Projector{
 		base: base.WithDefaults(), log: log, notify: notify,
-		tasks: map[string]engine.State{}, unfinished: map[engine.Phase]map[string]struct{}{},
-		advanced: make(chan struct{}),
+		tasks: map[string]*engine.State{}, unfinished: map[engine.Phase]map[string]struct{}{},
+		waiters: map[chan struct{}]uint64{},
 	}
 }
 
@@ -112,13 +116,21 @@ func (p *Projector) apply(rec events.Record, decodeErr error) bool {
 	if decodeErr != nil {
 		p.report(Problem{Seq: rec.Seq, Err: decodeErr.Error()})
 	} else {
-		prev := p.tasks[rec.TaskID]
+		task := p.tasks[rec.TaskID]
+		var prev engine.State
+		if task != nil {
+			prev = *task
+		}
 		next, err := engine.Apply(prev, rec)
 		if err != nil {
 			p.report(Problem{Seq: rec.Seq, TaskID: rec.TaskID, Err: err.Error()})
 		}
 		if next.ID != "" {
-			p.tasks[rec.TaskID] = next
+			if task == nil {
+				task = new(engine.State)
+				p.tasks[rec.TaskID] = task
+			}
+			*task = next
 			if next.Phase != prev.Phase {
 				p.index(rec.TaskID, prev.Phase, next.Phase)
 			}
@@ -128,8 +140,9 @@ func (p *Projector) apply(rec events.Record, decodeErr error) bool {
 		}
 	}
 	p.applied = rec.Seq
-	close(p.advanced)
-	p.advanced = make(chan struct{})
+	if p.wake != 0 && p.applied >= p.wake {
+		p.wakeWaiters()
+	}
 	p.mu.Unlock()
 	if changed != nil && p.notify != nil {
 		p.notify(*changed)
@@ -163,28 +176,53 @@ func (p *Projector) report(pr Problem) {
 
 // WaitFor blocks until every event up to seq has been applied.
 func (p *Projector) WaitFor(ctx context.Context, seq uint64) error {
-	for {
-		p.mu.RLock()
-		applied, advanced, err := p.applied, p.advanced, p.err
-		p.mu.RUnlock()
-		if applied >= seq {
+	p.mu.Lock()
+	if p.applied >= seq {
+		p.mu.Unlock()
+		return nil
+	}
+	if err := p.err; err != nil {
+		p.mu.Unlock()
+		return err
+	}
+	woken := make(chan struct{})
+	p.waiters[woken] = seq
+	if p.wake == 0 || seq < p.wake {
+		p.wake = seq
+	}
+	p.mu.Unlock()
+	select {
+	case <-woken:
+		return nil
+	case <-ctx.Done():
+		p.mu.Lock()
+		delete(p.waiters, woken)
+		p.mu.Unlock()
+		return ctx.Err()
+	case <-p.done:
+		p.mu.Lock()
+		delete(p.waiters, woken)
+		applied, err := p.applied, p.err
+		p.mu.Unlock()
+		switch {
+		case applied >= seq:
 			return nil
+		case err == nil:
+			err = errors.New("projector stopped")
 		}
-		if err != nil {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-advanced:
-		case <-p.done:
-			p.mu.RLock()
-			err := p.err
-			p.mu.RUnlock()
-			if err == nil {
-				err = errors.New("projector stopped")
-			}
-			return err
+		return err
+	}
+}
+
+// wakeWaiters wakes the waiters whose sequence is applied.
+func (p *Projector) wakeWaiters() {
+	p.wake = 0
+	for woken, seq := range p.waiters {
+		if p.applied >= seq {
+			close(woken)
+			delete(p.waiters, woken)
+		} else if p.wake == 0 || seq < p.wake {
+			p.wake = seq
 		}
 	}
 }
@@ -194,46 +232,44 @@ func (p *Projector) Task(id string) (engine.State, bool) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	s, ok := p.tasks[id]
-	return s, ok
+	if !ok {
+		return engine.State{}, false
+	}
+	return *s, true
 }
 
 // List returns the tasks that match q, newest first, and how many matched in all.
 func (p *Projector) List(q engine.ListQuery) ([]engine.State, int) {
-	type entry struct {
-		armedAt time.Time
-		id      string
-	}
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	var matched []entry
+	var matched []*engine.State
 	if q.Phase != "" && !q.Phase.Terminal() {
 		ids := p.unfinished[q.Phase]
-		matched = make([]entry, 0, len(ids))
+		matched = make([]*engine.State, 0, len(ids))
 		for id := range ids {
-			matched = append(matched, entry{p.tasks[id].ArmedAt, id})
+			matched = append(matched, p.tasks[id])
 		}
 	} else {
-		for id, s := range p.tasks {
+		matched = make([]*engine.State, 0, len(p.tasks))
+		for _, s := range p.tasks {
 			if q.Phase == "" || s.Phase == q.Phase {
-				matched = append(matched, entry{s.ArmedAt, id})
+				matched = append(matched, s)
 			}
 		}
 	}
-	// Sorting the keys, not the states: a state is large, and a page of a long
-	// list needs only its own states copied.
-	slices.SortFunc(matched, func(a, b entry) int {
-		if c := b.armedAt.Compare(a.armedAt); c != 0 {
+	slices.SortFunc(matched, func(a, b *engine.State) int {
+		if c := b.ArmedAt.Compare(a.ArmedAt); c != 0 {
 			return c
 		}
-		return cmp.Compare(b.id, a.id)
+		return cmp.Compare(b.ID, a.ID)
 	})
 	total := len(matched)
 	if q.Limit > 0 && len(matched) > q.Limit {
 		matched = matched[:q.Limit]
 	}
 	out := make([]engine.State, len(matched))
-	for i, e := range matched {
-		out[i] = p.tasks[e.id]
+	for i, s := range matched {
+		out[i] = *s
 	}
 	return out, total
 }

@@ -3,6 +3,8 @@ package projections_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"reflect"
 	"sync"
 	"testing"
@@ -191,5 +193,47 @@ func TestStartReturnsOnlyWhenTheWholeStreamIsApplied(t *testing.T) {
 	}
 	if got := p.Applied(); got != 500 {
 		t.Fatalf("applied = %d, want 500", got)
+	}
+}
+
+func TestWaitForReturnsWhenItsEventIsApplied(t *testing.T) {
+	t.Parallel()
+	srv := eventstest.Run(t)
+	ctx := context.Background()
+	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := projections.New(store, nil, engine.Base{})
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 2)
+	for _, seq := range []uint64{3, 2} {
+		go func() {
+			err := p.WaitFor(ctx, seq)
+			if err == nil && p.Applied() < seq {
+				err = fmt.Errorf("WaitFor(%d) returned at %d", seq, p.Applied())
+			}
+			waited <- err
+		}()
+	}
+	w := writer{t: t, store: store}
+	for range 3 {
+		w.arm("true")
+	}
+	for range 2 {
+		if err := <-waited; err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := p.WaitFor(cancelled, 100); !errors.Is(err, context.Canceled) {
+		t.Fatalf("WaitFor with a cancelled context: %v", err)
+	}
+	p.Stop()
+	if err := p.WaitFor(ctx, 100); err == nil {
+		t.Fatal("WaitFor on a stopped projector returned nil")
 	}
 }

@@ -1,0 +1,137 @@
+package events
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// decodeCorpus is events as bgtask writes them, of every type, and the forms a
+// stream may hold besides: written by other code, by later versions, or corrupt.
+func decodeCorpus(t testing.TB) [][]byte {
+	t.Helper()
+	at := time.Date(2025, 3, 1, 12, 0, 0, 123456789, time.UTC)
+	code := 3
+	payloads := []Payload{
+		&Armed{Spec: json.RawMessage(`{"command":"go test ./...","origin":{"n":12345678901234567890}}`)},
+		&Spawned{Worker: "w1", Host: "höst"},
+		&Tick{PID: 4242, OutputBytes: 1 << 40},
+		&Exited{ExitCode: 1, Signal: "SIGKILL", Tail: []string{"ok  \tpkg\t0.1s", `a "quoted" \ line`, "ü\u2028", "\x00bin"}, StartedAt: at, EndedAt: at.Add(time.Minute)},
+		&Stalled{SilentFor: "5m", Action: "notify"},
+		&Lost{Worker: "w1", Action: "fail"},
+		&Failed{Reason: "cwd gone"},
+		&CompletionPersisted{Wakeup: Wakeup{ID: "t", Status: "failed", ExitCode: &code, Prompt: "line 1\nline 2", Tail: []string{"x"}, Origin: json.RawMessage(`{"k":[1,"ü"]}`)}},
+		&Fired{Subject: "bgtask.deliver.default", InboxSeq: 9},
+		&Cancelled{},
+		&DeliveryAttempt{},
+		&DeliveryResult{},
+		&DeliveryFailed{},
+		&Archived{ArchiveSeq: 4},
+	}
+	var corpus [][]byte
+	for i, p := range payloads {
+		ev, err := New("01a22a60-c563-7096-9a88-ac2479fc52d0", "engine@host", uint64(i), at, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := json.Marshal(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		corpus = append(corpus, data)
+	}
+	tick := string(corpus[2])
+	const head = `{"v":1,"id":"e1","task_id":"t1","type":"exited","time":"2025-03-01T12:00:00Z","writer":"w1","epoch":1`
+	for _, s := range []string{
+		strings.Replace(tick, `"writer":"engine@host"`, `"writer":"engine@höst"`, 1),
+		strings.Replace(tick, `"writer":"engine@host"`, `"writer":"engine\"host"`, 1),
+		strings.Replace(tick, `"writer":"engine@host"`, `"writer":"engine\u0040host"`, 1),
+		strings.Replace(tick, `"v":1`, `"v":2`, 1),
+		strings.Replace(tick, `"v":1`, `"v":01`, 1),
+		strings.Replace(tick, `"v":1`, `"v":-1`, 1),
+		strings.Replace(tick, `"v":1`, `"v":1.0`, 1),
+		strings.Replace(tick, `"v":1`, `"V":1`, 1),
+		strings.Replace(tick, `"epoch":2`, `"epoch":18446744073709551615`, 1),
+		strings.Replace(tick, `"epoch":2`, `"epoch":18446744073709551616`, 1),
+		strings.Replace(tick, `"epoch":2`, `"epoch":999999999999999999`, 1),
+		strings.Replace(tick, `"type":"tick"`, `"type":"stretch"`, 1),
+		strings.Replace(tick, `"type":"tick"`, `"type":"TICK"`, 1),
+		strings.Replace(tick, `"time":"`, `"time":null,"x":"`, 1),
+		strings.Replace(tick, `"time":"2025-03-01T12:00:00.123456789Z"`, `"time":"2025-03-01 12:00:00Z"`, 1),
+		strings.Replace(tick, `"time":"2025-03-01T12:00:00.123456789Z"`, `"time":"2025-03-01T13:00:00.5+01:00"`, 1),
+		strings.Replace(tick, `{"v":1,`, `{"v":1,"id":"dup",`, 1),
+		strings.Replace(tick, `{"v":1,`, `{ "v":1,`, 1),
+		strings.Replace(tick, `"payload":`, `"payload": `, 1),
+		strings.Replace(tick, `"payload":{`, `"payload":{"pid":"x",`, 1),
+		strings.Replace(tick, `"payload":{`, `"payload":{"pid":1}, "later":{`, 1),
+		tick + " ",
+		tick + "}",
+		tick[:len(tick)-1] + " }",
+		tick[:len(tick)-2],
+		head + `}`,
+		head + `,"payload":null}`,
+		head + `,"payload":[1]}`,
+		head + `,"payload":"x"}`,
+		head + `,"payload":}`,
+		head + `,"payload":{"exit_code":1}}}`,
+		head + `,"payload":{"exit_code":1},"payload":{"exit_code":2}}`,
+		head + `,"payload":{"tail":["\ud800"]}}`,
+		head + `,"payload":{"exit_code":1}`,
+		head + `,"extra":true}`,
+		`{}`, `null`, `[]`, ``, `{"v":1}`, `{"v":1,"id":"`,
+	} {
+		corpus = append(corpus, []byte(s))
+	}
+	return corpus
+}
+
+// checkDecoding checks that the fast ways of decoding an event agree with
+// encoding/json on it: the same record or an error, and the same payload or error.
+func checkDecoding(t *testing.T, data []byte) {
+	t.Helper()
+	want, wantErr := decodeJSON(7, data)
+	for name, decode := range map[string]func(uint64, []byte) (Record, error){"DecodeRecord": DecodeRecord, "decodeFolded": decodeFolded} {
+		got, err := decode(7, data)
+		if (err != nil) != (wantErr != nil) {
+			t.Fatalf("%s(%s): error %v, encoding/json: %v", name, data, err, wantErr)
+		}
+		if err != nil {
+			if err.Error() != wantErr.Error() {
+				t.Errorf("%s(%s): error %q, encoding/json: %q", name, data, err, wantErr)
+			}
+			continue
+		}
+		if !reflect.DeepEqual(got.Event, want.Event) || got.Seq != want.Seq {
+			t.Fatalf("%s(%s):\n got %+v\nwant %+v", name, data, got, want)
+		}
+		gotP, gotErr := got.Decode()
+		wantP, wantErr := want.Decode()
+		if !reflect.DeepEqual(gotP, wantP) || (gotErr == nil) != (wantErr == nil) || (gotErr != nil && gotErr.Error() != wantErr.Error()) {
+			t.Fatalf("%s(%s).Decode() = %+v, %v; encoding/json: %+v, %v", name, data, gotP, gotErr, wantP, wantErr)
+		}
+	}
+}
+
+func TestFastDecodingAgreesWithEncodingJSON(t *testing.T) {
+	t.Parallel()
+	fast := 0
+	for _, data := range decodeCorpus(t) {
+		checkDecoding(t, data)
+		if _, ok := readEnvelope(data); ok {
+			fast++
+		}
+	}
+	// Every event as bgtask writes it takes the fast way.
+	if fast < 14 {
+		t.Fatalf("%d events read the fast way, want at least the 14 bgtask wrote", fast)
+	}
+}
+
+func FuzzDecodeRecord(f *testing.F) {
+	for _, data := range decodeCorpus(f) {
+		f.Add(data)
+	}
+	f.Fuzz(checkDecoding)
+}
