@@ -179,6 +179,30 @@ func TestATaskTakenButNotStartedBeforeARestartIsStarted(t *testing.T) {
 	})
 }
 
+// A run watched again after a restart ends in the environment it started in: its
+// result command too.
+func TestAResultCommandAfterARestartRunsInTheRunsEnvironment(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state, dir := t.TempDir(), t.TempDir()
+	first := b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
+	id := b.arm(t, engine.Spec{
+		Command: `while [ ! -e go ]; do sleep 0.02; done`, Cwd: dir,
+		Env:    map[string]string{"BGTASK_TEST_MARK": "kept"},
+		Result: &engine.Result{Type: engine.ResultCommand, Argv: []string{"printenv", "BGTASK_TEST_MARK"}},
+	})
+	b.waitFor(t, id, 20*time.Second, "started", hasPID)
+	first.Stop()
+	b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st := b.waitFor(t, id, 20*time.Second, "ended", ended)
+	if st.Run == nil || strings.TrimSpace(st.Run.Result) != "kept" {
+		t.Fatalf("result after the restart: %+v, want kept", st.Run)
+	}
+}
+
 // The shim holds the deadline and a kill-on-stall while no worker watches.
 func TestTheShimStopsACommandAtItsDeadlineWhileNoWorkerWatches(t *testing.T) {
 	t.Parallel()

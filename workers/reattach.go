@@ -14,6 +14,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/workers/shim"
 )
 
 // runDir is where the shim of one run of a task keeps its files.
@@ -50,6 +51,8 @@ func (w *Worker) reattach(ctx context.Context) error {
 		var proc *process
 		perr := errShimNotStarted
 		if readJSON(filepath.Join(dir, runFile), &sr) == nil {
+			// The run's environment is the shim's; a result command runs in it too.
+			sr.Env, _ = shim.ReadEnviron(dir)
 			proc, perr = awaitShim(w.notify, dir, func() {
 				log.Info("the shim of a run is still starting its command: waiting for it", "task", sr.TaskID)
 			})

@@ -96,7 +96,7 @@ func (r Run) supervise() error {
 		defer releaseOutput()
 		return WriteDurable(exitPath, Exit{StartError: err.Error(), StartedAt: started, EndedAt: time.Now().UTC()}.appendJSON(nil))
 	}
-	env, err := os.ReadFile(filepath.Join(r.Dir, EnvironFile))
+	env, err := ReadEnviron(r.Dir)
 	if err != nil {
 		return fail(err)
 	}
@@ -126,7 +126,7 @@ func (r Run) supervise() error {
 	runtime.LockOSThread()
 	proc, err := os.StartProcess(r.Path, r.Args, &os.ProcAttr{
 		Dir:   r.Cwd,
-		Env:   splitEnviron(env),
+		Env:   env,
 		Files: []*os.File{devnull, stdout, stderr},
 		Sys:   &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL},
 	})
@@ -177,6 +177,12 @@ func releaseOutput() {
 	defer devnull.Close()
 	_ = unix.Dup2(int(devnull.Fd()), 1)
 	_ = unix.Dup2(int(devnull.Fd()), 2)
+}
+
+// ReadEnviron reads the environment of the run in dir.
+func ReadEnviron(dir string) ([]string, error) {
+	data, err := os.ReadFile(filepath.Join(dir, EnvironFile))
+	return splitEnviron(data), err
 }
 
 // splitEnviron reads NUL-separated NAME=value entries, as in /proc/PID/environ.
