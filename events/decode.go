@@ -5,7 +5,8 @@ import (
 	"fmt"
 )
 
-// DecodeRecord decodes one stored event.
+// DecodeRecord decodes one stored event. The record's payload may be a slice of
+// data, which must not change while the record is in use.
 func DecodeRecord(seq uint64, data []byte) (Record, error) {
 	if ev, ok := readEnvelope(data); ok && (len(ev.Payload) == 0 || json.Valid(ev.Payload)) {
 		return Record{Seq: seq, Event: ev}, nil
