@@ -154,10 +154,14 @@ var shimChildren = struct {
 }{pids: map[int]bool{}}
 
 func adoptShim(proc *os.Process) {
-	shimChildren.Lock()
-	shimChildren.pids[proc.Pid] = true
-	shimChildren.Unlock()
 	_ = proc.Release() // reapShims waits for it by its PID
+	shimChildren.Lock()
+	defer shimChildren.Unlock()
+	// It may have ended already, its SIGCHLD handled before it was adopted.
+	var ws unix.WaitStatus
+	if got, _ := unix.Wait4(proc.Pid, &ws, unix.WNOHANG, nil); got != proc.Pid {
+		shimChildren.pids[proc.Pid] = true
+	}
 }
 
 // reapShims collects the shims of this process that have ended. A child's PID is
