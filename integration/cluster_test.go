@@ -1,13 +1,9 @@
 package integration
 
 import (
-	"bytes"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -95,22 +91,7 @@ func (d *deployment) run(t *testing.T, user string, args ...string) result {
 // runEnv is run with more environment variables, which override the deployment's.
 func (d *deployment) runEnv(t *testing.T, user string, env []string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, d.args(user, args...)...)
-	cmd.Env = append(append(childEnv(t.TempDir()), d.env(user)...), env...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	code := 0
-	var exit *exec.ExitError
-	switch {
-	case errors.As(err, &exit):
-		code = exit.ExitCode()
-	case err != nil:
-		t.Fatalf("bgtask %v: %v", args, err)
-	}
-	return result{stdout: stdout.String(), stderr: stderr.String(), code: code}
+	return runBin(t, 90*time.Second, append(append(childEnv(t.TempDir()), d.env(user)...), env...), d.args(user, args...)...)
 }
 
 // ok runs a command as user that must succeed and returns its stdout.

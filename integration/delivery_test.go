@@ -501,11 +501,7 @@ func TestQueueHoldsWhileBusyAndPushesInFiringOrder(t *testing.T) {
 	if n := len(hk.requests()); n != 4 {
 		t.Fatalf("the webhook got %d requests, want 4", n)
 	}
-	for _, id := range held {
-		if n := countTypes(history(t, home, id)); n["delivery-attempt"] != 1 || n["delivery-result"] != 1 {
-			t.Fatalf("task %s: %v, want one attempt and one result", id, n)
-		}
-	}
+	pushedOnce(t, home, held...)
 	auditClean(t, home)
 }
 
@@ -550,11 +546,7 @@ func TestHeldWakeupsSurviveAServerKill(t *testing.T) {
 	if want := byFiring(t, home, held); !slices.Equal(pushed, want) {
 		t.Fatalf("held wake-ups pushed as %v, want each once in firing order %v", pushed, want)
 	}
-	for _, id := range held {
-		if n := countTypes(history(t, home, id)); n["delivery-attempt"] != 1 || n["delivery-result"] != 1 {
-			t.Fatalf("task %s: %v, want one attempt and one result", id, n)
-		}
-	}
+	pushedOnce(t, home, held...)
 	auditClean(t, home)
 }
 
@@ -832,9 +824,7 @@ func TestExecSinkSuccessRetryAndGiveUp(t *testing.T) {
 	// A program that cannot start is not retried.
 	waitFor(t, home, missing)
 	log.waitUntil(t, missing, "no delivery-failed", func(n map[string]int) bool { return n["delivery-failed"] == 1 })
-	if n := countTypes(history(t, home, missing)); n["delivery-attempt"] != 1 || n["delivery-result"] != 1 {
-		t.Fatalf("missing program: history %v, want one attempt", n)
-	}
+	pushedOnce(t, home, missing)
 	auditClean(t, home)
 }
 
@@ -1004,4 +994,14 @@ func TestOriginRoundTripsIntact(t *testing.T) {
 		t.Errorf("argv = %q, want the origin's values as written", args)
 	}
 	auditClean(t, home)
+}
+
+// pushedOnce checks that each task's history has one push attempt and its result.
+func pushedOnce(t *testing.T, home string, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		if n := countTypes(history(t, home, id)); n["delivery-attempt"] != 1 || n["delivery-result"] != 1 {
+			t.Fatalf("task %s: %v, want one attempt and one result", id, n)
+		}
+	}
 }

@@ -98,9 +98,17 @@ func start(t *testing.T, home string, args ...string) *proc {
 func startEnv(t *testing.T, home string, env []string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"--home", home}, args...)...)
+	cmd.Env = append(childEnv(home), env...)
+	return startCmd(t, cmd, home, "bgtask "+strings.Join(args, " "))
+}
+
+// startCmd starts cmd (its environment set) in the background, with its output
+// kept for the test's log if it fails. When the test ends it is killed, and so are
+// the runs it left in home.
+func startCmd(t *testing.T, cmd *exec.Cmd, home, what string) *proc {
+	t.Helper()
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.Env = append(childEnv(home), env...)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +122,7 @@ func startEnv(t *testing.T, home string, env []string, args ...string) *proc {
 		<-p.done
 		killRuns(home)
 		if t.Failed() {
-			t.Logf("output of bgtask %s:\n%s", strings.Join(args, " "), out.String())
+			t.Logf("output of %s:\n%s", what, out.String())
 		}
 	})
 	return p
@@ -180,10 +188,16 @@ type result struct {
 // run runs a bgtask client command to its end.
 func run(t *testing.T, home string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	return runBin(t, 60*time.Second, childEnv(home), append([]string{"--home", home}, args...)...)
+}
+
+// runBin runs bin with args in env to its end, or until timeout.
+func runBin(t *testing.T, timeout time.Duration, env []string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, append([]string{"--home", home}, args...)...)
-	cmd.Env = childEnv(home)
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = env
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

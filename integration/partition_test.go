@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -77,26 +76,8 @@ func (n *netns) startWorkerIn(t *testing.T, d *deployment, home string, args ...
 	t.Helper()
 	all := append([]string{"netns", "exec", n.name, bin, "--home", home}, d.args("worker", append([]string{"worker"}, args...)...)...)
 	cmd := exec.Command("ip", all...)
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
 	cmd.Env = append(childEnv(home), d.env("worker")...)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{t: t, cmd: cmd, out: out, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.signal(syscall.SIGKILL)
-		<-p.done
-		killRuns(home)
-		if t.Failed() {
-			t.Logf("output of the worker in %s:\n%s", n.name, out.String())
-		}
-	})
-	return p
+	return startCmd(t, cmd, home, "the worker in "+n.name)
 }
 
 // firstTickPID waits for a task's run to start and returns its command's PID.
