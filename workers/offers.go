@@ -145,8 +145,8 @@ func (w *Worker) release(id string) {
 // Drain makes the worker take no new task; when the runs it has end, Drained is
 // closed and its heartbeat removed: it holds nothing, and is gone.
 func (w *Worker) Drain() {
-	if !w.setState(w.ctx, events.WorkerReady, events.WorkerDraining) &&
-		!w.setState(w.ctx, events.WorkerStarting, events.WorkerDraining) {
+	// One check of both states: the start may make the worker ready meanwhile.
+	if !w.setState(w.ctx, events.WorkerDraining, events.WorkerReady, events.WorkerStarting) {
 		return // draining already, or stopping
 	}
 	w.cfg.Base.Logger.Info("worker draining: no new task; exits when its runs have ended", "running", len(w.Running()))

@@ -16,6 +16,7 @@ import (
 	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -284,7 +285,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		// A login shell takes a second or two: take no task before it is resolved,
 		// so tasks go to workers that can start them at once.
 		w.env()
-		w.setState(ctx, events.WorkerStarting, events.WorkerReady)
+		w.setState(ctx, events.WorkerReady, events.WorkerStarting)
 	}()
 	started = true
 	w.cfg.Base.Logger.Info("worker started", "worker", w.cfg.ID, "max_tasks", w.cfg.MaxTasks, "labels", engine.FormatLabels(w.cfg.Labels), "shim", strings.Join(w.cfg.Shim, " "))
@@ -294,12 +295,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	return nil
 }
 
-// setState moves the worker from one state to another, if it is still in the
-// first, and says so in a heartbeat at once: the engine offers tasks only to a
-// ready worker.
-func (w *Worker) setState(ctx context.Context, from, to events.WorkerState) bool {
+// setState moves the worker to a state if it is in one of from, and says so in a
+// heartbeat at once: the engine offers tasks only to a ready worker.
+func (w *Worker) setState(ctx context.Context, to events.WorkerState, from ...events.WorkerState) bool {
 	w.mu.Lock()
-	if w.state != from {
+	if !slices.Contains(from, w.state) {
 		w.mu.Unlock()
 		return false
 	}
