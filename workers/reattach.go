@@ -51,8 +51,14 @@ func (w *Worker) reattach(ctx context.Context) error {
 		var proc *process
 		perr := errShimNotStarted
 		if readJSON(filepath.Join(dir, runFile), &sr) == nil {
-			// The run's environment is the shim's; a result command runs in it too.
-			sr.Env, _ = shim.ReadEnviron(dir)
+			// The run's environment is the shim's; a result command runs in it too. A
+			// run started before the environment had a file of its own has the
+			// worker's.
+			env, envErr := shim.ReadEnviron(dir)
+			if envErr != nil {
+				env = w.env()
+			}
+			sr.Env = env
 			proc, perr = awaitShim(w.notify, dir, func() {
 				log.Info("the shim of a run is still starting its command: waiting for it", "task", sr.TaskID)
 			})
