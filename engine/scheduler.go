@@ -304,8 +304,8 @@ func (s *Scheduler) pass(ctx context.Context) {
 
 func (s *Scheduler) send(ctx context.Context, task State, workerID string) {
 	taskID := task.ID
-	ctx, cancel := context.WithTimeout(ctx, offerTimeout)
-	reply, err := s.offer(ctx, workerID, events.Offer{TaskID: taskID})
+	offerCtx, cancel := context.WithTimeout(ctx, offerTimeout)
+	reply, err := s.offer(offerCtx, workerID, events.Offer{TaskID: taskID})
 	cancel()
 	s.mu.Lock()
 	defer s.mu.Unlock()
