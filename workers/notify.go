@@ -4,7 +4,8 @@ package workers
 // output file every 20 ms: a command's end waited half a poll on average before
 // anyone saw it, and idle runs woke the worker all the time for nothing. The kernel
 // can say when a file in a run directory changes (inotify) and when a shim ends
-// (pidfd): the worker reacts within microseconds and sleeps otherwise.
+// (pidfd): the worker reacts to the event and sleeps otherwise (the bench's "exit
+// record → exited" went from ~20 ms to ~5 ms, most of it now the log's flush).
 //
 // One inotify instance serves the whole worker: the per-user limit on instances
 // (fs.inotify.max_user_instances, 128 by default) allows none per run. A run costs

@@ -56,7 +56,7 @@ environment of the user running the worker; tick events are appended while it
 runs and an exited event when it ends.
 
 Each command runs under a shim (bgtask-shim, installed beside this binary; else
-this binary in shim mode, which costs each running task ten times the memory) in
+this binary in shim mode: 13.8 MiB of RSS per running task against 2.5 MiB) in
 a session of its own, so stopping the worker (SIGINT, SIGTERM, even kill -9) leaves its commands
 running; the next start with the same --state-dir watches them again and records
 the exits that happened meanwhile, once. Any number of workers may run, each with

@@ -65,7 +65,8 @@ func TestArgumentsReadBackTheSameRun(t *testing.T) {
 }
 
 // A shim lives as long as its command, one per running task: it must not grow the
-// packages that would double its memory, nor anything of the rest of bgtask.
+// packages that take a third more memory (see the package comment), nor anything
+// of the rest of bgtask.
 func TestTheShimBinaryStaysSmall(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", "github.com/bgtask/bgtask/cmd/bgtask-shim").CombinedOutput()
 	if err != nil {
