@@ -102,7 +102,7 @@ var (
 		restartTasks: 2000, restartTicks: 5,
 		concurrent: 20, tick: time.Second, watchTicks: 2,
 		loginShells: 1, loginTasks: 20,
-		growthTasks: 5000, growthTicks: 2, settle: 2 * time.Second,
+		growthTasks: 2000, growthTicks: 2, settle: 2 * time.Second,
 	}
 )
 

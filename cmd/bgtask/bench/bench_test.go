@@ -28,29 +28,6 @@ func BenchmarkTaskHistory(b *testing.B) {
 	}
 }
 
-// BenchmarkReplay is a server's restart in one process: the embedded NATS server
-// recovers a store of 1,000 finished tasks (10 events each) and bgtask's projector
-// replays it.
-func BenchmarkReplay(b *testing.B) {
-	r := &runner{opts: Options{StoreDir: "jetstream"}, size: quickSizes}
-	home := b.TempDir()
-	const tasks = 1000
-	count, err := r.generate(context.Background(), home, tasks, 5)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for b.Loop() {
-		f, err := r.replayInProcess(context.Background(), home)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if f.tasks != tasks {
-			b.Fatalf("replayed %d tasks, want %d", f.tasks, tasks)
-		}
-	}
-	b.ReportMetric(float64(count)*float64(b.N)/b.Elapsed().Seconds(), "events/s")
-}
-
 // The generated streams must be ones bgtask itself could have written: the audit
 // of every invariant finds nothing wrong, and every task fired once, with its
 // wake-up in the inbox.

@@ -220,7 +220,7 @@ func runGrowth(ctx context.Context, r *runner, s *Scenario) error {
 	s.compare("after archiving: server RSS after "+settle.String()+" idle", "MiB", summarize(archivedIdle, false), "before archiving", summarize(fullIdle, false))
 	s.compare("after archiving: server peak RSS (VmHWM)", "MiB", summarize(archivedPeak, false), "before archiving", summarize(fullPeak, false))
 	s.add("after archiving: idle RSS per finished task, over the empty server's", "bytes", summarize(perTask(archivedIdle), false))
-	s.add("archiving rate (a server archiving every finished task at once)", "tasks/s", summarize([]float64{float64(tasks) / took.Seconds()}, false))
+	s.add("archiving rate (a server archiving every finished task, from when it is ready)", "tasks/s", summarize([]float64{float64(tasks) / took.Seconds()}, false))
 	s.note("archiving (server --archive-after, 7 days by default) leaves each task one event and a summary in " + events.StreamName + ", its history gzipped in " + events.ArchiveStreamName + " (README, Retention)")
 	return nil
 }
@@ -228,12 +228,14 @@ func runGrowth(ctx context.Context, r *runner, s *Scenario) error {
 // archiveAll runs a server on home that archives every finished task at once,
 // until the event stream holds only their archived events.
 func (r *runner) archiveAll(ctx context.Context, home string, tasks int) (time.Duration, error) {
-	start := time.Now()
 	srv, err := r.startServerIn(ctx, home, "growth-archive", "--no-worker", "--archive-after", "1ms")
 	if err != nil {
 		return 0, err
 	}
 	defer srv.stop()
+	// From the server ready, not started: its replay of the stream is restart's
+	// measure. Its first sweep may begin a moment before.
+	start := time.Now()
 	for {
 		stream, err := srv.js.Stream(ctx, events.StreamName)
 		if err != nil {
