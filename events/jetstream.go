@@ -180,6 +180,16 @@ func (s *JetStreamStore) LastSeq(ctx context.Context) (uint64, error) {
 	return info.State.LastSeq, nil
 }
 
+// Identity is the stream's name and creation time: a stream deleted and created
+// again under the same name has another.
+func (s *JetStreamStore) Identity(ctx context.Context) (string, error) {
+	info, err := s.stream.Info(ctx)
+	if err != nil {
+		return "", err
+	}
+	return info.Config.Name + "@" + info.Created.UTC().Format(time.RFC3339Nano), nil
+}
+
 // shortReadInactivity lets the server remove the consumer of a one-off read soon
 // after it is done, instead of keeping it for the default five minutes.
 const shortReadInactivity = 5 * time.Second

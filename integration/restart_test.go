@@ -2,7 +2,10 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -117,4 +120,72 @@ func TestWorkersRacingForTasksSpawnEachExactlyOnce(t *testing.T) {
 	}
 	auditClean(t, home)
 	t.Logf("spawns per worker: %v", byWorker)
+}
+
+// snapshotSeq is the sequence of the projection snapshot in home, 0 while there is none.
+func snapshotSeq(t *testing.T, home string) uint64 {
+	t.Helper()
+	f, err := os.Open(filepath.Join(home, "projection.snapshot"))
+	if os.IsNotExist(err) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var h struct{ Seq uint64 }
+	if err := json.NewDecoder(f).Decode(&h); err != nil {
+		t.Fatal(err)
+	}
+	return h.Seq
+}
+
+func TestRestartFromASnapshotServesTheSameState(t *testing.T) {
+	t.Parallel()
+	home := t.TempDir()
+	srv := startServer(t, home, "--snapshot-every", "1")
+	var ids []string
+	for i := range 5 {
+		ids = append(ids, add(t, home, "--", fmt.Sprintf("echo task %d; exit %d", i, i)))
+	}
+	for _, id := range ids {
+		waitFor(t, home, id)
+	}
+	// With --snapshot-every 1 a snapshot is due whenever as many events as there
+	// are tasks were applied since the last.
+	deadline := time.Now().Add(30 * time.Second)
+	for snapshotSeq(t, home) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no snapshot written in 30s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	before := snapshot(t, home, ids)
+	srv.stop(syscall.SIGKILL)
+
+	srv = startServer(t, home, "--no-worker", "--snapshot-every", "1")
+	if after := snapshot(t, home, ids); after != before {
+		t.Fatalf("state after a restart from the snapshot differs.\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if log := srv.out.String(); !strings.Contains(log, "projection snapshot read") {
+		t.Fatalf("the restart did not read the snapshot:\n%s", log)
+	}
+	// A damaged snapshot is not used: the stream is replayed whole, to the same state.
+	srv.stop(syscall.SIGTERM)
+	path := filepath.Join(home, "projection.snapshot")
+	info, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, info.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	srv = startServer(t, home, "--no-worker", "--snapshot-every", "1")
+	if after := snapshot(t, home, ids); after != before {
+		t.Fatalf("state after a restart with a damaged snapshot differs.\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if log := srv.out.String(); !strings.Contains(log, "projection snapshot not used") || !strings.Contains(log, "cut short") {
+		t.Fatalf("the damaged snapshot was not reported:\n%s", log)
+	}
+	auditClean(t, home)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -75,7 +76,8 @@ func finishedTask(b *testing.B, i int, at time.Time) []events.Event {
 
 // BenchmarkReplay is the projector's start on a stream of 2,000 finished tasks
 // (20,000 events): the read of the stream, the decoding and the fold of every
-// event, as a server does on a restart; and, for scale, a raw read of the same
+// event, as a server does on a restart; the same start from a snapshot at the
+// stream's end; and, for scale, a raw read of the same
 // stream with an ordered consumer, as the restart scenario of `bgtask bench`
 // compares it.
 func BenchmarkReplay(b *testing.B) {
@@ -116,6 +118,29 @@ func BenchmarkReplay(b *testing.B) {
 			p.Stop()
 			if _, n := p.List(engine.ListQuery{Limit: 1}); n != tasks {
 				b.Fatalf("replayed %d tasks, want %d", n, tasks)
+			}
+		}
+		b.ReportMetric(float64(count*b.N)/b.Elapsed().Seconds(), "events/s")
+	})
+	b.Run("snapshot", func(b *testing.B) {
+		snaps := projections.Snapshots{Path: filepath.Join(b.TempDir(), "projection.snapshot"), Every: 1}
+		p := projections.New(store, nil, engine.Base{})
+		p.UseSnapshots(snaps)
+		if err := p.Start(ctx); err != nil {
+			b.Fatal(err)
+		}
+		awaitSnapshot(b, snaps.Path, uint64(count))
+		p.Stop()
+		b.ReportAllocs()
+		for b.Loop() {
+			p := projections.New(store, nil, engine.Base{})
+			p.UseSnapshots(snaps)
+			if err := p.Start(ctx); err != nil {
+				b.Fatal(err)
+			}
+			p.Stop()
+			if r := p.Replayed(); r.SnapshotSeq != uint64(count) {
+				b.Fatalf("started %+v, want from the snapshot", r)
 			}
 		}
 		b.ReportMetric(float64(count*b.N)/b.Elapsed().Seconds(), "events/s")

@@ -20,6 +20,20 @@ import (
 type Log interface {
 	Follow(ctx context.Context, taskID string, after uint64, fn func(events.Record, error) bool) error
 	LastSeq(ctx context.Context) (uint64, error)
+	// Identity names the stream: a stream created again under the same name
+	// has another identity, and its sequences mean other events.
+	Identity(ctx context.Context) (string, error)
+}
+
+// Snapshots is where the projector keeps snapshots of its state, and how often it
+// writes them.
+type Snapshots struct {
+	// Path is the snapshot file; its directory must exist.
+	Path string
+	// Every is how many events may be applied after the last snapshot before the
+	// next one is written; at least as many as there are tasks, since writing a
+	// snapshot costs about what replaying one event per task does.
+	Every uint64
 }
 
 // Problem is an event the projector could not apply: corrupt, unknown, or out of
@@ -56,9 +70,28 @@ type Projector struct {
 	waiters map[chan struct{}]uint64
 	wake    uint64
 
+	snapshots Snapshots
+	// stream is the identity of the stream, for the snapshots; snapshotSeq is the
+	// sequence of the last snapshot read or written (or whose write failed).
+	stream       string
+	snapshotSeq  uint64
+	snapshotDue  chan struct{}
+	snapshotDone chan struct{}
+	// replayed is how the state was rebuilt at the start.
+	replayed Replayed
+
 	cancel context.CancelFunc
 	done   chan struct{}
 	err    error
+}
+
+// Replayed says how the projector rebuilt its state when it started: from which
+// snapshot, if any, and how many events it folded after it.
+type Replayed struct {
+	SnapshotSeq uint64 `json:"snapshot_seq,omitempty"`
+	// SnapshotSkipped is why a snapshot that was there was not used.
+	SnapshotSkipped string `json:"snapshot_skipped,omitempty"`
+	Events          uint64 `json:"events"`
 }
 
 // New returns a projector over log. notify, if set, is called with a task's new state
@@ -71,6 +104,11 @@ func New(log Log, notify func(engine.State), base engine.Base) *Projector {
 	}
 }
 
+// UseSnapshots makes the projector start from the snapshot at s.Path when there
+// is a valid one, and write one whenever s.Every events have been applied since
+// the last. Call it before Start.
+func (p *Projector) UseSnapshots(s Snapshots) { p.snapshots = s }
+
 // Start replays the stream up to its current end and returns once the state is
 // complete; it keeps following new events until Stop.
 func (p *Projector) Start(ctx context.Context) error {
@@ -78,11 +116,13 @@ func (p *Projector) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("projector: %w", err)
 	}
+	p.restore(ctx, target)
+	from := p.applied
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	p.cancel, p.done = cancel, make(chan struct{})
 	go func() {
 		defer close(p.done)
-		err := p.log.Follow(runCtx, "", 0, p.apply)
+		err := p.log.Follow(runCtx, "", from, p.apply)
 		if err != nil && runCtx.Err() == nil {
 			p.base.Logger.Error("projector stopped following the stream", "err", err)
 			p.mu.Lock()
@@ -97,17 +137,38 @@ func (p *Projector) Start(ctx context.Context) error {
 	p.mu.Lock()
 	p.live = true
 	n := len(p.tasks)
+	p.replayed.Events = p.applied - from
+	replayed := p.replayed
+	if p.stream != "" && p.snapshots.Every > 0 {
+		p.snapshotDue, p.snapshotDone = make(chan struct{}, 1), make(chan struct{})
+		go p.snapshotLoop(runCtx, p.snapshotDue, p.snapshotDone)
+		p.checkSnapshotDue()
+	}
 	p.mu.Unlock()
-	p.base.Logger.Info("projector ready", "tasks", n, "seq", target)
+	p.base.Logger.Info("projector ready", "tasks", n, "seq", target,
+		"from_snapshot", replayed.SnapshotSeq, "events_replayed", replayed.Events)
 	return nil
 }
 
-// Stop ends following.
+// Stop ends following. A snapshot being written is finished first.
 func (p *Projector) Stop() {
 	if p.cancel != nil {
 		p.cancel()
 		<-p.done
+		p.mu.RLock()
+		snapshotDone := p.snapshotDone
+		p.mu.RUnlock()
+		if snapshotDone != nil {
+			<-snapshotDone
+		}
 	}
+}
+
+// Replayed says how the state was rebuilt at the start.
+func (p *Projector) Replayed() Replayed {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.replayed
 }
 
 func (p *Projector) apply(rec events.Record, decodeErr error) bool {
@@ -142,6 +203,9 @@ func (p *Projector) apply(rec events.Record, decodeErr error) bool {
 	p.applied = rec.Seq
 	if p.wake != 0 && p.applied >= p.wake {
 		p.wakeWaiters()
+	}
+	if p.snapshotDue != nil {
+		p.checkSnapshotDue()
 	}
 	p.mu.Unlock()
 	if changed != nil && p.notify != nil {

@@ -64,11 +64,12 @@ error or Ctrl-C too.`,
 					d, err := readDiscovery(home)
 					return d.PID, err
 				},
-				StoreDir:  storeDir,
-				Quick:     quick,
-				Scenarios: scenarios,
-				Repeats:   repeats,
-				Progress:  g.stderr,
+				StoreDir:     storeDir,
+				SnapshotFile: snapshotFile,
+				Quick:        quick,
+				Scenarios:    scenarios,
+				Repeats:      repeats,
+				Progress:     g.stderr,
 			})
 			if rep == nil {
 				if errors.Is(err, bench.ErrUnknownScenario) {

@@ -17,12 +17,14 @@ import (
 )
 
 // A home directory holds one server's state: its JetStream store, the credentials
-// it generated and the discovery file clients read to find it.
+// it generated, the discovery file clients read to find it, and the snapshot of
+// its projection.
 const (
 	credentialsFile = "credentials.json"
 	discoveryFile   = "server.json"
 	lockFile        = "server.lock"
 	storeDir        = "jetstream"
+	snapshotFile    = "projection.snapshot"
 )
 
 // homeDir resolves --home, else $BGTASK_HOME, else a per-user default.

@@ -35,8 +35,10 @@ type serverOptions struct {
 	delivery deliveryOptions
 	// archiveAfter is how long finished tasks stay whole in the event stream.
 	archiveAfter time.Duration
-	logLevel     string
-	probe        probeOptions
+	// snapshotEvery is how many events pass between two snapshots of the projection.
+	snapshotEvery uint64
+	logLevel      string
+	probe         probeOptions
 }
 
 func serverCmd(g *globals) *cobra.Command {
@@ -98,6 +100,7 @@ run if one can: registering a task is running a command.`,
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	o.worker.register(f)
 	o.delivery.register(f)
+	f.Uint64Var(&o.snapshotEvery, "snapshot-every", 100_000, "write a snapshot of the current state to "+snapshotFile+" in the home after this many events (and at least as many events as there are tasks), so that a restart reads it and replays only the events after it; 0: no snapshots, none read")
 	f.DurationVar(&o.archiveAfter, "archive-after", engine.DefaultArchiveAfter, "move tasks finished longer ago than this out of the event stream into the archive stream BGTASK_ARCHIVE (their history, audit and show stay whole); 0: never")
 	return cmd
 }
@@ -162,6 +165,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	node, err := startNode(ctx, nc, base, nodeOptions{
 		writer: "engine@" + hostName(), leaseTTL: o.leaseTTL, replicas: 1,
 		push: o.delivery.pushing(secret), archiveAfter: o.archiveAfter,
+		snapshots: projections.Snapshots{Path: filepath.Join(home, snapshotFile), Every: o.snapshotEvery},
 	})
 	if err != nil {
 		return err
@@ -209,11 +213,15 @@ func runExternal(ctx context.Context, g *globals, o serverOptions) error {
 	if err != nil {
 		return err
 	}
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		return fmt.Errorf("create home: %w", err)
+	}
 	// Replicas may share a host: each engine process has an id of its own, so no
 	// replica takes another's push in flight for one of its own dead ones.
 	node, err := startNode(ctx, nc, base, nodeOptions{
 		writer: fmt.Sprintf("engine@%s/%d", hostName(), os.Getpid()), leaseTTL: o.leaseTTL, replicas: o.replicas,
 		push: o.delivery.pushing(secret), archiveAfter: o.archiveAfter,
+		snapshots: projections.Snapshots{Path: filepath.Join(home, snapshotFile), Every: o.snapshotEvery},
 	})
 	if err != nil {
 		return err
@@ -293,6 +301,7 @@ type nodeOptions struct {
 	replicas     int
 	push         pushing
 	archiveAfter time.Duration
+	snapshots    projections.Snapshots
 }
 
 func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptions) (*node, error) {
@@ -344,6 +353,7 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptio
 		n.pusher.Notify(s)
 		n.scheduler.Notify(s)
 	}, base)
+	n.projector.UseSnapshots(o.snapshots)
 	n.pusher = engine.NewPusher(store, n.projector, o.push.runner, engine.Engine{Writer: writer, Instance: uuid.NewString()}, o.push.retryBase, base)
 	n.dispatcher = engine.NewDispatcher(store, inbox, n.projector, writer, 4, base)
 	n.timers = engine.NewTimers(store, n.projector, writer, base)

@@ -32,8 +32,10 @@ type Options struct {
 	// ServerPID is the PID in a home's discovery file, which a server writes once
 	// it serves requests. An error means none yet.
 	ServerPID func(home string) (int, error)
-	// StoreDir is where in a home the server keeps its JetStream store.
-	StoreDir string
+	// StoreDir is where in a home the server keeps its JetStream store, and
+	// SnapshotFile the snapshot of its projection.
+	StoreDir     string
+	SnapshotFile string
 	// Quick runs every scenario at a small size, in well under a minute.
 	Quick bool
 	// Scenarios to run, by name; none: all.
@@ -74,32 +76,34 @@ func Names() []string {
 // sizes are how much work each scenario does: the issue's sizes, or small ones for
 // a quick run.
 type sizes struct {
-	registers    int           // registrations per measurement
-	sequential   int           // tasks of the latency and start scenarios, per server
-	throughput   int           // tasks of the throughput scenario
-	restartTasks int           // finished tasks in the restart scenario's stream
-	restartTicks int           // ticks per task there: each task has ticks+5 events
-	concurrent   int           // running commands in the memory scenario
-	tick         time.Duration // the worker's tick interval there
-	watchTicks   int           // tick intervals watched there
-	loginShells  int           // `bash -lc true` runs (each takes as long as the profile)
-	loginTasks   int           // `bash -c true` runs in the resolved environment
-	growthTasks  int           // finished tasks in the growth scenario's stream
-	growthTicks  int           // ticks per task there
-	settle       time.Duration // how long a server idles before its memory is read again
+	registers    int // registrations per measurement
+	sequential   int // tasks of the latency and start scenarios, per server
+	throughput   int // tasks of the throughput scenario
+	restartTasks int // finished tasks in the restart scenario's stream
+	restartTicks int // ticks per task there: each task has ticks+5 events
+	// snapshotEvery is the servers' --snapshot-every there: the default at full size.
+	snapshotEvery int
+	concurrent    int           // running commands in the memory scenario
+	tick          time.Duration // the worker's tick interval there
+	watchTicks    int           // tick intervals watched there
+	loginShells   int           // `bash -lc true` runs (each takes as long as the profile)
+	loginTasks    int           // `bash -c true` runs in the resolved environment
+	growthTasks   int           // finished tasks in the growth scenario's stream
+	growthTicks   int           // ticks per task there
+	settle        time.Duration // how long a server idles before its memory is read again
 }
 
 var (
 	fullSizes = sizes{
 		registers: 2000, sequential: 1000, throughput: 2000,
-		restartTasks: 100_000, restartTicks: 5,
+		restartTasks: 100_000, restartTicks: 5, snapshotEvery: 100_000,
 		concurrent: 1000, tick: 10 * time.Second, watchTicks: 2,
 		loginShells: 9, loginTasks: 300,
 		growthTasks: 200_000, growthTicks: 2, settle: 30 * time.Second,
 	}
 	quickSizes = sizes{
 		registers: 200, sequential: 20, throughput: 30,
-		restartTasks: 2000, restartTicks: 5,
+		restartTasks: 2000, restartTicks: 5, snapshotEvery: 10_000,
 		concurrent: 20, tick: time.Second, watchTicks: 2,
 		loginShells: 1, loginTasks: 20,
 		growthTasks: 2000, growthTicks: 2, settle: 2 * time.Second,

@@ -1,0 +1,230 @@
+package projections_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/events/eventstest"
+	"github.com/bgtask/bgtask/projections"
+)
+
+// snapshotHeader reads the first line of a snapshot file, nil while there is none.
+func snapshotHeader(t testing.TB, path string) map[string]any {
+	t.Helper()
+	f, err := os.Open(path)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	line, err := bufio.NewReader(f).ReadBytes('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h map[string]any
+	if err := json.Unmarshal(line, &h); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// awaitSnapshot waits until the snapshot at path holds the stream up to seq: a
+// projector writes it in the background.
+func awaitSnapshot(t testing.TB, path string, seq uint64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if h := snapshotHeader(t, path); h != nil && h["seq"] == float64(seq) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no snapshot at seq %d in %s: header %v", seq, path, snapshotHeader(t, path))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// stateOf is what a projector serves, as clients see it.
+func stateOf(t *testing.T, p *projections.Projector) string {
+	t.Helper()
+	all, total := p.List(engine.ListQuery{})
+	byPhase := map[engine.Phase][]engine.State{}
+	for _, phase := range []engine.Phase{engine.PhaseArmed, engine.PhaseRunning, engine.PhaseEnded, engine.PhasePersisted, engine.PhaseFired, engine.PhaseCancelled} {
+		byPhase[phase], _ = p.List(engine.ListQuery{Phase: phase})
+	}
+	problems, count := p.Problems()
+	data, err := json.MarshalIndent(map[string]any{
+		"all": all, "total": total, "by_phase": byPhase, "problems": problems, "problem_count": count, "applied": p.Applied(),
+	}, "", " ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+func startProjector(t *testing.T, store projections.Log, snaps *projections.Snapshots) *projections.Projector {
+	t.Helper()
+	p := projections.New(store, nil, engine.Base{})
+	if snaps != nil {
+		p.UseSnapshots(*snaps)
+	}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Stop)
+	return p
+}
+
+func lastSeq(t *testing.T, store *events.JetStreamStore) uint64 {
+	t.Helper()
+	seq, err := store.LastSeq(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seq
+}
+
+// tasksInEveryPhase writes tasks that end up armed, running, ended, fired and
+// cancelled, and one corrupt event; it returns the running and the ended task.
+func tasksInEveryPhase(t *testing.T, srv *eventstest.Server, w writer) (running, ended engine.State) {
+	t.Helper()
+	fired := w.run(w.arm("echo a"), 0)
+	fired = w.do(fired, engine.PersistCompletion{}, "engine")
+	w.do(fired, engine.Fire{InboxSeq: 1}, "engine")
+	ended = w.run(w.arm("exit 1"), 1)
+	w.do(w.arm("sleep 1"), engine.Cancel{Reason: "test"}, "engine")
+	running = w.do(w.arm("sleep 2"), engine.Spawn{Host: "h"}, "w1")
+	w.arm("still armed")
+	if _, err := srv.JS.Publish(context.Background(), events.TaskSubject(fired.ID, events.TypeTick), []byte("{broken")); err != nil {
+		t.Fatal(err)
+	}
+	return running, ended
+}
+
+func TestStartFromASnapshotEqualsAFullReplay(t *testing.T) {
+	t.Parallel()
+	srv := eventstest.Run(t)
+	store, err := events.OpenStore(context.Background(), srv.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := writer{t: t, store: store}
+	running, ended := tasksInEveryPhase(t, srv, w)
+	snaps := projections.Snapshots{Path: filepath.Join(t.TempDir(), "projection.snapshot"), Every: 5}
+	first := startProjector(t, store, &snaps)
+	snapSeq := lastSeq(t, store)
+	// The whole stream was replayed: more events than tasks, so a snapshot is due.
+	if r := first.Replayed(); r.SnapshotSeq != 0 || r.Events != snapSeq {
+		t.Fatalf("first start: %+v, want the whole stream (%d events)", r, snapSeq)
+	}
+	awaitSnapshot(t, snaps.Path, snapSeq)
+
+	// After the snapshot, applied live by the first projector too: the running task
+	// exits, the ended one is persisted, one more is armed.
+	w.do(running, engine.Exit{Run: events.Exited{ExitCode: 3, Tail: []string{"x"}, StartedAt: time.Now(), EndedAt: time.Now()}}, "w1")
+	w.do(ended, engine.PersistCompletion{}, "engine")
+	w.arm("after the snapshot")
+	end := lastSeq(t, store)
+	if err := first.WaitFor(context.Background(), end); err != nil {
+		t.Fatal(err)
+	}
+
+	restarted := startProjector(t, store, &snaps)
+	if r := restarted.Replayed(); r.SnapshotSeq != snapSeq || r.Events != end-snapSeq || r.SnapshotSkipped != "" {
+		t.Fatalf("restart: %+v, want the snapshot at %d and %d events after it", r, snapSeq, end-snapSeq)
+	}
+	full := startProjector(t, store, nil)
+	if got, want := stateOf(t, restarted), stateOf(t, full); got != want {
+		t.Fatalf("state from the snapshot:\n%s\nfrom a full replay:\n%s", got, want)
+	}
+	if got, want := stateOf(t, first), stateOf(t, full); got != want {
+		t.Fatalf("live state:\n%s\nfrom a full replay:\n%s", got, want)
+	}
+}
+
+func TestASnapshotThatDoesNotFitIsIgnored(t *testing.T) {
+	t.Parallel()
+	srv := eventstest.Run(t)
+	store, err := events.OpenStore(context.Background(), srv.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasksInEveryPhase(t, srv, writer{t: t, store: store})
+	dir := t.TempDir()
+	snaps := projections.Snapshots{Path: filepath.Join(dir, "valid.snapshot"), Every: 5}
+	p := startProjector(t, store, &snaps)
+	awaitSnapshot(t, snaps.Path, lastSeq(t, store))
+	p.Stop()
+	valid, err := os.ReadFile(snaps.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := stateOf(t, startProjector(t, store, nil))
+
+	// Another stream with the same number of events: a store of another home.
+	other := eventstest.Run(t)
+	otherStore, err := events.OpenStore(context.Background(), other.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasksInEveryPhase(t, other, writer{t: t, store: otherStore})
+
+	lines := bytes.SplitAfter(valid, []byte("\n"))
+	withHeader := func(field string, value any) []byte {
+		var h map[string]any
+		if err := json.Unmarshal(lines[0], &h); err != nil {
+			t.Fatal(err)
+		}
+		h[field] = value
+		header, err := json.Marshal(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bytes.Join(append([][]byte{append(header, '\n')}, lines[1:]...), nil)
+	}
+	// Still valid JSON: a command changed by one bit.
+	damaged := bytes.Replace(valid, []byte(`"command":"sleep 2"`), []byte(`"command":"sleep 3"`), 1)
+	cases := []struct {
+		name   string
+		data   []byte
+		store  *events.JetStreamStore
+		reason string
+	}{
+		{"damaged", damaged, store, "CRC"},
+		{"cut short", valid[:len(valid)*2/3], store, "cut short"},
+		{"empty", nil, store, "empty"},
+		{"of another version", withHeader("fingerprint", "0123456789abcdef"), store, "another version of bgtask"},
+		{"of another fold", withHeader("version", 0), store, "another version of bgtask"},
+		{"past the stream's end", withHeader("seq", 1000), store, "past the stream's last event"},
+		{"of another stream", valid, otherStore, "another event stream"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-")+".snapshot")
+			if err := os.WriteFile(path, c.data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			p := startProjector(t, c.store, &projections.Snapshots{Path: path, Every: 1000})
+			r := p.Replayed()
+			if r.SnapshotSeq != 0 || r.Events != lastSeq(t, c.store) || !strings.Contains(r.SnapshotSkipped, c.reason) {
+				t.Fatalf("replayed %+v, want the whole stream and a reason with %q", r, c.reason)
+			}
+			if c.store == store {
+				if got := stateOf(t, p); got != want {
+					t.Fatalf("state:\n%s\nwant:\n%s", got, want)
+				}
+			}
+		})
+	}
+}
