@@ -190,6 +190,22 @@ func (s *JetStreamStore) Identity(ctx context.Context) (string, error) {
 	return info.Config.Name + "@" + info.Created.UTC().Format(time.RFC3339Nano), nil
 }
 
+// EventID is the id of the event at seq, or ErrNotFound.
+func (s *JetStreamStore) EventID(ctx context.Context, seq uint64) (string, error) {
+	raw, err := s.stream.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return "", ErrNotFound
+	}
+	if err != nil {
+		return "", err
+	}
+	rec, err := DecodeRecord(raw.Sequence, raw.Data)
+	if err != nil {
+		return "", err
+	}
+	return rec.ID, nil
+}
+
 // shortReadInactivity lets the server remove the consumer of a one-off read soon
 // after it is done, instead of keeping it for the default five minutes.
 const shortReadInactivity = 5 * time.Second

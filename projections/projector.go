@@ -23,6 +23,8 @@ type Log interface {
 	// Identity names the stream: a stream created again under the same name
 	// has another identity, and its sequences mean other events.
 	Identity(ctx context.Context) (string, error)
+	// EventID is the id of the event at seq, or events.ErrNotFound.
+	EventID(ctx context.Context, seq uint64) (string, error)
 }
 
 // Snapshots is where the projector keeps snapshots of its state, and how often it
@@ -34,6 +36,9 @@ type Snapshots struct {
 	// next one is written; at least as many as there are tasks, since writing a
 	// snapshot costs about what replaying one event per task does.
 	Every uint64
+	// Build names the build of bgtask: a snapshot of another is not read, for its
+	// fold of the events may differ.
+	Build string
 }
 
 // Problem is an event the projector could not apply: corrupt, unknown, or out of
@@ -73,8 +78,11 @@ type Projector struct {
 	snapshots Snapshots
 	// stream is the identity of the stream, for the snapshots; snapshotSeq is the
 	// sequence of the last snapshot read or written (or whose write failed).
-	stream       string
-	snapshotSeq  uint64
+	stream      string
+	snapshotSeq uint64
+	// checkSeq and checkID are the last event applied that decoded.
+	checkSeq     uint64
+	checkID      string
 	snapshotDue  chan struct{}
 	snapshotDone chan struct{}
 	// replayed is how the state was rebuilt at the start.
@@ -86,12 +94,14 @@ type Projector struct {
 }
 
 // Replayed says how the projector rebuilt its state when it started: from which
-// snapshot, if any, and how many events it folded after it.
+// snapshot, if any, and how far it read the stream after it.
 type Replayed struct {
-	SnapshotSeq uint64 `json:"snapshot_seq,omitempty"`
+	SnapshotSeq uint64
 	// SnapshotSkipped is why a snapshot that was there was not used.
-	SnapshotSkipped string `json:"snapshot_skipped,omitempty"`
-	Events          uint64 `json:"events"`
+	SnapshotSkipped string
+	// Seqs is the span of sequences read after the snapshot (compacted events
+	// leave gaps in it).
+	Seqs uint64
 }
 
 // New returns a projector over log. notify, if set, is called with a task's new state
@@ -137,7 +147,7 @@ func (p *Projector) Start(ctx context.Context) error {
 	p.mu.Lock()
 	p.live = true
 	n := len(p.tasks)
-	p.replayed.Events = p.applied - from
+	p.replayed.Seqs = p.applied - from
 	replayed := p.replayed
 	if p.stream != "" && p.snapshots.Every > 0 {
 		p.snapshotDue, p.snapshotDone = make(chan struct{}, 1), make(chan struct{})
@@ -146,7 +156,7 @@ func (p *Projector) Start(ctx context.Context) error {
 	}
 	p.mu.Unlock()
 	p.base.Logger.Info("projector ready", "tasks", n, "seq", target,
-		"from_snapshot", replayed.SnapshotSeq, "events_replayed", replayed.Events)
+		"from_snapshot", replayed.SnapshotSeq, "seqs_replayed", replayed.Seqs)
 	return nil
 }
 
@@ -201,6 +211,9 @@ func (p *Projector) apply(rec events.Record, decodeErr error) bool {
 		}
 	}
 	p.applied = rec.Seq
+	if decodeErr == nil {
+		p.checkSeq, p.checkID = rec.Seq, rec.ID
+	}
 	if p.wake != 0 && p.applied >= p.wake {
 		p.wakeWaiters()
 	}

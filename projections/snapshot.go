@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
 )
 
 // A snapshot file is the projection at one sequence of the event stream, so that a
@@ -53,10 +54,16 @@ type snapshotHeader struct {
 	Format      string `json:"format"`
 	Version     int    `json:"version"`
 	Fingerprint string `json:"fingerprint"`
+	// Build is the build of bgtask that wrote it: an upgrade replays once.
+	Build string `json:"build"`
 	// Stream identifies the event stream the snapshot was folded from; Seq is the
-	// last of its events in the snapshot.
+	// last of its events in the snapshot, and CheckSeq and CheckID the last event
+	// that decoded, read again at a restore: a stream that went back (a crash of
+	// its host before its own fsync, a restored backup) holds another event there.
 	Stream       string    `json:"stream"`
 	Seq          uint64    `json:"seq"`
+	CheckSeq     uint64    `json:"check_seq,omitempty"`
+	CheckID      string    `json:"check_id,omitempty"`
 	Tasks        int       `json:"tasks"`
 	Problems     []Problem `json:"problems,omitempty"`
 	ProblemCount int       `json:"problem_count,omitempty"`
@@ -81,9 +88,10 @@ type snapshot struct {
 	tasks  map[string]*engine.State
 }
 
-// writeSnapshot writes the states to path: to a temporary file beside it, synced,
-// then renamed over it, so that a reader sees the old snapshot or the new one.
-func writeSnapshot(path string, h snapshotHeader, states []engine.State) (size int64, err error) {
+// writeSnapshotFile writes the states to path: to a temporary file beside it,
+// synced, then renamed over it, so that a reader sees the old snapshot or the new
+// one. It gives up when ctx ends, so that a stop does not wait for a whole write.
+func writeSnapshotFile(ctx context.Context, path string, h snapshotHeader, states []engine.State) (size int64, err error) {
 	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return 0, err
@@ -103,6 +111,9 @@ func writeSnapshot(path string, h snapshotHeader, states []engine.State) (size i
 		return 0, err
 	}
 	for i := range states {
+		if i%1024 == 0 && ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
 		line := snapshotState{State: &states[i]}
 		if w := states[i].Wakeup; w != nil && states[i].Run != nil && slices.Equal(w.Tail, states[i].Run.Tail) {
 			shared := *w
@@ -132,22 +143,29 @@ func writeSnapshot(path string, h snapshotHeader, states []engine.State) (size i
 }
 
 // removeSnapshotLeftovers removes the temporary files of writes that a crash
-// interrupted.
+// interrupted. Servers that share a home may be writing theirs now: a write takes
+// seconds, so only files untouched for ten minutes are left over.
 func removeSnapshotLeftovers(path string) {
 	leftovers, _ := filepath.Glob(path + ".tmp-*")
 	for _, name := range leftovers {
-		os.Remove(name)
+		if info, err := os.Stat(name); err == nil && time.Since(info.ModTime()) > 10*time.Minute {
+			os.Remove(name)
+		}
 	}
 }
 
 // readSnapshot reads the snapshot at path if accept takes its header. The states
 // are decoded on every core; a snapshot that is damaged in any way is an error.
-func readSnapshot(path string, accept func(snapshotHeader) error) (*snapshot, error) {
+func readSnapshot(path, build string, accept func(snapshotHeader) error) (*snapshot, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
 	lines := bufio.NewScanner(f)
 	lines.Buffer(make([]byte, 1<<20), maxSnapshotLine)
 	if !lines.Scan() {
@@ -165,9 +183,11 @@ func readSnapshot(path string, accept func(snapshotHeader) error) (*snapshot, er
 	switch {
 	case h.Format != snapshotFormat:
 		return nil, fmt.Errorf("format %q is not %q", h.Format, snapshotFormat)
-	case h.Version != snapshotVersion || h.Fingerprint != stateFingerprint:
-		return nil, fmt.Errorf("it holds the state of another version of bgtask (%d/%s, this is %d/%s)",
-			h.Version, h.Fingerprint, snapshotVersion, stateFingerprint)
+	case h.Version != snapshotVersion || h.Fingerprint != stateFingerprint || h.Build != build:
+		return nil, fmt.Errorf("it holds the state of another version of bgtask (%d/%s/%s, this is %d/%s/%s)",
+			h.Version, h.Fingerprint, h.Build, snapshotVersion, stateFingerprint, build)
+	case h.Tasks < 0 || int64(h.Tasks) > info.Size()/2:
+		return nil, fmt.Errorf("the header says %d tasks, in %d bytes", h.Tasks, info.Size())
 	}
 	if err := accept(h); err != nil {
 		return nil, err
@@ -221,9 +241,7 @@ func decodeStates(lines *bufio.Scanner, crc uint32, want int) (map[string]*engin
 		decoders.Wait()
 		close(results)
 	}()
-	// The count is the header's, checked only at the trailer: a damaged one must not
-	// reserve gigabytes.
-	tasks := make(map[string]*engine.State, min(want, 1<<20))
+	tasks := make(map[string]*engine.State, want)
 	var err error
 	for r := range results {
 		if err != nil {
@@ -313,10 +331,13 @@ func scanStates(lines *bufio.Scanner, crc uint32, want int, batches chan<- state
 
 func decodeBatch(b stateBatch) decodedBatch {
 	out := decodedBatch{states: make([]*engine.State, len(b.ends))}
-	start := 0
-	for i, end := range b.ends {
+	// Numbers as the events' decoder reads them (a completion's match values are
+	// json.Number there): a float64 would change them.
+	dec := json.NewDecoder(bytes.NewReader(b.data))
+	dec.UseNumber()
+	for i := range b.ends {
 		line := snapshotState{State: new(engine.State)}
-		if err := json.Unmarshal(b.data[start:end], &line); err != nil {
+		if err := dec.Decode(&line); err != nil {
 			out.err = fmt.Errorf("a task's state: %w", err)
 			return out
 		}
@@ -334,7 +355,9 @@ func decodeBatch(b stateBatch) decodedBatch {
 			s.Wakeup.Tail = s.Run.Tail
 		}
 		out.states[i] = s
-		start = end
+	}
+	if dec.More() {
+		out.err = errors.New("a task's line holds more than its state")
 	}
 	return out
 }
@@ -348,13 +371,16 @@ func mustFingerprint(t reflect.Type) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-var jsonRoundTrip = [2]reflect.Type{reflect.TypeFor[json.Marshaler](), reflect.TypeFor[json.Unmarshaler]()}
+var (
+	jsonMarshaler   = reflect.TypeFor[json.Marshaler]()
+	jsonUnmarshaler = reflect.TypeFor[json.Unmarshaler]()
+)
 
 // describeType writes t's shape as JSON sees it: every field's name, JSON key and
 // type. A field JSON would not carry (unexported, or "-") is an error: a snapshot
 // would silently lose it.
 func describeType(b *strings.Builder, t reflect.Type, seen map[reflect.Type]bool) error {
-	if t.Implements(jsonRoundTrip[0]) && reflect.PointerTo(t).Implements(jsonRoundTrip[1]) {
+	if t.Implements(jsonMarshaler) && reflect.PointerTo(t).Implements(jsonUnmarshaler) {
 		b.WriteString(t.String()) // its own encoding, such as time.Time's
 		return nil
 	}
@@ -387,7 +413,8 @@ func describeType(b *strings.Builder, t reflect.Type, seen map[reflect.Type]bool
 		return nil
 	case reflect.Interface:
 		if t.NumMethod() == 0 {
-			// Only JSON's own values: every state is decoded from JSON events.
+			// Only JSON's own values, numbers as json.Number: every state is
+			// decoded from JSON events so, and a snapshot is read back so.
 			b.WriteString("any")
 			return nil
 		}
@@ -400,7 +427,9 @@ func describeType(b *strings.Builder, t reflect.Type, seen map[reflect.Type]bool
 }
 
 // restore starts the projection from the snapshot, if there is one that is of
-// this stream and no newer than target, its last event.
+// this stream, no newer than target (its last event), and folded from the events
+// the stream still holds. A snapshot that is not used is removed: it could fit
+// again later (a stream that went back grows past it) without being right.
 func (p *Projector) restore(ctx context.Context, target uint64) {
 	if p.snapshots.Path == "" || p.snapshots.Every == 0 {
 		return
@@ -413,14 +442,23 @@ func (p *Projector) restore(ctx context.Context, target uint64) {
 	p.stream = stream
 	removeSnapshotLeftovers(p.snapshots.Path)
 	start := time.Now()
-	snap, err := readSnapshot(p.snapshots.Path, func(h snapshotHeader) error {
+	snap, err := readSnapshot(p.snapshots.Path, p.snapshots.Build, func(h snapshotHeader) error {
 		switch {
 		case h.Stream != stream:
 			return fmt.Errorf("it is of another event stream (%s, this one is %s)", h.Stream, stream)
 		case h.Seq > target:
 			return fmt.Errorf("it is at seq %d, past the stream's last event %d", h.Seq, target)
-		case h.Tasks < 0:
-			return fmt.Errorf("the header says %d tasks", h.Tasks)
+		case h.CheckSeq == 0:
+			return nil
+		}
+		id, err := p.log.EventID(ctx, h.CheckSeq)
+		switch {
+		case errors.Is(err, events.ErrNotFound):
+			return nil // compacted away since: the archived event that replaced it comes later
+		case err != nil:
+			return fmt.Errorf("its last event, at seq %d, is unreadable: %w", h.CheckSeq, err)
+		case id != h.CheckID:
+			return fmt.Errorf("the stream holds another event at seq %d than the one it folded: the stream went back", h.CheckSeq)
 		}
 		return nil
 	})
@@ -430,6 +468,9 @@ func (p *Projector) restore(ctx context.Context, target uint64) {
 	if err != nil {
 		p.replayed.SnapshotSkipped = err.Error()
 		p.base.Logger.Warn("projection snapshot not used: replaying the whole stream", "path", p.snapshots.Path, "reason", err)
+		if err := os.Remove(p.snapshots.Path); err != nil {
+			p.base.Logger.Warn("projection snapshot not removed", "path", p.snapshots.Path, "err", err)
+		}
 		return
 	}
 	p.mu.Lock()
@@ -440,6 +481,7 @@ func (p *Projector) restore(ctx context.Context, target uint64) {
 	}
 	p.problems, p.problemCount = snap.header.Problems, snap.header.ProblemCount
 	p.applied, p.snapshotSeq, p.replayed.SnapshotSeq = snap.header.Seq, snap.header.Seq, snap.header.Seq
+	p.checkSeq, p.checkID = snap.header.CheckSeq, snap.header.CheckID
 	p.base.Logger.Info("projection snapshot read", "path", p.snapshots.Path, "seq", snap.header.Seq,
 		"tasks", len(snap.tasks), "took", time.Since(start).Round(time.Millisecond))
 }
@@ -463,32 +505,37 @@ func (p *Projector) snapshotLoop(ctx context.Context, due <-chan struct{}, done 
 		case <-ctx.Done():
 			return
 		case <-due:
+			if ctx.Err() != nil {
+				return // both were ready: a stop starts no write
+			}
 		}
-		p.writeSnapshot()
+		p.saveSnapshot(ctx)
 	}
 }
 
-// writeSnapshot writes the projection as it is now. The states are copied under
+// saveSnapshot writes the projection as it is now. The states are copied under
 // the lock (they are values: nothing they point to changes) and encoded outside it.
-func (p *Projector) writeSnapshot() {
+func (p *Projector) saveSnapshot(ctx context.Context) {
 	start := time.Now()
 	p.mu.RLock()
 	h := snapshotHeader{
-		Stream: p.stream, Seq: p.applied, WrittenAt: start,
-		Problems: slices.Clone(p.problems), ProblemCount: p.problemCount,
+		Build: p.snapshots.Build, Stream: p.stream, Seq: p.applied, CheckSeq: p.checkSeq, CheckID: p.checkID,
+		WrittenAt: start, Problems: slices.Clone(p.problems), ProblemCount: p.problemCount,
 	}
 	states := make([]engine.State, 0, len(p.tasks))
 	for _, s := range p.tasks {
 		states = append(states, *s)
 	}
 	p.mu.RUnlock()
-	size, err := writeSnapshot(p.snapshots.Path, h, states)
+	size, err := writeSnapshotFile(ctx, p.snapshots.Path, h, states)
 	p.mu.Lock()
 	// A failed write is tried again after as many events, not at the next one.
 	p.snapshotSeq = h.Seq
 	p.mu.Unlock()
 	if err != nil {
-		p.base.Logger.Warn("projection snapshot not written", "path", p.snapshots.Path, "err", err)
+		if ctx.Err() == nil {
+			p.base.Logger.Warn("projection snapshot not written", "path", p.snapshots.Path, "err", err)
+		}
 		return
 	}
 	p.base.Logger.Info("projection snapshot written", "path", p.snapshots.Path, "seq", h.Seq,

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -45,7 +46,7 @@ func awaitSnapshot(t testing.TB, path string, seq uint64) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		if h := snapshotHeader(t, path); h != nil && h["seq"] == float64(seq) {
+		if h := snapshotHeader(t, path); h != nil && h["seq"].(float64) >= float64(seq) {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -55,22 +56,38 @@ func awaitSnapshot(t testing.TB, path string, seq uint64) {
 	}
 }
 
-// stateOf is what a projector serves, as clients see it.
-func stateOf(t *testing.T, p *projections.Projector) string {
+// served is what a projector serves.
+type served struct {
+	All          []engine.State
+	Total        int
+	ByPhase      map[engine.Phase][]engine.State
+	Problems     []projections.Problem
+	ProblemCount int
+	Applied      uint64
+}
+
+func stateOf(p *projections.Projector) served {
+	var s served
+	s.All, s.Total = p.List(engine.ListQuery{})
+	s.ByPhase = map[engine.Phase][]engine.State{}
+	for _, phase := range []engine.Phase{engine.PhaseArmed, engine.PhaseRunning, engine.PhaseEnded, engine.PhasePersisted, engine.PhaseFired, engine.PhaseCancelled, engine.PhaseArchived} {
+		s.ByPhase[phase], _ = p.List(engine.ListQuery{Phase: phase})
+	}
+	s.Problems, s.ProblemCount = p.Problems()
+	s.Applied = p.Applied()
+	return s
+}
+
+// sameState fails the test unless two projectors serve the same: equal values,
+// not only equal JSON (a number decoded as float64 and as json.Number print alike).
+func sameState(t *testing.T, what string, got, want *projections.Projector) {
 	t.Helper()
-	all, total := p.List(engine.ListQuery{})
-	byPhase := map[engine.Phase][]engine.State{}
-	for _, phase := range []engine.Phase{engine.PhaseArmed, engine.PhaseRunning, engine.PhaseEnded, engine.PhasePersisted, engine.PhaseFired, engine.PhaseCancelled} {
-		byPhase[phase], _ = p.List(engine.ListQuery{Phase: phase})
+	g, w := stateOf(got), stateOf(want)
+	if !reflect.DeepEqual(g, w) {
+		gj, _ := json.MarshalIndent(g, "", " ")
+		wj, _ := json.MarshalIndent(w, "", " ")
+		t.Fatalf("%s:\n%s\nfrom a full replay:\n%s", what, gj, wj)
 	}
-	problems, count := p.Problems()
-	data, err := json.MarshalIndent(map[string]any{
-		"all": all, "total": total, "by_phase": byPhase, "problems": problems, "problem_count": count, "applied": p.Applied(),
-	}, "", " ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(data)
 }
 
 func startProjector(t *testing.T, store projections.Log, snaps *projections.Snapshots) *projections.Projector {
@@ -95,17 +112,41 @@ func lastSeq(t *testing.T, store *events.JetStreamStore) uint64 {
 	return seq
 }
 
-// tasksInEveryPhase writes tasks that end up armed, running, ended, fired and
-// cancelled, and one corrupt event; it returns the running and the ended task.
+// armSpec arms a task with the spec in JSON, parsed as the API parses it.
+func (w writer) armSpec(spec string) engine.State {
+	parsed, err := engine.ParseSpec([]byte(spec))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	id, err := engine.TaskID(parsed)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return w.do(engine.State{ID: id}, engine.Arm{Spec: parsed}, "engine")
+}
+
+// tasksInEveryPhase writes tasks that end up in every phase, one of them with
+// big and decimal numbers in its completion rule, one stalled, one with a push
+// sink waiting to retry, one archived, and one corrupt event; it returns the
+// running and the ended task.
 func tasksInEveryPhase(t *testing.T, srv *eventstest.Server, w writer) (running, ended engine.State) {
 	t.Helper()
 	fired := w.run(w.arm("echo a"), 0)
 	fired = w.do(fired, engine.PersistCompletion{}, "engine")
 	w.do(fired, engine.Fire{InboxSeq: 1}, "engine")
 	ended = w.run(w.arm("exit 1"), 1)
-	w.do(w.arm("sleep 1"), engine.Cancel{Reason: "test"}, "engine")
+	cancelled := w.do(w.arm("sleep 1"), engine.Cancel{Reason: "test"}, "engine")
+	w.do(cancelled, engine.Archive{Seq: 7}, "engine")
 	running = w.do(w.arm("sleep 2"), engine.Spawn{Host: "h"}, "w1")
 	w.arm("still armed")
+	w.armSpec(`{"command":"make","completion":{"type":"json_line","match":{"build_id":12345678901234567891,"ratio":1.50,"ok":true}}}`)
+	stalled := w.do(w.armSpec(`{"command":"sleep 3","stall_after":"1m","on_stall":"notify"}`), engine.Spawn{Host: "h"}, "w1")
+	w.do(stalled, engine.Stall{SilentFor: time.Minute, Action: engine.OnStallNotify}, "w1")
+	pushed := w.run(w.armSpec(`{"command":"echo b","deliver":[{"type":"webhook","url":"http://127.0.0.1:1/hook"}]}`), 0)
+	pushed = w.do(pushed, engine.PersistCompletion{}, "engine")
+	pushed = w.do(pushed, engine.Fire{InboxSeq: 2}, "engine")
+	pushed = w.do(pushed, engine.ClaimDelivery{Sink: 0, Engine: engine.Engine{Writer: "engine", Instance: "i1"}}, "engine")
+	w.do(pushed, engine.RecordDelivery{Sink: 0, Outcome: engine.SinkOutcome{Error: "503"}, Backoff: time.Minute}, "engine")
 	if _, err := srv.JS.Publish(context.Background(), events.TaskSubject(fired.ID, events.TypeTick), []byte("{broken")); err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +166,7 @@ func TestStartFromASnapshotEqualsAFullReplay(t *testing.T) {
 	first := startProjector(t, store, &snaps)
 	snapSeq := lastSeq(t, store)
 	// The whole stream was replayed: more events than tasks, so a snapshot is due.
-	if r := first.Replayed(); r.SnapshotSeq != 0 || r.Events != snapSeq {
+	if r := first.Replayed(); r.SnapshotSeq != 0 || r.Seqs != snapSeq {
 		t.Fatalf("first start: %+v, want the whole stream (%d events)", r, snapSeq)
 	}
 	awaitSnapshot(t, snaps.Path, snapSeq)
@@ -141,16 +182,12 @@ func TestStartFromASnapshotEqualsAFullReplay(t *testing.T) {
 	}
 
 	restarted := startProjector(t, store, &snaps)
-	if r := restarted.Replayed(); r.SnapshotSeq != snapSeq || r.Events != end-snapSeq || r.SnapshotSkipped != "" {
+	if r := restarted.Replayed(); r.SnapshotSeq != snapSeq || r.Seqs != end-snapSeq || r.SnapshotSkipped != "" {
 		t.Fatalf("restart: %+v, want the snapshot at %d and %d events after it", r, snapSeq, end-snapSeq)
 	}
 	full := startProjector(t, store, nil)
-	if got, want := stateOf(t, restarted), stateOf(t, full); got != want {
-		t.Fatalf("state from the snapshot:\n%s\nfrom a full replay:\n%s", got, want)
-	}
-	if got, want := stateOf(t, first), stateOf(t, full); got != want {
-		t.Fatalf("live state:\n%s\nfrom a full replay:\n%s", got, want)
-	}
+	sameState(t, "state from the snapshot", restarted, full)
+	sameState(t, "live state", first, full)
 }
 
 func TestASnapshotThatDoesNotFitIsIgnored(t *testing.T) {
@@ -170,7 +207,7 @@ func TestASnapshotThatDoesNotFitIsIgnored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := stateOf(t, startProjector(t, store, nil))
+	full := startProjector(t, store, nil)
 
 	// Another stream with the same number of events: a store of another home.
 	other := eventstest.Run(t)
@@ -206,7 +243,9 @@ func TestASnapshotThatDoesNotFitIsIgnored(t *testing.T) {
 		{"empty", nil, store, "empty"},
 		{"of another version", withHeader("fingerprint", "0123456789abcdef"), store, "another version of bgtask"},
 		{"of another fold", withHeader("version", 0), store, "another version of bgtask"},
+		{"of another build", withHeader("build", "0.9.0"), store, "another version of bgtask"},
 		{"past the stream's end", withHeader("seq", 1000), store, "past the stream's last event"},
+		{"of a stream that went back", withHeader("check_id", "an-event-the-stream-lost"), store, "the stream went back"},
 		{"of another stream", valid, otherStore, "another event stream"},
 	}
 	for _, c := range cases {
@@ -217,13 +256,14 @@ func TestASnapshotThatDoesNotFitIsIgnored(t *testing.T) {
 			}
 			p := startProjector(t, c.store, &projections.Snapshots{Path: path, Every: 1000})
 			r := p.Replayed()
-			if r.SnapshotSeq != 0 || r.Events != lastSeq(t, c.store) || !strings.Contains(r.SnapshotSkipped, c.reason) {
+			if r.SnapshotSeq != 0 || r.Seqs != lastSeq(t, c.store) || !strings.Contains(r.SnapshotSkipped, c.reason) {
 				t.Fatalf("replayed %+v, want the whole stream and a reason with %q", r, c.reason)
 			}
 			if c.store == store {
-				if got := stateOf(t, p); got != want {
-					t.Fatalf("state:\n%s\nwant:\n%s", got, want)
-				}
+				sameState(t, "state", p, full)
+			}
+			if _, err := os.Stat(path); !os.IsNotExist(err) {
+				t.Fatalf("the snapshot that was not used is still there: %v", err)
 			}
 		})
 	}

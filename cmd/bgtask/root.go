@@ -108,6 +108,24 @@ func version() string {
 	return "0.0.0-dev"
 }
 
+// buildID names this build more closely than version: a development build by
+// the commit it was built from (and whether the tree had changes), for the
+// projection snapshots, which a build does not take from another.
+func buildID() string {
+	id := version()
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range info.Settings {
+			switch {
+			case s.Key == "vcs.revision":
+				id += "+" + s.Value
+			case s.Key == "vcs.modified" && s.Value == "true":
+				id += "-modified"
+			}
+		}
+	}
+	return id
+}
+
 // connect opens a client connection: to --nats if given, else to the server whose
 // discovery file is in the home directory, with the credentials it generated there.
 func (g *globals) connect(name string) (*nats.Conn, error) {

@@ -165,7 +165,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	node, err := startNode(ctx, nc, base, nodeOptions{
 		writer: "engine@" + hostName(), leaseTTL: o.leaseTTL, replicas: 1,
 		push: o.delivery.pushing(secret), archiveAfter: o.archiveAfter,
-		snapshots: projections.Snapshots{Path: filepath.Join(home, snapshotFile), Every: o.snapshotEvery},
+		snapshots: projections.Snapshots{Path: filepath.Join(home, snapshotFile), Every: o.snapshotEvery, Build: buildID()},
 	})
 	if err != nil {
 		return err
@@ -213,15 +213,21 @@ func runExternal(ctx context.Context, g *globals, o serverOptions) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(home, 0o700); err != nil {
-		return fmt.Errorf("create home: %w", err)
+	snapshots := projections.Snapshots{Path: filepath.Join(home, snapshotFile), Every: o.snapshotEvery, Build: buildID()}
+	if snapshots.Every > 0 {
+		// An engine-only replica may run where the home cannot be written: it
+		// then replays the whole stream at each start.
+		if err := os.MkdirAll(home, 0o700); err != nil {
+			logger.Warn("no projection snapshots: the home cannot be created", "home", home, "err", err)
+			snapshots.Every = 0
+		}
 	}
 	// Replicas may share a host: each engine process has an id of its own, so no
 	// replica takes another's push in flight for one of its own dead ones.
 	node, err := startNode(ctx, nc, base, nodeOptions{
 		writer: fmt.Sprintf("engine@%s/%d", hostName(), os.Getpid()), leaseTTL: o.leaseTTL, replicas: o.replicas,
 		push: o.delivery.pushing(secret), archiveAfter: o.archiveAfter,
-		snapshots: projections.Snapshots{Path: filepath.Join(home, snapshotFile), Every: o.snapshotEvery},
+		snapshots: snapshots,
 	})
 	if err != nil {
 		return err
