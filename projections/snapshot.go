@@ -28,8 +28,9 @@ import (
 // A snapshot file is the projection at one sequence of the event stream, so that a
 // restart folds only the events after it. It is JSON lines: a header, one task's
 // state per line, and a trailer with the count and a CRC-32C of everything before
-// it. It is a cache: a snapshot that is missing, damaged, of another stream, or of
-// another fold is ignored, and the stream is replayed from its start.
+// it. It is a cache: a snapshot that is damaged, of another stream or build, or
+// folded from events the stream no longer holds is removed, and the stream is
+// replayed from its start.
 
 // snapshotVersion names the fold a snapshot holds. Raise it when Apply folds an
 // event differently: the state's type would not change, and a snapshot of the
