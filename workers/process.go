@@ -284,6 +284,17 @@ func (p *process) readExit() bool {
 	return true
 }
 
+// exitWritten says whether the shim has written the exit file: the command has
+// ended, and exited closes as soon as the watch has read the file.
+func (p *process) exitWritten() bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return exists(filepath.Join(p.dir, shim.ExitFile))
+	}
+}
+
 // detach stops watching; the command goes on.
 func (p *process) detach() {
 	select {

@@ -128,8 +128,10 @@ func TestExitIsRecordedPromptlyWhenABackgroundChildHoldsTheOutput(t *testing.T) 
 	t.Parallel()
 	b := setup(t)
 	b.startWorker(t, workers.Config{})
-	id := b.arm(t, engine.Spec{Command: "sleep 600 & echo started", Cwd: t.TempDir()})
-	pgid := b.waitFor(t, id, 20*time.Second, "started", hasPID).PID
+	dir := t.TempDir()
+	// It ends at once, most often before its first tick: its PID is in a file.
+	id := b.arm(t, engine.Spec{Command: "echo $$ > pid; sleep 600 & echo started", Cwd: dir})
+	pgid := readPID(t, filepath.Join(dir, "pid"))
 	// The sleeper outlives the command, in the command's process group.
 	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
 

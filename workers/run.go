@@ -360,7 +360,10 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 		return false
 	}
 	var err error
-	if started {
+	// The first tick says the command runs, with its PID. A command that has already
+	// ended (a short one often has by now) gets none: its exit says it all, and the
+	// exit is not held up behind one more append.
+	if started && !proc.exitWritten() {
 		err = r.record(ctx, engine.Tick{PID: proc.pids.Command.PID})
 	}
 	for !errors.Is(err, errFenced) {
