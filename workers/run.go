@@ -106,7 +106,7 @@ func (r *run) execute(ctx context.Context, offsets [2]int64, first func(*[2]int6
 	defer w.release(id) // held by whoever started the run
 	for respawn := first(&offsets); respawn; respawn = r.runOnce(ctx, &offsets) {
 		dir := w.runDir(id, r.state.Epoch+1)
-		if err := writeIntent(dir, id, r.state.Epoch+1); err != nil {
+		if err := writeIntent(dir); err != nil {
 			w.cfg.Base.Logger.Error("respawn not started", "task", id, "err", err)
 			return
 		}
