@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -87,7 +88,9 @@ func prepareRun(dir string, run shimRun, spec engine.Spec) (shimRun, error) {
 // the run's start lock, and returns once the shim has recorded how the command's
 // start went (or ended): it reads the shim's output until the shim lets go of it.
 func launchShim(shimCmd []string, dir string, run shimRun) error {
-	lock, err := os.OpenFile(filepath.Join(dir, shim.StartLockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	// The run's directory is its start lock: a lock file would be one more file made
+	// and removed with every run.
+	lock, err := os.Open(dir)
 	if err != nil {
 		return err
 	}
@@ -226,11 +229,15 @@ func awaitShim(n *notifier, dir string, waiting func()) (*process, error) {
 	}
 }
 
-// shimAlive reports whether a shim of the run in dir holds its start lock.
+// shimAlive reports whether a shim of the run in dir holds its start lock: the
+// directory, or the lock file of a run that a worker before this one started.
 func shimAlive(dir string) bool {
 	f, err := os.Open(filepath.Join(dir, shim.StartLockFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		f, err = os.Open(dir)
+	}
 	if err != nil {
-		return false // never started: the worker makes the file before the shim
+		return false
 	}
 	defer f.Close() // releases the lock if this took it
 	return errors.Is(unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB), unix.EWOULDBLOCK)
