@@ -1,6 +1,7 @@
 package workers_test
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -321,4 +322,43 @@ func TestShimAliveReadsTheStartLock(t *testing.T) {
 			t.Fatal("alive after the lock was let go")
 		}
 	})
+}
+
+// A shim runs with one Go scheduler thread (GOMAXPROCS=1 in its own environment),
+// which its command does not inherit.
+func TestAShimRunsWithOneSchedulerThread(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state, dir := t.TempDir(), t.TempDir()
+	b.startWorker(t, workers.Config{StateDir: state})
+	id := b.arm(t, engine.Spec{Command: `printenv GOMAXPROCS > gomaxprocs; while [ ! -e gate ]; do sleep 0.02; done`, Cwd: dir})
+	b.waitFor(t, id, 20*time.Second, "running", hasPID)
+	data, err := os.ReadFile(filepath.Join(state, "runs", id+"-1", "pid.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids struct{ Shim struct{ PID int } }
+	if err := json.Unmarshal(data, &pids); err != nil {
+		t.Fatal(err)
+	}
+	environ, err := os.ReadFile("/proc/" + strconv.Itoa(pids.Shim.PID) + "/environ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for kv := range strings.SplitSeq(string(environ), "\x00") {
+		if strings.HasPrefix(kv, "GOMAXPROCS=") {
+			got = append(got, kv)
+		}
+	}
+	if !slices.Equal(got, []string{"GOMAXPROCS=1"}) {
+		t.Errorf("the shim's environment has %q, want GOMAXPROCS=1 once", got)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "gate"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor(t, id, 20*time.Second, "ended", ended)
+	if out, _ := os.ReadFile(filepath.Join(dir, "gomaxprocs")); len(out) != 0 && os.Getenv("GOMAXPROCS") == "" {
+		t.Errorf("the command inherited GOMAXPROCS=%s from its shim", out)
+	}
 }
