@@ -117,7 +117,7 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 	// less in every task's start. The shim is this process's child until it ends,
 	// and reapShims collects it then; if the worker ends first, init does.
 	proc, err := os.StartProcess(path, append(slices.Clone(shimCmd), run.shimArgs(dir)...), &os.ProcAttr{
-		Env:   shimEnviron(os.Environ()),
+		Env:   ShimEnviron(os.Environ()),
 		Files: []*os.File{devnull, in, in, lock}, // lock: shim.StartLockFD
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	})
@@ -139,13 +139,13 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 	return nil
 }
 
-// shimEnviron is the shim's own environment: the worker's, with one Go scheduler
+// ShimEnviron is the shim's own environment: the worker's, with one Go scheduler
 // thread (GOMAXPROCS=1). A shim waits, one goroutine at a time; with GOMAXPROCS
 // unset, the Go runtime of every shim start reads the cgroup's CPU limit, sets up
 // a scheduler for each CPU and starts a goroutine that follows the limit, which
 // is a tenth or so of a shim's start. The command's environment is the run's
 // environ file, not this.
-func shimEnviron(env []string) []string {
+func ShimEnviron(env []string) []string {
 	env = slices.DeleteFunc(slices.Clone(env), func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") })
 	return append(env, "GOMAXPROCS=1")
 }
