@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -92,5 +93,22 @@ func BenchmarkMatcher(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkFairOrder orders 2,000 waiting tasks of 20 targets, as the scheduler
+// does whenever a slot frees while tasks queue.
+func BenchmarkFairOrder(b *testing.B) {
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	tasks := make([]engine.State, 2000)
+	for i := range tasks {
+		tasks[i] = engine.State{ID: fmt.Sprintf("t-%d", i), Phase: engine.PhaseArmed, ArmedAt: at.Add(time.Duration(i) * time.Millisecond), Seq: uint64(i + 1)}
+		tasks[i].Spec.Target, tasks[i].Spec.Kind = fmt.Sprintf("target-%d", i%20), []string{"build", "test"}[i%2]
+	}
+	turns := engine.NewTurns()
+	b.ReportAllocs()
+	for b.Loop() {
+		turns.Keep(tasks)
+		turns.Served(engine.FairOrder(tasks, turns)[0])
 	}
 }

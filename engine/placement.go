@@ -190,12 +190,15 @@ func (t *Turns) Served(s State) {
 	t.last[kindKey(s)] = t.n
 }
 
-// Keep forgets the targets and kinds that have no task waiting or running: one
-// that comes back after that has had no turn that still matters.
-func (t *Turns) Keep(active []State) {
+// Keep forgets the targets and kinds that have no task in active (the tasks
+// waiting and running): one that comes back after that has had no turn that still
+// matters.
+func (t *Turns) Keep(active ...[]State) {
 	keep := map[string]bool{}
-	for _, s := range active {
-		keep[targetKey(s)], keep[kindKey(s)] = true, true
+	for _, tasks := range active {
+		for i := range tasks {
+			keep[targetKey(tasks[i])], keep[kindKey(tasks[i])] = true, true
+		}
 	}
 	for k := range t.last {
 		if !keep[k] {
@@ -218,63 +221,81 @@ func (t *Turns) of(key string) uint64 {
 // (or a kind) with a thousand queued tasks delays another target's task by at most
 // one task, never by its whole queue, even when only one slot is ever free.
 func FairOrder(tasks []State, turns *Turns) []State {
-	sorted := slices.Clone(tasks)
-	slices.SortFunc(sorted, func(a, b State) int {
+	// Ordered by pointer: a State is large, and a pass orders every waiting task.
+	sorted := make([]*State, len(tasks))
+	for i := range tasks {
+		sorted[i] = &tasks[i]
+	}
+	slices.SortFunc(sorted, func(a, b *State) int {
 		if c := a.ArmedAt.Compare(b.ArmedAt); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.Seq, b.Seq)
 	})
 	byTarget := groupInOrder(sorted, targetKey)
-	sortByTurn(byTarget, turns, targetKey)
-	perTarget := make([][]State, len(byTarget))
-	for i, tasks := range byTarget {
-		byKind := groupInOrder(tasks, kindKey)
-		sortByTurn(byKind, turns, kindKey)
-		perTarget[i] = interleave(byKind)
+	sortByTurn(byTarget, turns)
+	perTarget := make([][]*State, len(byTarget))
+	for i, target := range byTarget {
+		byKind := groupInOrder(target.tasks, kindKey)
+		sortByTurn(byKind, turns)
+		kinds := make([][]*State, len(byKind))
+		for k, kind := range byKind {
+			kinds[k] = kind.tasks
+		}
+		perTarget[i] = interleave(kinds)
 	}
-	return interleave(perTarget)
+	out := make([]State, 0, len(tasks))
+	for _, s := range interleave(perTarget) {
+		out = append(out, *s)
+	}
+	return out
+}
+
+// group is tasks of one target, or of one kind of a target, oldest first.
+type group struct {
+	key   string
+	tasks []*State
 }
 
 // sortByTurn puts the groups served least recently first, keeping the order of
 // their oldest task among equals.
-func sortByTurn(groups [][]State, turns *Turns, key func(State) string) {
-	slices.SortStableFunc(groups, func(a, b []State) int {
-		return cmp.Compare(turns.of(key(a[0])), turns.of(key(b[0])))
+func sortByTurn(groups []group, turns *Turns) {
+	slices.SortStableFunc(groups, func(a, b group) int {
+		return cmp.Compare(turns.of(a.key), turns.of(b.key))
 	})
 }
 
-// groupInOrder splits items by key, keeping their order, with the groups in the
-// order of their first item.
-func groupInOrder[T any](items []T, key func(T) string) [][]T {
+// groupInOrder splits tasks by key, keeping their order, with the groups in the
+// order of their first task.
+func groupInOrder(tasks []*State, key func(State) string) []group {
 	index := map[string]int{}
-	var groups [][]T
-	for _, it := range items {
-		k := key(it)
+	var groups []group
+	for _, t := range tasks {
+		k := key(*t)
 		i, ok := index[k]
 		if !ok {
 			i = len(groups)
 			index[k] = i
-			groups = append(groups, nil)
+			groups = append(groups, group{key: k})
 		}
-		groups[i] = append(groups[i], it)
+		groups[i].tasks = append(groups[i].tasks, t)
 	}
 	return groups
 }
 
-// interleave takes one item of each list in turn until all are empty.
-func interleave[T any](lists [][]T) []T {
-	var out []T
-	for round := 0; ; round++ {
-		took := false
+// interleave takes one task of each list in turn until all are empty.
+func interleave(lists [][]*State) []*State {
+	n := 0
+	for _, l := range lists {
+		n += len(l)
+	}
+	out := make([]*State, 0, n)
+	for round := 0; len(out) < n; round++ {
 		for _, l := range lists {
 			if round < len(l) {
 				out = append(out, l[round])
-				took = true
 			}
 		}
-		if !took {
-			return out
-		}
 	}
+	return out
 }

@@ -269,7 +269,7 @@ func (s *Scheduler) pass(ctx context.Context) {
 		return
 	}
 	armed, _ := s.tasks.List(ListQuery{Phase: PhaseArmed})
-	s.turns.Keep(slices.Concat(armed, running))
+	s.turns.Keep(armed, running)
 	type offer struct {
 		task   State
 		worker string

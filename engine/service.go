@@ -133,8 +133,23 @@ func (s *Service) update(ctx context.Context, id string, c Command) (State, erro
 
 func (s *Service) meta() Meta { return Meta{Writer: s.writer, Now: s.base.Now()} }
 
-// Load rebuilds one task's state from its history in the store.
+// Load rebuilds one task's state from its history in the store. A task whose last
+// event is armed has no other (Register appends armed only on a task with no event),
+// so that event, one direct read, is its whole history: a worker loads every task
+// offered to it, and a history read costs the server a consumer of its own.
 func Load(ctx context.Context, store events.Store, id string) (State, error) {
+	last, err := store.Last(ctx, id)
+	if errors.Is(err, events.ErrNotFound) {
+		return State{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return State{}, err
+	}
+	if last.Type == events.TypeArmed {
+		if state, err := Apply(State{}, last); err == nil {
+			return state, nil
+		}
+	}
 	history, err := store.History(ctx, id)
 	if errors.Is(err, events.ErrNotFound) {
 		return State{}, fmt.Errorf("%w: %s", ErrNotFound, id)

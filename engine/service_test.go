@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -507,5 +508,55 @@ func TestLoadEqualsTheLiveFold(t *testing.T) {
 		if !reflect.DeepEqual(loaded, live) {
 			t.Fatalf("after %s the loaded state differs from the live one:\nloaded %+v\n  live %+v", ev.Type, loaded, live)
 		}
+	}
+}
+
+// countingStore counts the history reads of the store it wraps.
+type countingStore struct {
+	events.Store
+	histories atomic.Int64
+}
+
+func (c *countingStore) History(ctx context.Context, id string) ([]events.Record, error) {
+	c.histories.Add(1)
+	return c.Store.History(ctx, id)
+}
+
+func TestLoadOfAnArmedTaskReadsOnlyItsLastEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	store := &countingStore{Store: b.store}
+	id := b.register(t, `{"command":"make test","env":{"CI":"1"},"origin":{"chat":{"id":5}}}`)
+	hist, err := b.store.History(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := engine.Replay(hist)
+	got, err := engine.Load(ctx, store, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("loaded %+v\nwant the replay of its history %+v", got, want)
+	}
+	if n := store.histories.Load(); n != 0 {
+		t.Fatalf("Load of an armed task read its history %d times, want its last event only", n)
+	}
+	// A task with more events than armed is still read whole.
+	b.advance(t, id, workerA, engine.Spawn{Host: "h"})
+	b.advance(t, id, workerA, engine.Tick{PID: 7})
+	if hist, err = b.store.History(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	want, _ = engine.Replay(hist)
+	if got, err = engine.Load(ctx, store, id); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) || got.Phase != engine.PhaseRunning {
+		t.Fatalf("loaded %+v\nwant the replay of its history %+v", got, want)
+	}
+	if _, err := engine.Load(ctx, store, "no-such-task"); !errors.Is(err, engine.ErrNotFound) {
+		t.Fatalf("Load of an unknown task: %v, want ErrNotFound", err)
 	}
 }

@@ -22,7 +22,10 @@ const (
 )
 
 // Log chunk headers: where the chunk starts in its output stream, and the end mark a
-// worker writes when the output is complete.
+// worker writes when the output is complete. The end mark rides on the last chunk
+// of the output, or is a message without data (at the output's total size) when
+// the output ended with nothing left to publish; Read hands it on as a chunk of its
+// own either way.
 const (
 	LogOffsetHeader = "Bgtask-Offset"
 	LogEOFHeader    = "Bgtask-Eof"
@@ -106,7 +109,8 @@ type LogChunk struct {
 	Stream string
 	Offset int64
 	Data   []byte
-	// EOF marks the end of the output stream: Offset is then its total size.
+	// EOF marks the end of the output stream: a chunk of Read's without data, whose
+	// Offset is the stream's total size.
 	EOF bool
 }
 
@@ -146,6 +150,15 @@ func (l *Logs) Read(ctx context.Context, taskID string, streams []string, follow
 		for msg := range batch.Messages() {
 			n++
 			chunk := decodeChunk(msg)
+			if chunk.EOF && len(chunk.Data) > 0 {
+				// The last chunk, with the end mark: its data, then the mark.
+				data := chunk
+				data.EOF = false
+				if err := fn(data); err != nil {
+					return err
+				}
+				chunk = LogChunk{Stream: chunk.Stream, Offset: chunk.Offset + int64(len(chunk.Data)), EOF: true}
+			}
 			if chunk.EOF {
 				delete(open, chunk.Stream)
 			}
@@ -204,8 +217,10 @@ type LogWriter struct {
 	keptSize int64
 	closed   bool
 	final    bool
-	wake     chan struct{}
-	done     chan struct{}
+	// endMarked: the end mark went out on the last chunk.
+	endMarked bool
+	wake      chan struct{}
+	done      chan struct{}
 }
 
 type keptChunk struct {
@@ -289,8 +304,8 @@ func (w *LogWriter) run() {
 		w.mu.Lock()
 		closed, final := w.closed, w.final
 		w.mu.Unlock()
-		if w.flush() && closed {
-			if final {
+		if w.flush(closed && final) && closed {
+			if final && !w.endMarked {
 				w.publishEOF()
 			}
 			return
@@ -299,26 +314,35 @@ func (w *LogWriter) run() {
 }
 
 // flush publishes the pending output in chunks. It reports whether all of it went;
-// what did not stays pending for the next flush.
-func (w *LogWriter) flush() bool {
+// what did not stays pending for the next flush. With final (the writer is closed
+// for good: nothing more comes) the last chunk carries the end mark, which saves
+// the exit a round trip to the log stream.
+func (w *LogWriter) flush(final bool) bool {
 	for {
 		w.mu.Lock()
 		n := min(len(w.pending), logChunkBytes)
 		chunk := append([]byte(nil), w.pending[:n]...)
 		offset := w.offset
+		last := final && n == len(w.pending)
 		w.mu.Unlock()
 		if n == 0 {
 			return true
 		}
-		if !w.publish(chunk, offset) {
+		if !w.publish(chunk, offset, last) {
 			return false
+		}
+		if last {
+			w.endMarked = true
 		}
 	}
 }
 
-func (w *LogWriter) publish(chunk []byte, offset int64) bool {
+func (w *LogWriter) publish(chunk []byte, offset int64, eof bool) bool {
 	msg := &nats.Msg{Subject: w.subject, Data: chunk, Header: nats.Header{}}
 	msg.Header.Set(LogOffsetHeader, strconv.FormatInt(offset, 10))
+	if eof {
+		msg.Header.Set(LogEOFHeader, "1")
+	}
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
 	ack, err := w.logs.js.PublishMsg(ctx, msg)

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/events/eventstest"
 )
@@ -133,5 +135,64 @@ func TestLogReadFollowsUntilTheEndMark(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("follow did not end at the end mark")
+	}
+}
+
+// The end mark of an output that ends with something left to publish rides on its
+// last chunk: one message, not two. Read hands it on as before, a chunk without
+// data at the output's total size after the last data.
+func TestTheEndMarkRidesOnTheLastChunk(t *testing.T) {
+	t.Parallel()
+	srv := eventstest.Run(t)
+	ctx := context.Background()
+	logs, err := events.OpenLogs(ctx, srv.JS, events.LogConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := logs.Writer("ends", events.Stdout, 3)
+	w.Write([]byte("last\n"))
+	if total, dropped := w.Close(ctx, true); total != 8 || dropped != 0 {
+		t.Fatalf("Close = %d, %d dropped, want 8, 0", total, dropped)
+	}
+	empty := logs.Writer("ends", events.Stderr, 0)
+	empty.Close(ctx, true)
+
+	stream, err := srv.JS.Stream(ctx, events.LogStreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(events.LogSubject("ends", ">")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{events.Stdout, events.Stderr} {
+		if n := info.State.Subjects[events.LogSubject("ends", s)]; n != 1 {
+			t.Errorf("%s holds %d messages, want 1 (its end mark on its last chunk, or alone)", s, n)
+		}
+	}
+	var got []events.LogChunk
+	if err := logs.Read(ctx, "ends", nil, true, func(c events.LogChunk) error {
+		got = append(got, c)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := []events.LogChunk{
+		{Stream: events.Stdout, Offset: 3, Data: []byte("last\n")},
+		{Stream: events.Stdout, Offset: 8, EOF: true},
+		{Stream: events.Stderr, Offset: 0, EOF: true},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("read %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i].Stream != want[i].Stream || got[i].Offset != want[i].Offset || got[i].EOF != want[i].EOF || !bytes.Equal(got[i].Data, want[i].Data) {
+			t.Fatalf("chunk %d = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	for s, want := range map[string]int64{events.Stdout: 8, events.Stderr: 0} {
+		if end, err := logs.End(ctx, "ends", s); err != nil || end != want {
+			t.Errorf("End(%s) = %d, %v, want %d", s, end, err, want)
+		}
 	}
 }

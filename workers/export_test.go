@@ -12,7 +12,7 @@ import (
 // moment: the shim (started through shim) records the command's start later, or
 // never. launched receives the result of the shim's first stage.
 func StartRunAndDie(shim []string, runDir, taskID string, epoch uint64, spec engine.Spec) (launched <-chan error, err error) {
-	if err := writeIntent(runDir, taskID, epoch); err != nil {
+	if err := writeIntent(runDir); err != nil {
 		return nil, err
 	}
 	run, err := prepareRun(runDir, shimRun{TaskID: taskID, Epoch: epoch, Env: os.Environ(), Dir: spec.Cwd, KillGrace: time.Second}, spec)
@@ -23,3 +23,6 @@ func StartRunAndDie(shim []string, runDir, taskID string, epoch uint64, spec eng
 	go func() { done <- launchShim(shim, runDir, run) }()
 	return done, nil
 }
+
+// ShimAlive is shimAlive: whether a shim holds the start lock of the run in dir.
+var ShimAlive = shimAlive

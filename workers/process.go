@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -87,7 +89,9 @@ func prepareRun(dir string, run shimRun, spec engine.Spec) (shimRun, error) {
 // the run's start lock, and returns once the shim has recorded how the command's
 // start went (or ended): it reads the shim's output until the shim lets go of it.
 func launchShim(shimCmd []string, dir string, run shimRun) error {
-	lock, err := os.OpenFile(filepath.Join(dir, shim.StartLockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	// The run's directory is its start lock: a lock file would be one more file made
+	// and removed with every run.
+	lock, err := os.Open(dir)
 	if err != nil {
 		return err
 	}
@@ -113,6 +117,7 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 	// less in every task's start. The shim is this process's child until it ends,
 	// and reapShims collects it then; if the worker ends first, init does.
 	proc, err := os.StartProcess(path, append(slices.Clone(shimCmd), run.shimArgs(dir)...), &os.ProcAttr{
+		Env:   ShimEnviron(os.Environ()),
 		Files: []*os.File{devnull, in, in, lock}, // lock: shim.StartLockFD
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	})
@@ -132,6 +137,17 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 		return fmt.Errorf("start the shim: %v: %s", state, bytes.TrimSpace(said))
 	}
 	return nil
+}
+
+// ShimEnviron is the shim's own environment: the worker's, with one Go scheduler
+// thread (GOMAXPROCS=1). A shim waits, one goroutine at a time; with GOMAXPROCS
+// unset, the Go runtime of every shim start reads the cgroup's CPU limit, sets up
+// a scheduler for each CPU and starts a goroutine that follows the limit, which
+// is a tenth or so of a shim's start. The command's environment is the run's
+// environ file, not this.
+func ShimEnviron(env []string) []string {
+	env = slices.DeleteFunc(slices.Clone(env), func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") })
+	return append(env, "GOMAXPROCS=1")
 }
 
 // recorded says whether the shim of a run recorded the command's start: its PIDs,
@@ -226,11 +242,15 @@ func awaitShim(n *notifier, dir string, waiting func()) (*process, error) {
 	}
 }
 
-// shimAlive reports whether a shim of the run in dir holds its start lock.
+// shimAlive reports whether a shim of the run in dir holds its start lock: the
+// directory, or the lock file of a run that a worker before this one started.
 func shimAlive(dir string) bool {
 	f, err := os.Open(filepath.Join(dir, shim.StartLockFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		f, err = os.Open(dir)
+	}
 	if err != nil {
-		return false // never started: the worker makes the file before the shim
+		return false
 	}
 	defer f.Close() // releases the lock if this took it
 	return errors.Is(unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB), unix.EWOULDBLOCK)
@@ -282,6 +302,17 @@ func (p *process) readExit() bool {
 	p.result = events.Exited{ExitCode: exit.ExitCode, Signal: exit.Signal, StoppedBy: exit.StoppedBy, StartedAt: exit.StartedAt, EndedAt: exit.EndedAt}
 	p.failure = exit.StartError
 	return true
+}
+
+// exitWritten says whether the shim has written the exit file: the command has
+// ended, and exited closes as soon as the watch has read the file.
+func (p *process) exitWritten() bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return exists(filepath.Join(p.dir, shim.ExitFile))
+	}
 }
 
 // detach stops watching; the command goes on.

@@ -1,6 +1,7 @@
 package workers_test
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -128,8 +129,10 @@ func TestExitIsRecordedPromptlyWhenABackgroundChildHoldsTheOutput(t *testing.T) 
 	t.Parallel()
 	b := setup(t)
 	b.startWorker(t, workers.Config{})
-	id := b.arm(t, engine.Spec{Command: "sleep 600 & echo started", Cwd: t.TempDir()})
-	pgid := b.waitFor(t, id, 20*time.Second, "started", hasPID).PID
+	dir := t.TempDir()
+	// It ends at once, most often before its first tick: its PID is in a file.
+	id := b.arm(t, engine.Spec{Command: "echo $$ > pid; sleep 600 & echo started", Cwd: dir})
+	pgid := readPID(t, filepath.Join(dir, "pid"))
 	// The sleeper outlives the command, in the command's process group.
 	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
 
@@ -241,5 +244,121 @@ func TestEndedShimsAreReaped(t *testing.T) {
 			t.Fatalf("the shim %d is still there (state %c) 20 s after its run ended", shim, state)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A run's directory holds the files of its run and no other: the directory itself
+// is the run's intent and its start lock, which its shim holds while it lives.
+func TestARunDirectoryIsItsStartLock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state, dir := t.TempDir(), t.TempDir()
+	b.startWorker(t, workers.Config{StateDir: state})
+	id := b.arm(t, engine.Spec{Command: "while [ ! -e gate ]; do sleep 0.02; done", Cwd: dir})
+	b.waitFor(t, id, 20*time.Second, "running", hasPID)
+	runDir := filepath.Join(state, "runs", id+"-1")
+	entries, err := os.ReadDir(runDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if want := []string{"environ", "pid.json", "run.json", "starting", "stderr", "stdout"}; !slices.Equal(names, want) {
+		t.Fatalf("run directory holds %v, want %v", names, want)
+	}
+	if !workers.ShimAlive(runDir) {
+		t.Fatal("the shim of a running command does not hold its run's directory locked")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "gate"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor(t, id, 20*time.Second, "ended", ended)
+}
+
+// A run that a worker before this one started has its start lock in a file of its
+// own, which its shim holds; the run's directory is the lock of the runs started
+// now.
+func TestShimAliveReadsTheStartLock(t *testing.T) {
+	t.Parallel()
+	lock := func(t *testing.T, path string) (unlock func()) {
+		t.Helper()
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+			t.Fatal(err)
+		}
+		return func() { f.Close() }
+	}
+	t.Run("the directory", func(t *testing.T) {
+		dir := t.TempDir()
+		if workers.ShimAlive(dir) {
+			t.Fatal("alive before anything holds the lock")
+		}
+		unlock := lock(t, dir)
+		if !workers.ShimAlive(dir) {
+			t.Fatal("not alive while the directory is locked")
+		}
+		unlock()
+		if workers.ShimAlive(dir) {
+			t.Fatal("alive after the lock was let go")
+		}
+	})
+	t.Run("the lock file of an earlier worker", func(t *testing.T) {
+		dir := t.TempDir()
+		file := filepath.Join(dir, "start.lock")
+		if err := os.WriteFile(file, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		unlock := lock(t, file)
+		if !workers.ShimAlive(dir) {
+			t.Fatal("not alive while the start.lock file is locked")
+		}
+		unlock()
+		if workers.ShimAlive(dir) {
+			t.Fatal("alive after the lock was let go")
+		}
+	})
+}
+
+// A shim runs with one Go scheduler thread (GOMAXPROCS=1 in its own environment),
+// which its command does not inherit.
+func TestAShimRunsWithOneSchedulerThread(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state, dir := t.TempDir(), t.TempDir()
+	b.startWorker(t, workers.Config{StateDir: state})
+	id := b.arm(t, engine.Spec{Command: `printenv GOMAXPROCS > gomaxprocs; while [ ! -e gate ]; do sleep 0.02; done`, Cwd: dir})
+	b.waitFor(t, id, 20*time.Second, "running", hasPID)
+	data, err := os.ReadFile(filepath.Join(state, "runs", id+"-1", "pid.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids struct{ Shim struct{ PID int } }
+	if err := json.Unmarshal(data, &pids); err != nil {
+		t.Fatal(err)
+	}
+	environ, err := os.ReadFile("/proc/" + strconv.Itoa(pids.Shim.PID) + "/environ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for kv := range strings.SplitSeq(string(environ), "\x00") {
+		if strings.HasPrefix(kv, "GOMAXPROCS=") {
+			got = append(got, kv)
+		}
+	}
+	if !slices.Equal(got, []string{"GOMAXPROCS=1"}) {
+		t.Errorf("the shim's environment has %q, want GOMAXPROCS=1 once", got)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "gate"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor(t, id, 20*time.Second, "ended", ended)
+	if out, _ := os.ReadFile(filepath.Join(dir, "gomaxprocs")); len(out) != 0 && os.Getenv("GOMAXPROCS") == "" {
+		t.Errorf("the command inherited GOMAXPROCS=%s from its shim", out)
 	}
 }

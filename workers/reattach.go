@@ -34,9 +34,9 @@ func (w *Worker) reattach(ctx context.Context) error {
 	}
 	log := w.cfg.Base.Logger
 	for _, dir := range dirs {
-		var sr shimRun
-		if err := readJSON(filepath.Join(dir, intentFile), &sr); errors.Is(err, fs.ErrNotExist) {
-			_ = os.RemoveAll(dir) // made, then left before its intent was written
+		sr, err := intentOf(dir)
+		if errors.Is(err, errNotARun) {
+			_ = os.RemoveAll(dir)
 			continue
 		} else if err != nil {
 			log.Error("a run directory cannot be read: left as it is", "dir", dir, "err", err)
@@ -200,20 +200,63 @@ func decisionOf(dir string, state engine.State) *stopDecision {
 	return nil
 }
 
-// intentFile names the task and epoch a run directory is for. It is written before
-// the spawn is appended, so no task can be taken without a trace on disk.
+// A run's directory is its intent: made (and made durable) before the spawn is
+// appended, so no task can be taken without a trace on disk, and named for the task
+// and the epoch of the run (runDir). Workers before this one wrote the name in
+// intentFile too, and a run directory without it was one left before its intent
+// was written; such a directory now stands for an intent whose spawn may not be in
+// the log, which reattach settles like any other (it stops what is not the
+// worker's).
 const intentFile = "task.json"
 
-// It fails with fs.ErrExist if the run's directory exists: then this worker holds
-// the run already (a redelivered armed event must not clobber it).
-func writeIntent(dir, taskID string, epoch uint64) error {
-	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+// writeIntent makes the directory of a run. It fails with fs.ErrExist if the run's
+// directory exists: then this worker holds the run already (a redelivered armed
+// event must not clobber it).
+func writeIntent(dir string) error {
+	runs := filepath.Dir(dir)
+	if err := os.MkdirAll(runs, 0o700); err != nil {
 		return err
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return err
 	}
-	return writeJSONAtomic(filepath.Join(dir, intentFile), shimRun{TaskID: taskID, Epoch: epoch})
+	// The new directory, then its entry in runs: both on disk before the spawn.
+	if err := syncDir(dir); err != nil {
+		return err
+	}
+	return syncDir(runs)
+}
+
+func syncDir(path string) error {
+	d, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// errNotARun: a directory in runs that no worker made for a run.
+var errNotARun = errors.New("not a run directory")
+
+// intentOf reads which task and epoch a run directory is for: from its name, or
+// from the intent file a worker before this one wrote.
+func intentOf(dir string) (shimRun, error) {
+	var sr shimRun
+	err := readJSON(filepath.Join(dir, intentFile), &sr)
+	if !errors.Is(err, fs.ErrNotExist) {
+		return sr, err
+	}
+	name := filepath.Base(dir)
+	i := strings.LastIndexByte(name, '-')
+	if i < 0 {
+		return sr, errNotARun
+	}
+	epoch, err := strconv.ParseUint(name[i+1:], 10, 64)
+	if err != nil || !events.ValidToken(name[:i]) {
+		return sr, errNotARun
+	}
+	return shimRun{TaskID: name[:i], Epoch: epoch}, nil
 }
 
 // ErrStateDirInUse: another worker process holds the state directory.

@@ -106,7 +106,7 @@ func (r *run) execute(ctx context.Context, offsets [2]int64, first func(*[2]int6
 	defer w.release(id) // held by whoever started the run
 	for respawn := first(&offsets); respawn; respawn = r.runOnce(ctx, &offsets) {
 		dir := w.runDir(id, r.state.Epoch+1)
-		if err := writeIntent(dir, id, r.state.Epoch+1); err != nil {
+		if err := writeIntent(dir); err != nil {
 			w.cfg.Base.Logger.Error("respawn not started", "task", id, "err", err)
 			return
 		}
@@ -360,7 +360,10 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 		return false
 	}
 	var err error
-	if started {
+	// The first tick says the command runs, with its PID. A command that has already
+	// ended (a short one often has by now) gets none: its exit says it all, and the
+	// exit is not held up behind one more append.
+	if started && !proc.exitWritten() {
 		err = r.record(ctx, engine.Tick{PID: proc.pids.Command.PID})
 	}
 	for !errors.Is(err, errFenced) {

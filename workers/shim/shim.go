@@ -9,7 +9,6 @@
 //	environ     the command's environment, NUL-separated (written by the worker)
 //	stdout      the command's output
 //	stderr
-//	start.lock  locked for as long as a shim of the run lives (see StartLockFD)
 //	starting    made just before the shim starts the command
 //	pid.json    the command's and the shim's PIDs with their start times
 //	exit.json   how the command ended (or why it could not start)
@@ -47,12 +46,13 @@ const (
 	ExitFile      = "exit.json"
 )
 
-// StartLockFD is the descriptor of the run's start lock in a shim. The worker
-// locks the file (flock) before it starts the shim and hands the locked descriptor
-// down, and the shim keeps it open for as long as it lives: whoever
-// finds the lock free knows that no shim of the run is alive, or ever will be, so
-// a worker that died while its shim started can tell a shim still starting from
-// one gone.
+// StartLockFD is the descriptor of the run's start lock in a shim: the run
+// directory, which the worker locks (flock) before it starts the shim and hands
+// down, and the shim keeps open for as long as it lives: whoever finds the lock
+// free knows that no shim of the run is alive, or ever will be, so a worker that
+// died while its shim started can tell a shim still starting from one gone.
+// Workers before this one locked a file of its own in the directory,
+// StartLockFile, which the shims they started hold.
 const StartLockFD = 3
 
 // Why the shim stopped a command, in Exit.StoppedBy.
