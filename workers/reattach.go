@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -272,15 +273,27 @@ func lockStateDir(dir string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
+	// A lock held a moment longer than its worker lives is let go soon: a worker
+	// that just ended (the kernel drops its locks as it exits), or a process of
+	// ours being started (it holds a copy of every descriptor until its exec).
+	for deadline := time.Now().Add(stateLockWait); ; {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		switch {
+		case err == nil:
+			return f, nil
+		case !errors.Is(err, unix.EWOULDBLOCK):
+			f.Close()
+			return nil, err
+		case time.Now().After(deadline):
+			f.Close()
 			return nil, fmt.Errorf("%w: %s: give each worker its own --state-dir", ErrStateDirInUse, dir)
 		}
-		return nil, err
+		time.Sleep(20 * time.Millisecond)
 	}
-	return f, nil
 }
+
+// stateLockWait is how long a worker waits for its state directory's lock.
+const stateLockWait = 2 * time.Second
 
 // stableID is the worker's identity, kept in its state directory: a restarted
 // worker is the same worker and finds its runs again. want is the identity asked
