@@ -13,6 +13,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// DefaultDuplicates is the event stream's dedupe window unless configured: NATS
+// keeps every event id of the last two minutes, and rebuilds that set when it
+// restarts.
+const DefaultDuplicates = 2 * time.Minute
+
 // StreamConfig is how the event stream is created.
 type StreamConfig struct {
 	Replicas int
@@ -26,7 +31,7 @@ func (c StreamConfig) withDefaults() StreamConfig {
 		c.Replicas = 1
 	}
 	if c.Duplicates == 0 {
-		c.Duplicates = 2 * time.Minute
+		c.Duplicates = DefaultDuplicates
 	}
 	return c
 }
