@@ -154,10 +154,6 @@ func TestATaskTakenButNotStartedBeforeARestartIsStarted(t *testing.T) {
 			dir := t.TempDir()
 			id := b.arm(t, engine.Spec{Command: "echo ran", Cwd: dir})
 			// What the dead worker did: its intent, then its spawn.
-			st, err := engine.Load(context.Background(), b.store, id)
-			if err != nil {
-				t.Fatal(err)
-			}
 			runDir := filepath.Join(state, "runs", id+"-1")
 			if err := os.MkdirAll(runDir, 0o700); err != nil {
 				t.Fatal(err)
@@ -167,13 +163,7 @@ func TestATaskTakenButNotStartedBeforeARestartIsStarted(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			ev, err := engine.Decide(st, engine.Spawn{Host: "h"}, engine.Meta{Writer: "stable", Now: time.Now()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := b.store.Append(context.Background(), ev, st.Seq); err != nil {
-				t.Fatal(err)
-			}
+			b.spawnAs(t, id, "stable")
 
 			b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
 			end := b.waitFor(t, id, 20*time.Second, "ended", ended)
@@ -296,17 +286,7 @@ func TestAWorkerThatDiedWhileItsShimStartedWaitsForTheShim(t *testing.T) {
 	state, dir := t.TempDir(), t.TempDir()
 	spec := engine.Spec{Command: `while [ ! -e done ]; do sleep 0.02; done; exit 9`, Cwd: dir}
 	id := b.arm(t, spec)
-	st, err := engine.Load(context.Background(), b.store, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev, err := engine.Decide(st, engine.Spawn{Host: "h"}, engine.Meta{Writer: "stable", Now: time.Now()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.store.Append(context.Background(), ev, st.Seq); err != nil {
-		t.Fatal(err)
-	}
+	b.spawnAs(t, id, "stable")
 	// The shim is slow to start: it waits for the file shim-go.
 	gate := filepath.Join(dir, "shim-go")
 	shim := []string{"sh", "-c", `while [ ! -e "$0" ]; do sleep 0.01; done; exec "$1" shim "$2"`, gate, os.Args[0]}
@@ -512,5 +492,22 @@ func TestAStateDirectoryKeepsItsWorkersIdentityWhileItHoldsRuns(t *testing.T) {
 	again.Stop()
 	if w := b.startWorker(t, workers.Config{ID: "second", StateDir: state}); w.ID() != "second" {
 		t.Fatalf("worker id %q on an empty state directory, want second", w.ID())
+	}
+}
+
+// spawnAs appends the task's spawn as worker did, without anything started: what
+// a worker that died right after taking the task leaves in the log.
+func (b *bundle) spawnAs(t *testing.T, id, worker string) {
+	t.Helper()
+	st, err := engine.Load(context.Background(), b.store, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := engine.Decide(st, engine.Spawn{Host: "h"}, engine.Meta{Writer: worker, Now: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Append(context.Background(), ev, st.Seq); err != nil {
+		t.Fatal(err)
 	}
 }
