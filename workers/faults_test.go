@@ -227,11 +227,13 @@ func TestTheShimStopsACommandAtItsDeadlineWhileNoWorkerWatches(t *testing.T) {
 	b := setup(t)
 	state := t.TempDir()
 	first := b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
-	spec, err := engine.ParseSpecAt([]byte(`{"command":"exec sleep 600","cwd":"/","deadline":"1s"}`), time.Now())
+	// Long enough for both to start (and tick with their PIDs) before the worker
+	// stops, on a loaded machine: a command that has already ended gets no tick.
+	spec, err := engine.ParseSpecAt([]byte(`{"command":"exec sleep 600","cwd":"/","deadline":"5s"}`), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	stalling, err := engine.ParseSpecAt([]byte(`{"command":"echo once; exec sleep 600","cwd":"/","stall_after":"500ms","on_stall":"kill"}`), time.Now())
+	stalling, err := engine.ParseSpecAt([]byte(`{"command":"echo once; exec sleep 600","cwd":"/","stall_after":"3s","on_stall":"kill"}`), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
