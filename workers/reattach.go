@@ -222,19 +222,10 @@ func writeIntent(dir string) error {
 		return err
 	}
 	// The new directory, then its entry in runs: both on disk before the spawn.
-	if err := syncDir(dir); err != nil {
+	if err := shim.SyncDir(dir); err != nil {
 		return err
 	}
-	return syncDir(runs)
-}
-
-func syncDir(path string) error {
-	d, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return shim.SyncDir(runs)
 }
 
 // errNotARun: a directory in runs that no worker made for a run.

@@ -123,11 +123,20 @@ func writeFile(path string, data []byte, durable bool) error {
 	if !durable {
 		return nil
 	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
+	// The rename is on disk once its directory is: best effort, the file's data is.
+	_ = SyncDir(filepath.Dir(path))
 	return nil
+}
+
+// SyncDir makes a directory's entries durable: the files made, renamed or removed
+// in it.
+func SyncDir(path string) error {
+	d, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // ProcStart reads a process's start time, which with its PID names it uniquely.
