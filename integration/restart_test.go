@@ -2,8 +2,9 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/bgtask/bgtask/projections"
 )
 
 // snapshot is what the queries return: the state a restart must rebuild.
@@ -125,19 +128,11 @@ func TestWorkersRacingForTasksSpawnEachExactlyOnce(t *testing.T) {
 // snapshotSeq is the sequence of the projection snapshot in home, 0 while there is none.
 func snapshotSeq(t *testing.T, home string) uint64 {
 	t.Helper()
-	f, err := os.Open(filepath.Join(home, "projection.snapshot"))
-	if os.IsNotExist(err) {
-		return 0
-	}
-	if err != nil {
+	seq, err := projections.SnapshotSeq(filepath.Join(home, "projection.snapshot"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	var h struct{ Seq uint64 }
-	if err := json.NewDecoder(f).Decode(&h); err != nil {
-		t.Fatal(err)
-	}
-	return h.Seq
+	return seq
 }
 
 func TestRestartFromASnapshotServesTheSameState(t *testing.T) {

@@ -33,8 +33,10 @@ type Snapshots struct {
 	// Path is the snapshot file; its directory must exist.
 	Path string
 	// Every is how many events may be applied after the last snapshot before the
-	// next one is written; at least as many as there are tasks, since writing a
-	// snapshot costs about what replaying one event per task does.
+	// next one is written; never fewer than there are tasks, so that the writes
+	// cost a bounded share of the work: writing one of 100,000 finished tasks took
+	// 2.2-3.3 s here, replaying their 1,000,000 events 12-18 s (bgtask bench
+	// --scenario restart).
 	Every uint64
 	// Build names the build of bgtask: a snapshot of another is not read, for its
 	// fold of the events may differ.

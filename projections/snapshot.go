@@ -200,6 +200,22 @@ func readSnapshot(path, build string, accept func(snapshotHeader) error) (*snaps
 	return &snapshot{header: h, tasks: tasks}, nil
 }
 
+// SnapshotSeq is the stream sequence the snapshot at path holds the state up to,
+// read from its header alone (the rest is not checked); fs.ErrNotExist if there is
+// none. The bench and the tests wait with it for a snapshot to be written.
+func SnapshotSeq(path string) (uint64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	var h snapshotHeader
+	if err := json.NewDecoder(f).Decode(&h); err != nil {
+		return 0, fmt.Errorf("snapshot %s: header: %w", path, err)
+	}
+	return h.Seq, nil
+}
+
 // stateBatch is a run of state lines, decoded by one goroutine.
 type stateBatch struct {
 	data []byte

@@ -1,7 +1,6 @@
 package projections_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -18,39 +17,18 @@ import (
 	"github.com/bgtask/bgtask/projections"
 )
 
-// snapshotHeader reads the first line of a snapshot file, nil while there is none.
-func snapshotHeader(t testing.TB, path string) map[string]any {
-	t.Helper()
-	f, err := os.Open(path)
-	if os.IsNotExist(err) {
-		return nil
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	line, err := bufio.NewReader(f).ReadBytes('\n')
-	if err != nil {
-		t.Fatal(err)
-	}
-	var h map[string]any
-	if err := json.Unmarshal(line, &h); err != nil {
-		t.Fatal(err)
-	}
-	return h
-}
-
 // awaitSnapshot waits until the snapshot at path holds the stream up to seq: a
 // projector writes it in the background.
 func awaitSnapshot(t testing.TB, path string, seq uint64) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		if h := snapshotHeader(t, path); h != nil && h["seq"].(float64) >= float64(seq) {
+		at, err := projections.SnapshotSeq(path)
+		if err == nil && at >= seq {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no snapshot at seq %d in %s: header %v", seq, path, snapshotHeader(t, path))
+			t.Fatalf("no snapshot at seq %d in %s: %d, %v", seq, path, at, err)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

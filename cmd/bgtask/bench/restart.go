@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/projections"
 )
 
 func runRestart(ctx context.Context, r *runner, s *Scenario) error {
@@ -111,16 +111,13 @@ func (r *runner) awaitSnapshot(ctx context.Context, home string, seq uint64) (in
 	path := filepath.Join(home, r.opts.SnapshotFile)
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
-		if f, err := os.Open(path); err == nil {
-			var h struct {
-				Seq uint64 `json:"seq"`
+		// The file is renamed into place whole: once it names seq, it is written.
+		if at, err := projections.SnapshotSeq(path); err == nil && at >= seq {
+			info, err := os.Stat(path)
+			if err != nil {
+				return 0, err
 			}
-			err := json.NewDecoder(f).Decode(&h)
-			info, serr := f.Stat()
-			f.Close()
-			if err == nil && serr == nil && h.Seq >= seq {
-				return info.Size(), nil
-			}
+			return info.Size(), nil
 		}
 		if time.Now().After(deadline) {
 			return 0, fmt.Errorf("no snapshot at seq %d in %s after 5 minutes", seq, path)
