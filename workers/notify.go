@@ -242,8 +242,7 @@ type waiter struct {
 	warned bool          // under n.mu: said once that it cannot be watched
 	timer  *time.Timer
 
-	process     *os.File // a pidfd, if the waiter also waits for a process to end
-	processWait sync.WaitGroup
+	process *endWatch // if the waiter also waits for a process to end
 }
 
 // wants reports whether an event on a file named name (empty for the watched
@@ -305,31 +304,55 @@ func (w *waiter) pollEvery() time.Duration {
 
 // watchProcess wakes the waiter when process p ends too. A shim that dies without
 // its exit file (killed) changes nothing in its directory; its pidfd turns readable
-// when it ends, and the runtime's poller waits on it with no thread of its own.
+// when it ends.
 func (w *waiter) watchProcess(p shim.ProcRef) {
+	w.process = watchEnd(p, w.notify)
+}
+
+// endWatch waits for a process to end on its pidfd, which the runtime's poller
+// waits on with no thread of its own.
+type endWatch struct {
+	pidfd *os.File
+	wait  sync.WaitGroup
+}
+
+// watchEnd calls ended once process p has ended (a zombie has), or at once if the
+// PID names another process now. It returns nil, and never calls ended, where it
+// cannot watch: p ended already, or no pidfd (before Linux 5.10); the caller's own
+// checks and polls see the end then.
+func watchEnd(p shim.ProcRef, ended func()) *endWatch {
 	fd, err := unix.PidfdOpen(p.PID, unix.PIDFD_NONBLOCK)
 	if err != nil {
-		return // ended already, or no pidfd (before Linux 5.10): the caller's checks and polls see the end
+		return nil
 	}
 	f := os.NewFile(uintptr(fd), "pidfd")
 	if start, err := shim.ProcStart(p.PID); err != nil || start != p.Start {
 		f.Close() // the PID names another process now: p has ended
-		w.notify()
-		return
+		ended()
+		return nil
 	}
 	conn, err := f.SyscallConn()
 	if err != nil {
 		f.Close()
-		return
+		return nil
 	}
-	w.process = f
-	w.processWait.Go(func() {
+	e := &endWatch{pidfd: f}
+	e.wait.Go(func() {
 		// Read calls pidfdReadable again each time the poller says the pidfd is
 		// readable; it fails when close closes the pidfd.
 		if conn.Read(pidfdReadable) == nil {
-			w.notify()
+			ended()
 		}
 	})
+	return e
+}
+
+// close stops the watch; ended is not called after it returns.
+func (e *endWatch) close() {
+	if e != nil {
+		e.pidfd.Close()
+		e.wait.Wait()
+	}
 }
 
 func pidfdReadable(fd uintptr) bool {
@@ -346,10 +369,7 @@ func (w *waiter) close() {
 	if w.timer != nil {
 		w.timer.Stop()
 	}
-	if w.process != nil {
-		w.process.Close()
-		w.processWait.Wait()
-	}
+	w.process.close()
 	w.n.mu.Lock()
 	defer w.n.mu.Unlock()
 	w.n.leave(w)

@@ -340,6 +340,56 @@ func TestProcessSeesTheExitFile(t *testing.T) {
 	})
 }
 
+// The command's end is seen before its shim has written the exit file: the worker
+// flushes the log meanwhile.
+func TestProcessSeesTheCommandEndBeforeTheExitFile(t *testing.T) {
+	attach := func(t *testing.T, command shim.ProcRef) *process {
+		t.Helper()
+		_, shimRef := startSleep(t) // a shim alive that writes no exit file
+		dir := t.TempDir()
+		if err := writeJSONAtomic(filepath.Join(dir, shim.PIDFile), shim.PIDs{Shim: shimRef, Command: command}); err != nil {
+			t.Fatal(err)
+		}
+		p, err := attachProcess(newTestNotifier(t), dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.detach)
+		return p
+	}
+	seen := func(t *testing.T, p *process) {
+		t.Helper()
+		select {
+		case <-p.commandEnded:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the command's end not seen")
+		}
+		select {
+		case <-p.exited:
+			t.Fatal("exited closed with no exit file and the shim alive")
+		default:
+		}
+		if !p.ended() {
+			t.Fatal("ended() is false once the command has ended")
+		}
+	}
+
+	t.Run("killed", func(t *testing.T) {
+		cmd, ref := startSleep(t)
+		p := attach(t, ref)
+		if p.ended() {
+			t.Fatal("ended() while the command runs")
+		}
+		_ = cmd.Process.Kill() // not reaped: its shim would reap it
+		seen(t, p)
+	})
+	t.Run("its PID naming another process", func(t *testing.T) {
+		_, ref := startSleep(t)
+		ref.Start++
+		seen(t, attach(t, ref))
+	})
+}
+
 // chunks is a writer that hands each write on.
 type chunks chan string
 

@@ -24,14 +24,19 @@ import (
 
 // process is a command a shim runs, watched through its run directory.
 type process struct {
-	dir     string
-	pids    shim.PIDs
-	exited  chan struct{} // closed when the exit file is read, or the shim is gone
-	result  events.Exited
-	lost    bool   // the shim ended without writing an exit file
-	failure string // the shim could not run or wait for the command
-	quit    chan struct{}
-	stopped chan struct{}
+	dir    string
+	pids   shim.PIDs
+	exited chan struct{} // closed when the exit file is read, or the shim is gone
+	// commandEnded is closed when the command has ended, which is before its shim
+	// has reaped it and written the exit file; never where its end cannot be
+	// watched (exited says it then).
+	commandEnded chan struct{}
+	commandWatch *endWatch
+	result       events.Exited
+	lost         bool   // the shim ended without writing an exit file
+	failure      string // the shim could not run or wait for the command
+	quit         chan struct{}
+	stopped      chan struct{}
 }
 
 // startProcess writes a run directory and starts the shim that runs the spec's
@@ -259,10 +264,11 @@ func shimAlive(dir string) bool {
 // attachProcess watches a run that a shim started, from its directory: after a
 // start, or after the worker restarted.
 func attachProcess(n *notifier, dir string) (*process, error) {
-	p := &process{dir: dir, exited: make(chan struct{}), quit: make(chan struct{}), stopped: make(chan struct{})}
+	p := &process{dir: dir, exited: make(chan struct{}), commandEnded: make(chan struct{}), quit: make(chan struct{}), stopped: make(chan struct{})}
 	if err := readJSON(filepath.Join(dir, shim.PIDFile), &p.pids); err != nil {
 		return nil, fmt.Errorf("run %s: %w", dir, err)
 	}
+	p.commandWatch = watchEnd(p.pids.Command, func() { close(p.commandEnded) })
 	// Armed before the first look: an exit that lands in between still wakes it.
 	changes := n.watch(dir, shim.ExitFile)
 	changes.watchProcess(p.pids.Shim)
@@ -274,6 +280,7 @@ func attachProcess(n *notifier, dir string) (*process, error) {
 // writes it once it has reaped the command), or for the shim's end without it.
 func (p *process) watch(changes *waiter) {
 	defer close(p.stopped)
+	defer p.commandWatch.close()
 	defer changes.close()
 	for {
 		if p.readExit() {
@@ -304,11 +311,12 @@ func (p *process) readExit() bool {
 	return true
 }
 
-// exitWritten says whether the shim has written the exit file: the command has
-// ended, and exited closes as soon as the watch has read the file.
-func (p *process) exitWritten() bool {
+// ended says whether the command has ended: exited closes soon.
+func (p *process) ended() bool {
 	select {
 	case <-p.exited:
+		return true
+	case <-p.commandEnded:
 		return true
 	default:
 		return exists(filepath.Join(p.dir, shim.ExitFile))

@@ -363,7 +363,7 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 	// The first tick says the command runs, with its PID. A command that has already
 	// ended (a short one often has by now) gets none: its exit says it all, and the
 	// exit is not held up behind one more append.
-	if started && !proc.exitWritten() {
+	if started && !proc.ended() {
 		err = r.record(ctx, engine.Tick{PID: proc.pids.Command.PID})
 	}
 	for !errors.Is(err, errFenced) {
@@ -374,6 +374,13 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 		err = nil
 		select {
 		case <-proc.exited:
+			end("", false)
+			return false
+		case <-proc.commandEnded:
+			// Its shim is reaping it and writing the exit file: the output is complete,
+			// and the log's last chunk is flushed meanwhile, not after.
+			stopCopying()
+			logs.close(ctx, true)
 			end("", false)
 			return false
 		case <-matched:
