@@ -114,6 +114,16 @@ func (s *JetStreamStore) Last(ctx context.Context, taskID string) (Record, error
 		return Record{}, ErrNotFound
 	}
 	raw, err := s.stream.GetLastMsgForSubject(ctx, TaskFilter(taskID))
+	// The servers of a replicated stream answer direct gets once they are current:
+	// for a moment after the stream is made or its leader elected, none may.
+	for wait := noDirectGetWait; errors.Is(err, nats.ErrNoResponders) && wait > 0; wait -= noDirectGetPause {
+		select {
+		case <-ctx.Done():
+			return Record{}, ctx.Err()
+		case <-time.After(noDirectGetPause):
+		}
+		raw, err = s.stream.GetLastMsgForSubject(ctx, TaskFilter(taskID))
+	}
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return Record{}, ErrNotFound
 	}
@@ -122,6 +132,12 @@ func (s *JetStreamStore) Last(ctx context.Context, taskID string) (Record, error
 	}
 	return DecodeRecord(raw.Sequence, raw.Data)
 }
+
+// How long Last waits for a server to answer direct gets, and how often it asks.
+const (
+	noDirectGetWait  = 2 * time.Second
+	noDirectGetPause = 50 * time.Millisecond
+)
 
 // History implements Store.
 func (s *JetStreamStore) History(ctx context.Context, taskID string) ([]Record, error) {
