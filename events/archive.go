@@ -148,10 +148,11 @@ func (a *Archive) Each(ctx context.Context, fn func(seq uint64, h ArchivedHistor
 	if info.State.Msgs == 0 {
 		return nil
 	}
-	cons, err := a.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{InactiveThreshold: shortReadInactivity})
+	cons, err := readConsumer(ctx, a.stream, jetstream.ConsumerConfig{})
 	if err != nil {
 		return fmt.Errorf("read archive: %w", err)
 	}
+	defer endRead(a.stream, cons)
 	for {
 		batch, err := cons.FetchNoWait(64)
 		if err != nil {

@@ -90,15 +90,15 @@ func (in *JetStreamInbox) Deliver(ctx context.Context, w Wakeup, recheckSince ti
 
 // find returns the sequence of the message with id msgID on subject since a time, or 0.
 func (in *JetStreamInbox) find(ctx context.Context, subject, msgID string, since time.Time) (uint64, error) {
-	cons, err := in.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{subject},
-		DeliverPolicy:     jetstream.DeliverByStartTimePolicy,
-		OptStartTime:      &since,
-		InactiveThreshold: shortReadInactivity,
+	cons, err := readConsumer(ctx, in.stream, jetstream.ConsumerConfig{
+		FilterSubjects: []string{subject},
+		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
+		OptStartTime:   &since,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("search inbox %s: %w", subject, err)
 	}
+	defer endRead(in.stream, cons)
 	for {
 		batch, err := cons.FetchNoWait(256)
 		if err != nil {

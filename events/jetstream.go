@@ -145,13 +145,11 @@ func (s *JetStreamStore) History(ctx context.Context, taskID string) ([]Record, 
 	if err != nil {
 		return nil, err
 	}
-	cons, err := s.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{TaskFilter(taskID)},
-		InactiveThreshold: shortReadInactivity,
-	})
+	cons, err := readConsumer(ctx, s.stream, jetstream.ConsumerConfig{FilterSubjects: []string{TaskFilter(taskID)}})
 	if err != nil {
 		return nil, fmt.Errorf("read history of task %s: %w", taskID, err)
 	}
+	defer endRead(s.stream, cons)
 	var out []Record
 	for {
 		// The events up to last are stored, so a no-wait fetch returns them at once.
@@ -228,8 +226,39 @@ func (s *JetStreamStore) EventID(ctx context.Context, seq uint64) (string, error
 }
 
 // shortReadInactivity lets the server remove the consumer of a one-off read soon
-// after it is done, instead of keeping it for the default five minutes.
+// after it is done if endRead could not, instead of keeping it for the default
+// five minutes.
 const shortReadInactivity = 5 * time.Second
+
+// readConsumer makes the consumer of a one-off read, which the reader fetches
+// with and removes with endRead. A plain consumer, not an ordered one: an ordered
+// consumer makes a new one on the server for every fetch.
+func readConsumer(ctx context.Context, stream jetstream.Stream, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	cfg.AckPolicy = jetstream.AckNonePolicy
+	cfg.InactiveThreshold = shortReadInactivity
+	cfg.MemoryStorage = true
+	cfg.Replicas = 1
+	return stream.CreateConsumer(ctx, cfg)
+}
+
+// endRead removes the consumer of a read that is done. JetStream counts a stream's
+// consumers against a limit (1,000 a stream by default since nats-server 2.15), and
+// a consumer left to its inactivity threshold holds its place that long: reads at
+// more than the limit over the threshold a second failed with "maximum consumers
+// limit reached". Best effort, also after ctx ended: the threshold removes what
+// this cannot.
+func endRead(stream jetstream.Stream, cons jetstream.Consumer) {
+	info := cons.CachedInfo()
+	if info == nil {
+		return // never made on the server: nothing was read
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), endReadTimeout)
+	defer cancel()
+	_ = stream.DeleteConsumer(ctx, info.Name)
+}
+
+// endReadTimeout bounds endRead, which a reader whose server went away waits for.
+const endReadTimeout = time.Second
 
 // ConnectStore returns a store over an event stream that the server created.
 func ConnectStore(ctx context.Context, js jetstream.JetStream) (*JetStreamStore, error) {
@@ -262,6 +291,7 @@ func (s *JetStreamStore) Follow(ctx context.Context, taskID string, after uint64
 	if err != nil {
 		return fmt.Errorf("follow events: %w", err)
 	}
+	defer endRead(s.stream, cons)
 	it, err := cons.Messages(jetstream.PullMaxMessages(1024))
 	if err != nil {
 		return fmt.Errorf("follow events: %w", err)

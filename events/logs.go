@@ -125,13 +125,11 @@ func (l *Logs) Read(ctx context.Context, taskID string, streams []string, follow
 	for i, s := range streams {
 		filters[i] = LogSubject(taskID, s)
 	}
-	cons, err := l.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects:    filters,
-		InactiveThreshold: shortReadInactivity,
-	})
+	cons, err := readConsumer(ctx, l.stream, jetstream.ConsumerConfig{FilterSubjects: filters})
 	if err != nil {
 		return fmt.Errorf("read logs of %s: %w", taskID, err)
 	}
+	defer endRead(l.stream, cons)
 	open := map[string]bool{}
 	for _, s := range streams {
 		open[s] = true
