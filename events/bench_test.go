@@ -70,3 +70,30 @@ func BenchmarkAppend(b *testing.B) { benchmarkAppend(b) }
 func BenchmarkAppendSyncAlways(b *testing.B) {
 	benchmarkAppend(b, func(o *server.Options) { o.SyncAlways = true })
 }
+
+// BenchmarkArchivePut archives one finished task's history (ten events), gzip and
+// publish, as the archiver does for every task it compacts.
+func BenchmarkArchivePut(b *testing.B) {
+	srv := eventstest.Run(b)
+	ctx := context.Background()
+	archive, err := events.OpenArchive(ctx, srv.JS, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var history []events.Record
+	for seq := range uint64(10) {
+		ev, err := events.New("01a22a60-c563-7096-9a88-ac2479fc52d0", "worker-1", 1, time.Now(), &events.Tick{PID: 1234, OutputBytes: int64(seq)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		history = append(history, events.Record{Seq: seq + 1, Event: ev})
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if _, err := archive.Put(ctx, fmt.Sprintf("task-%d", i), history); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}
