@@ -65,6 +65,13 @@ func (c Archive) decide(s State, _ Meta) (events.Payload, uint64, error) {
 	return &events.Archived{ArchiveSeq: c.Seq, Summary: s.Summary()}, s.Epoch, nil
 }
 
+// HistoryStore is the event store as the archiver reads it.
+type HistoryStore interface {
+	events.Store
+	// HistoryOf is History for a task known to have n events.
+	HistoryOf(ctx context.Context, taskID string, n int) ([]events.Record, error)
+}
+
 // ArchiveStore keeps whole histories.
 type ArchiveStore interface {
 	Put(ctx context.Context, taskID string, history []events.Record) (uint64, error)
@@ -82,7 +89,7 @@ type Compactor interface {
 // drops the copy by its id) or archived but not compacted (it costs memory only).
 type Archiver struct {
 	base    Base
-	store   events.Store
+	store   HistoryStore
 	compact Compactor
 	archive ArchiveStore
 	tasks   TaskLister
@@ -94,7 +101,7 @@ type Archiver struct {
 }
 
 // NewArchiver returns an archiver of tasks finished longer than after ago.
-func NewArchiver(store events.Store, compact Compactor, archive ArchiveStore, tasks TaskLister, writer string, after time.Duration, base Base) *Archiver {
+func NewArchiver(store HistoryStore, compact Compactor, archive ArchiveStore, tasks TaskLister, writer string, after time.Duration, base Base) *Archiver {
 	return &Archiver{base: base.WithDefaults(), store: store, compact: compact, archive: archive, tasks: tasks, writer: writer, after: after}
 }
 
@@ -154,7 +161,7 @@ func (a *Archiver) Sweep(ctx context.Context) (int, error) {
 		}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			switch err := a.archiveTask(ctx, s.ID); {
+			switch err := a.archiveTask(ctx, s); {
 			case err == nil:
 				archived.Add(1)
 			case errors.Is(err, events.ErrConflict) || errors.Is(err, ErrWrongPhase) || ctx.Err() != nil:
@@ -168,8 +175,9 @@ func (a *Archiver) Sweep(ctx context.Context) (int, error) {
 	return int(archived.Load()), ctx.Err()
 }
 
-func (a *Archiver) archiveTask(ctx context.Context, id string) error {
-	history, err := a.store.History(ctx, id)
+func (a *Archiver) archiveTask(ctx context.Context, listed State) error {
+	id := listed.ID
+	history, err := a.store.HistoryOf(ctx, id, listed.Events)
 	if err != nil {
 		return err
 	}

@@ -97,3 +97,47 @@ func BenchmarkArchivePut(b *testing.B) {
 		i++
 	}
 }
+
+// BenchmarkHistory reads one task's ten events out of a stream of 2,000 tasks'
+// (20,000 events, in one block of the store): as History does, not knowing how
+// many there are, and as the archiver does with HistoryOf, knowing.
+func BenchmarkHistory(b *testing.B) {
+	srv := eventstest.Run(b)
+	ctx := context.Background()
+	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const tasks, each = 2000, 10
+	for i := range tasks {
+		task := fmt.Sprintf("task-%d", i)
+		var last uint64
+		for j := range each {
+			var p events.Payload = &events.Tick{OutputBytes: int64(j)}
+			if j == 0 {
+				p = &events.Armed{Spec: []byte(`{}`)}
+			}
+			ev, err := events.New(task, "bench", 1, time.Now(), p)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if last, err = store.Append(ctx, ev, last); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	target := fmt.Sprintf("task-%d", tasks/2)
+	for _, bc := range []struct {
+		name string
+		n    int
+	}{{"count-unknown", 0}, {"count-known", each}} {
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				h, err := store.HistoryOf(ctx, target, bc.n)
+				if err != nil || len(h) != each {
+					b.Fatalf("%d events, %v; want %d", len(h), err, each)
+				}
+			}
+		})
+	}
+}

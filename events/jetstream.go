@@ -141,9 +141,24 @@ const (
 
 // History implements Store.
 func (s *JetStreamStore) History(ctx context.Context, taskID string) ([]Record, error) {
+	return s.HistoryOf(ctx, taskID, 0)
+}
+
+// historyBatch is the most events a history read fetches at once.
+const historyBatch = 256
+
+// HistoryOf is History for a task known to have n events (0: not known). A fetch
+// asks for at most that many: the server then stops at the task's last event,
+// where a bigger fetch has it walk the rest of the store's block, past every other
+// task's events, to find none after it.
+func (s *JetStreamStore) HistoryOf(ctx context.Context, taskID string, n int) ([]Record, error) {
 	last, err := s.Last(ctx, taskID)
 	if err != nil {
 		return nil, err
+	}
+	batch := historyBatch
+	if n > 0 {
+		batch = min(n, historyBatch)
 	}
 	cons, err := readConsumer(ctx, s.stream, jetstream.ConsumerConfig{FilterSubjects: []string{TaskFilter(taskID)}})
 	if err != nil {
@@ -153,17 +168,17 @@ func (s *JetStreamStore) History(ctx context.Context, taskID string) ([]Record, 
 	var out []Record
 	for {
 		// The events up to last are stored, so a no-wait fetch returns them at once.
-		batch, err := cons.FetchNoWait(256)
+		fetched, err := cons.FetchNoWait(batch)
 		if err != nil {
 			return nil, fmt.Errorf("read history of task %s: %w", taskID, err)
 		}
-		n := 0
+		got := 0
 		done := false
 		// The batch is read to its end even after the last event: its fetch ends
 		// with the server's end-of-batch status, and a fetch left waiting for it
 		// would outlive the call.
-		for msg := range batch.Messages() {
-			n++
+		for msg := range fetched.Messages() {
+			got++
 			if done {
 				continue
 			}
@@ -178,11 +193,11 @@ func (s *JetStreamStore) History(ctx context.Context, taskID string) ([]Record, 
 			out = append(out, rec)
 			done = rec.Seq >= last.Seq
 		}
-		if err := batch.Error(); err != nil {
+		if err := fetched.Error(); err != nil {
 			return nil, fmt.Errorf("read history of task %s: %w", taskID, err)
 		}
-		if done || n == 0 {
-			return out, nil // n == 0: the tail was removed while we read
+		if done || got == 0 {
+			return out, nil // got == 0: the tail was removed while we read
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, err

@@ -3,6 +3,7 @@ package events_test
 import (
 	"context"
 	"errors"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -195,6 +196,18 @@ func TestHistoryIsInOrderAndPerTask(t *testing.T) {
 	}
 	if _, err := store.History(ctx, "nope"); !errors.Is(err, events.ErrNotFound) {
 		t.Fatalf("unknown task: got %v, want ErrNotFound", err)
+	}
+
+	// Known to have its events, or fewer (a count gone stale), or more: the same
+	// history.
+	for _, n := range []int{len(want), 2, len(want) + 5} {
+		got, err := store.HistoryOf(ctx, "a", n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, hist) {
+			t.Fatalf("history of a task said to have %d events = %d events, want the %d of History", n, len(got), len(hist))
+		}
 	}
 }
 
