@@ -280,6 +280,20 @@ func TestWaiterWakesWhenItsProcessEnds(t *testing.T) {
 	woken(t, reused, "PID naming another process")
 }
 
+// attachPIDs watches a run in dir whose pid.json names pids, until the test ends.
+func attachPIDs(t *testing.T, n *notifier, dir string, pids shim.PIDs) *process {
+	t.Helper()
+	if err := writeJSONAtomic(filepath.Join(dir, shim.PIDFile), pids); err != nil {
+		t.Fatal(err)
+	}
+	p, err := attachProcess(n, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.detach)
+	return p
+}
+
 func TestProcessSeesTheExitFile(t *testing.T) {
 	self, err := shim.ProcStart(os.Getpid())
 	if err != nil {
@@ -287,15 +301,7 @@ func TestProcessSeesTheExitFile(t *testing.T) {
 	}
 	attach := func(t *testing.T, n *notifier, dir string, ref shim.ProcRef) *process {
 		t.Helper()
-		if err := writeJSONAtomic(filepath.Join(dir, shim.PIDFile), shim.PIDs{Shim: ref}); err != nil {
-			t.Fatal(err)
-		}
-		p, err := attachProcess(n, dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.detach)
-		return p
+		return attachPIDs(t, n, dir, shim.PIDs{Shim: ref})
 	}
 	ended := func(t *testing.T, p *process) {
 		t.Helper()
@@ -346,16 +352,7 @@ func TestProcessSeesTheCommandEndBeforeTheExitFile(t *testing.T) {
 	attach := func(t *testing.T, command shim.ProcRef) *process {
 		t.Helper()
 		_, shimRef := startSleep(t) // a shim alive that writes no exit file
-		dir := t.TempDir()
-		if err := writeJSONAtomic(filepath.Join(dir, shim.PIDFile), shim.PIDs{Shim: shimRef, Command: command}); err != nil {
-			t.Fatal(err)
-		}
-		p, err := attachProcess(newTestNotifier(t), dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.detach)
-		return p
+		return attachPIDs(t, newTestNotifier(t), t.TempDir(), shim.PIDs{Shim: shimRef, Command: command})
 	}
 	seen := func(t *testing.T, p *process) {
 		t.Helper()
