@@ -283,10 +283,20 @@ func runTrial(t *testing.T, seed uint64) {
 	}
 	// The fault's clock starts once the workers are connected: one still starting
 	// when its server goes away would only fail to start.
+	// A server whose crash point is in its dispatcher may reach it first: a task whose
+	// deadline passes before a slow worker's start is ended, and delivered, without
+	// one. The worker then starts once inject has restarted the server (again, if it
+	// gave up).
+	var serverCrashed <-chan struct{}
+	if tr.serverCrashes() {
+		serverCrashed = tr.server.done
+	}
 	for _, w := range tr.workers {
 		eventually(t, 60*time.Second, "a worker did not start", func() bool {
 			select {
 			case <-w.done: // a crash point at its first spawn
+				return true
+			case <-serverCrashed:
 				return true
 			default:
 				return strings.Contains(w.out.String(), "worker started")
@@ -447,6 +457,15 @@ func (tr *trial) inject() {
 		tr.openWhileDown(0, 1)
 		if crashing == tr.server {
 			tr.startServer(nil)
+			// A worker that gave up on the server before it started (the crash point
+			// came first) starts again.
+			for i, w := range tr.workers {
+				select {
+				case <-w.done:
+					tr.startWorker(i, nil)
+				default:
+				}
+			}
 		} else {
 			tr.startWorker(0, nil)
 		}
