@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -16,7 +17,7 @@ import (
 // BenchmarkTaskHistory builds the history of one finished task with the engine's
 // Decide and Apply, as the restart and growth scenarios generate their streams.
 func BenchmarkTaskHistory(b *testing.B) {
-	h, err := newHistoryMaker(b.TempDir())
+	h, err := newHistoryMaker(b.TempDir(), 1)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -27,6 +28,28 @@ func BenchmarkTaskHistory(b *testing.B) {
 			b.Fatal(err)
 		}
 		i++
+	}
+}
+
+// Generated tasks have all ended a day ago, one second apart, however many there
+// are: with the first of 200,000 starting a day ago, a sixth of them would end in
+// the future, out of reach of a server archiving every finished task.
+func TestGeneratedTasksEndADayAgo(t *testing.T) {
+	const tasks, ticks = 60, 3 // each runs 30 s
+	h, err := newHistoryMaker(t.TempDir(), tasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last events.Event
+	for i := range tasks {
+		evs, err := h.task(i, ticks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = evs[len(evs)-1].event
+	}
+	if dayAgo := time.Now().Add(-24 * time.Hour); last.Time.After(dayAgo.Add(time.Minute)) {
+		t.Fatalf("the last of %d tasks fired at %v, %v after a day ago; want at most its 30 s run after", tasks, last.Time, last.Time.Sub(dayAgo))
 	}
 }
 

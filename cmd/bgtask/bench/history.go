@@ -45,13 +45,18 @@ type genEvent struct {
 	data  []byte
 }
 
-func newHistoryMaker(cwd string) (*historyMaker, error) {
+// newHistoryMaker returns a maker of up to tasks histories. They are one second
+// apart and the last of them ends a day ago, so that each has finished long before
+// the run: a server archiving every finished task takes them all at once (with
+// 200,000 tasks starting a day ago, a sixth of them ended in the future, and were
+// archived only as the clock reached them).
+func newHistoryMaker(cwd string, tasks int) (*historyMaker, error) {
 	spec, err := engine.ParseSpec([]byte(historySpec))
 	if err != nil {
 		return nil, err
 	}
 	spec.Cwd = cwd
-	return &historyMaker{spec: spec, at: time.Now().Add(-24 * time.Hour)}, nil
+	return &historyMaker{spec: spec, at: time.Now().Add(-24*time.Hour - time.Duration(tasks)*time.Second)}, nil
 }
 
 // task returns the history of one finished task i: armed, spawned, a first tick
@@ -229,7 +234,7 @@ func (r *runner) generate(ctx context.Context, home string, tasks, ticks int) (i
 // generateShare builds and publishes every makers-th task from first.
 func (r *runner) generateShare(ctx context.Context, home string, tasks, ticks, first, makers int,
 	publish func(*nats.Msg, ...jetstream.PublishOpt) error, count *atomic.Int64) error {
-	h, err := newHistoryMaker(home)
+	h, err := newHistoryMaker(home, (tasks+makers-1)/makers)
 	if err != nil {
 		return err
 	}

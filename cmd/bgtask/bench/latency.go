@@ -225,7 +225,7 @@ func execStart(ctx context.Context) (time.Duration, error) {
 // readable: the exited event, the completion-persisted event and the wake-up,
 // taken from a real task history.
 func wakeupPath() ([3][]byte, error) {
-	h, err := newHistoryMaker("/")
+	h, err := newHistoryMaker("/", 1)
 	if err != nil {
 		return [3][]byte{}, err
 	}
