@@ -123,7 +123,7 @@ func (a *Archive) Put(ctx context.Context, taskID string, history []Record) (uin
 
 // Get reads the archived history at seq.
 func (a *Archive) Get(ctx context.Context, seq uint64) (ArchivedHistory, error) {
-	msg, err := a.stream.GetMsg(ctx, seq)
+	msg, err := directGet(ctx, func() (*jetstream.RawStreamMsg, error) { return a.stream.GetMsg(ctx, seq) })
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return ArchivedHistory{}, fmt.Errorf("%w: nothing at archive seq %d", ErrNotFound, seq)
 	}

@@ -113,17 +113,9 @@ func (s *JetStreamStore) Last(ctx context.Context, taskID string) (Record, error
 	if !ValidToken(taskID) {
 		return Record{}, ErrNotFound
 	}
-	raw, err := s.stream.GetLastMsgForSubject(ctx, TaskFilter(taskID))
-	// The servers of a replicated stream answer direct gets once they are current:
-	// for a moment after the stream is made or its leader elected, none may.
-	for wait := noDirectGetWait; errors.Is(err, nats.ErrNoResponders) && wait > 0; wait -= noDirectGetPause {
-		select {
-		case <-ctx.Done():
-			return Record{}, ctx.Err()
-		case <-time.After(noDirectGetPause):
-		}
-		raw, err = s.stream.GetLastMsgForSubject(ctx, TaskFilter(taskID))
-	}
+	raw, err := directGet(ctx, func() (*jetstream.RawStreamMsg, error) {
+		return s.stream.GetLastMsgForSubject(ctx, TaskFilter(taskID))
+	})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return Record{}, ErrNotFound
 	}
@@ -133,7 +125,24 @@ func (s *JetStreamStore) Last(ctx context.Context, taskID string) (Record, error
 	return DecodeRecord(raw.Sequence, raw.Data)
 }
 
-// How long Last waits for a server to answer direct gets, and how often it asks.
+// directGet runs get, a direct get of a message, and runs it again while no server
+// answers, for up to noDirectGetWait: the servers of a replicated stream answer
+// direct gets once they are current, and for a moment after the stream is made or
+// its leader elected, none may.
+func directGet(ctx context.Context, get func() (*jetstream.RawStreamMsg, error)) (*jetstream.RawStreamMsg, error) {
+	msg, err := get()
+	for wait := noDirectGetWait; errors.Is(err, nats.ErrNoResponders) && wait > 0; wait -= noDirectGetPause {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(noDirectGetPause):
+		}
+		msg, err = get()
+	}
+	return msg, err
+}
+
+// How long directGet waits for a server to answer, and how often it asks.
 const (
 	noDirectGetWait  = 2 * time.Second
 	noDirectGetPause = 50 * time.Millisecond
@@ -226,7 +235,7 @@ func (s *JetStreamStore) Identity(ctx context.Context) (string, error) {
 
 // EventID is the id of the event at seq, or ErrNotFound.
 func (s *JetStreamStore) EventID(ctx context.Context, seq uint64) (string, error) {
-	raw, err := s.stream.GetMsg(ctx, seq)
+	raw, err := directGet(ctx, func() (*jetstream.RawStreamMsg, error) { return s.stream.GetMsg(ctx, seq) })
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return "", ErrNotFound
 	}

@@ -180,7 +180,9 @@ func (l *Logs) Read(ctx context.Context, taskID string, streams []string, follow
 // End returns where a task's output stream stands in the log: the offset after its
 // last chunk (0 if it has none).
 func (l *Logs) End(ctx context.Context, taskID, stream string) (int64, error) {
-	msg, err := l.stream.GetLastMsgForSubject(ctx, LogSubject(taskID, stream))
+	msg, err := directGet(ctx, func() (*jetstream.RawStreamMsg, error) {
+		return l.stream.GetLastMsgForSubject(ctx, LogSubject(taskID, stream))
+	})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, nil
 	}
