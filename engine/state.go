@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/bgtask/bgtask/events"
@@ -20,6 +21,18 @@ const (
 	PhaseCancelled Phase = "cancelled" // cancelled: done, nothing delivered
 	PhaseArchived  Phase = "archived"  // done long ago: its history is in the archive
 )
+
+// Phases are all the phases, in the order a task goes through them.
+var Phases = []Phase{PhaseArmed, PhaseRunning, PhaseEnded, PhasePersisted, PhaseFired, PhaseCancelled, PhaseArchived}
+
+// PhaseNames are the names of Phases, for messages and help.
+func PhaseNames() string {
+	names := make([]string, len(Phases))
+	for i, p := range Phases {
+		names[i] = string(p)
+	}
+	return strings.Join(names, ", ")
+}
 
 // Terminal reports whether nothing more will happen to a task in this phase.
 func (p Phase) Terminal() bool { return p == PhaseFired || p == PhaseCancelled || p == PhaseArchived }

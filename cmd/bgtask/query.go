@@ -40,7 +40,7 @@ func listCmd(g *globals) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&state, "state", "", "only tasks in this state: armed, running, ended, persisted, fired, cancelled")
+	f.StringVar(&state, "state", "", "only tasks in this state: "+engine.PhaseNames())
 	f.IntVar(&q.Limit, "limit", 100, "at most this many tasks (0: all)")
 	f.BoolVar(&asJSON, "json", false, "print a JSON array of tasks")
 	return cmd

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -405,12 +406,27 @@ func (s *Server) list(_ context.Context, data []byte) (any, error) {
 			return nil, err
 		}
 	}
+	if err := checkListQuery(q); err != nil {
+		return nil, err
+	}
 	states, total := s.queries.List(q)
 	reply := ListReply{Tasks: make([]TaskView, len(states)), Total: total}
 	for i, st := range states {
 		reply.Tasks[i] = s.view(st)
 	}
 	return reply, nil
+}
+
+// checkListQuery refuses a query that could only answer nothing, so that a
+// misspelt state is an error rather than an empty list.
+func checkListQuery(q engine.ListQuery) error {
+	if q.Phase != "" && !slices.Contains(engine.Phases, q.Phase) {
+		return &Error{Code: 400, Field: "state", Message: fmt.Sprintf("state: %q is no state; the states are %s", q.Phase, engine.PhaseNames())}
+	}
+	if q.Limit < 0 {
+		return &Error{Code: 400, Field: "limit", Message: fmt.Sprintf("limit: %d is negative; 0 means all", q.Limit)}
+	}
+	return nil
 }
 
 func (s *Server) history(ctx context.Context, data []byte) (any, error) {

@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -204,5 +205,34 @@ func TestConcurrentRegistrationErrorsCarryTheServiceHeaders(t *testing.T) {
 	}
 	if last, err := store.LastSeq(ctx); err != nil || last != 0 {
 		t.Fatalf("the stream holds %d events (%v), want none", last, err)
+	}
+}
+
+// A list for a state that does not exist is refused, naming the field, rather than
+// answered with nothing; archived tasks can be listed.
+func TestListRefusesAStateThatIsNone(t *testing.T) {
+	t.Parallel()
+	srv, _ := serve(t)
+	client := api.NewClient(srv.Conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		q     engine.ListQuery
+		field string
+	}{
+		{engine.ListQuery{Phase: "finished"}, "state"},
+		{engine.ListQuery{Phase: "Fired"}, "state"},
+		{engine.ListQuery{Limit: -1}, "limit"},
+	} {
+		_, err := client.List(ctx, tc.q)
+		var apiErr *api.Error
+		if !errors.As(err, &apiErr) || apiErr.Code != 400 || apiErr.Field != tc.field {
+			t.Errorf("List(%+v) = %v, want a 400 naming %s", tc.q, err, tc.field)
+		}
+	}
+	for _, phase := range engine.Phases {
+		if _, err := client.List(ctx, engine.ListQuery{Phase: phase}); err != nil {
+			t.Errorf("List(%s) = %v", phase, err)
+		}
 	}
 }
