@@ -358,12 +358,9 @@ func TestAShimKilledAsItStartsTheCommandTakesTheCommandWithIt(t *testing.T) {
 			if st.Status != engine.StatusLost || st.Reason != workers.ReasonShimDied {
 				t.Fatalf("ended %s (%q), want lost because its shim died", st.Status, st.Reason)
 			}
-			// The command may have died before it wrote its PID.
-			if _, err := os.Stat(filepath.Join(dir, "pid")); err == nil {
-				pid := readPID(t, filepath.Join(dir, "pid"))
-				t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
-				waitPIDsGone(t, 10*time.Second, pid)
-			}
+			// Not by the PID it writes: killed at once, it may have made the file and
+			// never written to it. Its working directory is this test's alone.
+			waitNothingRunsIn(t, 10*time.Second, dir)
 			n := map[events.Type]int{}
 			for _, rec := range b.history(t, id) {
 				n[rec.Type]++
@@ -373,6 +370,23 @@ func TestAShimKilledAsItStartsTheCommandTakesTheCommandWithIt(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitNothingRunsIn waits until no process has dir as its working directory.
+func waitNothingRunsIn(t *testing.T, timeout time.Duration, dir string) {
+	t.Helper()
+	eventually(t, timeout, "the command gone from "+dir, func() bool {
+		entries, err := os.ReadDir("/proc")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			if cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd")); err == nil && cwd == dir {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // syncLog is a log a test reads while a worker writes it.

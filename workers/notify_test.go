@@ -93,7 +93,7 @@ func TestNotifierWakesForItsRecords(t *testing.T) {
 
 	// The shim's way: a temporary file, then a rename. The temporary file's own
 	// events are not the exit file's.
-	if err := writeJSONAtomic(filepath.Join(dir, shim.ExitFile), shim.Exit{ExitCode: 3}); err != nil {
+	if err := writeJSONAtomic(filepath.Join(dir, shim.ExitFile), shimExit{ExitCode: 3}); err != nil {
 		t.Fatal(err)
 	}
 	woken(t, exit, "exit file renamed into the directory")
@@ -281,7 +281,7 @@ func TestWaiterWakesWhenItsProcessEnds(t *testing.T) {
 }
 
 // attachPIDs watches a run in dir whose pid.json names pids, until the test ends.
-func attachPIDs(t *testing.T, n *notifier, dir string, pids shim.PIDs) *process {
+func attachPIDs(t *testing.T, n *notifier, dir string, pids shimPIDs) *process {
 	t.Helper()
 	if err := writeJSONAtomic(filepath.Join(dir, shim.PIDFile), pids); err != nil {
 		t.Fatal(err)
@@ -301,7 +301,7 @@ func TestProcessSeesTheExitFile(t *testing.T) {
 	}
 	attach := func(t *testing.T, n *notifier, dir string, ref shim.ProcRef) *process {
 		t.Helper()
-		return attachPIDs(t, n, dir, shim.PIDs{Shim: ref})
+		return attachPIDs(t, n, dir, shimPIDs{Shim: ref})
 	}
 	ended := func(t *testing.T, p *process) {
 		t.Helper()
@@ -314,7 +314,7 @@ func TestProcessSeesTheExitFile(t *testing.T) {
 
 	t.Run("written before the watch", func(t *testing.T) {
 		n, dir := newTestNotifier(t), t.TempDir()
-		if err := writeJSONAtomic(filepath.Join(dir, shim.ExitFile), shim.Exit{ExitCode: 3}); err != nil {
+		if err := writeJSONAtomic(filepath.Join(dir, shim.ExitFile), shimExit{ExitCode: 3}); err != nil {
 			t.Fatal(err)
 		}
 		p := attach(t, n, dir, shim.ProcRef{PID: os.Getpid(), Start: self})
@@ -326,7 +326,7 @@ func TestProcessSeesTheExitFile(t *testing.T) {
 	t.Run("written after the watch", func(t *testing.T) {
 		n, dir := newTestNotifier(t), t.TempDir()
 		p := attach(t, n, dir, shim.ProcRef{PID: os.Getpid(), Start: self})
-		if err := writeJSONAtomic(filepath.Join(dir, shim.ExitFile), shim.Exit{ExitCode: 4}); err != nil {
+		if err := writeJSONAtomic(filepath.Join(dir, shim.ExitFile), shimExit{ExitCode: 4}); err != nil {
 			t.Fatal(err)
 		}
 		ended(t, p)
@@ -344,6 +344,18 @@ func TestProcessSeesTheExitFile(t *testing.T) {
 			t.Fatal("a shim that died without an exit file: run not lost")
 		}
 	})
+	// What a crash of the host can leave of an exit file renamed before its fsync.
+	t.Run("left empty by a crash: the shim died", func(t *testing.T) {
+		n, dir := newTestNotifier(t), t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, shim.ExitFile), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		p := attach(t, n, dir, shim.ProcRef{PID: os.Getpid(), Start: self + 1}) // a PID reused since
+		ended(t, p)
+		if !p.lost {
+			t.Fatalf("an empty exit file read as exit code %d, want the run lost", p.result.ExitCode)
+		}
+	})
 }
 
 // The command's end is seen before its shim has written the exit file: the worker
@@ -352,7 +364,7 @@ func TestProcessSeesTheCommandEndBeforeTheExitFile(t *testing.T) {
 	attach := func(t *testing.T, command shim.ProcRef) *process {
 		t.Helper()
 		_, shimRef := startSleep(t) // a shim alive that writes no exit file
-		return attachPIDs(t, newTestNotifier(t), t.TempDir(), shim.PIDs{Shim: shimRef, Command: command})
+		return attachPIDs(t, newTestNotifier(t), t.TempDir(), shimPIDs{Shim: shimRef, Command: command})
 	}
 	seen := func(t *testing.T, p *process) {
 		t.Helper()

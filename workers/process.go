@@ -25,7 +25,7 @@ import (
 // process is a command a shim runs, watched through its run directory.
 type process struct {
 	dir    string
-	pids   shim.PIDs
+	pids   shimPIDs
 	exited chan struct{} // closed when the exit file is read, or the shim is gone
 	// commandEnded is closed when the command has ended, which is before its shim
 	// has reaped it and written the exit file; never where its end cannot be
@@ -215,7 +215,7 @@ var (
 // called once if the shim is still starting when first looked at.
 func awaitShim(n *notifier, dir string, waiting func()) (*process, error) {
 	outcome := func() (*process, error, bool) {
-		var exit shim.Exit
+		var exit shimExit
 		if readJSON(filepath.Join(dir, shim.ExitFile), &exit) == nil && exit.StartError != "" {
 			return nil, errors.New(exit.StartError), true
 		}
@@ -302,7 +302,7 @@ func (p *process) watch(changes *waiter) {
 }
 
 func (p *process) readExit() bool {
-	var exit shim.Exit
+	var exit shimExit
 	if readJSON(filepath.Join(p.dir, shim.ExitFile), &exit) != nil {
 		return false
 	}

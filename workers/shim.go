@@ -30,10 +30,31 @@ type shimRun struct {
 
 // shimArgs are the arguments of the shim that starts run in dir.
 func (r shimRun) shimArgs(dir string) []string {
-	return shim.Run{
+	run := shim.Run{
 		Dir: dir, Cwd: r.Dir, Path: r.Path, Args: r.Args,
-		Deadline: r.Deadline, StallAfter: r.StallAfter, KillGrace: r.KillGrace,
-	}.ShimArgs()
+		StallAfter: int64(r.StallAfter), KillGrace: int64(r.KillGrace),
+	}
+	if !r.Deadline.IsZero() {
+		run.Deadline = r.Deadline.UnixNano()
+	}
+	return run.ShimArgs()
+}
+
+// shimPIDs is the shim's pid.json.
+type shimPIDs struct {
+	Shim    shim.ProcRef `json:"shim"`
+	Command shim.ProcRef `json:"command"`
+	Started time.Time    `json:"started_at"`
+}
+
+// shimExit is the shim's exit.json: how the command ended, or why it could not start.
+type shimExit struct {
+	ExitCode   int       `json:"exit_code"`
+	Signal     string    `json:"signal,omitempty"`
+	StoppedBy  string    `json:"stopped_by,omitempty"` // shim.StoppedByDeadline or shim.StoppedByStall
+	StartedAt  time.Time `json:"started_at"`
+	EndedAt    time.Time `json:"ended_at"`
+	StartError string    `json:"start_error,omitempty"`
 }
 
 // DefaultShim is how a worker starts shims: bgtask-shim from the directory of its

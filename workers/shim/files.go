@@ -2,11 +2,8 @@ package shim
 
 import (
 	"errors"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"time"
+	"slices"
+	"syscall"
 	"unicode/utf8"
 )
 
@@ -16,57 +13,52 @@ type ProcRef struct {
 	Start uint64 `json:"start"` // clock ticks after boot, from /proc/PID/stat
 }
 
-// PIDs is pid.json.
-type PIDs struct {
-	Shim    ProcRef   `json:"shim"`
-	Command ProcRef   `json:"command"`
-	Started time.Time `json:"started_at"`
+// The shim writes its two files as JSON by hand (see the package comment). Their
+// fields are the worker's to read; its types for them are in package workers, and
+// its tests hold the two to the same names.
+
+// pidsRecord is pid.json.
+type pidsRecord struct {
+	shim, command ProcRef
+	startedAt     int64 // Unix nanoseconds
 }
 
-// Exit is exit.json: how the command ended, or why it could not start.
-type Exit struct {
-	ExitCode   int       `json:"exit_code"`
-	Signal     string    `json:"signal,omitempty"`
-	StoppedBy  string    `json:"stopped_by,omitempty"` // StoppedByDeadline or StoppedByStall
-	StartedAt  time.Time `json:"started_at"`
-	EndedAt    time.Time `json:"ended_at"`
-	StartError string    `json:"start_error,omitempty"`
+// exitRecord is exit.json: how the command ended, or why it could not start.
+type exitRecord struct {
+	exitCode           int
+	signal             string
+	stoppedBy          string // StoppedByDeadline or StoppedByStall
+	startedAt, endedAt int64  // Unix nanoseconds
+	startError         string
 }
-
-// The shim writes its files as JSON by hand (see the package comment); a test holds
-// encoding/json to reading back the same values.
 
 func (p ProcRef) appendJSON(b []byte) []byte {
-	b = strconv.AppendInt(append(b, `{"pid":`...), int64(p.PID), 10)
-	b = strconv.AppendUint(append(b, `,"start":`...), p.Start, 10)
+	b = appendInt(append(b, `{"pid":`...), int64(p.PID))
+	b = appendUint(append(b, `,"start":`...), p.Start)
 	return append(b, '}')
 }
 
-func (p PIDs) appendJSON(b []byte) []byte {
-	b = p.Shim.appendJSON(append(b, `{"shim":`...))
-	b = p.Command.appendJSON(append(b, `,"command":`...))
-	b = appendTime(append(b, `,"started_at":`...), p.Started)
+func (p pidsRecord) appendJSON(b []byte) []byte {
+	b = p.shim.appendJSON(append(b, `{"shim":`...))
+	b = p.command.appendJSON(append(b, `,"command":`...))
+	b = appendTime(append(b, `,"started_at":`...), p.startedAt)
 	return append(b, '}')
 }
 
-func (e Exit) appendJSON(b []byte) []byte {
-	b = strconv.AppendInt(append(b, `{"exit_code":`...), int64(e.ExitCode), 10)
-	if e.Signal != "" {
-		b = appendString(append(b, `,"signal":`...), e.Signal)
+func (e exitRecord) appendJSON(b []byte) []byte {
+	b = appendInt(append(b, `{"exit_code":`...), int64(e.exitCode))
+	if e.signal != "" {
+		b = appendString(append(b, `,"signal":`...), e.signal)
 	}
-	if e.StoppedBy != "" {
-		b = appendString(append(b, `,"stopped_by":`...), e.StoppedBy)
+	if e.stoppedBy != "" {
+		b = appendString(append(b, `,"stopped_by":`...), e.stoppedBy)
 	}
-	b = appendTime(append(b, `,"started_at":`...), e.StartedAt)
-	b = appendTime(append(b, `,"ended_at":`...), e.EndedAt)
-	if e.StartError != "" {
-		b = appendString(append(b, `,"start_error":`...), e.StartError)
+	b = appendTime(append(b, `,"started_at":`...), e.startedAt)
+	b = appendTime(append(b, `,"ended_at":`...), e.endedAt)
+	if e.startError != "" {
+		b = appendString(append(b, `,"start_error":`...), e.startError)
 	}
 	return append(b, '}')
-}
-
-func appendTime(b []byte, t time.Time) []byte {
-	return append(t.AppendFormat(append(b, '"'), time.RFC3339Nano), '"')
 }
 
 // appendString quotes s as a JSON string; invalid UTF-8 becomes U+FFFD.
@@ -89,54 +81,99 @@ func appendString(b []byte, s string) []byte {
 // WriteDurable writes a file so that a reader sees all of it or none, and it
 // survives the host's crash: a temp file, fsync, rename, fsync of the directory.
 func WriteDurable(path string, data []byte) error {
-	return writeFile(path, data, true)
+	return writeFile(path, data, syncBeforeRename)
 }
 
-// WriteAtomic writes a file so that a reader sees all of it or none: a temp file
-// renamed. A crash of the host may lose it.
-func WriteAtomic(path string, data []byte) error {
-	return writeFile(path, data, false)
-}
+// How writeFile makes a file durable.
+type durability int
 
-func writeFile(path string, data []byte, durable bool) error {
+const (
+	notDurable       durability = iota // a crash of the host may lose it
+	syncBeforeRename                   // readers see it once it is on disk
+	// syncAfterRename lets readers see it at once, and returns once it is on disk.
+	// A crash of the host in between may leave it empty, or with the file system's
+	// stale data: readers must take a file they cannot read for none.
+	syncAfterRename
+)
+
+func writeFile(path string, data []byte, mode durability) error {
 	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	fd, err := open(tmp, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_TRUNC, 0o600)
 	if err != nil {
 		return err
 	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
+	defer syscall.Close(fd)
+	if err := writeAll(fd, data); err != nil {
+		return &fileError{"write", tmp, err}
 	}
-	if durable {
-		if err := f.Sync(); err != nil {
-			f.Close()
-			return err
+	if mode == syncBeforeRename {
+		if err := syscall.Fsync(fd); err != nil {
+			return &fileError{"sync", tmp, err}
 		}
 	}
-	if err := f.Close(); err != nil {
-		return err
+	if err := syscall.Rename(tmp, path); err != nil {
+		return &fileError{"rename", tmp, err}
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	if !durable {
+	if mode == notDurable {
 		return nil
 	}
+	if mode == syncAfterRename {
+		if err := syscall.Fsync(fd); err != nil {
+			return &fileError{"sync", path, err}
+		}
+	}
 	// The rename is on disk once its directory is: best effort, the file's data is.
-	_ = SyncDir(filepath.Dir(path))
+	_ = SyncDir(dirOf(path))
 	return nil
 }
 
 // SyncDir makes a directory's entries durable: the files made, renamed or removed
 // in it.
 func SyncDir(path string) error {
-	d, err := os.Open(path)
+	fd, err := open(path, syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
 	if err != nil {
 		return err
 	}
-	defer d.Close()
-	return d.Sync()
+	defer syscall.Close(fd)
+	if err := syscall.Fsync(fd); err != nil {
+		return &fileError{"sync", path, err}
+	}
+	return nil
+}
+
+// ReadEnviron reads the environment of the run in dir.
+func ReadEnviron(dir string) ([]string, error) {
+	data, err := readFile(join(dir, EnvironFile))
+	return splitEnviron(data), err
+}
+
+// splitEnviron reads NUL-separated NAME=value entries, as in /proc/PID/environ.
+func splitEnviron(data []byte) []string {
+	return slices.DeleteFunc(splitNUL(data), func(kv string) bool { return kv == "" })
+}
+
+// splitNUL splits NUL-terminated strings, as the kernel lists a process's
+// arguments and environment.
+func splitNUL(data []byte) []string {
+	var list []string
+	for len(data) > 0 {
+		end := 0
+		for end < len(data) && data[end] != 0 {
+			end++
+		}
+		list = append(list, string(data[:end]))
+		data = data[min(end+1, len(data)):]
+	}
+	return list
+}
+
+// JoinEnviron writes env as an environ file holds it.
+func JoinEnviron(env []string) []byte {
+	var b []byte
+	for _, kv := range env {
+		b = append(append(b, kv...), 0)
+	}
+	return b
 }
 
 // ProcStart reads a process's start time, which with its PID names it uniquely.
@@ -151,28 +188,124 @@ func (p ProcRef) Alive() bool {
 		return false
 	}
 	state, _, start, err := procStat(p.PID)
-	return err == nil && start == p.Start && state != "Z"
+	return err == nil && start == p.Start && state != 'Z'
 }
+
+var errProcStat = errors.New("unreadable /proc stat")
 
 // procStat reads a process's state letter, parent and start time from
 // /proc/PID/stat.
-func procStat(pid int) (state string, ppid int, start uint64, err error) {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+func procStat(pid int) (state byte, ppid int, start uint64, err error) {
+	data, err := readFile("/proc/" + string(appendInt(nil, int64(pid))) + "/stat")
 	if err != nil {
-		return "", 0, 0, err
+		return 0, 0, 0, err
 	}
 	// pid (comm) state ppid ...: comm may hold spaces; field 22 is the start time.
-	i := strings.LastIndexByte(string(data), ')')
+	i := len(data) - 1
+	for i >= 0 && data[i] != ')' {
+		i--
+	}
 	if i < 0 {
-		return "", 0, 0, errors.New("unreadable /proc stat")
+		return 0, 0, 0, errProcStat
 	}
-	fields := strings.Fields(string(data[i+1:]))
-	if len(fields) < 20 {
-		return "", 0, 0, errors.New("unreadable /proc stat")
+	fields := splitFields(data[i+1:], 20)
+	if len(fields) < 20 || len(fields[0]) != 1 {
+		return 0, 0, 0, errProcStat
 	}
-	if ppid, err = strconv.Atoi(fields[1]); err != nil {
-		return "", 0, 0, err
+	parent, ok := parseUint(fields[1])
+	if !ok {
+		return 0, 0, 0, errProcStat
 	}
-	start, err = strconv.ParseUint(fields[19], 10, 64)
-	return fields[0], ppid, start, err
+	if start, ok = parseUint(fields[19]); !ok {
+		return 0, 0, 0, errProcStat
+	}
+	return fields[0][0], int(parent), start, nil
+}
+
+// splitFields splits data at runs of spaces and newlines, into at most n fields.
+func splitFields(data []byte, n int) []string {
+	var fields []string
+	for i := 0; i < len(data) && len(fields) < n; {
+		for i < len(data) && (data[i] == ' ' || data[i] == '\n') {
+			i++
+		}
+		start := i
+		for i < len(data) && data[i] != ' ' && data[i] != '\n' {
+			i++
+		}
+		if i > start {
+			fields = append(fields, string(data[start:i]))
+		}
+	}
+	return fields
+}
+
+// signalName is a signal's name without its SIG prefix: TERM, KILL; its number if
+// it has no name here.
+func signalName(sig syscall.Signal) string {
+	switch sig {
+	case syscall.SIGHUP:
+		return "HUP"
+	case syscall.SIGINT:
+		return "INT"
+	case syscall.SIGQUIT:
+		return "QUIT"
+	case syscall.SIGILL:
+		return "ILL"
+	case syscall.SIGTRAP:
+		return "TRAP"
+	case syscall.SIGABRT:
+		return "ABRT"
+	case syscall.SIGBUS:
+		return "BUS"
+	case syscall.SIGFPE:
+		return "FPE"
+	case syscall.SIGKILL:
+		return "KILL"
+	case syscall.SIGUSR1:
+		return "USR1"
+	case syscall.SIGSEGV:
+		return "SEGV"
+	case syscall.SIGUSR2:
+		return "USR2"
+	case syscall.SIGPIPE:
+		return "PIPE"
+	case syscall.SIGALRM:
+		return "ALRM"
+	case syscall.SIGTERM:
+		return "TERM"
+	case syscall.SIGSTKFLT:
+		return "STKFLT"
+	case syscall.SIGCHLD:
+		return "CHLD"
+	case syscall.SIGCONT:
+		return "CONT"
+	case syscall.SIGSTOP:
+		return "STOP"
+	case syscall.SIGTSTP:
+		return "TSTP"
+	case syscall.SIGTTIN:
+		return "TTIN"
+	case syscall.SIGTTOU:
+		return "TTOU"
+	case syscall.SIGURG:
+		return "URG"
+	case syscall.SIGXCPU:
+		return "XCPU"
+	case syscall.SIGXFSZ:
+		return "XFSZ"
+	case syscall.SIGVTALRM:
+		return "VTALRM"
+	case syscall.SIGPROF:
+		return "PROF"
+	case syscall.SIGWINCH:
+		return "WINCH"
+	case syscall.SIGIO:
+		return "IO"
+	case syscall.SIGPWR:
+		return "PWR"
+	case syscall.SIGSYS:
+		return "SYS"
+	}
+	return string(appendInt(nil, int64(sig)))
 }

@@ -1,25 +1,22 @@
 package shim
 
-import (
-	"errors"
-	"strings"
-	"time"
-)
+import "errors"
 
 // Run is what a shim starts and the timers it enforces itself, so they hold while
 // no worker watches. The worker passes it as the shim's arguments (ShimArgs), which
-// also makes a shim's command line in ps say what it runs.
+// also makes a shim's command line in ps say what it runs. Times are in
+// nanoseconds, as time.Time.UnixNano and time.Duration have them.
 type Run struct {
 	Dir        string // the run directory
 	Cwd        string // the command's working directory
 	Path       string // the program, found in the command's PATH
 	Args       []string
-	Deadline   time.Time
-	StallAfter time.Duration // kill when the output is quiet this long; 0: never
-	KillGrace  time.Duration // between TERM and KILL
+	Deadline   int64 // Unix nanoseconds; 0: none
+	StallAfter int64 // kill when the output is quiet this long; 0: never
+	KillGrace  int64 // between TERM and KILL
 }
 
-const usage = `bgtask-shim --dir=DIR [--cwd=DIR] [--deadline=TIME] [--stall-after=D] [--kill-grace=D] -- PROGRAM ARGV0 [ARG...]
+const usage = `bgtask-shim --dir=DIR [--cwd=DIR] [--deadline-unix-ns=N] [--stall-after-ns=N] [--kill-grace-ns=N] -- PROGRAM ARGV0 [ARG...]
 
 Runs PROGRAM as the command of the bgtask run in DIR, with the environment in
 DIR/environ, and records its PIDs and its exit there. Workers start it; it is no
@@ -29,14 +26,14 @@ command for people.
 // ShimArgs are the shim's arguments for r: flags, then "--", the program and its argv.
 func (r Run) ShimArgs() []string {
 	args := []string{"--dir=" + r.Dir, "--cwd=" + r.Cwd}
-	if !r.Deadline.IsZero() {
-		args = append(args, "--deadline="+r.Deadline.UTC().Format(time.RFC3339Nano))
+	if r.Deadline != 0 {
+		args = append(args, "--deadline-unix-ns="+string(appendInt(nil, r.Deadline)))
 	}
 	if r.StallAfter > 0 {
-		args = append(args, "--stall-after="+r.StallAfter.String())
+		args = append(args, "--stall-after-ns="+string(appendInt(nil, r.StallAfter)))
 	}
 	if r.KillGrace > 0 {
-		args = append(args, "--kill-grace="+r.KillGrace.String())
+		args = append(args, "--kill-grace-ns="+string(appendInt(nil, r.KillGrace)))
 	}
 	return append(append(args, "--", r.Path), r.Args...)
 }
@@ -44,26 +41,29 @@ func (r Run) ShimArgs() []string {
 // parseArgs reads what ShimArgs wrote.
 func parseArgs(args []string) (r Run, err error) {
 	for len(args) > 0 && args[0] != "--" {
-		name, value, ok := strings.Cut(args[0], "=")
+		name, value, ok := cut(args[0], '=')
 		if !ok {
 			return Run{}, errors.New("shim: argument " + args[0] + ": want --name=value")
 		}
+		var number *int64
 		switch name {
 		case "--dir":
 			r.Dir = value
 		case "--cwd":
 			r.Cwd = value
-		case "--deadline":
-			r.Deadline, err = time.Parse(time.RFC3339Nano, value)
-		case "--stall-after":
-			r.StallAfter, err = time.ParseDuration(value)
-		case "--kill-grace":
-			r.KillGrace, err = time.ParseDuration(value)
+		case "--deadline-unix-ns":
+			number = &r.Deadline
+		case "--stall-after-ns":
+			number = &r.StallAfter
+		case "--kill-grace-ns":
+			number = &r.KillGrace
 		default:
 			return Run{}, errors.New("shim: unknown argument " + name)
 		}
-		if err != nil {
-			return Run{}, errors.New("shim: " + name + ": " + err.Error())
+		if number != nil {
+			if *number, ok = parseInt64(value); !ok {
+				return Run{}, errors.New("shim: " + name + ": " + value + " is no whole number of nanoseconds")
+			}
 		}
 		args = args[1:]
 	}
@@ -72,4 +72,13 @@ func parseArgs(args []string) (r Run, err error) {
 	}
 	r.Path, r.Args = args[1], args[2:]
 	return r, nil
+}
+
+func cut(s string, sep byte) (before, after string, found bool) {
+	for i := 0; i < len(s); i++ {
+		if s[i] == sep {
+			return s[:i], s[i+1:], true
+		}
+	}
+	return s, "", false
 }

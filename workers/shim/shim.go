@@ -14,25 +14,19 @@
 //	exit.json   how the command ended (or why it could not start)
 //
 // The worker starts the shim directly in a new session and reaps it when it ends.
-// One shim lives per running task, so its memory is what a running task costs:
-// the package uses none of the standard library's reflection-based packages
-// (encoding/json, fmt): in a test program that only starts a command and waits,
-// they took its RSS from 2.1 to 2.8 MiB (bgtask-shim is 2.46 MiB, BENCHMARKS.md).
-// It runs as
-// its own small binary, bgtask-shim, or as `bgtask shim` where that is missing.
+// One shim lives per running task and starts with every task, so its size is
+// what a running task costs, and its start part of every task's: the package
+// calls the kernel through package syscall alone, without os, time, strconv or
+// the reflection-based packages. A Go program's text is resident whole in each of
+// its processes here, and those packages took the shim from 1.84 to 2.30 MiB of
+// RSS and its start from 8.5 to 9.5 ms of CPU (BENCHMARKS.md). It runs as its own
+// small binary, bgtask-shim, or as `bgtask shim` where that is missing.
 package shim
 
 import (
 	"errors"
-	"os"
-	"path/filepath"
 	"runtime"
-	"strconv"
-	"strings"
 	"syscall"
-	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // The files of a run directory the shim reads or writes.
@@ -73,8 +67,7 @@ const (
 // worker that started it reads them until then.
 func Main(args []string) error {
 	if len(args) == 1 && (args[0] == "--help" || args[0] == "-h") {
-		_, err := os.Stdout.WriteString("usage: " + usage)
-		return err
+		return writeAll(1, []byte("usage: "+usage))
 	}
 	run, err := parseArgs(args)
 	if err != nil {
@@ -83,147 +76,158 @@ func Main(args []string) error {
 	return run.supervise()
 }
 
+// Args are this process's arguments after its name, for a main without package
+// os (which is where Go keeps them), from the kernel's copy.
+func Args() ([]string, error) {
+	cmdline, err := readFile("/proc/self/cmdline")
+	if err != nil {
+		return nil, err
+	}
+	args := splitNUL(cmdline)
+	if len(args) == 0 {
+		return nil, nil
+	}
+	return args[1:], nil
+}
+
 // supervise runs the command to its end. The worker started the shim in a session
 // of its own, so that the shim outlives the worker and no signal to the worker's
 // process group reaches it.
 func (r Run) supervise() error {
 	// The start lock (descriptor StartLockFD, if the worker handed one down) stays
-	// open until this process ends; CloseRange below keeps it from the command.
+	// open until this process ends; close_range below keeps it from the command.
 	// Orphans of the command become the shim's children, not init's, so the whole
 	// tree stays under it.
-	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-	started := time.Now().UTC()
-	exitPath := filepath.Join(r.Dir, ExitFile)
+	_, _, _ = syscall.RawSyscall6(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0, 0, 0, 0)
+	started := wallClock()
 	fail := func(err error) error {
 		defer releaseOutput()
-		return WriteDurable(exitPath, Exit{StartError: err.Error(), StartedAt: started, EndedAt: time.Now().UTC()}.appendJSON(nil))
+		return writeExit(r.Dir, exitRecord{startError: err.Error(), startedAt: started, endedAt: wallClock()})
 	}
 	env, err := ReadEnviron(r.Dir)
 	if err != nil {
 		return fail(err)
 	}
-	stdout, err := os.OpenFile(filepath.Join(r.Dir, StdoutFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return fail(err)
-	}
-	stderr, err := os.OpenFile(filepath.Join(r.Dir, StderrFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return fail(err)
-	}
-	devnull, err := os.Open(os.DevNull)
-	if err != nil {
-		return fail(err)
-	}
 	// Descriptors the worker inherited (a pipe its caller reads) must not reach a
 	// command that outlives it: its reader would never see EOF.
-	_ = unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
-	// From here on the command may be running before its PIDs are recorded: a worker
-	// that finds this file and no pid.json knows the shim died starting it.
-	if err := os.WriteFile(filepath.Join(r.Dir, StartingFile), nil, 0o600); err != nil {
-		return fail(err)
+	_, _, _ = syscall.RawSyscall(sysCloseRange, 3, ^uintptr(0), closeRangeCloexec)
+	// The command's end wakes the shim's wait through this pipe (reap).
+	var ended [2]int
+	if err := syscall.Pipe2(ended[:], syscall.O_CLOEXEC); err != nil {
+		return fail(errors.New("pipe: " + err.Error()))
 	}
-	// The command dies with the shim (Pdeathsig), so it never runs on unrecorded if
-	// the shim is killed before it wrote pid.json. The signal follows the thread that
-	// started it: this goroutine keeps that thread until the shim ends.
-	runtime.LockOSThread()
-	proc, err := os.StartProcess(r.Path, r.Args, &os.ProcAttr{
-		Dir:   r.Cwd,
-		Env:   env,
-		Files: []*os.File{devnull, stdout, stderr},
-		Sys:   &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL},
-	})
-	devnull.Close()
-	stdout.Close()
-	stderr.Close()
+	pid, err := r.start(env)
 	if err != nil {
 		return fail(err)
 	}
-	if os.Getenv(CrashEnv) == CrashAfterStart {
-		_ = unix.Kill(os.Getpid(), unix.SIGKILL)
+	if crash, _ := syscall.Getenv(CrashEnv); crash == CrashAfterStart {
+		_ = syscall.Kill(syscall.Getpid(), syscall.SIGKILL)
 		select {} // the signal is on its way
 	}
-	self, _ := ProcStart(os.Getpid())
-	child, _ := ProcStart(proc.Pid)
-	pids := PIDs{Shim: ProcRef{PID: os.Getpid(), Start: self}, Command: ProcRef{PID: proc.Pid, Start: child}, Started: started}
+	self, _ := ProcStart(syscall.Getpid())
+	child, _ := ProcStart(pid)
+	pids := pidsRecord{shim: ProcRef{PID: syscall.Getpid(), Start: self}, command: ProcRef{PID: pid, Start: child}, startedAt: started}
+	exited := make(chan syscall.WaitStatus, 1)
+	go reap(pid, exited, ended[1])
 	// Not made durable: after a crash of the host nothing it names is alive, and a
 	// missing pid.json beside the starting file says the same (the shim died).
-	if err := WriteAtomic(filepath.Join(r.Dir, PIDFile), pids.appendJSON(nil)); err != nil {
+	if err := writeFile(join(r.Dir, PIDFile), pids.appendJSON(nil), notDurable); err != nil {
 		// Unwatchable: stop it rather than leave it running unknown.
-		_ = unix.Kill(-proc.Pid, unix.SIGKILL)
-		_, _ = proc.Wait()
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		<-exited
 		return fail(errors.New("record the command's pid: " + err.Error()))
 	}
 	releaseOutput()
-	exited := make(chan syscall.WaitStatus, 1)
-	go reap(proc.Pid, exited)
-	stoppedBy, ws := r.watchTimers(proc.Pid, exited)
-	exit := Exit{ExitCode: ws.ExitStatus(), StoppedBy: stoppedBy, StartedAt: started, EndedAt: time.Now().UTC()}
+	stoppedBy, ws := r.watchTimers(pid, exited, ended[0])
+	exit := exitRecord{exitCode: ws.ExitStatus(), stoppedBy: stoppedBy, startedAt: started, endedAt: wallClock()}
 	if ws.Signaled() {
-		exit.ExitCode, exit.Signal = 128+int(ws.Signal()), SignalName(ws.Signal())
+		exit.exitCode, exit.signal = 128+int(ws.Signal()), signalName(ws.Signal())
 	}
-	// Durable: the exit code is what the caller waits for, and it must outlive a
-	// crash of the host before the worker recorded it.
-	err = WriteDurable(exitPath, exit.appendJSON(nil))
+	err = writeExit(r.Dir, exit)
 	// The exit is recorded: nothing waits for what the command left behind.
-	stopOrphans(max(r.KillGrace, time.Second))
+	stopOrphans(max(r.KillGrace, 1e9))
 	return err
+}
+
+// start starts the command with its stdin on /dev/null and its output appended
+// to the run's files.
+func (r Run) start(env []string) (pid int, err error) {
+	var files [3]int // stdin, stdout, stderr
+	for i, f := range []struct {
+		path  string
+		flags int
+	}{
+		{"/dev/null", syscall.O_RDONLY},
+		{join(r.Dir, StdoutFile), syscall.O_WRONLY | syscall.O_CREAT | syscall.O_APPEND},
+		{join(r.Dir, StderrFile), syscall.O_WRONLY | syscall.O_CREAT | syscall.O_APPEND},
+	} {
+		if files[i], err = open(f.path, f.flags, 0o600); err != nil {
+			return 0, err
+		}
+		defer syscall.Close(files[i])
+	}
+	// From here on the command may be running before its PIDs are recorded: a worker
+	// that finds this file and no pid.json knows the shim died starting it.
+	starting, err := open(join(r.Dir, StartingFile), syscall.O_WRONLY|syscall.O_CREAT|syscall.O_TRUNC, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	syscall.Close(starting)
+	// The command dies with the shim (Pdeathsig), so it never runs on unrecorded if
+	// the shim is killed before it wrote pid.json. The signal follows the thread that
+	// started it: the shim's main goroutine keeps that thread until the shim ends.
+	runtime.LockOSThread()
+	pid, err = syscall.ForkExec(r.Path, r.Args, &syscall.ProcAttr{
+		Dir:   r.Cwd,
+		Env:   env,
+		Files: []uintptr{uintptr(files[0]), uintptr(files[1]), uintptr(files[2])},
+		Sys:   &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL},
+	})
+	if err != nil {
+		return 0, &fileError{"fork/exec", r.Path, err}
+	}
+	return pid, nil
+}
+
+// writeExit writes the exit file of the run in dir. It is durable: the exit code
+// is what the caller waits for, and it must outlive a crash of the host before the
+// worker recorded it. But the worker may read it, and record the exit, before it is
+// on disk: a crash of the host in the meantime leaves no exit file the worker can
+// read, as a crash before its write would, and the task is lost either way.
+func writeExit(dir string, exit exitRecord) error {
+	return writeFile(join(dir, ExitFile), exit.appendJSON(nil), syncAfterRename)
 }
 
 // releaseOutput points the shim's stdout and stderr, a pipe the worker reads until
 // it closes, at /dev/null: the worker then knows the command's start is recorded.
 func releaseOutput() {
-	devnull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	devnull, err := open("/dev/null", syscall.O_WRONLY, 0)
 	if err != nil {
 		return
 	}
-	defer devnull.Close()
-	_ = unix.Dup2(int(devnull.Fd()), 1)
-	_ = unix.Dup2(int(devnull.Fd()), 2)
-}
-
-// ReadEnviron reads the environment of the run in dir.
-func ReadEnviron(dir string) ([]string, error) {
-	data, err := os.ReadFile(filepath.Join(dir, EnvironFile))
-	return splitEnviron(data), err
-}
-
-// splitEnviron reads NUL-separated NAME=value entries, as in /proc/PID/environ.
-func splitEnviron(data []byte) []string {
-	var env []string
-	for kv := range strings.SplitSeq(string(data), "\x00") {
-		if kv != "" {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
-// JoinEnviron writes env as an environ file holds it.
-func JoinEnviron(env []string) []byte {
-	var b []byte
-	for _, kv := range env {
-		b = append(append(b, kv...), 0)
-	}
-	return b
+	defer syscall.Close(devnull)
+	_ = syscall.Dup3(devnull, 1, 0)
+	_ = syscall.Dup3(devnull, 2, 0)
 }
 
 // stopOrphans ends what the command left running when it exited: processes it
 // started in the background, in its process group or in a session of their own
 // (setsid, a daemon's double fork). Their parents have ended, so they are the
 // shim's children now (it is their subreaper). Each gets TERM, and KILL once grace
-// has passed; their own children come to the shim in turn when they end.
-func stopOrphans(grace time.Duration) {
-	self := os.Getpid()
-	killAt := time.Now().Add(grace)
+// (nanoseconds) has passed; their own children come to the shim in turn when they
+// end.
+func stopOrphans(grace int64) {
+	self := syscall.Getpid()
+	killAt := monotonic() + grace
 	termed := map[int]bool{}
 	for {
 		for {
 			var ws syscall.WaitStatus
 			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
-			if errors.Is(err, syscall.ECHILD) {
+			if err == syscall.ECHILD {
 				return // no child left
 			}
-			if errors.Is(err, syscall.EINTR) {
+			if err == syscall.EINTR {
 				continue
 			}
 			if err != nil || pid <= 0 {
@@ -232,91 +236,107 @@ func stopOrphans(grace time.Duration) {
 		}
 		// A child is not reaped but here, so its PID cannot name another process
 		// between this look and the signal.
-		kill := !time.Now().Before(killAt)
+		kill := monotonic() >= killAt
 		for _, pid := range childrenOf(self) {
 			switch {
 			case kill:
-				_ = unix.Kill(pid, unix.SIGKILL)
+				_ = syscall.Kill(pid, syscall.SIGKILL)
 			case !termed[pid]:
-				_ = unix.Kill(pid, unix.SIGTERM)
+				_ = syscall.Kill(pid, syscall.SIGTERM)
 				termed[pid] = true
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
+		sleep(20e6)
 	}
 }
 
 // childrenOf lists the processes whose parent is pid, from /proc.
 func childrenOf(pid int) []int {
-	entries, err := os.ReadDir("/proc")
+	proc, err := open("/proc", syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
 	if err != nil {
 		return nil
 	}
-	var out []int
-	for _, e := range entries {
-		child, err := strconv.Atoi(e.Name())
-		if err != nil {
+	defer syscall.Close(proc)
+	var names []string
+	buf := make([]byte, 8192)
+	for {
+		n, err := syscall.ReadDirent(proc, buf)
+		if err == syscall.EINTR {
 			continue
 		}
-		if _, ppid, _, err := procStat(child); err == nil && ppid == pid {
-			out = append(out, child)
+		if err != nil || n <= 0 {
+			break
+		}
+		_, _, names = syscall.ParseDirent(buf[:n], -1, names)
+	}
+	var out []int
+	for _, name := range names {
+		child, ok := parseUint(name)
+		if !ok {
+			continue
+		}
+		if _, ppid, _, err := procStat(int(child)); err == nil && ppid == pid {
+			out = append(out, int(child))
 		}
 	}
 	return out
 }
 
 // reap waits for every child, the command and the orphans reparented to the shim,
-// and sends the command's status when it has ended.
-func reap(pid int, exited chan<- syscall.WaitStatus) {
+// and when the command has ended sends its status and writes to wake.
+func reap(pid int, exited chan<- syscall.WaitStatus, wake int) {
 	for {
 		var ws syscall.WaitStatus
 		got, err := syscall.Wait4(-1, &ws, 0, nil)
-		if errors.Is(err, syscall.EINTR) {
+		if err == syscall.EINTR {
 			continue
 		}
 		if err != nil || got == pid {
 			exited <- ws
+			_ = writeAll(wake, []byte{1})
 			return
 		}
 	}
 }
 
 // watchTimers waits for the command to end, stopping its process group when its
-// deadline passes or it stalls, and says which did.
-func (r Run) watchTimers(pgid int, exited <-chan syscall.WaitStatus) (string, syscall.WaitStatus) {
-	var deadline <-chan time.Time
-	if !r.Deadline.IsZero() {
-		timer := time.NewTimer(time.Until(r.Deadline))
-		defer timer.Stop()
-		deadline = timer.C
-	}
-	var stallCheck <-chan time.Time
+// deadline passes or it stalls, and says which did. ended can be read once the
+// command's status is on exited.
+func (r Run) watchTimers(pgid int, exited <-chan syscall.WaitStatus, ended int) (string, syscall.WaitStatus) {
+	stallCheck := int64(-1)
 	if r.StallAfter > 0 {
-		ticker := time.NewTicker(max(r.StallAfter/10, 50*time.Millisecond))
-		defer ticker.Stop()
-		stallCheck = ticker.C
+		stallCheck = max(r.StallAfter/10, 50e6)
 	}
-	lastSize, lastChange := outputSize(r.Dir), time.Now()
+	lastSize, lastChange := r.outputSize(), monotonic()
 	stop := func(by string) (string, syscall.WaitStatus) {
-		_ = unix.Kill(-pgid, unix.SIGTERM)
-		select {
-		case ws := <-exited:
-			return by, ws
-		case <-time.After(max(r.KillGrace, time.Second)):
+		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+		if !awaitReadable(ended, monotonic()+max(r.KillGrace, 1e9)) {
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		}
-		_ = unix.Kill(-pgid, unix.SIGKILL)
 		return by, <-exited
 	}
 	for {
-		select {
-		case ws := <-exited:
-			return "", ws
-		case <-deadline:
-			return stop(StoppedByDeadline)
-		case now := <-stallCheck:
-			if size := outputSize(r.Dir); size != lastSize {
+		until := int64(-1)
+		if r.Deadline != 0 {
+			left := r.Deadline - wallClock()
+			if left <= 0 {
+				return stop(StoppedByDeadline)
+			}
+			until = monotonic() + left
+		}
+		if stallCheck > 0 {
+			if next := monotonic() + stallCheck; until < 0 || next < until {
+				until = next
+			}
+		}
+		if awaitReadable(ended, until) {
+			return "", <-exited
+		}
+		if r.StallAfter > 0 {
+			now := monotonic()
+			if size := r.outputSize(); size != lastSize {
 				lastSize, lastChange = size, now
-			} else if now.Sub(lastChange) >= r.StallAfter {
+			} else if now-lastChange >= r.StallAfter {
 				return stop(StoppedByStall)
 			}
 		}
@@ -324,20 +344,6 @@ func (r Run) watchTimers(pgid int, exited <-chan syscall.WaitStatus) (string, sy
 }
 
 // outputSize is how much the command has written to its output files.
-func outputSize(dir string) int64 {
-	var n int64
-	for _, name := range []string{StdoutFile, StderrFile} {
-		if info, err := os.Stat(filepath.Join(dir, name)); err == nil {
-			n += info.Size()
-		}
-	}
-	return n
-}
-
-// SignalName is a signal's name without its SIG prefix: TERM, KILL.
-func SignalName(sig syscall.Signal) string {
-	if name, ok := strings.CutPrefix(unix.SignalName(sig), "SIG"); ok {
-		return name
-	}
-	return strconv.Itoa(int(sig))
+func (r Run) outputSize() int64 {
+	return fileSize(join(r.Dir, StdoutFile)) + fileSize(join(r.Dir, StderrFile))
 }

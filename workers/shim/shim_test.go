@@ -2,39 +2,114 @@ package shim
 
 import (
 	"encoding/json"
+	"math/rand/v2"
+	"os"
 	"os/exec"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
 
-// The shim writes its JSON by hand; the worker reads it with encoding/json.
+// The worker reads these files into its own types (package workers), whose
+// tests run a real shim; this holds the hand-written JSON to what encoding/json
+// reads back.
 func TestTheFilesTheShimWritesReadBackTheSame(t *testing.T) {
+	type exit struct {
+		ExitCode   int       `json:"exit_code"`
+		Signal     string    `json:"signal"`
+		StoppedBy  string    `json:"stopped_by"`
+		StartedAt  time.Time `json:"started_at"`
+		EndedAt    time.Time `json:"ended_at"`
+		StartError string    `json:"start_error"`
+	}
 	at := time.Date(2026, 11, 30, 9, 13, 34, 397335882, time.UTC)
-	for _, want := range []Exit{
+	for _, want := range []exit{
 		{ExitCode: 0, StartedAt: at, EndedAt: at.Add(time.Second)},
 		{ExitCode: 143, Signal: "TERM", StoppedBy: StoppedByDeadline, StartedAt: at, EndedAt: at},
-		{ExitCode: 0, StartedAt: at, EndedAt: at, StartError: `fork/exec "/no/such": no such file; tab	nl
+		{ExitCode: -1, StartedAt: at, EndedAt: at, StartError: `fork/exec "/no/such": no such file; tab	nl
 nul` + "\x00 \x1f <&> é 日本 \u2028"},
 	} {
-		var got Exit
-		if err := json.Unmarshal(want.appendJSON(nil), &got); err != nil {
-			t.Fatalf("%s: %v", want.appendJSON(nil), err)
+		written := exitRecord{exitCode: want.ExitCode, signal: want.Signal, stoppedBy: want.StoppedBy,
+			startedAt: want.StartedAt.UnixNano(), endedAt: want.EndedAt.UnixNano(), startError: want.StartError}.appendJSON(nil)
+		var got exit
+		if err := json.Unmarshal(written, &got); err != nil {
+			t.Fatalf("%s: %v", written, err)
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("read back %+v, want %+v", got, want)
 		}
 	}
-	var got Exit
-	if err := json.Unmarshal(Exit{StartError: "bad \xff utf-8"}.appendJSON(nil), &got); err != nil || got.StartError != "bad \ufffd utf-8" {
+	var got exit
+	if err := json.Unmarshal(exitRecord{startError: "bad \xff utf-8"}.appendJSON(nil), &got); err != nil || got.StartError != "bad \ufffd utf-8" {
 		t.Errorf("invalid UTF-8 read back as %q (%v), want it replaced", got.StartError, err)
 	}
 
-	pids := PIDs{Shim: ProcRef{PID: 25486, Start: 2350865}, Command: ProcRef{PID: 1 << 22, Start: 1<<64 - 1}, Started: at}
-	var gotPIDs PIDs
-	if err := json.Unmarshal(pids.appendJSON(nil), &gotPIDs); err != nil || gotPIDs != pids {
-		t.Errorf("read back %+v (%v), want %+v", gotPIDs, err, pids)
+	type pids struct {
+		Shim    ProcRef   `json:"shim"`
+		Command ProcRef   `json:"command"`
+		Started time.Time `json:"started_at"`
+	}
+	want := pids{Shim: ProcRef{PID: 25486, Start: 2350865}, Command: ProcRef{PID: 1 << 22, Start: 1<<64 - 1}, Started: at}
+	written := pidsRecord{shim: want.Shim, command: want.Command, startedAt: at.UnixNano()}.appendJSON(nil)
+	var gotPIDs pids
+	if err := json.Unmarshal(written, &gotPIDs); err != nil || gotPIDs != want {
+		t.Errorf("read back %+v (%v), want %+v", gotPIDs, err, want)
+	}
+}
+
+// The shim formats times and numbers by hand: they must read as package time
+// and strconv write them.
+func TestTimesAndNumbersAreWrittenAsTheStandardLibraryWritesThem(t *testing.T) {
+	instants := []int64{0, 1, 999_999_999, 1e9, 951782400e9 /* 2000-02-29 */, 4102444799999999999, -1, -86400e9 - 1}
+	for range 2000 {
+		instants = append(instants, rand.Int64N(4102444800e9)) // to 2100
+	}
+	for _, ns := range instants {
+		want := `"` + time.Unix(0, ns).UTC().Format(time.RFC3339Nano) + `"`
+		if got := string(appendTime(nil, ns)); got != want {
+			t.Errorf("appendTime(%d) = %s, want %s", ns, got, want)
+		}
+	}
+	for _, n := range []int64{0, 7, -7, 10, 1<<63 - 1, -1 << 63, 4194304} {
+		if got := string(appendInt(nil, n)); got != strconv.FormatInt(n, 10) {
+			t.Errorf("appendInt(%d) = %s", n, got)
+		}
+		if n >= 0 {
+			if got, ok := parseUint(strconv.FormatInt(n, 10)); !ok || got != uint64(n) {
+				t.Errorf("parseUint(%d) = %d, %v", n, got, ok)
+			}
+		}
+		if got, ok := parseInt64(strconv.FormatInt(n, 10)); !ok || got != n {
+			t.Errorf("parseInt64(%d) = %d, %v", n, got, ok)
+		}
+	}
+	for _, bad := range []string{"", "-", "1x", "+1", " 1", "18446744073709551616", "99999999999999999999"} {
+		if n, ok := parseUint(bad); ok {
+			t.Errorf("parseUint(%q) = %d, want it refused", bad, n)
+		}
+	}
+	if got, ok := parseUint("18446744073709551615"); !ok || got != 1<<64-1 {
+		t.Errorf("parseUint(max) = %d, %v", got, ok)
+	}
+}
+
+func TestProcStatReadsWhatTheKernelSays(t *testing.T) {
+	state, ppid, start, err := procStat(os.Getpid())
+	if err != nil || ppid != os.Getppid() || start == 0 || state != 'R' && state != 'S' {
+		t.Fatalf("procStat(self) = %c, %d, %d, %v; want running, parent %d", state, ppid, start, err, os.Getppid())
+	}
+	if !(ProcRef{PID: os.Getpid(), Start: start}).Alive() || (ProcRef{PID: os.Getpid(), Start: start + 1}).Alive() {
+		t.Error("Alive does not tell this process from a PID reused")
+	}
+	if got := signalName(syscall.SIGTERM) + " " + signalName(syscall.SIGKILL) + " " + signalName(syscall.Signal(40)); got != "TERM KILL 40" {
+		t.Errorf("signal names: %s", got)
+	}
+	if got := splitEnviron(JoinEnviron([]string{"A=1", "B=", "C=x=y"})); !reflect.DeepEqual(got, []string{"A=1", "B=", "C=x=y"}) {
+		t.Errorf("environ read back as %q", got)
 	}
 }
 
@@ -42,7 +117,7 @@ func TestArgumentsReadBackTheSameRun(t *testing.T) {
 	for _, want := range []Run{
 		{Dir: "/state/runs/a.1", Cwd: "/home/u", Path: "/bin/bash", Args: []string{"bash", "-c", "echo --dir=x -- y"}},
 		{Dir: "/d", Cwd: "/", Path: "/bin/sleep", Args: []string{"sleep", "--", "1"},
-			Deadline: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC), StallAfter: 90 * time.Second, KillGrace: 1500 * time.Millisecond},
+			Deadline: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC).UnixNano(), StallAfter: int64(90 * time.Second), KillGrace: int64(1500 * time.Millisecond)},
 	} {
 		got, err := parseArgs(want.ShimArgs())
 		if err != nil || !reflect.DeepEqual(got, want) {
@@ -55,7 +130,8 @@ func TestArgumentsReadBackTheSameRun(t *testing.T) {
 		{"--dir=/d", "--", "/bin/true"},
 		{"--cwd=/", "--", "/bin/true", "true"},
 		{"--dir=/d", "--bogus=1", "--", "/bin/true", "true"},
-		{"--dir=/d", "--kill-grace=soon", "--", "/bin/true", "true"},
+		{"--dir=/d", "--kill-grace-ns=soon", "--", "/bin/true", "true"},
+		{"--dir=/d", "--deadline=2026-01-02T03:04:05Z", "--", "/bin/true", "true"},
 		{"/d", "--", "/bin/true", "true"},
 	} {
 		if _, err := parseArgs(bad); err == nil {
@@ -64,19 +140,27 @@ func TestArgumentsReadBackTheSameRun(t *testing.T) {
 	}
 }
 
-// A shim lives as long as its command, one per running task: it must not grow the
-// packages that take a third more memory (see the package comment), nor anything
-// of the rest of bgtask.
+// A shim lives as long as its command, one per running task, and starts with
+// every task: it must not grow the packages that took a third more memory and
+// twice the CPU of a start (see the package comment), nor anything of the rest of
+// bgtask.
 func TestTheShimBinaryStaysSmall(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", "github.com/bgtask/bgtask/cmd/bgtask-shim").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
+	heavy := []string{"os", "time", "strconv", "strings", "reflect", "fmt", "io", "path/filepath", "golang.org/x/sys/unix"}
 	for dep := range strings.FieldsSeq(string(out)) {
-		heavy := dep == "fmt" || strings.HasPrefix(dep, "encoding/json") || strings.HasPrefix(dep, "log") || strings.HasPrefix(dep, "net") ||
-			strings.HasPrefix(dep, "github.com/") && !strings.HasPrefix(dep, "github.com/bgtask/bgtask/workers/shim") && dep != "github.com/bgtask/bgtask/cmd/bgtask-shim"
-		if heavy {
+		outside := strings.Contains(dep, ".") && !strings.HasPrefix(dep, "github.com/bgtask/bgtask/workers/shim") && dep != "github.com/bgtask/bgtask/cmd/bgtask-shim"
+		if outside || strings.HasPrefix(dep, "encoding/") || strings.HasPrefix(dep, "log") || strings.HasPrefix(dep, "net") || slices.Contains(heavy, dep) {
 			t.Errorf("bgtask-shim depends on %s", dep)
 		}
+	}
+}
+
+func TestArgsAreThoseOfTheProcess(t *testing.T) {
+	got, err := Args()
+	if err != nil || !slices.Equal(got, os.Args[1:]) {
+		t.Fatalf("Args() = %q, %v; want %q", got, err, os.Args[1:])
 	}
 }

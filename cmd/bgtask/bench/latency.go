@@ -264,7 +264,7 @@ func rawChain(ctx context.Context, srv *server, path [3][]byte) (time.Duration, 
 func runLatency(ctx context.Context, r *runner, s *Scenario) error {
 	s.param("tasks", r.size.sequential)
 	s.param("command", startCommand)
-	s.param("from", "ended_at: the shim's clock when it reaped the command, before it writes exit.json (fsync, rename)")
+	s.param("from", "ended_at: the shim's clock when it reaped the command, before it writes exit.json (rename, fsync)")
 	s.param("to", "the wake-up's publish to the inbox, seen by a core NATS subscription on bgtask.deliver.<target>")
 	for _, mode := range []string{"always", "interval"} {
 		res, err := r.sequentialTasks(ctx, mode, "interval")
