@@ -192,8 +192,9 @@ func (r Run) start(env []string) (pid int, err error) {
 // writeExit writes the exit file of the run in dir. It is durable: the exit code
 // is what the caller waits for, and it must outlive a crash of the host before the
 // worker recorded it. But the worker may read it, and record the exit, before it is
-// on disk: a crash of the host in the meantime leaves no exit file the worker can
-// read, as a crash before its write would, and the task is lost either way.
+// on disk: a crash of the host in the meantime may leave a file it cannot read,
+// which it takes for none, as after a crash before the write: the task is lost
+// either way.
 func writeExit(dir string, exit exitRecord) error {
 	return writeFile(join(dir, ExitFile), exit.appendJSON(nil), syncAfterRename)
 }
