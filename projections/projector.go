@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
@@ -318,38 +319,53 @@ func (p *Projector) Task(id string) (engine.State, bool) {
 }
 
 // List returns the tasks that match q, newest first, and how many matched in all.
+// It sorts outside the lock: with many tasks the sort takes milliseconds, during
+// which the projector could apply no event, and no wake-up would go out.
 func (p *Projector) List(q engine.ListQuery) ([]engine.State, int) {
+	type entry struct {
+		armedAt time.Time
+		id      string
+		state   *engine.State // read under the lock only
+	}
 	p.mu.RLock()
-	defer p.mu.RUnlock()
-	var matched []*engine.State
+	var matched []entry
 	if q.Phase != "" && !q.Phase.Terminal() {
 		ids := p.unfinished[q.Phase]
-		matched = make([]*engine.State, 0, len(ids))
+		matched = make([]entry, 0, len(ids))
 		for id := range ids {
-			matched = append(matched, p.tasks[id])
+			s := p.tasks[id]
+			matched = append(matched, entry{s.ArmedAt, s.ID, s})
 		}
 	} else {
-		matched = make([]*engine.State, 0, len(p.tasks))
+		matched = make([]entry, 0, len(p.tasks))
 		for _, s := range p.tasks {
 			if q.Phase == "" || s.Phase == q.Phase {
-				matched = append(matched, s)
+				matched = append(matched, entry{s.ArmedAt, s.ID, s})
 			}
 		}
 	}
-	slices.SortFunc(matched, func(a, b *engine.State) int {
-		if c := b.ArmedAt.Compare(a.ArmedAt); c != 0 {
+	p.mu.RUnlock()
+	slices.SortFunc(matched, func(a, b entry) int {
+		if c := b.armedAt.Compare(a.armedAt); c != 0 {
 			return c
 		}
-		return cmp.Compare(b.ID, a.ID)
+		return cmp.Compare(b.id, a.id)
 	})
 	total := len(matched)
 	if q.Limit > 0 && len(matched) > q.Limit {
 		matched = matched[:q.Limit]
 	}
-	out := make([]engine.State, len(matched))
-	for i, s := range matched {
-		out[i] = *s
+	// A task's state lives at the same address for good: only what it holds
+	// changes, under the lock. One that has left the phase asked for since it
+	// matched is left out.
+	out := make([]engine.State, 0, len(matched))
+	p.mu.RLock()
+	for _, e := range matched {
+		if q.Phase == "" || e.state.Phase == q.Phase {
+			out = append(out, *e.state)
+		}
 	}
+	p.mu.RUnlock()
 	return out, total
 }
 

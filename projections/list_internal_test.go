@@ -1,0 +1,101 @@
+package projections
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+)
+
+// armedProjector is a projector that has applied n armed tasks, a second apart,
+// and every third of them spawned.
+func armedProjector(tb testing.TB, n int) *Projector {
+	tb.Helper()
+	p := New(nil, nil, engine.Base{})
+	at := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	seq := uint64(0)
+	for i := range n {
+		spec, err := engine.ParseSpecAt(fmt.Appendf(nil, `{"command":"make test-%d"}`, i), at.Add(time.Duration(i)*time.Second))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		id, err := engine.TaskID(spec)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		state := engine.State{ID: id}
+		cmds := []engine.Command{engine.Arm{Spec: spec}}
+		if i%3 == 0 {
+			cmds = append(cmds, engine.Spawn{Host: "h"})
+		}
+		for _, c := range cmds {
+			ev, err := engine.Decide(state, c, engine.Meta{Writer: "w", Now: at.Add(time.Duration(i) * time.Second)})
+			if err != nil {
+				tb.Fatal(err)
+			}
+			seq++
+			rec := events.Record{Seq: seq, Event: ev}
+			if state, err = engine.Apply(state, rec); err != nil {
+				tb.Fatal(err)
+			}
+			p.apply(rec, nil)
+		}
+	}
+	return p
+}
+
+func TestListIsNewestFirstAndKeepsToItsState(t *testing.T) {
+	p := armedProjector(t, 300)
+	all, total := p.List(engine.ListQuery{Limit: 50})
+	if total != 300 || len(all) != 50 {
+		t.Fatalf("listed %d of %d, want 50 of 300", len(all), total)
+	}
+	if !slices.IsSortedFunc(all, func(a, b engine.State) int { return b.ArmedAt.Compare(a.ArmedAt) }) {
+		t.Error("not newest first")
+	}
+	running, total := p.List(engine.ListQuery{Phase: engine.PhaseRunning})
+	if total != 100 || len(running) != 100 {
+		t.Fatalf("listed %d of %d running, want 100", len(running), total)
+	}
+	for _, s := range running {
+		if s.Phase != engine.PhaseRunning {
+			t.Fatalf("task %s listed as running is %s", s.ID, s.Phase)
+		}
+	}
+}
+
+// BenchmarkApplyWhileListing is how long the projector waits to apply an event
+// while clients list every task, 100,000 of them, without pause: the wait holds
+// up every wake-up. It reports the longest and the p99 wait.
+func BenchmarkApplyWhileListing(b *testing.B) {
+	p := armedProjector(b, 100_000)
+	stop := make(chan struct{})
+	var listing sync.WaitGroup
+	listing.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				p.List(engine.ListQuery{Limit: 100})
+			}
+		}
+	})
+	var waits []time.Duration
+	for b.Loop() {
+		start := time.Now()
+		p.mu.Lock()
+		waits = append(waits, time.Since(start))
+		p.mu.Unlock()
+		time.Sleep(time.Millisecond) // an event now and then, not a writer that starves the lists
+	}
+	close(stop)
+	listing.Wait()
+	slices.Sort(waits)
+	b.ReportMetric(float64(waits[len(waits)-1].Microseconds()), "µs-max-wait")
+	b.ReportMetric(float64(waits[len(waits)*99/100].Microseconds()), "µs-p99-wait")
+}
