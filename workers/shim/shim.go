@@ -100,9 +100,14 @@ func (r Run) supervise() error {
 	// tree stays under it.
 	_, _, _ = syscall.RawSyscall6(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0, 0, 0, 0)
 	started := wallClock()
+	// A start that failed is recorded in the exit file; if even that fails, the
+	// error goes to the worker on the shim's stderr, which it still reads.
 	fail := func(err error) error {
-		defer releaseOutput()
-		return writeExit(r.Dir, exitRecord{startError: err.Error(), startedAt: started, endedAt: wallClock()})
+		if werr := writeExit(r.Dir, exitRecord{startError: err.Error(), startedAt: started, endedAt: wallClock()}); werr != nil {
+			return errors.New(err.Error() + "; and its record: " + werr.Error())
+		}
+		releaseOutput()
+		return nil
 	}
 	env, err := ReadEnviron(r.Dir)
 	if err != nil {
