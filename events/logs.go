@@ -217,10 +217,11 @@ type LogWriter struct {
 	keptSize int64
 	closed   bool
 	final    bool
-	// endMarked: the end mark went out on the last chunk.
-	endMarked bool
-	wake      chan struct{}
-	done      chan struct{}
+	// endMarked: the end mark went out on the last chunk; endOwed: it is a message
+	// of its own, for EndMark to publish.
+	endMarked, endOwed bool
+	wake               chan struct{}
+	done               chan struct{}
 }
 
 type keptChunk struct {
@@ -269,7 +270,9 @@ func (w *LogWriter) signal() {
 // Close publishes what is left, and with final the end mark of the output stream
 // (a run that is followed by another of the same task leaves it to the last one),
 // waiting at most until ctx ends. It returns the total size of the output and how
-// many of its bytes were dropped.
+// many of its bytes were dropped. The end mark rides on the last chunk; when
+// nothing was left to publish, it is a message of its own, which Close leaves to
+// EndMark: a run's exit need not wait for a write that says nothing new.
 func (w *LogWriter) Close(ctx context.Context, final bool) (total, dropped int64) {
 	w.mu.Lock()
 	w.closed, w.final = true, final
@@ -306,7 +309,9 @@ func (w *LogWriter) run() {
 		w.mu.Unlock()
 		if w.flush(closed && final) && closed {
 			if final && !w.endMarked {
-				w.publishEOF()
+				w.mu.Lock()
+				w.endOwed = true
+				w.mu.Unlock()
 			}
 			return
 		}
@@ -392,14 +397,20 @@ func (w *LogWriter) trim() {
 	w.mu.Unlock()
 }
 
-func (w *LogWriter) publishEOF() {
+// EndMark publishes the end mark that Close left to it, if it did, waiting at most
+// until ctx ends. Readers that follow the output stop at it.
+func (w *LogWriter) EndMark(ctx context.Context) {
 	w.mu.Lock()
-	total := w.offset + int64(len(w.pending))
+	owed, total := w.endOwed, w.offset+int64(len(w.pending))
+	w.endOwed = false
 	w.mu.Unlock()
+	if !owed {
+		return
+	}
 	msg := &nats.Msg{Subject: w.subject, Header: nats.Header{}}
 	msg.Header.Set(LogOffsetHeader, strconv.FormatInt(total, 10))
 	msg.Header.Set(LogEOFHeader, "1")
-	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	_, _ = w.logs.js.PublishMsg(ctx, msg)
 }

@@ -128,6 +128,7 @@ func TestLogReadFollowsUntilTheEndMark(t *testing.T) {
 	go func() { got <- readAll(t, logs, "live", true, events.Stdout) }()
 	w.Write([]byte("second\n"))
 	w.Close(context.Background(), true)
+	w.EndMark(context.Background()) // if "second" went out on a tick before the close
 	select {
 	case r := <-got:
 		if s := r.data[events.Stdout].String(); s != "first\nsecond\n" {
@@ -161,14 +162,23 @@ func TestTheEndMarkRidesOnTheLastChunk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(events.LogSubject("ends", ">")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range []string{events.Stdout, events.Stderr} {
-		if n := info.State.Subjects[events.LogSubject("ends", s)]; n != 1 {
-			t.Errorf("%s holds %d messages, want 1 (its end mark on its last chunk, or alone)", s, n)
+	messages := func() map[string]uint64 {
+		t.Helper()
+		info, err := stream.Info(ctx, jetstream.WithSubjectFilter(events.LogSubject("ends", ">")))
+		if err != nil {
+			t.Fatal(err)
 		}
+		return map[string]uint64{events.Stdout: info.State.Subjects[events.LogSubject("ends", events.Stdout)], events.Stderr: info.State.Subjects[events.LogSubject("ends", events.Stderr)]}
+	}
+	// An end mark alone waits for EndMark: a run's exit does not wait for it.
+	if n := messages(); n[events.Stdout] != 1 || n[events.Stderr] != 0 {
+		t.Errorf("after Close: %v messages, want stdout's one (its end mark on its last chunk) and none of stderr", n)
+	}
+	w.EndMark(ctx)
+	empty.EndMark(ctx)
+	empty.EndMark(ctx)
+	if n := messages(); n[events.Stdout] != 1 || n[events.Stderr] != 1 {
+		t.Errorf("after EndMark: %v messages, want one each (stderr's end mark alone, once)", n)
 	}
 	var got []events.LogChunk
 	if err := logs.Read(ctx, "ends", nil, true, func(c events.LogChunk) error {

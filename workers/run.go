@@ -181,6 +181,20 @@ func (l *runLogs) close(ctx context.Context, final bool) {
 	l.total, l.dropped = outTotal+errTotal, outDropped+errDropped
 }
 
+// markEnds publishes the end marks that close left to be messages of their own
+// (an output with nothing left to publish at its end, such as an empty stderr):
+// after the run's exit is recorded, so that the exit does not wait for them. A
+// worker that dies in between leaves them out, as a worker that dies before its
+// exit does: followers of the log stop a little after the task ended.
+func (l *runLogs) markEnds(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendTimeout)
+	defer cancel()
+	var stderrMarked sync.WaitGroup
+	stderrMarked.Go(func() { l.stderr.EndMark(ctx) })
+	l.stdout.EndMark(ctx)
+	stderrMarked.Wait()
+}
+
 // runOnce starts the command once, watches it and records how the run ended. It
 // reports whether the run stalled and is to be started again.
 func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
@@ -327,6 +341,7 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 		default:
 			recorded = r.recordEnd(ctx, result)
 		}
+		logs.markEnds(ctx)
 		if recorded {
 			_ = os.RemoveAll(proc.dir)
 		} // else the run stays on disk, and the worker's next start records its exit
@@ -452,6 +467,7 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 	proc.stop(w.cfg.KillGrace)
 	stopCopying()
 	logs.close(ctx, true)
+	logs.markEnds(ctx)
 	_ = os.RemoveAll(proc.dir)
 	return false
 }
