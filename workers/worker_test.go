@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -773,6 +774,34 @@ func TestARestartedWorkerWatchesItsRunsAgain(t *testing.T) {
 	}
 	if out.String() != "one\ntwo\n" {
 		t.Fatalf("log across the restart = %q, want each line once", out.String())
+	}
+}
+
+// Both output streams of a finished run end with an end mark, the empty one too,
+// which the worker writes after the exit: a follower of the log stops at them.
+func TestAFinishedRunsLogEndsInBothStreams(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startWorker(t, workers.Config{})
+	id := b.arm(t, engine.Spec{Command: "echo out", Cwd: t.TempDir()})
+	b.waitFor(t, id, 20*time.Second, "ended", ended)
+	logs, err := events.ConnectLogs(context.Background(), b.srv.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	marks := map[string]int64{}
+	if err := logs.Read(ctx, id, nil, true, func(c events.LogChunk) error {
+		if c.EOF {
+			marks[c.Stream] = c.Offset
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("following the log: %v (end marks seen: %v)", err, marks)
+	}
+	if want := map[string]int64{events.Stdout: 4, events.Stderr: 0}; !maps.Equal(marks, want) {
+		t.Fatalf("end marks at %v, want %v", marks, want)
 	}
 }
 
