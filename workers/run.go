@@ -169,16 +169,13 @@ func (l *runLogs) close(ctx context.Context, final bool) {
 		return
 	}
 	l.closed = true
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendTimeout)
-	defer cancel()
 	// The two streams flush side by side: the exit waits for both.
-	var errTotal, errDropped int64
-	var stderrClosed sync.WaitGroup
-	stderrClosed.Go(func() { errTotal, errDropped = l.stderr.Close(ctx, final) })
-	outTotal, outDropped := l.stdout.Close(ctx, final)
-	stderrClosed.Wait()
-	l.offsets[0], l.offsets[1] = outTotal, errTotal
-	l.total, l.dropped = outTotal+errTotal, outDropped+errDropped
+	var totals, dropped [2]int64
+	l.sideBySide(ctx, func(ctx context.Context, i int, w *events.LogWriter) {
+		totals[i], dropped[i] = w.Close(ctx, final)
+	})
+	*l.offsets = totals
+	l.total, l.dropped = totals[0]+totals[1], dropped[0]+dropped[1]
 }
 
 // markEnds publishes the end marks that close left to be messages of their own
@@ -187,12 +184,18 @@ func (l *runLogs) close(ctx context.Context, final bool) {
 // worker that dies in between leaves them out, as a worker that dies before its
 // exit does: followers of the log stop a little after the task ended.
 func (l *runLogs) markEnds(ctx context.Context) {
+	l.sideBySide(ctx, func(ctx context.Context, _ int, w *events.LogWriter) { w.EndMark(ctx) })
+}
+
+// sideBySide runs f on the stdout (0) and stderr (1) writers at once, for at most
+// appendTimeout, even if the worker is stopping.
+func (l *runLogs) sideBySide(ctx context.Context, f func(ctx context.Context, i int, w *events.LogWriter)) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendTimeout)
 	defer cancel()
-	var stderrMarked sync.WaitGroup
-	stderrMarked.Go(func() { l.stderr.EndMark(ctx) })
-	l.stdout.EndMark(ctx)
-	stderrMarked.Wait()
+	var stderrDone sync.WaitGroup
+	stderrDone.Go(func() { f(ctx, 1, l.stderr) })
+	f(ctx, 0, l.stdout)
+	stderrDone.Wait()
 }
 
 // runOnce starts the command once, watches it and records how the run ended. It
