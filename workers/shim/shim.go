@@ -19,8 +19,9 @@
 // calls the kernel through package syscall alone, without os, time, strconv or
 // the reflection-based packages. A Go program's text is resident whole in each of
 // its processes here, and those packages took the shim from 1.84 to 2.30 MiB of
-// RSS and its start from 8.5 to 9.5 ms of CPU (BENCHMARKS.md). It runs as its own
-// small binary, bgtask-shim, or as `bgtask shim` where that is missing.
+// RSS, and a run of `true` under it from 13 to 15 ms of wall time (BENCHMARKS.md).
+// It runs as its own small binary, bgtask-shim, or as `bgtask shim` where that is
+// missing.
 package shim
 
 import (
