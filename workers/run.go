@@ -346,7 +346,7 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 		}
 		logs.markEnds(ctx)
 		if recorded {
-			_ = os.RemoveAll(proc.dir)
+			w.finished.remove(proc.dir)
 		} // else the run stays on disk, and the worker's next start records its exit
 	}
 	stall := func(action string, silent time.Duration) error {
@@ -471,7 +471,7 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 	stopCopying()
 	logs.close(ctx, true)
 	logs.markEnds(ctx)
-	_ = os.RemoveAll(proc.dir)
+	w.finished.remove(proc.dir)
 	return false
 }
 

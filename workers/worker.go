@@ -127,6 +127,8 @@ type Worker struct {
 	lock   *os.File
 	// notify tells the runs when their files change: one inotify instance for all.
 	notify *notifier
+	// finished removes the directories of runs whose end is recorded.
+	finished sweeper
 
 	liveness *events.Liveness
 }
@@ -173,6 +175,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, store events.Store, cfg Config) 
 		cfg: cfg, host: hostname(), nc: nc, js: js, store: store,
 		slots: make(chan struct{}, cfg.MaxTasks), runs: map[string]*run{}, taking: map[string]bool{},
 		state: events.WorkerStarting, started: time.Now().UTC(), drained: make(chan struct{}),
+		finished: sweeper{delay: sweepDelay},
 	}
 	w.env = sync.OnceValue(func() []string {
 		if cfg.Env != nil {
@@ -335,6 +338,7 @@ func (w *Worker) Stop() {
 	w.cancel()
 	w.wg.Wait()
 	w.notify.close()
+	w.finished.flush()
 	ctx, cancel := context.WithTimeout(context.Background(), appendTimeout)
 	defer cancel()
 	var err error
