@@ -2,9 +2,11 @@ package workers_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -328,6 +330,56 @@ func TestAWorkerThatDiedWhileItsShimStartedWaitsForTheShim(t *testing.T) {
 	end := b.waitFor(t, id, 20*time.Second, "ended", ended)
 	if end.Run == nil || end.Run.ExitCode != 9 {
 		t.Fatalf("ended %s (%q), want the command's exit 9 recorded", end.Status, end.Reason)
+	}
+}
+
+// A worker that died after it recorded that the rule matched and the command was
+// left running (keep_running), before the run's directory went, finds the directory
+// at its next start: it removes it and leaves the command running, as the log says.
+func TestARestartedWorkerLeavesAKeptRunningCommandRunning(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state := t.TempDir()
+	spec := engine.Spec{Command: "exec sleep 60", Cwd: t.TempDir()}
+	id := b.arm(t, spec)
+	b.spawnAs(t, id, "stable")
+	runDir := filepath.Join(state, "runs", id+"-1")
+	launched, err := workers.StartRunAndDie([]string{os.Args[0], "shim"}, runDir, id, 1, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-launched; err != nil {
+		t.Fatal(err)
+	}
+	var pids struct{ Shim, Command struct{ PID int } }
+	data, err := os.ReadFile(filepath.Join(runDir, "pid.json"))
+	if err != nil || json.Unmarshal(data, &pids) != nil {
+		t.Fatalf("pid.json: %v %q", err, data)
+	}
+	t.Cleanup(func() {
+		_ = syscall.Kill(-pids.Command.PID, syscall.SIGKILL)
+		waitPIDsGone(t, 10*time.Second, pids.Shim.PID)
+	})
+	st, err := engine.Load(context.Background(), b.store, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	ev, err := engine.Decide(st, engine.Exit{Run: events.Exited{KeptRunning: true, StoppedBy: events.StoppedByMatch, StartedAt: now, EndedAt: now}}, engine.Meta{Writer: "stable", Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Append(context.Background(), ev, st.Seq); err != nil {
+		t.Fatal(err)
+	}
+
+	b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
+	eventually(t, 10*time.Second, "the run's directory removed", func() bool {
+		_, err := os.Stat(runDir)
+		return errors.Is(err, fs.ErrNotExist)
+	})
+	if !alive(pids.Command.PID) {
+		t.Fatal("the command left running on purpose was stopped")
 	}
 }
 

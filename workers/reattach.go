@@ -76,8 +76,15 @@ func (w *Worker) reattach(ctx context.Context) error {
 		}
 		owned := state.Phase == engine.PhaseRunning && state.Worker == w.cfg.ID && state.Epoch == sr.Epoch
 		if !owned {
-			// Cancelled, ended or taken over while this worker was away.
-			if perr == nil {
+			// Cancelled, ended or taken over while this worker was away; or left running
+			// on purpose (its rule matched with keep_running), recorded just before this
+			// worker's previous process died with the directory still there.
+			kept := state.Epoch == sr.Epoch && state.Run != nil && state.Run.KeptRunning
+			switch {
+			case perr == nil && kept:
+				proc.detach()
+				_ = os.RemoveAll(dir)
+			case perr == nil:
 				log.Info("stopping a run that is no longer this worker's", "task", sr.TaskID, "state", state.Phase)
 				w.wg.Add(1)
 				go func() {
@@ -85,7 +92,7 @@ func (w *Worker) reattach(ctx context.Context) error {
 					proc.stop(w.cfg.KillGrace)
 					_ = os.RemoveAll(dir)
 				}()
-			} else {
+			default:
 				_ = os.RemoveAll(dir)
 			}
 			continue

@@ -6,24 +6,25 @@ import (
 	"time"
 )
 
-// sweepDelay is how long the directory of a run whose end is recorded stays
-// before it is removed. Removing a run's directory is a dozen changes to the file
-// system's metadata, which its journal commits with the next fsync on the disk:
-// removed at once, they rode on the fsyncs of the very wake-up that the end sets
-// off (completion-persisted, the inbox), which took 0.3–0.9 ms longer with fsync
-// always (BENCHMARKS.md). A tenth of a second is past that wake-up, and batches
-// the runs that end meanwhile into one commit.
+// sweepDelay is how long the directory of a run watched to its end stays before it
+// is removed. Removing a run's directory is a dozen changes to the file system's
+// metadata, which its journal commits with the next fsync on the disk: removed at
+// once, they rode on the fsyncs of the very wake-up that the end sets off
+// (completion-persisted, the inbox), which took up to 0.6 ms longer at the median
+// with fsync always (BENCHMARKS.md). A tenth of a second is past that wake-up, and
+// batches the runs that end meanwhile into one commit.
 const sweepDelay = 100 * time.Millisecond
 
 // sweeper removes the directories of finished runs, a while after their end and
 // together. A worker that dies meanwhile finds them at its next start, as it finds
-// a run whose end it recorded just before it died: the log says the task is no
+// a run whose end it recorded just before it died: the log says the run is no
 // longer its own, and the directory goes.
 type sweeper struct {
 	delay    time.Duration
 	mu       sync.Mutex
 	dirs     []string
-	timer    *time.Timer // set while dirs wait
+	timer    *time.Timer // the sweep to come, if any
+	flushed  bool        // by a stopping worker: what comes later goes at once
 	sweeping sync.WaitGroup
 }
 
@@ -31,6 +32,10 @@ type sweeper struct {
 func (s *sweeper) remove(dir string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.flushed {
+		_ = os.RemoveAll(dir)
+		return
+	}
 	s.dirs = append(s.dirs, dir)
 	if s.timer == nil {
 		s.sweeping.Add(1)
@@ -52,9 +57,11 @@ func (s *sweeper) sweep() {
 }
 
 // flush removes every directory still waiting, now, and returns once no sweep is
-// under way: a stopped worker leaves no finished run behind.
+// under way; a directory given later is removed at once. A stopped worker leaves
+// no finished run behind.
 func (s *sweeper) flush() {
 	s.mu.Lock()
+	s.flushed = true
 	if s.timer != nil && s.timer.Stop() {
 		s.sweeping.Done() // it will not run
 	}

@@ -8,7 +8,8 @@ import (
 )
 
 // The directories of finished runs go together, once the delay has passed; a
-// flush (the worker's stop) removes those still waiting at once.
+// flush (the worker's stop) removes those still waiting, and any given after it,
+// at once.
 func TestTheDirectoriesOfFinishedRunsGoLaterOrOnAFlush(t *testing.T) {
 	base := t.TempDir()
 	run := func(name string) string {
@@ -40,6 +41,12 @@ func TestTheDirectoriesOfFinishedRunsGoLaterOrOnAFlush(t *testing.T) {
 	waiting.flush()
 	if exists(c) {
 		t.Fatal("still there after the flush")
+	}
+	// A run that ends while the worker stops goes at once.
+	d := run("d")
+	waiting.remove(d)
+	if exists(d) {
+		t.Fatal("given after the flush, and still there")
 	}
 	waiting.flush() // nothing waits: returns
 }

@@ -250,6 +250,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.wg.Wait()
 		w.unsubscribe()
 		w.notify.close()
+		w.finished.flush()
 		return err
 	}
 	if err := w.reattach(ctx); err != nil {
