@@ -345,13 +345,9 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 			recorded = r.recordEnd(ctx, result)
 		}
 		logs.markEnds(ctx)
-		switch {
-		case !recorded: // the run stays on disk, and the worker's next start records its exit
-		case kept:
-			_ = os.RemoveAll(proc.dir) // nothing may find it and take the command for one to stop
-		default:
+		if recorded {
 			w.finished.remove(proc.dir)
-		}
+		} // else the run stays on disk, and the worker's next start records its exit
 	}
 	stall := func(action string, silent time.Duration) error {
 		return r.record(ctx, engine.Stall{SilentFor: silent.Round(time.Millisecond), Action: action})
