@@ -240,72 +240,23 @@ func splitFields(data []byte, n int) []string {
 	return fields
 }
 
+// signalNames are the names of signals without their SIG prefix.
+var signalNames = [...]string{
+	syscall.SIGHUP: "HUP", syscall.SIGINT: "INT", syscall.SIGQUIT: "QUIT", syscall.SIGILL: "ILL",
+	syscall.SIGTRAP: "TRAP", syscall.SIGABRT: "ABRT", syscall.SIGBUS: "BUS", syscall.SIGFPE: "FPE",
+	syscall.SIGKILL: "KILL", syscall.SIGUSR1: "USR1", syscall.SIGSEGV: "SEGV", syscall.SIGUSR2: "USR2",
+	syscall.SIGPIPE: "PIPE", syscall.SIGALRM: "ALRM", syscall.SIGTERM: "TERM", syscall.SIGSTKFLT: "STKFLT",
+	syscall.SIGCHLD: "CHLD", syscall.SIGCONT: "CONT", syscall.SIGSTOP: "STOP", syscall.SIGTSTP: "TSTP",
+	syscall.SIGTTIN: "TTIN", syscall.SIGTTOU: "TTOU", syscall.SIGURG: "URG", syscall.SIGXCPU: "XCPU",
+	syscall.SIGXFSZ: "XFSZ", syscall.SIGVTALRM: "VTALRM", syscall.SIGPROF: "PROF", syscall.SIGWINCH: "WINCH",
+	syscall.SIGIO: "IO", syscall.SIGPWR: "PWR", syscall.SIGSYS: "SYS",
+}
+
 // signalName is a signal's name without its SIG prefix: TERM, KILL; its number if
 // it has no name here.
 func signalName(sig syscall.Signal) string {
-	switch sig {
-	case syscall.SIGHUP:
-		return "HUP"
-	case syscall.SIGINT:
-		return "INT"
-	case syscall.SIGQUIT:
-		return "QUIT"
-	case syscall.SIGILL:
-		return "ILL"
-	case syscall.SIGTRAP:
-		return "TRAP"
-	case syscall.SIGABRT:
-		return "ABRT"
-	case syscall.SIGBUS:
-		return "BUS"
-	case syscall.SIGFPE:
-		return "FPE"
-	case syscall.SIGKILL:
-		return "KILL"
-	case syscall.SIGUSR1:
-		return "USR1"
-	case syscall.SIGSEGV:
-		return "SEGV"
-	case syscall.SIGUSR2:
-		return "USR2"
-	case syscall.SIGPIPE:
-		return "PIPE"
-	case syscall.SIGALRM:
-		return "ALRM"
-	case syscall.SIGTERM:
-		return "TERM"
-	case syscall.SIGSTKFLT:
-		return "STKFLT"
-	case syscall.SIGCHLD:
-		return "CHLD"
-	case syscall.SIGCONT:
-		return "CONT"
-	case syscall.SIGSTOP:
-		return "STOP"
-	case syscall.SIGTSTP:
-		return "TSTP"
-	case syscall.SIGTTIN:
-		return "TTIN"
-	case syscall.SIGTTOU:
-		return "TTOU"
-	case syscall.SIGURG:
-		return "URG"
-	case syscall.SIGXCPU:
-		return "XCPU"
-	case syscall.SIGXFSZ:
-		return "XFSZ"
-	case syscall.SIGVTALRM:
-		return "VTALRM"
-	case syscall.SIGPROF:
-		return "PROF"
-	case syscall.SIGWINCH:
-		return "WINCH"
-	case syscall.SIGIO:
-		return "IO"
-	case syscall.SIGPWR:
-		return "PWR"
-	case syscall.SIGSYS:
-		return "SYS"
+	if sig >= 0 && int(sig) < len(signalNames) && signalNames[sig] != "" {
+		return signalNames[sig]
 	}
 	return string(appendInt(nil, int64(sig)))
 }
