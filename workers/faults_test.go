@@ -2,7 +2,6 @@ package workers_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -351,10 +350,9 @@ func TestARestartedWorkerLeavesAKeptRunningCommandRunning(t *testing.T) {
 	if err := <-launched; err != nil {
 		t.Fatal(err)
 	}
-	var pids struct{ Shim, Command struct{ PID int } }
-	data, err := os.ReadFile(filepath.Join(runDir, "pid.json"))
-	if err != nil || json.Unmarshal(data, &pids) != nil {
-		t.Fatalf("pid.json: %v %q", err, data)
+	pids, err := readRunPIDs(runDir)
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		_ = syscall.Kill(-pids.Command.PID, syscall.SIGKILL)

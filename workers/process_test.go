@@ -1,7 +1,6 @@
 package workers_test
 
 import (
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -333,12 +332,8 @@ func TestAShimRunsWithOneSchedulerThread(t *testing.T) {
 	b.startWorker(t, workers.Config{StateDir: state})
 	id := b.arm(t, engine.Spec{Command: `printenv GOMAXPROCS > gomaxprocs; while [ ! -e gate ]; do sleep 0.02; done`, Cwd: dir})
 	b.waitFor(t, id, 20*time.Second, "running", hasPID)
-	data, err := os.ReadFile(filepath.Join(state, "runs", id+"-1", "pid.json"))
+	pids, err := readRunPIDs(filepath.Join(state, "runs", id+"-1"))
 	if err != nil {
-		t.Fatal(err)
-	}
-	var pids struct{ Shim struct{ PID int } }
-	if err := json.Unmarshal(data, &pids); err != nil {
 		t.Fatal(err)
 	}
 	environ, err := os.ReadFile("/proc/" + strconv.Itoa(pids.Shim.PID) + "/environ")

@@ -25,6 +25,7 @@ import (
 	"github.com/bgtask/bgtask/events/eventstest"
 	"github.com/bgtask/bgtask/projections"
 	"github.com/bgtask/bgtask/workers"
+	"github.com/bgtask/bgtask/workers/shim"
 )
 
 // bundle is one test's JetStream server with the streams a bgtask server creates:
@@ -121,19 +122,28 @@ func startWorker(t *testing.T, nc *nats.Conn, js jetstream.JetStream, store even
 // killRuns ends the commands and shims a stopped worker left running (a stopped
 // worker leaves them on purpose), and waits until its shims are gone.
 func killRuns(t *testing.T, stateDir string) {
-	files, _ := filepath.Glob(filepath.Join(stateDir, "runs", "*", "pid.json"))
-	for _, f := range files {
-		var pids struct {
-			Shim, Command struct{ PID int }
-		}
-		data, err := os.ReadFile(f)
-		if err != nil || json.Unmarshal(data, &pids) != nil {
+	runs, _ := filepath.Glob(filepath.Join(stateDir, "runs", "*"))
+	for _, dir := range runs {
+		pids, err := readRunPIDs(dir)
+		if err != nil {
 			continue
 		}
 		_ = syscall.Kill(-pids.Command.PID, syscall.SIGKILL)
 		_ = syscall.Kill(pids.Shim.PID, syscall.SIGKILL)
 		eventually(t, 10*time.Second, "a shim outlived its test", func() bool { return !alive(pids.Shim.PID) })
 	}
+}
+
+// runPIDs are the PIDs a shim recorded in its run's pid.json.
+type runPIDs struct{ Shim, Command struct{ PID int } }
+
+func readRunPIDs(dir string) (runPIDs, error) {
+	var pids runPIDs
+	data, err := os.ReadFile(filepath.Join(dir, shim.PIDFile))
+	if err == nil {
+		err = json.Unmarshal(data, &pids)
+	}
+	return pids, err
 }
 
 // testWriter writes to the test's log.
