@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/big"
 	"reflect"
 	"regexp"
@@ -196,20 +197,28 @@ func parsePositiveDuration(v string) (time.Duration, error) {
 	return d, nil
 }
 
-// parseDeadline reads a duration from now or an RFC 3339 time; it must be ahead.
+// maxDeadline is the latest deadline a task may have: the shim and the timers hold
+// it as Unix nanoseconds in an int64, which end in April 2262.
+var maxDeadline = time.Unix(0, math.MaxInt64).UTC()
+
+// parseDeadline reads a duration from now or an RFC 3339 time; it must be ahead,
+// and no later than maxDeadline.
 func parseDeadline(v string, now time.Time) (time.Time, error) {
-	if d, err := time.ParseDuration(v); err == nil {
+	at, err := time.Parse(time.RFC3339Nano, v)
+	if d, derr := time.ParseDuration(v); derr == nil {
 		if d < minTimer {
 			return time.Time{}, fmt.Errorf("%s is not ahead: want at least %s", d, minTimer)
 		}
-		return now.Add(d), nil
+		at, err = now.Add(d), nil
 	}
-	at, err := time.Parse(time.RFC3339Nano, v)
-	if err != nil {
+	switch {
+	case err != nil:
 		return time.Time{}, fmt.Errorf("%q is neither a duration (10m) nor an RFC 3339 time", v)
-	}
-	if !at.After(now) {
+	case !at.After(now):
 		return time.Time{}, fmt.Errorf("%s is in the past", v)
+	case at.After(maxDeadline):
+		return time.Time{}, fmt.Errorf("%s is after %s, the latest deadline bgtask can hold; leave deadline out for none",
+			v, maxDeadline.Format(time.RFC3339))
 	}
 	return at, nil
 }

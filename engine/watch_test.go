@@ -367,6 +367,12 @@ func TestParseSpecDeadline(t *testing.T) {
 		{"time without a zone", "2025-03-02T08:00:00", ""},
 		{"garbage", "soon", ""},
 		{"number without a unit", "600", ""},
+		// The shim and the timers hold a deadline as int64 Unix nanoseconds: one past
+		// their range would wrap into the past and fire at once.
+		{"the latest representable time", "2262-04-11T23:47:16Z", "2262-04-11T23:47:16Z"},
+		{"a second past the representable range", "2262-04-11T23:47:17Z", ""},
+		{"a far future meant as never", "9999-12-31T23:59:59Z", ""},
+		{"a duration past the representable range", "2200000h", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
