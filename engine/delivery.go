@@ -114,6 +114,9 @@ func (s *Spec) validateDelivery() error {
 					return fieldErr(field+".argv", "argv[%d]: %v", j, err)
 				}
 			}
+			if err := checkExecArgv(k.Argv); err != nil {
+				return fieldErr(field+".argv", "%v", err)
+			}
 			if k.URL != "" {
 				return fieldErr(field+".url", "only with type webhook")
 			}
