@@ -120,11 +120,13 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 	defer out.Close()
 	// Started directly, not through a process that detaches it: one program start
 	// less in every task's start. The shim is this process's child until it ends,
-	// and reapShims collects it then; if the worker ends first, init does.
+	// and reapShims collects it then through the pidfd the start opens; if the
+	// worker ends first, init does.
+	pidfd := -1
 	proc, err := os.StartProcess(path, append(slices.Clone(shimCmd), run.shimArgs(dir)...), &os.ProcAttr{
 		Env:   ShimEnviron(os.Environ()),
 		Files: []*os.File{devnull, in, in, lock}, // lock: shim.StartLockFD
-		Sys:   &syscall.SysProcAttr{Setsid: true},
+		Sys:   &syscall.SysProcAttr{Setsid: true, PidFD: &pidfd},
 	})
 	in.Close()
 	if err != nil {
@@ -132,9 +134,10 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 	}
 	said, _ := io.ReadAll(out)
 	if recorded(dir) {
-		adoptShim(proc)
+		adoptShim(proc, pidfd)
 		return nil
 	}
+	_ = unix.Close(pidfd)
 	// It ended, or is ending, without a record of the start: awaitShim tells what
 	// became of the command; a shim that could not even begin says why.
 	state, err := proc.Wait()
@@ -166,37 +169,56 @@ func exists(path string) bool {
 	return err == nil
 }
 
-// shimChildren are the shims this process started that have not been reaped. A
-// shim ends after its run's exit is recorded, often after the worker stopped
-// watching it; until someone waits for it, it stays a zombie.
+// shimChildren are the shims this process started that have not been reaped, by
+// a pidfd each, opened by their start. A shim ends after its run's exit is
+// recorded, often after the worker stopped watching it; until someone waits for
+// it, it stays a zombie. The same process runs other children (exec sinks, result
+// commands, the login shell) that os/exec waits for: a wait by PID, or for any
+// child, could take one of those, and os/exec's wait would then fail with ECHILD
+// while the program's work was done, and be retried. A pidfd names its process
+// alone, for as long as it is open.
 var shimChildren = struct {
 	sync.Mutex
-	pids map[int]bool
-}{pids: map[int]bool{}}
+	pidfds map[int]bool
+}{pidfds: map[int]bool{}}
 
-func adoptShim(proc *os.Process) {
-	_ = proc.Release() // reapShims waits for it by its PID
+// adoptShim hands the shim proc, whose pidfd the start opened, to reapShims.
+func adoptShim(proc *os.Process, pidfd int) {
+	_ = proc.Release() // os's own pidfd; reapShims waits on pidfd
 	shimChildren.Lock()
 	defer shimChildren.Unlock()
 	// It may have ended already, its SIGCHLD handled before it was adopted.
-	var ws unix.WaitStatus
-	if got, _ := unix.Wait4(proc.Pid, &ws, unix.WNOHANG, nil); got != proc.Pid {
-		shimChildren.pids[proc.Pid] = true
+	if !reapShim(pidfd) {
+		shimChildren.pidfds[pidfd] = true
 	}
 }
 
-// reapShims collects the shims of this process that have ended. A child's PID is
-// not reused before it is reaped, so each wait is for that shim alone.
+// reapShims collects the shims of this process that have ended. SIGCHLDs merge,
+// so each call looks at them all.
 func reapShims() {
 	shimChildren.Lock()
 	defer shimChildren.Unlock()
-	for pid := range shimChildren.pids {
-		var ws unix.WaitStatus
-		got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
-		if got == pid || errors.Is(err, unix.ECHILD) {
-			delete(shimChildren.pids, pid)
+	for pidfd := range shimChildren.pidfds {
+		if reapShim(pidfd) {
+			delete(shimChildren.pidfds, pidfd)
 		}
 	}
+}
+
+// reapShim reaps the shim of pidfd if it has ended, and then closes pidfd.
+func reapShim(pidfd int) bool {
+	var info unix.Siginfo
+	err := unix.Waitid(unix.P_PIDFD, pidfd, &info, unix.WEXITED|unix.WNOHANG, nil)
+	for errors.Is(err, unix.EINTR) {
+		err = unix.Waitid(unix.P_PIDFD, pidfd, &info, unix.WEXITED|unix.WNOHANG, nil)
+	}
+	// The kernel fills in the signal number only when it reaped the child; an error
+	// (ECHILD) says there is nothing left to wait for.
+	if err != nil || info.Signo == int32(unix.SIGCHLD) {
+		_ = unix.Close(pidfd)
+		return true
+	}
+	return false
 }
 
 // How a shim's start can go wrong besides the command's own start error.
