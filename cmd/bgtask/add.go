@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
 	"github.com/bgtask/bgtask/engine"
@@ -77,7 +78,7 @@ worker can take stays armed; 'bgtask show ID' says what it waits for.
 			if dash := cmd.ArgsLenAtDash(); dash > 0 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("unexpected arguments before --: %q", args[:dash])}
 			}
-			raw, err := o.spec(cmd, args)
+			raw, ownKey, err := o.spec(cmd, args)
 			if err != nil {
 				return err
 			}
@@ -86,6 +87,9 @@ worker can take stays armed; 'bgtask show ID' says what it waits for.
 				if err != nil {
 					return err
 				}
+				// Nobody else has this command's own key: a task already under it is
+				// the one an earlier attempt of this very command armed.
+				reg.Created = reg.Created || ownKey
 				if o.asJSON {
 					return printJSONLine(g.stdout, reg)
 				}
@@ -122,8 +126,41 @@ worker can take stays armed; 'bgtask show ID' says what it waits for.
 }
 
 // spec builds the registration: the --spec document if any, with every flag given on
-// the command line set over it. The engine validates; the CLI only shapes it.
-func (o *addOptions) spec(cmd *cobra.Command, args []string) ([]byte, error) {
+// the command line set over it. The engine validates; the CLI only shapes it. A spec
+// without an idempotency key gets one of this command's own (ownKey), so that a
+// request made again through a restart of the server arms the task once.
+func (o *addOptions) spec(cmd *cobra.Command, args []string) (raw []byte, ownKey bool, err error) {
+	doc, err := o.fields(cmd, args)
+	if err != nil {
+		return nil, false, err
+	}
+	if !givenKey(doc["idempotency_key"]) {
+		doc["idempotency_key"] = "add-" + uuid.NewString()
+		ownKey = true
+	}
+	raw, err = json.Marshal(doc)
+	return raw, ownKey, err
+}
+
+// givenKey reports whether v, a flag's string or a --spec field, is an idempotency key.
+func givenKey(v any) bool {
+	switch v := v.(type) {
+	case nil:
+		return false
+	case string:
+		return v != ""
+	case json.RawMessage:
+		var key *string
+		if json.Unmarshal(v, &key) != nil {
+			return true // not a string: the engine says so
+		}
+		return key != nil && *key != ""
+	}
+	return true
+}
+
+// fields are the spec's fields from --spec and the flags.
+func (o *addOptions) fields(cmd *cobra.Command, args []string) (map[string]any, error) {
 	doc := map[string]any{}
 	if o.specFile != "" {
 		if err := readSpecFile(o.specFile, doc); err != nil {
@@ -209,7 +246,7 @@ func (o *addOptions) spec(cmd *cobra.Command, args []string) ([]byte, error) {
 		}
 		doc["deliver"] = sinks
 	}
-	return json.Marshal(doc)
+	return doc, nil
 }
 
 // sinks are the push sinks of --webhook and --exec-json; they replace a --spec's.

@@ -106,6 +106,7 @@ anything is idle.`,
 				})
 			},
 		}
+		g.timeoutFlag(c)
 		if state == events.TargetBusy {
 			c.Long = "Mark a target busy: wake-ups with policy queue or defer_idle are held until it is idle."
 			c.Flags().DurationVar(&ttl, "ttl", 0, "the busy state ends by itself after this long (so a runtime that crashes while busy does not hold its wake-ups forever); 0: until 'target idle'")
@@ -156,19 +157,20 @@ anything is idle.`,
 		},
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	g.timeoutFlag(list)
 	cmd.AddCommand(set(events.TargetBusy), set(events.TargetIdle), list)
 	return cmd
 }
 
 // withTargets calls fn with the target-state bucket of the server.
 func (g *globals) withTargets(ctx context.Context, fn func(context.Context, *events.Targets) error) error {
+	ctx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel()
 	c, js, err := g.streamClient()
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	ctx, cancel := requestContext(ctx)
-	defer cancel()
 	targets, err := events.ConnectTargets(ctx, js)
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
 )
 
@@ -37,14 +38,18 @@ With --follow, keep printing until the command's output ends.`,
 				streams = []string{events.Stderr}
 			}
 			ctx := cmd.Context()
-			c, err := g.client()
+			reqCtx, cancel := context.WithTimeout(ctx, g.timeout)
+			defer cancel()
+			c, err := g.dial(reqCtx, g.timeout)
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			reqCtx, cancel := requestContext(ctx)
-			t, err := c.api.Get(reqCtx, args[0])
-			cancel()
+			var t api.TaskView
+			err = g.call(reqCtx, c, g.timeout, true, func(ctx context.Context) (err error) {
+				t, err = c.api.Get(ctx, args[0])
+				return err
+			})
 			if err != nil {
 				return err
 			}

@@ -201,7 +201,7 @@ func historyCmd(g *globals) *cobra.Command {
 					return err
 				}
 				if asJSON {
-					return printJSON(g.stdout, h.Events)
+					return printJSON(g.stdout, h)
 				}
 				tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "SEQ\tTIME\tTYPE\tWRITER\tEPOCH\tPAYLOAD")
@@ -212,7 +212,7 @@ func historyCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of events, each with type, seq and time")
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print {"events": [...]} as JSON, each event with type, seq and time`)
 	return cmd
 }
 
@@ -226,7 +226,7 @@ func cancelCmd(g *globals) *cobra.Command {
 		Short: "Cancel a task: stop its process group (TERM, then KILL); nothing is delivered",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
+			return g.requestOnce(cmd.Context(), func(ctx context.Context, c *client) error {
 				t, err := c.api.Cancel(ctx, args[0], reason)
 				if err != nil {
 					return err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,8 +9,11 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -19,39 +23,23 @@ import (
 	"github.com/bgtask/bgtask/engine/api"
 )
 
-// exitError carries a specific exit status.
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e *exitError) Error() string {
-	if e.err == nil {
-		return fmt.Sprintf("exit status %d", e.code)
-	}
-	return e.err.Error()
-}
-
-func (e *exitError) Unwrap() error { return e.err }
-
-// Exit statuses besides 0 and 1.
-const (
-	exitUsage   = 2
-	exitTimeout = 124 // as timeout(1)
-)
-
 // globals are the flags every command has.
 type globals struct {
 	home    string
 	natsURL string
 	auth    natsAuth
+	// timeout bounds a client command's wait for the server (--timeout).
+	timeout time.Duration
 	stdout  io.Writer
 	stderr  io.Writer
+	// ctx is the run's: interrupted by SIGINT or SIGTERM.
+	ctx         context.Context
+	saidWaiting bool
 }
 
 // Run runs the bgtask command line.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	g := &globals{stdout: stdout, stderr: stderr}
+	g := &globals{stdout: stdout, stderr: stderr, ctx: ctx, timeout: defaultTimeout}
 	root := &cobra.Command{
 		Use:   "bgtask",
 		Short: "A durable supervisor for background work someone is waiting on",
@@ -77,15 +65,40 @@ register work with 'bgtask add -- COMMAND' and wait for it with 'bgtask wait ID'
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		return &exitError{code: exitUsage, err: err}
 	})
-	root.AddCommand(
-		serverCmd(g), workerCmd(g), addCmd(g), waitCmd(g), listCmd(g),
-		showCmd(g), historyCmd(g), logsCmd(g), cancelCmd(g), inboxCmd(g), targetCmd(g), auditCmd(g), workersCmd(g), benchCmd(g), shimCmd(),
-	)
-	err := root.Execute()
-	if err != nil && !errors.As(err, new(*exitError)) && isUsageError(err) {
-		return &exitError{code: exitUsage, err: err}
+	// The client commands wait for the server up to their --timeout; wait's bounds
+	// the wait for the task too, and target's subcommands have their own.
+	for _, c := range []*cobra.Command{addCmd(g), listCmd(g), showCmd(g), historyCmd(g), logsCmd(g), cancelCmd(g), inboxCmd(g), auditCmd(g), workersCmd(g)} {
+		g.timeoutFlag(c)
+		root.AddCommand(c)
 	}
-	return err
+	root.AddCommand(serverCmd(g), workerCmd(g), waitCmd(g), targetCmd(g), benchCmd(g), shimCmd())
+	cmd, err := root.ExecuteC()
+	return report(err, wantsJSON(cmd, args, err), stdout, stderr)
+}
+
+// wantsJSON reports whether the command was asked for --json, also when its command
+// line failed to parse before cobra reached that flag.
+func wantsJSON(cmd *cobra.Command, args []string, err error) bool {
+	f := cmd.Flags().Lookup("json")
+	if f == nil {
+		return false
+	}
+	if f.Changed || err == nil {
+		return f.Value.String() == "true"
+	}
+	for _, arg := range args {
+		if arg == "--" {
+			break
+		}
+		if v, ok := strings.CutPrefix(arg, "--json="); ok {
+			b, _ := strconv.ParseBool(v)
+			return b
+		}
+		if arg == "--json" {
+			return true
+		}
+	}
+	return false
 }
 
 // isUsageError recognises cobra's own complaints about the command line.
@@ -126,8 +139,10 @@ func buildID() string {
 	return id
 }
 
-// connect opens a client connection: to --nats if given, else to the server whose
+// connect opens a connection: to --nats if given, else to the server whose
 // discovery file is in the home directory, with the credentials it generated there.
+// A server that is not there now but may be soon (one that is restarting) is a
+// *serverAbsent; a home where no server ever ran is not.
 func (g *globals) connect(name string) (*nats.Conn, error) {
 	opts := []nats.Option{nats.Name(name), nats.Timeout(5 * time.Second), nats.MaxReconnects(-1)}
 	if g.natsURL != "" {
@@ -137,7 +152,7 @@ func (g *globals) connect(name string) (*nats.Conn, error) {
 		}
 		nc, err := nats.Connect(g.natsURL, append(opts, auth...)...)
 		if err != nil {
-			return nil, fmt.Errorf("connect to %s: %w", g.natsURL, err)
+			return nil, absentIf(fmt.Errorf("connect to %s: %w", g.natsURL, err))
 		}
 		return nc, nil
 	}
@@ -150,7 +165,13 @@ func (g *globals) connect(name string) (*nats.Conn, error) {
 	}
 	d, err := readDiscovery(home)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("no bgtask server in %s: start one with 'bgtask server' (or pass --home, or --nats URL)", home)
+		// A server writes its credentials at its first start and removes its
+		// discovery file when it stops: with credentials, one ran here and may be
+		// starting again.
+		if _, cerr := os.Stat(filepath.Join(home, credentialsFile)); cerr == nil {
+			return nil, &serverAbsent{fmt.Errorf("the bgtask server of %s is not running (it wrote no %s yet)", home, discoveryFile)}
+		}
+		return nil, &exitError{code: exitNoServer, err: fmt.Errorf("no bgtask server in %s: start one with 'bgtask server' (or pass --home, or --nats URL)", home)}
 	}
 	if err != nil {
 		return nil, err
@@ -167,9 +188,67 @@ func (g *globals) connect(name string) (*nats.Conn, error) {
 	opts = append(opts, auth, nats.SetCustomDialer(&discoveryDialer{home: home, dialer: net.Dialer{Timeout: 5 * time.Second}}))
 	nc, err := nats.Connect(d.URL, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("the bgtask server of %s (pid %d, %s) does not answer: %w", home, d.PID, d.URL, err)
+		return nil, absentIf(fmt.Errorf("the bgtask server of %s (pid %d, %s) does not answer: %w", home, d.PID, d.URL, err))
 	}
 	return nc, nil
+}
+
+// serverAbsent: no server answers now, and one may soon (it is restarting).
+type serverAbsent struct{ err error }
+
+func (e *serverAbsent) Error() string { return e.err.Error() }
+func (e *serverAbsent) Unwrap() error { return e.err }
+
+// absentIf makes a failed connection a *serverAbsent when nothing accepted it, as
+// opposed to a server that refused the credentials or the TLS.
+func absentIf(err error) error {
+	if errors.Is(err, nats.ErrNoServers) || errors.Is(err, nats.ErrTimeout) {
+		return &serverAbsent{err}
+	}
+	return err
+}
+
+// defaultTimeout bounds a client command that does not wait for a task to end:
+// the server's answer, and a restart of the server before it.
+const defaultTimeout = 30 * time.Second
+
+// retryEvery is how often a client command tries again a server it waits for.
+const retryEvery = 200 * time.Millisecond
+
+// timeoutFlag gives a client command its --timeout.
+func (g *globals) timeoutFlag(cmd *cobra.Command) {
+	cmd.Flags().DurationVar(&g.timeout, "timeout", defaultTimeout, "how long to wait for the server to answer, through a restart of it (then exit status 7)")
+}
+
+// sayWaiting tells the user, once, that the command waits for the server and why.
+func (g *globals) sayWaiting(bound time.Duration, why error) {
+	if g.saidWaiting {
+		return
+	}
+	g.saidWaiting = true
+	upTo := ""
+	if bound > 0 {
+		upTo = " up to " + bound.String()
+	}
+	fmt.Fprintf(g.stderr, "bgtask: waiting%s for the server: %v\n", upTo, why)
+}
+
+// gaveUp is the error of a command that waited for the server until ctx ended.
+func gaveUp(ctx context.Context, bound time.Duration, why error) error {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return ctx.Err()
+	}
+	return &exitError{code: exitNoServer, err: fmt.Errorf("no bgtask server answered within %s: %w", bound, why)}
+}
+
+// pause waits retryEvery, or until ctx ends (false).
+func pause(ctx context.Context) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(retryEvery):
+		return true
+	}
 }
 
 // client is a connection and the API over it, for the client commands.
@@ -178,21 +257,85 @@ type client struct {
 	api *api.Client
 }
 
-func (g *globals) client() (*client, error) {
-	nc, err := g.connect("bgtask-cli")
-	if err != nil {
-		return nil, err
+// dial connects a client command, waiting for a server that is absent (restarting)
+// until ctx ends; bound is ctx's timeout, for the messages (0: none).
+func (g *globals) dial(ctx context.Context, bound time.Duration) (*client, error) {
+	for {
+		nc, err := g.connect("bgtask-cli")
+		if err == nil {
+			return &client{nc: nc, api: api.NewClient(nc)}, nil
+		}
+		if !errors.As(err, new(*serverAbsent)) {
+			return nil, err
+		}
+		g.sayWaiting(bound, err)
+		if !pause(ctx) {
+			return nil, gaveUp(ctx, bound, err)
+		}
 	}
-	return &client{nc: nc, api: api.NewClient(nc)}, nil
+}
+
+// call makes an API call, again while no server answers it: while the engine is not
+// serving yet (no responder: the request reached nobody), and, when the call may be
+// made twice (idempotent), while the connection is down, a dropped connection having
+// cut the call. A call cut that must not be made twice fails.
+func (g *globals) call(ctx context.Context, c *client, bound time.Duration, idempotent bool, fn func(context.Context) error) error {
+	for {
+		err, dropped := attempt(ctx, c.nc, fn)
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, new(*api.Error)):
+			return err // the server answered
+		case ctx.Err() != nil:
+			return gaveUp(ctx, bound, err)
+		case errors.Is(err, api.ErrNoServer):
+		case dropped && idempotent:
+			err = fmt.Errorf("the connection to the server dropped: %w", err)
+		case dropped:
+			return &exitError{code: exitNoServer, err: fmt.Errorf("the connection to the server dropped during the request, which may or may not have been carried out: %w", err)}
+		default:
+			return err
+		}
+		g.sayWaiting(bound, err)
+		if !pause(ctx) {
+			return gaveUp(ctx, bound, err)
+		}
+	}
+}
+
+// attempt calls fn, cut short if the connection drops meanwhile (dropped).
+func attempt(ctx context.Context, nc *nats.Conn, fn func(context.Context) error) (err error, dropped bool) {
+	ctx, cancel := context.WithCancel(ctx)
+	changes := nc.StatusChanged(nats.RECONNECTING, nats.DISCONNECTED, nats.CLOSED)
+	var cut atomic.Bool
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-changes:
+			cut.Store(true)
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	err = fn(ctx)
+	cancel()
+	<-watched
+	nc.RemoveStatusListener(changes)
+	return err, cut.Load()
 }
 
 func (c *client) Close() { c.nc.Close() }
 
 func (c *client) jetstream() (jetstream.JetStream, error) { return jetstream.New(c.nc) }
 
-// streamClient opens a client for a command that reads the streams itself.
+// streamClient opens a client for a command that reads the streams itself, waiting
+// up to its --timeout for the server.
 func (g *globals) streamClient() (*client, jetstream.JetStream, error) {
-	c, err := g.client()
+	ctx, cancel := context.WithTimeout(g.ctx, g.timeout)
+	defer cancel()
+	c, err := g.dial(ctx, g.timeout)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -204,22 +347,43 @@ func (g *globals) streamClient() (*client, jetstream.JetStream, error) {
 	return c, js, nil
 }
 
-// request opens a client and makes the calls of one command within the bound of
-// a request.
+// request opens a client and makes the calls of one command, all within its
+// --timeout, and again through a restart of the server: call must be one that may
+// be made twice (reads, and a registration, which has an idempotency key). What
+// call prints is held until it succeeds, so that an attempt cut short prints
+// nothing.
 func (g *globals) request(ctx context.Context, call func(context.Context, *client) error) error {
-	c, err := g.client()
+	return g.requestWith(ctx, true, call)
+}
+
+// requestOnce is request for a call that must not be made twice: it is made again
+// only when it reached no server.
+func (g *globals) requestOnce(ctx context.Context, call func(context.Context, *client) error) error {
+	return g.requestWith(ctx, false, call)
+}
+
+func (g *globals) requestWith(ctx context.Context, idempotent bool, call func(context.Context, *client) error) error {
+	ctx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel()
+	c, err := g.dial(ctx, g.timeout)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	ctx, cancel := requestContext(ctx)
-	defer cancel()
-	return call(ctx, c)
-}
-
-// requestContext bounds one API call.
-func requestContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, 30*time.Second)
+	stdout := g.stdout
+	defer func() { g.stdout = stdout }()
+	var out bytes.Buffer
+	err = g.call(ctx, c, g.timeout, idempotent, func(ctx context.Context) error {
+		out.Reset()
+		g.stdout = &out
+		return call(ctx, c)
+	})
+	g.stdout = stdout
+	if err != nil {
+		return err
+	}
+	_, err = stdout.Write(out.Bytes())
+	return err
 }
 
 func printJSON(w io.Writer, v any) error {

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
 )
 
@@ -24,31 +25,37 @@ func waitCmd(g *globals) *cobra.Command {
 		Short: "Block until a task has fired (or was cancelled) and print its wake-up",
 		Long: `Block until the task has fired or was cancelled, then print its wake-up: the
 prompt, or with --json an object with at least id, status, exit_code and prompt.
-status is the outcome: succeeded (exit 0), failed or cancelled.
+status is the outcome: succeeded, failed, timed_out, stalled, lost or cancelled.
 
-Waiting does not consume the wake-up: it stays in the target's inbox.
-With --timeout, exits with status 124 if the task has not fired in time.`,
+The exit status says the outcome, so that 'bgtask wait ID && next' runs next only
+after a success: 0 succeeded, 3 ended otherwise (failed, timed_out, stalled, lost),
+4 cancelled; 124 when --timeout passed first. The wake-up is printed in each case.
+
+A server that is restarting is waited for (said once on stderr), within --timeout.
+Waiting does not consume the wake-up: it stays in the target's inbox.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			c, err := g.client()
+			if timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, timeout)
+				defer cancel()
+			}
+			c, err := g.dial(ctx, timeout)
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			reqCtx, cancel := requestContext(ctx)
-			t, err := c.api.Get(reqCtx, args[0])
-			cancel()
+			var t api.TaskView
+			err = g.call(ctx, c, timeout, true, func(ctx context.Context) (err error) {
+				t, err = c.api.Get(ctx, args[0])
+				return err
+			})
 			if err != nil {
 				return err
 			}
 			state := t.State
 			if !state.Phase.Terminal() {
-				if timeout > 0 {
-					var cancel context.CancelFunc
-					ctx, cancel = context.WithTimeout(ctx, timeout)
-					defer cancel()
-				}
 				state, err = follow(ctx, c, t.ID, func(s engine.State) bool { return s.Phase.Terminal() })
 				if errors.Is(err, context.DeadlineExceeded) {
 					return &exitError{code: exitTimeout, err: fmt.Errorf("timed out after %s waiting for task %s (%s)", timeout, t.ID, state.Phase)}
@@ -62,14 +69,31 @@ With --timeout, exits with status 124 if the task has not fired in time.`,
 				w = *state.Wakeup
 			}
 			if asJSON {
-				return printJSON(g.stdout, w)
+				err = printJSON(g.stdout, w)
+			} else {
+				err = printWakeup(g.stdout, w)
 			}
-			return printWakeup(g.stdout, w)
+			if err != nil {
+				return err
+			}
+			return outcome(w.Status)
 		},
 	}
-	cmd.Flags().DurationVar(&timeout, "timeout", 0, "give up after this long (exit status 124); 0 waits forever")
+	cmd.Flags().DurationVar(&timeout, "timeout", 0, "give up after this long, the wait for a restarting server included (exit status 124); 0 waits forever")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the wake-up as JSON")
 	return cmd
+}
+
+// outcome is wait's exit for a task that ended with status: nil for a success,
+// else the status that tells a script it must not go on.
+func outcome(status string) error {
+	switch status {
+	case engine.StatusSucceeded:
+		return nil
+	case engine.StatusCancelled:
+		return &exitError{code: exitTaskCancelled}
+	}
+	return &exitError{code: exitTaskFailed}
 }
 
 // follow reads a task's events until its state satisfies done, and returns that
