@@ -12,8 +12,9 @@ import (
 // Delivery policies: when a fired wake-up is pushed to the spec's sinks. The inbox
 // copy is written at fire time whatever the policy.
 const (
-	// PolicyQueue (the default) pushes at once if the target is idle, and holds the
-	// wake-up while it is busy; held wake-ups go out in the order they fired.
+	// PolicyQueue (the default) pushes at once if the target is idle, whatever other
+	// pushes are running, and holds the wake-up while it is busy; held wake-ups are
+	// started in the order they fired.
 	PolicyQueue = "queue"
 	// PolicyDeferIdle is queue, and also holds while an earlier wake-up of the same
 	// target is not acknowledged yet, so the runtime gets one at a time.
@@ -382,12 +383,13 @@ type Plan struct {
 // PlanTarget decides which pushes of one target's fired tasks start at now, with
 // tasks in the order they fired. It is the policies' one definition:
 //   - immediate starts every due attempt;
-//   - queue holds while the target is busy, and otherwise starts one task's
-//     attempts at a time, in order, so held wake-ups arrive in the order they fired;
+//   - queue holds while the target is busy, and otherwise starts every due attempt
+//     at once, in the order the tasks fired: a push does not wait for another;
 //   - defer_idle holds like queue, and also while any earlier wake-up of the target
-//     has a sink not done (delivered, or failed for good).
+//     has a sink not done (delivered, or failed for good), so one push at a time
+//     reaches the target.
 //
-// A failed attempt waiting for its retry does not block a later queued task.
+// A failed attempt waiting for its retry holds only later defer_idle tasks.
 func PlanTarget(tasks []State, target events.TargetState, me Engine, now time.Time) Plan {
 	var plan Plan
 	later := func(t time.Time) {
@@ -399,17 +401,15 @@ func PlanTarget(tasks []State, target events.TargetState, me Engine, now time.Ti
 	if busy && target.Until != nil {
 		later(*target.Until)
 	}
-	laneBusy, unacknowledged := false, false
+	unacknowledged := false
 	for _, s := range tasks {
 		var due []Push
-		inFlight := false
 		for i, k := range s.Deliveries {
 			switch {
 			case k.Done():
 			case k.GivingUp:
 				plan.GiveUp = append(plan.GiveUp, Push{s.ID, i})
 			case claimLive(k, me, now):
-				inFlight = true
 				later(k.Claim.Until)
 			case k.RetryAt != nil && k.RetryAt.After(now):
 				later(*k.RetryAt)
@@ -417,23 +417,18 @@ func PlanTarget(tasks []State, target events.TargetState, me Engine, now time.Ti
 				due = append(due, Push{s.ID, i})
 			}
 		}
-		policy := s.Spec.DeliveryPolicy()
-		if inFlight && policy != PolicyImmediate {
-			laneBusy = true
-		}
 		if len(due) > 0 {
 			hold := false
-			switch policy {
+			switch s.Spec.DeliveryPolicy() {
 			case PolicyQueue:
-				hold = busy || laneBusy
+				hold = busy
 			case PolicyDeferIdle:
-				hold = busy || laneBusy || unacknowledged
+				hold = busy || unacknowledged
 			}
 			if hold {
 				plan.Held = append(plan.Held, s.ID)
 			} else {
 				plan.Start = append(plan.Start, due...)
-				laneBusy = laneBusy || policy != PolicyImmediate
 			}
 		}
 		if !s.Acknowledged() {

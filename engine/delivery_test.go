@@ -177,22 +177,21 @@ func TestPlanTargetAppliesThePolicies(t *testing.T) {
 	if p := engine.PlanTarget(states(q1, q2), busy, me, now); len(p.Start) != 0 || !reflect.DeepEqual(p.Held, []string{"q1", "q2"}) {
 		t.Fatalf("queue, busy: %+v", p)
 	}
-	// Idle: the first held wake-up goes, the next waits for it, so they arrive in order.
-	if p := engine.PlanTarget(states(q1, q2, q3), idle, me, now); !reflect.DeepEqual(starts(p), []string{"q1"}) || !reflect.DeepEqual(p.Held, []string{"q2", "q3"}) {
+	// Idle: every wake-up goes now, in the order they fired; none waits for another.
+	if p := engine.PlanTarget(states(q1, q2, q3), idle, me, now); !reflect.DeepEqual(starts(p), []string{"q1", "q2", "q3"}) || len(p.Held) != 0 {
 		t.Fatalf("queue, idle: %+v", p)
 	}
 	q1.now = now
 	q1.do(engineWriter, engine.ClaimDelivery{Sink: 0, Engine: me})
-	if p := engine.PlanTarget(states(q1, q2, q3), idle, me, now); len(p.Start) != 0 || !p.Next.Equal(q1.state.Deliveries[0].Claim.Until) {
+	if p := engine.PlanTarget(states(q1, q2, q3), idle, me, now); !reflect.DeepEqual(starts(p), []string{"q2", "q3"}) || !p.Next.Equal(q1.state.Deliveries[0].Claim.Until) {
 		t.Fatalf("queue, the first in flight: %+v", p)
 	}
 	q1.do(engineWriter, engine.RecordDelivery{Sink: 0, Outcome: engine.SinkOutcome{Error: "refused"}, Backoff: time.Minute})
 	retry := *q1.state.Deliveries[0].RetryAt
-	// A wake-up waiting for its retry does not hold the queue behind it.
-	if p := engine.PlanTarget(states(q1, q2, q3), idle, me, now); !reflect.DeepEqual(starts(p), []string{"q2"}) || !p.Next.Equal(retry) {
+	if p := engine.PlanTarget(states(q1, q2, q3), idle, me, now); !reflect.DeepEqual(starts(p), []string{"q2", "q3"}) || !p.Next.Equal(retry) {
 		t.Fatalf("queue, the first waiting for a retry: %+v", p)
 	}
-	if p := engine.PlanTarget(states(q1, q2, q3), idle, me, retry); !reflect.DeepEqual(starts(p), []string{"q1"}) {
+	if p := engine.PlanTarget(states(q1, q2, q3), idle, me, retry); !reflect.DeepEqual(starts(p), []string{"q1", "q2", "q3"}) {
 		t.Fatalf("queue, the retry due: %+v", p)
 	}
 
@@ -203,6 +202,20 @@ func TestPlanTargetAppliesThePolicies(t *testing.T) {
 	}
 	if p := engine.PlanTarget(states(d), idle, me, now); !reflect.DeepEqual(starts(p), []string{"d"}) {
 		t.Fatalf("defer_idle alone, idle: %+v", p)
+	}
+	// Two of them on an idle target: the second waits for the first to be delivered.
+	d2 := plannedTask(t, "d2", "defer_idle")
+	if p := engine.PlanTarget(states(d, d2), idle, me, now); !reflect.DeepEqual(starts(p), []string{"d"}) || !reflect.DeepEqual(p.Held, []string{"d2"}) {
+		t.Fatalf("defer_idle behind another, idle: %+v", p)
+	}
+	d.now = now
+	d.do(engineWriter, engine.ClaimDelivery{Sink: 0, Engine: me})
+	if p := engine.PlanTarget(states(d, d2), idle, me, now); len(p.Start) != 0 || !reflect.DeepEqual(p.Held, []string{"d2"}) {
+		t.Fatalf("defer_idle behind one in flight: %+v", p)
+	}
+	d.do(engineWriter, engine.RecordDelivery{Sink: 0, Outcome: engine.SinkOutcome{OK: true}})
+	if p := engine.PlanTarget(states(d, d2), idle, me, now); !reflect.DeepEqual(starts(p), []string{"d2"}) {
+		t.Fatalf("defer_idle after the one before was delivered: %+v", p)
 	}
 	if p := engine.PlanTarget(states(d), busy, me, now); len(p.Start) != 0 {
 		t.Fatalf("defer_idle, busy: %+v", p)

@@ -159,11 +159,9 @@ func (p *Pusher) plan() time.Time {
 			next = plan.Next
 		}
 		for _, push := range plan.GiveUp {
-			p.launch(push, true, tasks)
+			p.launch([]Push{push}, true, tasks)
 		}
-		for _, push := range plan.Start {
-			p.launch(push, false, tasks)
-		}
+		p.launch(plan.Start, false, tasks)
 	}
 	return next
 }
@@ -177,30 +175,60 @@ func (p *Pusher) runningTask(id string) bool {
 	return false
 }
 
-// launch starts one push unless it runs already or the reader is behind this
-// pusher's own appends to the task. p.mu is held.
-func (p *Pusher) launch(push Push, giveUp bool, tasks []State) {
-	if p.running[push] {
+// launch starts pushes, leaving out those that run already or whose task the
+// reader has not caught up with after this pusher's own appends. Their attempts
+// are claimed one after another, in the order given (the order the tasks fired),
+// and each is made as soon as it is claimed, without waiting for the others.
+// p.mu is held.
+func (p *Pusher) launch(pushes []Push, giveUp bool, tasks []State) {
+	var states []State
+	var starting []Push
+	for _, push := range pushes {
+		if p.running[push] {
+			continue
+		}
+		s := tasks[slices.IndexFunc(tasks, func(s State) bool { return s.ID == push.TaskID })]
+		if s.Seq < p.appended[push.TaskID] {
+			continue // the projector's notification of our append is on its way
+		}
+		p.running[push] = true
+		states, starting = append(states, s), append(starting, push)
+	}
+	if len(starting) == 0 {
 		return
 	}
-	i := slices.IndexFunc(tasks, func(s State) bool { return s.ID == push.TaskID })
-	s := tasks[i]
-	if s.Seq < p.appended[push.TaskID] {
-		return // the projector's notification of our append is on its way
-	}
-	p.running[push] = true
-	p.stopped.Add(1)
-	go func() {
-		defer p.stopped.Done()
-		if giveUp {
-			p.giveUp(s, push)
-		} else {
-			p.attempt(s, push)
-		}
+	done := func(push Push) {
 		p.mu.Lock()
 		delete(p.running, push)
 		p.mu.Unlock()
 		p.signal()
+	}
+	p.stopped.Add(1)
+	go func() {
+		defer p.stopped.Done()
+		for i, push := range starting {
+			s := states[i]
+			if p.ctx.Err() != nil {
+				done(push) // stopping: the next start plans it again
+				continue
+			}
+			if giveUp {
+				p.giveUp(s, push)
+				done(push)
+				continue
+			}
+			s, ok := p.claim(s, push)
+			if !ok {
+				done(push)
+				continue
+			}
+			p.stopped.Add(1)
+			go func() {
+				defer p.stopped.Done()
+				p.attempt(s, push)
+				done(push)
+			}()
+		}
 	}()
 }
 
@@ -242,7 +270,8 @@ func (p *Pusher) giveUp(s State, push Push) {
 	p.base.Logger.Warn("push sink gave up", "task", s.ID, "sink", push.Sink, "attempts", s.Deliveries[push.Sink].Attempts)
 }
 
-func (p *Pusher) attempt(s State, push Push) {
+// claim appends the claim of push's next attempt, and returns the task with it.
+func (p *Pusher) claim(s State, push Push) (State, bool) {
 	s, err := p.appendTo(s, ClaimDelivery{Sink: push.Sink, Engine: p.me})
 	if err != nil {
 		if errors.Is(err, events.ErrConflict) {
@@ -250,8 +279,14 @@ func (p *Pusher) attempt(s State, push Push) {
 		} else {
 			p.base.Logger.Warn("delivery attempt not claimed", "task", s.ID, "sink", push.Sink, "err", err)
 		}
-		return
+		return s, false
 	}
+	return s, true
+}
+
+// attempt makes the attempt of push that s has claimed, and records its outcome.
+func (p *Pusher) attempt(s State, push Push) {
+	var err error
 	sink, claim := s.Spec.Deliver[push.Sink], s.Deliveries[push.Sink].Claim
 	ctx, cancel := context.WithTimeout(p.ctx, sink.AttemptTimeout())
 	outcome := p.runner.Push(ctx, sink, *s.Wakeup, claim.Attempt)

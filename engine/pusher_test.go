@@ -2,10 +2,17 @@ package engine_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -158,5 +165,82 @@ func waitDelivered(t *testing.T, store events.Store, id string) engine.State {
 			t.Fatalf("task %s not delivered: %+v", id, s.Deliveries)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// On an idle target, queue pushes each wake-up at once, while an earlier push is
+// still running; defer_idle waits until the earlier wake-up is delivered. The sink
+// is a real program that runs until the test releases it.
+func TestQueuePushesAtOnceAndDeferIdleWaitsForTheEarlierPush(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []string{engine.PolicyQueue, engine.PolicyDeferIdle} {
+		t.Run(policy, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			dir := t.TempDir()
+			const script = `echo "$BGTASK_TASK_ID start" >>"$1/log"
+while [ ! -e "$1/release-$BGTASK_TASK_ID" ]; do sleep 0.02; done
+echo "$BGTASK_TASK_ID end" >>"$1/log"`
+			argv, err := json.Marshal([]string{"sh", "-c", script, "sh", dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			spec := `{"command":"true","target":"agent","policy":"` + policy + `","deliver":[{"type":"exec","argv":` + string(argv) + `}]}`
+			fireInStore(t, b.store, "first", spec)
+			fireInStore(t, b.store, "second", spec)
+			startReplica(t, b.store, engine.Engine{Writer: "engine-a", Instance: "a"})
+
+			lines := func() []string {
+				data, err := os.ReadFile(filepath.Join(dir, "log"))
+				if err != nil && !errors.Is(err, fs.ErrNotExist) {
+					t.Fatal(err)
+				}
+				return strings.Fields(strings.ReplaceAll(string(data), " ", "-"))
+			}
+			waitLog := func(line string) {
+				t.Helper()
+				for deadline := time.Now().Add(20 * time.Second); !slices.Contains(lines(), line); time.Sleep(20 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("%s: no %q in the sinks' log %q", policy, line, lines())
+					}
+				}
+			}
+			release := func(id string) {
+				if err := os.WriteFile(filepath.Join(dir, "release-"+id), nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			waitLog("first-start")
+			if policy == engine.PolicyQueue {
+				waitLog("second-start") // the first push is still running
+				release("first")
+				release("second")
+			} else {
+				// A second push wrongly started with the first shows up in this time.
+				time.Sleep(time.Second)
+				if s, err := engine.Load(context.Background(), b.store, "second"); err != nil || s.Deliveries[0].Attempts != 0 {
+					t.Fatalf("defer_idle: the second push started while the first was running: %+v %v", s.Deliveries, err)
+				}
+				release("first")
+				waitLog("second-start")
+				release("second")
+			}
+			waitDelivered(t, b.store, "first")
+			waitDelivered(t, b.store, "second")
+			got := lines()
+			want := []string{"first-start", "second-start", "first-end", "second-end"}
+			if policy == engine.PolicyDeferIdle {
+				want = []string{"first-start", "first-end", "second-start", "second-end"}
+			}
+			if policy == engine.PolicyQueue && len(got) == 4 {
+				// Two pushes at once: they start, and end, in either order.
+				slices.Sort(got[:2])
+				slices.Sort(got[2:])
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("%s: the sinks' log is %q, want %q", policy, got, want)
+			}
+		})
 	}
 }
