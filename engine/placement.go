@@ -64,6 +64,37 @@ func (p *Placement) Matches(labels map[string]string) bool {
 	return true
 }
 
+// NamesAll reports whether the placement names each of these labels but host: an
+// exclusive worker, kept for the tasks placed on its labels, takes only those.
+// (That the values agree is Matches's part.)
+func (p *Placement) NamesAll(labels map[string]string) bool {
+	for k := range labels {
+		if k == HostLabel {
+			continue
+		}
+		if p == nil {
+			return false
+		}
+		if _, ok := p.Labels[k]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// Admits reports whether a worker with these labels may take the task: its labels
+// match the placement and, if the worker is exclusive, the placement names them.
+func (p *Placement) Admits(labels map[string]string, exclusive bool) bool {
+	return p.Matches(labels) && (!exclusive || p.NamesAll(labels))
+}
+
+// ExclusiveLabels are the labels an exclusive worker is kept for: all but host.
+func ExclusiveLabels(labels map[string]string) map[string]string {
+	kept := maps.Clone(labels)
+	delete(kept, HostLabel)
+	return kept
+}
+
 // String is the placement as a person reads it: host=build-1, pool=blue.
 func (p *Placement) String() string {
 	if p == nil || len(p.Labels) == 0 {
@@ -90,21 +121,29 @@ type Candidate struct {
 	Load     int
 	// Accepting is false while it starts, drains or stops.
 	Accepting bool
+	// Exclusive: it takes only tasks whose placement names each of its labels but
+	// host (bgtask worker --exclusive).
+	Exclusive bool
 }
 
 // Choose picks the worker a task is offered to, or says why there is none.
 //
-// The rule: among the workers that accept tasks, match the placement and have a
-// free slot, the least loaded one relative to its capacity; a tie goes to the
+// The rule: among the workers that accept tasks, match the placement (an exclusive
+// worker: that names its labels) and have a free slot, the least loaded one relative to its capacity; a tie goes to the
 // worker that the task's id hashes highest with (rendezvous hashing), so engine
 // replicas that see the same fleet choose the same worker for the same task.
 func Choose(s State, workers []Candidate) (string, string) {
 	var best *Candidate
 	var bestHash uint64
 	matching, full := 0, 0
+	var kept *Candidate // an exclusive worker whose labels match but are not named
 	for i := range workers {
 		w := &workers[i]
 		if !s.Spec.Placement.Matches(w.Labels) {
+			continue
+		}
+		if w.Exclusive && !s.Spec.Placement.NamesAll(w.Labels) {
+			kept = cmp.Or(kept, w)
 			continue
 		}
 		matching++
@@ -123,10 +162,10 @@ func Choose(s State, workers []Candidate) (string, string) {
 	if best != nil {
 		return best.ID, ""
 	}
-	return "", waitingReason(s.Spec.Placement, len(workers), matching, full)
+	return "", waitingReason(s.Spec.Placement, len(workers), matching, full, kept)
 }
 
-func waitingReason(p *Placement, workers, matching, full int) string {
+func waitingReason(p *Placement, workers, matching, full int, kept *Candidate) string {
 	who := "a worker"
 	if p.String() != "" {
 		who = "a worker with " + p.String()
@@ -134,6 +173,9 @@ func waitingReason(p *Placement, workers, matching, full int) string {
 	switch {
 	case workers == 0:
 		return "waiting for " + who + ": no worker is connected"
+	case matching == 0 && kept != nil:
+		return fmt.Sprintf("waiting for %s: worker %s, which has these labels, is exclusive: it takes only tasks placed on %s",
+			who, kept.ID, FormatLabels(ExclusiveLabels(kept.Labels)))
 	case matching == 0:
 		return "waiting for " + who + ": no live worker has these labels"
 	case full == matching:

@@ -75,6 +75,30 @@ func TestPlacementMatchesWorkersWithEveryLabel(t *testing.T) {
 	}
 }
 
+func TestAnExclusiveWorkerAdmitsOnlyTasksPlacedOnItsLabels(t *testing.T) {
+	t.Parallel()
+	worker := map[string]string{"host": "a", "pool": "gpu", "zone": "eu"}
+	cases := []struct {
+		placement        *engine.Placement
+		shared, excluded bool
+	}{
+		{nil, true, false},
+		{&engine.Placement{Labels: map[string]string{"host": "a"}}, true, false},
+		{&engine.Placement{Labels: map[string]string{"pool": "gpu"}}, true, false},
+		{&engine.Placement{Labels: map[string]string{"pool": "gpu", "zone": "eu"}}, true, true},
+		{&engine.Placement{Labels: map[string]string{"host": "a", "pool": "gpu", "zone": "eu"}}, true, true},
+		{&engine.Placement{Labels: map[string]string{"pool": "gpu", "zone": "us"}}, false, false},
+	}
+	for _, c := range cases {
+		if got := c.placement.Admits(worker, false); got != c.shared {
+			t.Errorf("%v admitted by a shared worker %v = %v, want %v", c.placement, worker, got, c.shared)
+		}
+		if got := c.placement.Admits(worker, true); got != c.excluded {
+			t.Errorf("%v admitted by an exclusive worker %v = %v, want %v", c.placement, worker, got, c.excluded)
+		}
+	}
+}
+
 func task(id string, labels map[string]string) engine.State {
 	s := engine.State{ID: id, Phase: engine.PhaseArmed}
 	if labels != nil {
@@ -87,6 +111,7 @@ func TestChoosePicksTheLeastLoadedMatchingWorkerWithASlot(t *testing.T) {
 	t.Parallel()
 	blue := map[string]string{"host": "a", "pool": "blue"}
 	green := map[string]string{"host": "b", "pool": "green"}
+	gpu := map[string]string{"host": "g", "pool": "gpu"}
 	cases := []struct {
 		name    string
 		task    engine.State
@@ -116,6 +141,25 @@ func TestChoosePicksTheLeastLoadedMatchingWorkerWithASlot(t *testing.T) {
 		{"a draining worker takes nothing", task("t", map[string]string{"pool": "blue"}), []engine.Candidate{
 			{ID: "w1", Labels: blue, MaxTasks: 2, Accepting: false},
 		}, "", "starting, draining or stopping"},
+		// An exclusive worker is kept for the tasks placed on its labels.
+		{"an exclusive worker takes no unplaced task", task("t", nil), []engine.Candidate{
+			{ID: "gpu-1", Labels: gpu, MaxTasks: 8, Accepting: true, Exclusive: true},
+		}, "", "worker gpu-1, which has these labels, is exclusive: it takes only tasks placed on pool=gpu"},
+		{"nor one placed on its host only", task("t", map[string]string{"host": "g"}), []engine.Candidate{
+			{ID: "gpu-1", Labels: gpu, MaxTasks: 8, Accepting: true, Exclusive: true},
+		}, "", "exclusive: it takes only tasks placed on pool=gpu"},
+		{"an exclusive worker takes a task placed on its labels", task("t", map[string]string{"pool": "gpu"}), []engine.Candidate{
+			{ID: "w1", Labels: blue, MaxTasks: 2, Accepting: true},
+			{ID: "gpu-1", Labels: gpu, MaxTasks: 8, Accepting: true, Exclusive: true},
+		}, "gpu-1", ""},
+		{"an unplaced task goes to a busier shared worker", task("t", nil), []engine.Candidate{
+			{ID: "gpu-1", Labels: gpu, MaxTasks: 8, Accepting: true, Exclusive: true},
+			{ID: "w1", Labels: blue, MaxTasks: 2, Load: 1, Accepting: true},
+		}, "w1", ""},
+		{"or waits for its slot", task("t", nil), []engine.Candidate{
+			{ID: "gpu-1", Labels: gpu, MaxTasks: 8, Accepting: true, Exclusive: true},
+			{ID: "w1", Labels: blue, MaxTasks: 2, Load: 2, Accepting: true},
+		}, "", "at capacity"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
