@@ -47,9 +47,10 @@ func TaskID(spec Spec) (string, error) {
 
 // Service registers and cancels tasks.
 type Service struct {
-	base   Base
-	store  events.Store
-	writer string
+	base    Base
+	store   events.Store
+	writer  string
+	archive ArchiveReader
 }
 
 // NewService returns a service that appends as writer (the engine's identity).
@@ -57,10 +58,20 @@ func NewService(store events.Store, writer string, base Base) *Service {
 	return &Service{base: base.WithDefaults(), store: store, writer: writer}
 }
 
+// ReadArchive lets Register read the whole spec of an archived task, to compare it
+// with a registration under the same idempotency key; without an archive, only the
+// command, kind and target that the task's summary keeps are compared. Call it
+// before the first Register.
+func (s *Service) ReadArchive(archive ArchiveReader) { s.archive = archive }
+
 // Register validates a spec and arms it. It returns the task id and whether this
-// call armed it (false: the idempotency key was registered before).
+// call armed it (false: the idempotency key was registered before, with the same
+// spec). The same key with another spec is a *KeyConflictError.
 func (s *Service) Register(ctx context.Context, raw []byte) (string, bool, error) {
-	spec, err := ParseSpecAt(raw, s.base.Now())
+	// One instant for the spec's relative deadline and the armed event's time, so
+	// that a retry can count its deadline from the first registration.
+	now := s.base.Now()
+	spec, err := ParseSpecAt(raw, now)
 	if err != nil {
 		return "", false, err
 	}
@@ -68,7 +79,7 @@ func (s *Service) Register(ctx context.Context, raw []byte) (string, bool, error
 	if err != nil {
 		return "", false, err
 	}
-	ev, err := Decide(State{ID: id}, Arm{Spec: spec}, s.meta())
+	ev, err := Decide(State{ID: id}, Arm{Spec: spec}, Meta{Writer: s.writer, Now: now})
 	if err != nil {
 		return "", false, err
 	}
@@ -78,6 +89,9 @@ func (s *Service) Register(ctx context.Context, raw []byte) (string, bool, error
 		s.base.Logger.Info("armed", "task", id, "command", spec.CommandLine(), "target", spec.Target)
 		return id, true, nil
 	case errors.Is(err, events.ErrConflict) && spec.IdempotencyKey != "":
+		if err := s.checkKeyedRetry(ctx, id, raw, spec); err != nil {
+			return "", false, err
+		}
 		return id, false, nil
 	default:
 		return "", false, err

@@ -15,11 +15,17 @@ import (
 // and every third of them spawned.
 func armedProjector(tb testing.TB, n int) *Projector {
 	tb.Helper()
+	return armedProjectorEvery(tb, n, time.Second)
+}
+
+// armedProjectorEvery is armedProjector with the tasks armed apart by gap.
+func armedProjectorEvery(tb testing.TB, n int, gap time.Duration) *Projector {
+	tb.Helper()
 	p := New(nil, nil, engine.Base{})
 	at := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
 	seq := uint64(0)
 	for i := range n {
-		spec, err := engine.ParseSpecAt(fmt.Appendf(nil, `{"command":"make test-%d"}`, i), at.Add(time.Duration(i)*time.Second))
+		spec, err := engine.ParseSpecAt(fmt.Appendf(nil, `{"command":"make test-%d"}`, i), at.Add(time.Duration(i)*gap))
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -33,7 +39,7 @@ func armedProjector(tb testing.TB, n int) *Projector {
 			cmds = append(cmds, engine.Spawn{Host: "h"})
 		}
 		for _, c := range cmds {
-			ev, err := engine.Decide(state, c, engine.Meta{Writer: "w", Now: at.Add(time.Duration(i) * time.Second)})
+			ev, err := engine.Decide(state, c, engine.Meta{Writer: "w", Now: at.Add(time.Duration(i) * gap)})
 			if err != nil {
 				tb.Fatal(err)
 			}
@@ -64,6 +70,43 @@ func TestListIsNewestFirstAndKeepsToItsState(t *testing.T) {
 	for _, s := range running {
 		if s.Phase != engine.PhaseRunning {
 			t.Fatalf("task %s listed as running is %s", s.ID, s.Phase)
+		}
+	}
+}
+
+// Paging by the position of the last task listed gives every task once, in the
+// order of one whole list, tasks armed at the same instant too (ordered by id);
+// the total counts them all on every page.
+func TestListAfterPagesThroughEveryTaskOnce(t *testing.T) {
+	for _, gap := range []time.Duration{time.Second, 0} {
+		p := armedProjectorEvery(t, 100, gap)
+		for _, phase := range []engine.Phase{"", engine.PhaseArmed, engine.PhaseRunning} {
+			whole, total := p.List(engine.ListQuery{Phase: phase})
+			var paged []engine.State
+			var at time.Time
+			var after string
+			for {
+				page, pageTotal := p.ListAfter(engine.ListQuery{Phase: phase, Limit: 7}, at, after)
+				if pageTotal != total {
+					t.Fatalf("gap %s, state %q: a page counts %d tasks, the whole list %d", gap, phase, pageTotal, total)
+				}
+				if len(page) == 0 {
+					break
+				}
+				paged = append(paged, page...)
+				last := page[len(page)-1]
+				at, after = last.ArmedAt, last.ID
+			}
+			ids := func(states []engine.State) []string {
+				out := make([]string, len(states))
+				for i, s := range states {
+					out[i] = s.ID
+				}
+				return out
+			}
+			if !slices.Equal(ids(paged), ids(whole)) || len(whole) != total {
+				t.Fatalf("gap %s, state %q: paged %d tasks, listed %d of %d, or not in the same order", gap, phase, len(paged), len(whole), total)
+			}
 		}
 	}
 }

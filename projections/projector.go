@@ -319,39 +319,56 @@ func (p *Projector) Task(id string) (engine.State, bool) {
 }
 
 // List returns the tasks that match q, newest first, and how many matched in all.
+func (p *Projector) List(q engine.ListQuery) ([]engine.State, int) {
+	return p.ListAfter(q, time.Time{}, "")
+}
+
+// ListAfter is List continued after the task armed at armedAt with the id afterID
+// (none: from the newest). Newest first is armed time, then id, both descending:
+// a position in that order stays one while tasks are registered, since each new
+// task is armed after every listed one, so paging by it neither skips nor repeats.
+// The total counts every task that matches q, before the position and after.
 // It sorts outside the lock: with many tasks the sort takes milliseconds, during
 // which the projector could apply no event, and no wake-up would go out.
-func (p *Projector) List(q engine.ListQuery) ([]engine.State, int) {
+func (p *Projector) ListAfter(q engine.ListQuery, armedAt time.Time, afterID string) ([]engine.State, int) {
 	type entry struct {
 		armedAt time.Time
 		id      string
 		state   *engine.State // read under the lock only
 	}
-	p.mu.RLock()
+	newerFirst := func(a, b entry) int {
+		if c := b.armedAt.Compare(a.armedAt); c != 0 {
+			return c
+		}
+		return cmp.Compare(b.id, a.id)
+	}
+	after := entry{armedAt: armedAt, id: afterID}
+	total := 0
 	var matched []entry
+	add := func(s *engine.State) {
+		total++
+		e := entry{s.ArmedAt, s.ID, s}
+		if afterID == "" || newerFirst(after, e) < 0 {
+			matched = append(matched, e)
+		}
+	}
+	p.mu.RLock()
 	if q.Phase != "" && !q.Phase.Terminal() {
 		ids := p.unfinished[q.Phase]
 		matched = make([]entry, 0, len(ids))
 		for id := range ids {
-			s := p.tasks[id]
-			matched = append(matched, entry{s.ArmedAt, s.ID, s})
+			add(p.tasks[id])
 		}
 	} else {
 		matched = make([]entry, 0, len(p.tasks))
 		for _, s := range p.tasks {
 			if q.Phase == "" || s.Phase == q.Phase {
-				matched = append(matched, entry{s.ArmedAt, s.ID, s})
+				add(s)
 			}
 		}
 	}
 	p.mu.RUnlock()
-	slices.SortFunc(matched, func(a, b entry) int {
-		if c := b.armedAt.Compare(a.armedAt); c != 0 {
-			return c
-		}
-		return cmp.Compare(b.id, a.id)
-	})
-	total := len(matched)
+	slices.SortFunc(matched, newerFirst)
 	if q.Limit > 0 && len(matched) > q.Limit {
 		matched = matched[:q.Limit]
 	}

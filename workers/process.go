@@ -147,14 +147,15 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 	return nil
 }
 
-// ShimEnviron is the shim's own environment: the worker's, with one Go scheduler
-// thread (GOMAXPROCS=1). A shim waits, one goroutine at a time; with GOMAXPROCS
+// ShimEnviron is the shim's own environment: the worker's without its
+// credentials (SecretEnv; the command may read its shim's environment), with one
+// Go scheduler thread (GOMAXPROCS=1). A shim waits, one goroutine at a time; with GOMAXPROCS
 // unset, the Go runtime of every shim start reads the cgroup's CPU limit, sets up
 // a scheduler for each CPU and starts a goroutine that follows the limit, which
 // is a tenth or so of a shim's start. The command's environment is the run's
 // environ file, not this.
 func ShimEnviron(env []string) []string {
-	env = slices.DeleteFunc(slices.Clone(env), func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") })
+	env = slices.DeleteFunc(WithoutSecrets(env), func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") })
 	return append(env, "GOMAXPROCS=1")
 }
 

@@ -179,12 +179,12 @@ func New(nc *nats.Conn, js jetstream.JetStream, store events.Store, cfg Config) 
 	}
 	w.env = sync.OnceValue(func() []string {
 		if cfg.Env != nil {
-			return cfg.Env
+			return WithoutSecrets(cfg.Env)
 		}
 		env, err := LoginEnv(context.Background())
 		if err != nil {
 			cfg.Base.Logger.Warn("using the worker's own environment", "err", err)
-			return os.Environ()
+			return WithoutSecrets(os.Environ())
 		}
 		return env
 	})

@@ -33,7 +33,7 @@ func listCmd(g *globals) *cobra.Command {
 					return err
 				}
 				if asJSON {
-					return printJSON(g.stdout, reply.Tasks)
+					return printJSON(g.stdout, reply)
 				}
 				return printTaskTable(g.stdout, reply)
 			})
@@ -42,7 +42,7 @@ func listCmd(g *globals) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&state, "state", "", "only tasks in this state: "+engine.PhaseNames())
 	f.IntVar(&q.Limit, "limit", 100, "at most this many tasks (0: all)")
-	f.BoolVar(&asJSON, "json", false, "print a JSON array of tasks")
+	f.BoolVar(&asJSON, "json", false, `print {"tasks": [...], "total": N}, the API's list reply with every page merged`)
 	return cmd
 }
 

@@ -10,11 +10,13 @@ package api
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -41,7 +43,10 @@ const ServiceName = "bgtask"
 // Queries is the read side the API serves from.
 type Queries interface {
 	engine.TaskReader
-	List(q engine.ListQuery) ([]engine.State, int)
+	// ListAfter lists the tasks that match q, newest first, after the task armed
+	// at armedAt with the id afterID (none: from the newest), and counts every
+	// task that matches q.
+	ListAfter(q engine.ListQuery, armedAt time.Time, afterID string) ([]engine.State, int)
 	// WaitFor blocks until the reader has applied every event up to seq.
 	WaitFor(ctx context.Context, seq uint64) error
 }
@@ -89,7 +94,8 @@ func View(s engine.State) TaskView {
 // Registered is the reply to a registration.
 type Registered struct {
 	ID string `json:"id"`
-	// Created is false when the idempotency key was registered before.
+	// Created is false when the idempotency key was registered before with the same
+	// spec (the same key with another spec is refused with a 409).
 	Created bool `json:"created"`
 }
 
@@ -104,10 +110,20 @@ type CancelRequest struct {
 	Reason string `json:"reason,omitempty"`
 }
 
-// ListReply is the reply to a list request.
+// ListRequest asks for a page of the tasks, newest first: at most Limit of them
+// (0: as many as one reply can carry), after the page whose NextCursor is Cursor.
+type ListRequest struct {
+	engine.ListQuery
+	Cursor string `json:"cursor,omitempty"`
+}
+
+// ListReply is a page of the tasks. A reply carries as many tasks as fit in one
+// NATS message; NextCursor, when more tasks follow, asks for the next page.
 type ListReply struct {
 	Tasks []TaskView `json:"tasks"`
-	Total int        `json:"total"`
+	// Total is how many tasks match the query in all pages.
+	Total      int    `json:"total"`
+	NextCursor string `json:"next_cursor,omitempty"`
 }
 
 // HistoryReply is a task's events in order.
@@ -164,6 +180,9 @@ const requestTimeout = 30 * time.Second
 // Serve starts the micro service on nc. Endpoints share a queue group, so several
 // engines can serve one deployment.
 func Serve(nc *nats.Conn, svc *engine.Service, queries Queries, fleet Fleet, store events.Store, archive Archive, version string, base engine.Base) (*Server, error) {
+	if archive != nil {
+		svc.ReadArchive(archive)
+	}
 	s := &Server{
 		svc: svc, queries: queries, fleet: fleet, store: store, archive: archive, base: base.WithDefaults(),
 		nc: nc, slots: make(chan struct{}, maxRegistering),
@@ -222,11 +241,23 @@ func (s *Server) Stop() error {
 func (s *Server) respond(ctx context.Context, req micro.Request, handle func(context.Context, []byte) (any, error)) {
 	out, err := handle(ctx, req.Data())
 	body, e := s.answer(req.Subject(), out, err)
-	if e != nil {
-		_ = req.Error(strconv.Itoa(e.Code), e.Message, body)
+	s.send(req.Subject(), body, e, func(body []byte, e *Error) error {
+		if e != nil {
+			return req.Error(strconv.Itoa(e.Code), e.Message, body)
+		}
+		return req.Respond(body)
+	})
+}
+
+// send publishes a reply; one that cannot be sent is answered with an error
+// instead, for the client would otherwise wait for nothing until its timeout.
+func (s *Server) send(subject string, body []byte, e *Error, publish func([]byte, *Error) error) {
+	err := publish(body, e)
+	if err == nil {
 		return
 	}
-	_ = req.Respond(body)
+	body, e = s.answer(subject, nil, fmt.Errorf("the reply could not be sent: %w", err))
+	_ = publish(body, e)
 }
 
 // dispatch answers req from a goroutine of its own once one of the slots is free,
@@ -251,11 +282,13 @@ func (s *Server) dispatch(ctx context.Context, req micro.Request, handle func(co
 		defer cancel()
 		out, err := handle(ctx, data)
 		body, e := s.answer(subject, out, err)
-		msg := &nats.Msg{Subject: reply, Data: body}
-		if e != nil {
-			msg.Header = nats.Header{micro.ErrorHeader: {e.Message}, micro.ErrorCodeHeader: {strconv.Itoa(e.Code)}}
-		}
-		_ = s.nc.PublishMsg(msg)
+		s.send(subject, body, e, func(body []byte, e *Error) error {
+			msg := &nats.Msg{Subject: reply, Data: body}
+			if e != nil {
+				msg.Header = nats.Header{micro.ErrorHeader: {e.Message}, micro.ErrorCodeHeader: {strconv.Itoa(e.Code)}}
+			}
+			return s.nc.PublishMsg(msg)
+		})
 	}()
 	return true
 }
@@ -265,10 +298,14 @@ func (s *Server) dispatch(ctx context.Context, req micro.Request, handle func(co
 func (s *Server) answer(subject string, out any, err error) ([]byte, *Error) {
 	if err == nil {
 		body, merr := json.Marshal(out)
-		if merr == nil {
+		switch {
+		case merr != nil:
+			err = fmt.Errorf("encode the reply: %w", merr)
+		case len(body) > s.maxReply():
+			err = tooLarge("the reply", len(body), s.maxReply())
+		default:
 			return body, nil
 		}
-		err = fmt.Errorf("encode the reply: %w", merr)
 	}
 	e := toError(err)
 	if e.Code >= 500 {
@@ -276,6 +313,19 @@ func (s *Server) answer(subject string, out any, err error) ([]byte, *Error) {
 	}
 	body, _ := json.Marshal(errorReply{Error: e})
 	return body, e
+}
+
+// replyHeadroom is what a reply leaves of the connection's max payload for the
+// headers of its message.
+const replyHeadroom = 4 << 10
+
+// maxReply is the most bytes a reply's body may have.
+func (s *Server) maxReply() int { return int(s.nc.MaxPayload()) - replyHeadroom }
+
+// tooLarge is the error of a reply, or a part of one, that one message cannot carry.
+func tooLarge(what string, n, limit int) *Error {
+	return &Error{Code: 413, Message: fmt.Sprintf("%s is %d bytes, over the %d bytes a reply can carry (the NATS server's max_payload less %d for headers)",
+		what, n, limit, replyHeadroom)}
 }
 
 func toError(err error) *Error {
@@ -288,6 +338,8 @@ func toError(err error) *Error {
 		return &Error{Code: 400, Field: fe.Field, Message: fe.Error()}
 	case errors.Is(err, engine.ErrNotFound):
 		return &Error{Code: 404, Field: "id", Message: err.Error()}
+	case errors.Is(err, engine.ErrKeyConflict):
+		return &Error{Code: 409, Field: "idempotency_key", Message: err.Error()}
 	case errors.Is(err, engine.ErrFinished), errors.Is(err, engine.ErrWrongPhase):
 		return &Error{Code: 409, Message: err.Error()}
 	}
@@ -399,22 +451,92 @@ func (s *Server) task(ctx context.Context, id string) (engine.State, error) {
 	return engine.State{}, fmt.Errorf("%w: %s", engine.ErrNotFound, id)
 }
 
+// listChunk is how many tasks a list reads from the projection at a time while it
+// fills a reply.
+const listChunk = 500
+
+// listEnvelope bounds what a list reply holds besides its tasks: the total, the
+// cursor and the JSON around them.
+const listEnvelope = 512
+
+// listPage is a ListReply with its tasks encoded.
+type listPage struct {
+	Tasks      []json.RawMessage `json:"tasks"`
+	Total      int               `json:"total"`
+	NextCursor string            `json:"next_cursor,omitempty"`
+}
+
+// list answers a page of tasks: as many as the request's limit asks for and one
+// message can carry. The next page starts after the last task of this one.
 func (s *Server) list(_ context.Context, data []byte) (any, error) {
-	var q engine.ListQuery
+	var req ListRequest
 	if len(data) > 0 {
-		if err := decode(data, &q); err != nil {
+		if err := decode(data, &req); err != nil {
 			return nil, err
 		}
 	}
-	if err := checkListQuery(q); err != nil {
+	if err := checkListQuery(req.ListQuery); err != nil {
 		return nil, err
 	}
-	states, total := s.queries.List(q)
-	reply := ListReply{Tasks: make([]TaskView, len(states)), Total: total}
-	for i, st := range states {
-		reply.Tasks[i] = s.view(st)
+	at, id, err := parseCursor(req.Cursor)
+	if err != nil {
+		return nil, err
 	}
-	return reply, nil
+	budget := s.maxReply() - listEnvelope
+	page := listPage{Tasks: []json.RawMessage{}}
+	size := 0
+	for {
+		states, total := s.queries.ListAfter(engine.ListQuery{Phase: req.Phase, Limit: listChunk}, at, id)
+		page.Total = total
+		if len(states) == 0 {
+			return page, nil
+		}
+		for _, st := range states {
+			if req.Limit > 0 && len(page.Tasks) == req.Limit {
+				page.NextCursor = cursor(at, id)
+				return page, nil
+			}
+			view, err := json.Marshal(s.view(st))
+			if err != nil {
+				return nil, fmt.Errorf("encode task %s: %w", st.ID, err)
+			}
+			if size+len(view)+1 > budget {
+				if len(page.Tasks) == 0 {
+					e := tooLarge("task "+st.ID, len(view), budget)
+					e.Field = "tasks"
+					return nil, e
+				}
+				page.NextCursor = cursor(at, id)
+				return page, nil
+			}
+			page.Tasks = append(page.Tasks, view)
+			size += len(view) + 1
+			at, id = st.ArmedAt, st.ID
+		}
+	}
+}
+
+// cursor names the position after the task armed at armedAt with the id id.
+func cursor(armedAt time.Time, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(armedAt.UTC().Format(time.RFC3339Nano) + " " + id))
+}
+
+// parseCursor reads a cursor; none is the start of the list.
+func parseCursor(c string) (time.Time, string, error) {
+	if c == "" {
+		return time.Time{}, "", nil
+	}
+	bad := &Error{Code: 400, Field: "cursor", Message: fmt.Sprintf("cursor: %q is not the next_cursor of a list reply", c)}
+	raw, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return time.Time{}, "", bad
+	}
+	stamp, id, ok := strings.Cut(string(raw), " ")
+	at, err := time.Parse(time.RFC3339Nano, stamp)
+	if !ok || err != nil || id == "" {
+		return time.Time{}, "", bad
+	}
+	return at, id, nil
 }
 
 // checkListQuery refuses a query that could only answer nothing, so that a

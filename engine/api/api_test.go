@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/micro"
 	"go.uber.org/goleak"
 
@@ -34,10 +37,11 @@ func serve(t *testing.T) (*eventstest.Server, *events.JetStreamStore) {
 	return serveWith(t, func(s events.Store) events.Store { return s })
 }
 
-// serveWith is serve with the engine appending through wrap(store).
-func serveWith(t *testing.T, wrap func(events.Store) events.Store) (*eventstest.Server, *events.JetStreamStore) {
+// serveWith is serve with the engine appending through wrap(store), on a server
+// with configure's options.
+func serveWith(t *testing.T, wrap func(events.Store) events.Store, configure ...func(*server.Options)) (*eventstest.Server, *events.JetStreamStore) {
 	t.Helper()
-	srv := eventstest.Run(t)
+	srv := eventstest.Run(t, configure...)
 	ctx := context.Background()
 	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
 	if err != nil {
@@ -234,5 +238,309 @@ func TestListRefusesAStateThatIsNone(t *testing.T) {
 		if _, err := client.List(ctx, engine.ListQuery{Phase: phase}); err != nil {
 			t.Errorf("List(%s) = %v", phase, err)
 		}
+	}
+}
+
+// registerMany registers n tasks from specs through the API, from 8 clients at
+// once, and returns their ids.
+func registerMany(t *testing.T, srv *eventstest.Server, n int, spec func(i int) string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ids := make([]string, n)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	const clients = 8
+	for c := range clients {
+		nc, _ := srv.Connect(t)
+		client := api.NewClient(nc)
+		wg.Go(func() {
+			for i := c; i < n; i += clients {
+				reply, err := client.Register(ctx, []byte(spec(i)))
+				if err != nil {
+					errs <- fmt.Errorf("register %d: %w", i, err)
+					return
+				}
+				ids[i] = reply.ID
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// listed waits until the projection the API lists from holds n tasks.
+func listed(t *testing.T, client *api.Client, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		page, err := client.ListPage(ctx, api.ListRequest{ListQuery: engine.ListQuery{Limit: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if page.Total >= n {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the projection holds %d tasks, want %d", page.Total, n)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// listAll lists every task through the client's paging and checks that it got
+// each of ids once, newest first.
+func listAll(t *testing.T, client *api.Client, ids []string) {
+	t.Helper()
+	listed(t, client, len(ids))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reply, err := client.List(ctx, engine.ListQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reply.Total != len(ids) || len(reply.Tasks) != len(ids) || reply.NextCursor != "" {
+		t.Fatalf("listed %d of %d tasks (next %q), want all %d", len(reply.Tasks), reply.Total, reply.NextCursor, len(ids))
+	}
+	seen := map[string]bool{}
+	for _, task := range reply.Tasks {
+		seen[task.ID] = true
+	}
+	for _, id := range ids {
+		if !seen[id] {
+			t.Fatalf("task %s not listed", id)
+		}
+	}
+	if !slices.IsSortedFunc(reply.Tasks, func(a, b api.TaskView) int { return b.ArmedAt.Compare(a.ArmedAt) }) {
+		t.Error("not newest first")
+	}
+}
+
+// A list of more tasks than one message can carry comes in pages, each within the
+// connection's max payload, and the client gets them all.
+func TestListOfMoreThanOneMessageComesInPages(t *testing.T) {
+	t.Parallel()
+	srv, _ := serve(t)
+	client := api.NewClient(srv.Conn)
+	// Each with some routing data, as an agent's tasks have: 1,500 of them are
+	// more than a MiB.
+	origin := `{"session":"` + strings.Repeat("s", 500) + `"}`
+	ids := registerMany(t, srv, 1500, func(i int) string { return fmt.Sprintf(`{"command":"make test-%d","origin":%s}`, i, origin) })
+	listed(t, client, len(ids))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	msg, err := srv.Conn.RequestWithContext(ctx, api.SubjectList, []byte(`{"limit":0}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first api.ListReply
+	if err := json.Unmarshal(msg.Data, &first); err != nil {
+		t.Fatal(err)
+	}
+	if first.Total != 1500 || first.NextCursor == "" || len(first.Tasks) == 0 || len(first.Tasks) == 1500 {
+		t.Fatalf("first page: %d tasks of %d, next %q; want part of 1500 and a cursor", len(first.Tasks), first.Total, first.NextCursor)
+	}
+	if max := srv.Conn.MaxPayload(); int64(len(msg.Data)) > max {
+		t.Fatalf("a page of %d bytes, over the max payload %d", len(msg.Data), max)
+	}
+	listAll(t, client, ids)
+}
+
+// Tasks with large origins page too: twenty of 60 KB are more than one message.
+func TestListOfLargeTasksComesInPages(t *testing.T) {
+	t.Parallel()
+	srv, _ := serve(t)
+	origin := `{"notes":"` + strings.Repeat("n", 60<<10) + `"}`
+	ids := registerMany(t, srv, 20, func(i int) string { return fmt.Sprintf(`{"command":"make test-%d","origin":%s}`, i, origin) })
+	listAll(t, api.NewClient(srv.Conn), ids)
+	// A limit is kept across pages.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reply, err := api.NewClient(srv.Conn).List(ctx, engine.ListQuery{Limit: 19})
+	if err != nil || len(reply.Tasks) != 19 || reply.Total != 20 {
+		t.Fatalf("List(limit 19) = %d tasks of %d, %v", len(reply.Tasks), reply.Total, err)
+	}
+}
+
+// Paging while tasks are registered neither skips nor repeats a task: a page
+// continues after the last task of the page before, and new tasks are newer.
+func TestListPagesNeitherSkipNorRepeatUnderRegistration(t *testing.T) {
+	t.Parallel()
+	srv, _ := serve(t)
+	before := registerMany(t, srv, 300, func(i int) string { return fmt.Sprintf(`{"command":"make test-%d"}`, i) })
+	listed(t, api.NewClient(srv.Conn), len(before))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	stop := make(chan struct{})
+	var registering sync.WaitGroup
+	registering.Go(func() {
+		nc, _ := srv.Connect(t)
+		client := api.NewClient(nc)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := client.Register(ctx, []byte(`{"command":"late"}`)); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	client := api.NewClient(srv.Conn)
+	seen := map[string]int{}
+	var listed []api.TaskView
+	req := api.ListRequest{ListQuery: engine.ListQuery{Limit: 7}}
+	for {
+		page, err := client.ListPage(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, task := range page.Tasks {
+			seen[task.ID]++
+		}
+		listed = append(listed, page.Tasks...)
+		if page.NextCursor == "" {
+			break
+		}
+		if len(page.Tasks) != 7 {
+			t.Fatalf("a page of %d tasks before the last, want 7", len(page.Tasks))
+		}
+		req.Cursor = page.NextCursor
+	}
+	close(stop)
+	registering.Wait()
+	for id, n := range seen {
+		if n != 1 {
+			t.Fatalf("task %s listed %d times", id, n)
+		}
+	}
+	for _, id := range before {
+		if seen[id] != 1 {
+			t.Fatalf("task %s, registered before the paging, not listed", id)
+		}
+	}
+	if !slices.IsSortedFunc(listed, func(a, b api.TaskView) int { return b.ArmedAt.Compare(a.ArmedAt) }) {
+		t.Error("pages not newest first")
+	}
+}
+
+// A cursor that no list gave is refused, naming the field.
+func TestListRefusesABadCursor(t *testing.T) {
+	t.Parallel()
+	srv, _ := serve(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, c := range []string{"nope", "bm9wZQ", "MjAyNi0xMi0wMVQwOTowMDowMFo"} {
+		_, err := api.NewClient(srv.Conn).ListPage(ctx, api.ListRequest{Cursor: c})
+		var apiErr *api.Error
+		if !errors.As(err, &apiErr) || apiErr.Code != 400 || apiErr.Field != "cursor" {
+			t.Errorf("ListPage(cursor %q) = %v, want a 400 naming cursor", c, err)
+		}
+	}
+}
+
+// A reply that one message cannot carry is an error object, never silence: a
+// task bigger than the max payload, asked for alone, listed, or its history.
+func TestRepliesTooLargeForAMessageAreErrors(t *testing.T) {
+	t.Parallel()
+	srv, store := serveWith(t, func(s events.Store) events.Store { return s }, func(o *server.Options) { o.MaxPayload = 128 << 10 })
+	client := api.NewClient(srv.Conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	reg, err := client.Register(ctx, []byte(`{"command":"make","origin":{"notes":"`+strings.Repeat("n", 60<<10)+`"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Its run ends with a long line of output: the task's view holds both.
+	state, err := engine.Load(ctx, store, reg.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for _, c := range []engine.Command{
+		engine.Spawn{Host: "h"},
+		engine.Exit{Run: events.Exited{ExitCode: 0, Tail: []string{strings.Repeat("t", 70<<10)}, StartedAt: now, EndedAt: now}},
+	} {
+		ev, err := engine.Decide(state, c, engine.Meta{Writer: "worker-1", Now: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq, err := store.Append(ctx, ev, state.Seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if state, err = engine.Apply(state, events.Record{Seq: seq, Event: ev}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tooLarge := func(what string, err error, inMessage string) {
+		t.Helper()
+		var apiErr *api.Error
+		if !errors.As(err, &apiErr) || apiErr.Code != 413 || !strings.Contains(apiErr.Message, inMessage) {
+			t.Fatalf("%s: %v, want a 413 error saying %q", what, err, inMessage)
+		}
+	}
+	// Once the projection has the exit, the task is too large to show.
+	for {
+		var view api.TaskView
+		if view, err = client.Get(ctx, reg.ID); err != nil || ctx.Err() != nil {
+			break
+		}
+		if view.Phase == engine.PhaseEnded {
+			t.Fatalf("got the ended task whole, %d bytes of tail", len(view.Run.Tail[0]))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	tooLarge("get", err, "max_payload")
+	_, err = client.History(ctx, reg.ID)
+	tooLarge("history", err, "max_payload")
+	// A newer task comes first, in a page of its own; the page after it is the
+	// error that names the large task.
+	small, err := client.Register(ctx, []byte(`{"command":"true"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := client.ListPage(ctx, api.ListRequest{})
+	if err != nil || len(page.Tasks) != 1 || page.Tasks[0].ID != small.ID || page.NextCursor == "" {
+		t.Fatalf("first page: %+v, %v; want the small task and a cursor", page, err)
+	}
+	_, err = client.List(ctx, engine.ListQuery{})
+	tooLarge("list", err, "task "+reg.ID)
+}
+
+// The same idempotency key with another spec is refused with a 409 that names the
+// fields; the same spec again still names the task.
+func TestRegisterRefusesAKeyWithAnotherSpec(t *testing.T) {
+	t.Parallel()
+	srv, store := serve(t)
+	client := api.NewClient(srv.Conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	first := `{"command":"echo first","cwd":"` + dir + `","deadline":"10m","idempotency_key":"k-1"}`
+	reg, err := client.Register(ctx, []byte(first))
+	if err != nil || !reg.Created {
+		t.Fatalf("Register = %+v, %v", reg, err)
+	}
+	_, err = client.Register(ctx, []byte(`{"command":"echo second","cwd":"`+dir+`","deadline":"10m","idempotency_key":"k-1","kind":"x"}`))
+	var apiErr *api.Error
+	if !errors.As(err, &apiErr) || apiErr.Code != 409 || apiErr.Field != "idempotency_key" ||
+		!strings.Contains(apiErr.Message, reg.ID) || !strings.Contains(apiErr.Message, "command, kind") {
+		t.Fatalf("another spec under the key: %v, want a 409 naming the task, command and kind", err)
+	}
+	again, err := client.Register(ctx, []byte(first))
+	if err != nil || again.Created || again.ID != reg.ID {
+		t.Fatalf("the same spec again = %+v, %v; want %s, not created", again, err, reg.ID)
+	}
+	if last, err := store.LastSeq(ctx); err != nil || last != 1 {
+		t.Fatalf("the stream holds %d events (%v), want 1", last, err)
 	}
 }

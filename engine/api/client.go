@@ -37,10 +37,35 @@ func (c *Client) Get(ctx context.Context, id string) (TaskView, error) {
 	return out, c.callJSON(ctx, SubjectGet, IDRequest{ID: id}, &out)
 }
 
-// List returns tasks, newest first.
+// List returns q.Limit tasks (0: all), newest first, and how many match in all,
+// asking for page after page: one reply carries only as many as fit in a message.
 func (c *Client) List(ctx context.Context, q engine.ListQuery) (ListReply, error) {
+	all := ListReply{Tasks: []TaskView{}}
+	req := ListRequest{ListQuery: q}
+	for {
+		if q.Limit > 0 {
+			req.Limit = q.Limit - len(all.Tasks)
+		}
+		page, err := c.ListPage(ctx, req)
+		if err != nil {
+			return ListReply{}, err
+		}
+		all.Tasks = append(all.Tasks, page.Tasks...)
+		all.Total = page.Total
+		if page.NextCursor == "" || q.Limit > 0 && len(all.Tasks) >= q.Limit {
+			return all, nil
+		}
+		if len(page.Tasks) == 0 {
+			return ListReply{}, fmt.Errorf("%s: a page with no tasks names a next page", SubjectList)
+		}
+		req.Cursor = page.NextCursor
+	}
+}
+
+// ListPage returns one page of tasks, newest first.
+func (c *Client) ListPage(ctx context.Context, req ListRequest) (ListReply, error) {
 	var out ListReply
-	return out, c.callJSON(ctx, SubjectList, q, &out)
+	return out, c.callJSON(ctx, SubjectList, req, &out)
 }
 
 // History returns a task's events in order.

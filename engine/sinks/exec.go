@@ -16,6 +16,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/workers"
 )
 
 // execWaitDelay bounds the wait for a program's output after it exited or was
@@ -30,7 +31,8 @@ func runExec(ctx context.Context, argv []string, w events.Wakeup, attempt int) e
 	cmd.Stdin = strings.NewReader(w.Prompt)
 	out := &tailBuffer{max: maxOutput}
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.Env = append(os.Environ(), Env(w, attempt)...)
+	// The server's environment, but not the credentials bgtask runs with.
+	cmd.Env = append(workers.WithoutSecrets(os.Environ()), Env(w, attempt)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = execWaitDelay
