@@ -5,8 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -288,4 +293,136 @@ func awaitText(t *testing.T, w *syncBuffer, text string, done <-chan error) {
 			t.Fatalf("did not say %q in 30s:\n%s", text, w.String())
 		}
 	}
+}
+
+// dropProxy forwards NATS connections to a server, and cuts the first one right
+// after it carried a request on subject: the server gets the request, the client
+// never its reply.
+type dropProxy struct {
+	l       net.Listener
+	server  string
+	subject []byte
+	cut     atomic.Bool
+	wg      sync.WaitGroup
+}
+
+func startDropProxy(t *testing.T, server, subject string) *dropProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &dropProxy{l: l, server: server, subject: []byte(subject)}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(func() { l.Close(); p.wg.Wait() })
+	return p
+}
+
+func (p *dropProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.l.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.server)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.wg.Add(2)
+		go func() { defer p.wg.Done(); io.Copy(c, s); c.Close() }()
+		go func() {
+			defer p.wg.Done()
+			defer s.Close()
+			defer c.Close()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 {
+					if _, werr := s.Write(buf[:n]); werr != nil {
+						return
+					}
+					if bytes.Contains(buf[:n], p.subject) && p.cut.CompareAndSwap(false, true) {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+func TestAddMadeAgainAfterADroppedConnectionArmsOnce(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	startServer(t, home)
+	d, err := readDiscovery(home)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := readCredentials(home)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := filepath.Join(t.TempDir(), "seed.nk")
+	if err := os.WriteFile(seed, []byte(creds.Seed), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startDropProxy(t, strings.TrimPrefix(d.URL, "nats://"), "bgtask.register")
+
+	r := bgtask(t, home, "--nats", "nats://"+p.l.Addr().String(), "--nkey", seed, "add", "--json", "--", "echo once").must(t, 0, "add through a dropped connection")
+	if !p.cut.Load() {
+		t.Fatal("the proxy never cut the registration")
+	}
+	if !strings.Contains(r.stderr, "connection to the server dropped") {
+		t.Errorf("add did not say why it waited: %q", r.stderr)
+	}
+	reg := decode[struct {
+		ID      string
+		Created bool
+	}](t, r.stdout)
+	if !reg.Created {
+		t.Errorf("add says %s; the task was created by this add", r.stdout)
+	}
+	var tasks []struct{ ID, Command string }
+	out := bgtask(t, home, "list", "--json").must(t, 0, "list").stdout
+	if err := json.Unmarshal([]byte(out), &tasks); err != nil {
+		tasks = decode[struct {
+			Tasks []struct{ ID, Command string }
+		}](t, out).Tasks
+	}
+	if len(tasks) != 1 || tasks[0].ID != reg.ID {
+		t.Fatalf("tasks after one add made twice: %+v; want only %s", tasks, reg.ID)
+	}
+}
+
+func TestCancelCutByADroppedConnectionIsNotMadeAgain(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	startServer(t, home)
+	id := addTask(t, home, "--", "sleep 30")
+	d, err := readDiscovery(home)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := readCredentials(home)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := filepath.Join(t.TempDir(), "seed.nk")
+	if err := os.WriteFile(seed, []byte(creds.Seed), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startDropProxy(t, strings.TrimPrefix(d.URL, "nats://"), "bgtask.cancel")
+
+	r := bgtask(t, home, "--nats", "nats://"+p.l.Addr().String(), "--nkey", seed, "cancel", id).must(t, exitNoServer, "cancel through a dropped connection")
+	if !strings.Contains(r.stderr, "may or may not have been carried out") {
+		t.Errorf("cancel through a dropped connection says %q", r.stderr)
+	}
+	// It was: the server got the request before the connection dropped.
+	bgtask(t, home, "wait", id, "--json", "--timeout", "30s").must(t, exitTaskCancelled, "wait")
 }
