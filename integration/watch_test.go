@@ -280,7 +280,7 @@ func TestWatchFlagsAreValidated(t *testing.T) {
 			t.Errorf("add %v: exit %d, stderr %q; want an error naming %s", tc.args, r.code, r.stderr, tc.field)
 		}
 	}
-	if n := len(decodeJSON[[]any](t, ok(t, home, "list", "--json"))); n != 0 {
+	if n := len(decodeJSON[struct{ Tasks []any }](t, ok(t, home, "list", "--json")).Tasks); n != 0 {
 		t.Fatalf("rejected specs registered %d tasks", n)
 	}
 }
