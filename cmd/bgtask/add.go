@@ -104,7 +104,7 @@ worker can take stays armed; 'bgtask show ID' says what it waits for.
 	f.StringVar(&o.kind, "kind", "", "a label for the task (build, deploy, ...)")
 	f.StringVar(&o.prompt, "prompt", "", "template of the wake-up's prompt (default: a summary with the output tail)")
 	f.StringVar(&o.target, "target", "", "inbox the wake-up goes to (default \"default\")")
-	f.StringVar(&o.key, "idempotency-key", "", "the same key registers the same task once and returns its id")
+	f.StringVar(&o.key, "idempotency-key", "", "the same key registers the same task once and returns its id (default: a key of this command's own, so that a request made again through a server restart arms once)")
 	f.StringArrayVar(&o.env, "env", nil, "KEY=VALUE added to the command's environment (repeatable)")
 	f.StringVar(&o.origin, "origin", "", "JSON returned as-is in the wake-up (routing data of the caller)")
 	f.StringArrayVar(&o.completeJSON, "complete-on-json", nil, "done when a stdout line is a JSON object with KEY=VALUE (repeatable; VALUE* matches a prefix; a.b reaches nested keys)")

@@ -49,7 +49,14 @@ even if bgtask restarted in between. Every change of a task is an event in a
 NATS JetStream stream.
 
 Start a server (embedded NATS, engine and a worker) with 'bgtask server', then
-register work with 'bgtask add -- COMMAND' and wait for it with 'bgtask wait ID'.`,
+register work with 'bgtask add -- COMMAND' and wait for it with 'bgtask wait ID'.
+
+Client commands wait for a restarting server up to --timeout. With --json they
+print the API's objects, and an error as {"error": {"code", "field", "message"}}
+on stdout. Exit statuses (docs/cli.md): 0 success, 1 other failure, 2 bad
+command line or input, 3 wait: the task ended without succeeding, 4 wait: it was
+cancelled, 5 no such task, 6 not possible in the task's state, 7 no server
+answered, 124 wait: --timeout passed.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Version:       version(),
