@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -17,11 +18,12 @@ import (
 )
 
 // A home directory holds one server's state: its JetStream store, the credentials
-// it generated, the discovery file clients read to find it, and the snapshot of
-// its projection.
+// it generated, the discovery file clients read to find it, the port it last
+// listened on, and the snapshot of its projection.
 const (
 	credentialsFile = "credentials.json"
 	discoveryFile   = "server.json"
+	portFile        = "server.port"
 	lockFile        = "server.lock"
 	storeDir        = "jetstream"
 	snapshotFile    = "projection.snapshot"
@@ -134,8 +136,8 @@ func readDiscovery(home string) (discovery, error) {
 
 // discoveryDialer dials the server where the home's discovery file says it is at
 // the moment of the dial, so that a long-lived connection (a worker's) follows a
-// server restarted on another port: a clean stop forgets the port, and a port
-// taken meanwhile is replaced. Without a discovery file it dials where it was told.
+// server restarted on another port: a restart keeps its port only while no other
+// program has taken it. Without a discovery file it dials where it was told.
 type discoveryDialer struct {
 	home   string
 	dialer net.Dialer
@@ -153,6 +155,27 @@ func (d *discoveryDialer) Dial(network, address string) (net.Conn, error) {
 func writeDiscovery(home string, d discovery) error {
 	data, _ := json.MarshalIndent(d, "", "  ")
 	return writeFileAtomic(filepath.Join(home, discoveryFile), data)
+}
+
+// rememberPort keeps the port the server listens on past its stop (server.json
+// goes with a clean stop, this file stays), so that the next start with port 0
+// listens there again: workers reconnect at once, and a saved nats context still
+// points at the server.
+func rememberPort(home string, port int) error {
+	return writeFileAtomic(filepath.Join(home, portFile), []byte(strconv.Itoa(port)))
+}
+
+// rememberedPort is the port of the home's last server, or 0.
+func rememberedPort(home string) int {
+	data, err := os.ReadFile(filepath.Join(home, portFile))
+	if err != nil {
+		return 0
+	}
+	port, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || port <= 0 || port > 65535 {
+		return 0
+	}
+	return port
 }
 
 // writeFileAtomic writes a file readable by its owner only: a temp file, fsync,

@@ -53,8 +53,9 @@ that rebuilds state from the stream, and a worker.
 
 The server listens on loopback only and requires the credentials it generates
 into the home directory (credentials.json, mode 0600). It writes server.json there
-so that every client command finds it through --home or $BGTASK_HOME. Only one
-server runs per home. SIGINT or SIGTERM stops it cleanly.
+so that every client command finds it through --home or $BGTASK_HOME. With
+port 0 it listens where its last run did if that port is free. Only one server
+runs per home. SIGINT or SIGTERM stops it cleanly.
 
 With --nats URL (and the auth and TLS flags) it runs against an existing NATS
 JetStream cluster instead: no embedded server, no discovery file; streams and the
@@ -178,6 +179,11 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 			return err
 		}
 		defer w.Stop() // its commands go on; the next start watches them again
+	}
+	if addr, ok := ns.Addr().(*net.TCPAddr); ok {
+		if err := rememberPort(home, addr.Port); err != nil {
+			return fmt.Errorf("write %s: %w", portFile, err)
+		}
 	}
 	if err := writeDiscovery(home, discovery{URL: ns.ClientURL(), PID: os.Getpid(), Version: version()}); err != nil {
 		return fmt.Errorf("write discovery file: %w", err)
@@ -475,32 +481,23 @@ func listenAddress(listen, home string) (string, int, error) {
 	}
 	if port == 0 {
 		port = server.RANDOM_PORT
-		if d, err := readDiscovery(home); err == nil {
-			if prev := previousPort(d.URL, host); prev > 0 {
-				port = prev
-			}
+		if prev := rememberedPort(home); prev > 0 && portFree(host, prev) {
+			port = prev
 		}
 	}
 	return host, port, nil
 }
 
-// previousPort returns the port of a previous server URL if it is free on host now,
-// else 0.
-func previousPort(previous, host string) int {
-	u, err := url.Parse(previous)
+// portFree reports whether a listener can bind host:port now. Go sets SO_REUSEADDR,
+// as nats-server's own listener does, so the connections of the previous run that
+// linger in TIME_WAIT do not keep the port.
+func portFree(host string, port int) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
 	if err != nil {
-		return 0
-	}
-	port, err := strconv.Atoi(u.Port())
-	if err != nil || port == 0 {
-		return 0
-	}
-	l, err := net.Listen("tcp", net.JoinHostPort(host, u.Port()))
-	if err != nil {
-		return 0
+		return false
 	}
 	l.Close()
-	return port
+	return true
 }
 
 func startNATS(home, host string, port int, creds credentials, syncAlways bool, logger *slog.Logger) (*server.Server, error) {

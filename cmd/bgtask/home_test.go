@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// embedded is a `bgtask server` run in this process, stopped as SIGTERM stops one:
+// its context is cancelled.
+type embedded struct {
+	home   string
+	cancel context.CancelFunc
+	done   chan error
+	log    *lockedBuffer
+	once   sync.Once
+}
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// startEmbedded starts a server on home and returns once it has written its
+// discovery file, its last step before it serves.
+func startEmbedded(t *testing.T, home string, args ...string) *embedded {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	e := &embedded{home: home, cancel: cancel, done: make(chan error, 1), log: &lockedBuffer{}}
+	go func() {
+		e.done <- Run(ctx, append([]string{"server", "--home", home, "--log-level", "warn"}, args...), io.Discard, e.log)
+	}()
+	t.Cleanup(func() { e.stop(t) })
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := readDiscovery(home); err == nil {
+			return e
+		}
+		select {
+		case err := <-e.done:
+			t.Fatalf("server exited at start: %v\n%s", err, e.log)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server not ready after 60 s:\n%s", e.log)
+		}
+	}
+}
+
+func (e *embedded) stop(t *testing.T) {
+	e.once.Do(func() {
+		e.cancel()
+		select {
+		case err := <-e.done:
+			if err != nil {
+				t.Errorf("server: %v\n%s", err, e.log)
+			}
+		case <-time.After(60 * time.Second):
+			t.Errorf("server did not stop within 60 s")
+		}
+	})
+}
+
+// runHome runs one bgtask command against home, in this process.
+func runHome(t *testing.T, home string, args ...string) (string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err := Run(context.Background(), append([]string{"--home", home}, args...), &out, &errOut)
+	if err != nil {
+		return out.String(), errors.Join(err, errors.New(errOut.String()))
+	}
+	return out.String(), nil
+}
+
+func mustRunHome(t *testing.T, home string, args ...string) string {
+	t.Helper()
+	out, err := runHome(t, home, args...)
+	if err != nil {
+		t.Fatalf("bgtask %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// quietHome gives the test a HOME of its own, so that the worker's login shell
+// reads no profile of the machine's.
+func quietHome(t *testing.T) {
+	t.Setenv("HOME", t.TempDir())
+}
+
+func serverURLOf(t *testing.T, home string) string {
+	t.Helper()
+	d, err := readDiscovery(home)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.URL
+}
+
+func TestACleanRestartKeepsThePort(t *testing.T) {
+	quietHome(t)
+	home := t.TempDir()
+	first := startEmbedded(t, home)
+	before := serverURLOf(t, home)
+	// A client connection leaves the server's side of it in TIME_WAIT at the stop.
+	mustRunHome(t, home, "list")
+	first.stop(t)
+	startEmbedded(t, home)
+	if after := serverURLOf(t, home); after != before {
+		t.Fatalf("the server listened on %s, then on %s after a clean stop", before, after)
+	}
+}
