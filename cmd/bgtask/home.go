@@ -11,17 +11,20 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"golang.org/x/sys/unix"
 )
 
-// A home directory holds one server's state: its JetStream store, the credentials
+// A home directory holds one server's state: its JetStream store, the identities
 // it generated, the discovery file clients read to find it, the port it last
 // listened on, and the snapshot of its projection.
 const (
 	credentialsFile = "credentials.json"
+	clientSeedFile  = "client.nkey"
+	workerSeedFile  = "worker.nkey"
 	discoveryFile   = "server.json"
 	portFile        = "server.port"
 	lockFile        = "server.lock"
@@ -49,9 +52,8 @@ func homeDir(flag string) (string, error) {
 	return filepath.Abs(dir)
 }
 
-// credentials authenticate every client of the embedded server: an nkey, so the
-// server's configuration holds only the public key and no password ever crosses the
-// connection.
+// credentials are one nkey identity of the embedded server. The server holds only
+// the public keys; no password ever crosses a connection.
 type credentials struct {
 	Seed string `json:"nkey_seed"`
 }
@@ -60,7 +62,7 @@ func (c credentials) keyPair() (nkeys.KeyPair, error) {
 	return nkeys.FromSeed([]byte(c.Seed))
 }
 
-// publicKey is the user the embedded server lets in.
+// publicKey is the nkey user the embedded server knows this identity by.
 func (c credentials) publicKey() (string, error) {
 	kp, err := c.keyPair()
 	if err != nil {
@@ -82,14 +84,8 @@ func (c credentials) natsOption() (nats.Option, error) {
 	return nats.Nkey(pub, kp.Sign), nil
 }
 
-// loadOrCreateCredentials reads the home's credentials, generating them (mode 0600)
-// the first time.
-func loadOrCreateCredentials(home string) (credentials, error) {
-	path := filepath.Join(home, credentialsFile)
-	creds, err := readCredentials(home)
-	if err == nil || !errors.Is(err, fs.ErrNotExist) {
-		return creds, err
-	}
+// newCredentials generates a user nkey.
+func newCredentials() (credentials, error) {
 	kp, err := nkeys.CreateUser()
 	if err != nil {
 		return credentials{}, err
@@ -98,11 +94,53 @@ func loadOrCreateCredentials(home string) (credentials, error) {
 	if err != nil {
 		return credentials{}, err
 	}
-	creds = credentials{Seed: string(seed)}
-	data, _ := json.MarshalIndent(creds, "", "  ")
-	return creds, writeFileAtomic(path, data)
+	return credentials{Seed: string(seed)}, nil
 }
 
+// identities are the embedded server's users that live on disk, each with the
+// least it needs (see permissions.go). The engine's identity is not among them: it
+// is generated at each start and never leaves the server's memory.
+type identities struct {
+	// client is what the CLI and the user's own programs connect as
+	// (credentials.json, and client.nkey for the nats CLI).
+	client credentials
+	// worker is what a `bgtask worker --home` process, and the server's own
+	// worker, connect as (worker.nkey).
+	worker credentials
+}
+
+// loadOrCreateIdentities reads the home's identities, generating each (mode 0600)
+// the first time. client.nkey is rewritten from credentials.json at every start,
+// so the two never name different users.
+func loadOrCreateIdentities(home string) (identities, error) {
+	var ids identities
+	client, err := readCredentials(home)
+	if errors.Is(err, fs.ErrNotExist) {
+		if client, err = newCredentials(); err == nil {
+			data, _ := json.MarshalIndent(client, "", "  ")
+			err = writeFileAtomic(filepath.Join(home, credentialsFile), data)
+		}
+	}
+	if err != nil {
+		return ids, err
+	}
+	if err := writeFileAtomic(filepath.Join(home, clientSeedFile), []byte(client.Seed)); err != nil {
+		return ids, err
+	}
+	worker, err := readSeedFile(filepath.Join(home, workerSeedFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		if worker, err = newCredentials(); err == nil {
+			err = writeFileAtomic(filepath.Join(home, workerSeedFile), []byte(worker.Seed))
+		}
+	}
+	if err != nil {
+		return ids, err
+	}
+	return identities{client: client, worker: worker}, nil
+}
+
+// readCredentials reads the client identity of the home's server, the one every
+// client command connects as.
 func readCredentials(home string) (credentials, error) {
 	var creds credentials
 	data, err := os.ReadFile(filepath.Join(home, credentialsFile))
@@ -112,7 +150,57 @@ func readCredentials(home string) (credentials, error) {
 	if err := json.Unmarshal(data, &creds); err != nil || creds.Seed == "" {
 		return creds, fmt.Errorf("%s is damaged: remove it and restart the server to generate new credentials", filepath.Join(home, credentialsFile))
 	}
+	if _, err := creds.keyPair(); err != nil {
+		return creds, fmt.Errorf("%s is damaged (%v): remove it and restart the server to generate new credentials", filepath.Join(home, credentialsFile), err)
+	}
 	return creds, nil
+}
+
+// readSeedFile reads an nkey seed file, as the nats CLI and --nkey read them.
+func readSeedFile(path string) (credentials, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return credentials{}, err
+	}
+	creds := credentials{Seed: strings.TrimSpace(string(data))}
+	if _, err := creds.keyPair(); err != nil {
+		return credentials{}, fmt.Errorf("%s is damaged (%v): remove it and restart the server to generate a new one", path, err)
+	}
+	return creds, nil
+}
+
+// connectWorker opens the connection of a `bgtask worker` process: with --nats,
+// as the auth flags say; else as the home's worker identity, to the server its
+// discovery file names, following it on reconnect as a client does.
+func (g *globals) connectWorker() (*nats.Conn, error) {
+	if g.natsURL != "" || g.auth.given() {
+		return g.connect("bgtask-worker")
+	}
+	home, err := homeDir(g.home)
+	if err != nil {
+		return nil, err
+	}
+	d, err := readDiscovery(home)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("no bgtask server in %s: start one with 'bgtask server' (or pass --home, or --nats URL)", home)
+	}
+	if err != nil {
+		return nil, err
+	}
+	creds, err := readSeedFile(filepath.Join(home, workerSeedFile))
+	if err != nil {
+		return nil, fmt.Errorf("read the worker identity: %w", err)
+	}
+	auth, err := creds.natsOption()
+	if err != nil {
+		return nil, fmt.Errorf("read the worker identity: %w", err)
+	}
+	nc, err := nats.Connect(d.URL, nats.Name("bgtask-worker"), nats.Timeout(5*time.Second), nats.MaxReconnects(-1), auth,
+		nats.SetCustomDialer(&discoveryDialer{home: home, dialer: net.Dialer{Timeout: 5 * time.Second}}))
+	if err != nil {
+		return nil, fmt.Errorf("the bgtask server of %s (pid %d, %s) does not answer: %w", home, d.PID, d.URL, err)
+	}
+	return nc, nil
 }
 
 // discovery tells clients where the server listens.

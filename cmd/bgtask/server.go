@@ -51,11 +51,15 @@ func serverCmd(g *globals) *cobra.Command {
 bgtask.register and friends, the dispatcher that delivers wake-ups, the projector
 that rebuilds state from the stream, and a worker.
 
-The server listens on loopback only and requires the credentials it generates
-into the home directory (credentials.json, mode 0600). It writes server.json there
-so that every client command finds it through --home or $BGTASK_HOME. With
-port 0 it listens where its last run did if that port is free. Only one server
-runs per home. SIGINT or SIGTERM stops it cleanly.
+The server listens on loopback only and lets in three identities, each with the
+least it needs: the engine (a key made at each start that never leaves the
+process), the workers (worker.nkey: the events of a run, never an outcome) and
+the clients (credentials.json, and client.nkey for the nats CLI: the API and
+reads, no event). It generates them into the home directory, mode 0600, and
+writes server.json there so that every client command finds it through --home or
+$BGTASK_HOME. With port 0 it listens where its last run did if that port is free.
+Only one server runs per home. SIGINT or SIGTERM stops it cleanly. What the identities do and do
+not protect against: docs/security.md.
 
 With --nats URL (and the auth and TLS flags) it runs against an existing NATS
 JetStream cluster instead: no embedded server, no discovery file; streams and the
@@ -131,7 +135,13 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 		return err
 	}
 	defer lock.Close()
-	creds, err := loadOrCreateCredentials(home)
+	ids, err := loadOrCreateIdentities(home)
+	if err != nil {
+		return fmt.Errorf("credentials: %w", err)
+	}
+	// The engine may do anything, so its key is made for this run and never
+	// written down: no command can read it from a file.
+	engineID, err := newCredentials()
 	if err != nil {
 		return fmt.Errorf("credentials: %w", err)
 	}
@@ -142,7 +152,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	if o.sync != "always" && o.sync != "interval" {
 		return usageErr("--sync %q: want always or interval", o.sync)
 	}
-	ns, err := startNATS(home, host, port, creds, o.sync == "always", logger)
+	ns, err := startNATS(home, host, port, engineID, ids, o.sync == "always", logger)
 	if err != nil {
 		return err
 	}
@@ -150,7 +160,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 		ns.Shutdown()
 		ns.WaitForShutdown()
 	}()
-	nc, err := connectInProcess(ns, creds, "bgtask-engine")
+	nc, err := connectInProcess(ns, engineID, "bgtask-engine")
 	if err != nil {
 		return err
 	}
@@ -174,7 +184,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	defer node.stop()
 	if !o.noWorker {
 		o.worker.stateDir = filepath.Join(home, "worker")
-		w, err := startWorker(ctx, ns, creds, o.worker, base)
+		w, err := startWorker(ctx, ns, ids.worker, o.worker, base)
 		if err != nil {
 			return err
 		}
@@ -500,10 +510,19 @@ func portFree(host string, port int) bool {
 	return true
 }
 
-func startNATS(home, host string, port int, creds credentials, syncAlways bool, logger *slog.Logger) (*server.Server, error) {
-	pub, err := creds.publicKey()
-	if err != nil {
-		return nil, fmt.Errorf("credentials: %w", err)
+// startNATS starts the embedded server with its three users: the engine, the
+// workers and the clients, each with its permissions (permissions.go).
+func startNATS(home, host string, port int, engine credentials, ids identities, syncAlways bool, logger *slog.Logger) (*server.Server, error) {
+	var users []*server.NkeyUser
+	for _, u := range []struct {
+		creds credentials
+		perms *server.Permissions
+	}{{engine, nil}, {ids.worker, workerPermissions}, {ids.client, clientPermissions}} {
+		pub, err := u.creds.publicKey()
+		if err != nil {
+			return nil, fmt.Errorf("credentials: %w", err)
+		}
+		users = append(users, &server.NkeyUser{Nkey: pub, Permissions: u.perms})
 	}
 	ns, err := server.NewServer(&server.Options{
 		ServerName: "bgtask",
@@ -511,7 +530,7 @@ func startNATS(home, host string, port int, creds credentials, syncAlways bool, 
 		Port:       port,
 		JetStream:  true,
 		StoreDir:   filepath.Join(home, storeDir),
-		Nkeys:      []*server.NkeyUser{{Nkey: pub}},
+		Nkeys:      users,
 		SyncAlways: syncAlways,
 		NoSigs:     true,
 	})
