@@ -426,3 +426,16 @@ func TestCancelCutByADroppedConnectionIsNotMadeAgain(t *testing.T) {
 	// It was: the server got the request before the connection dropped.
 	bgtask(t, home, "wait", id, "--json", "--timeout", "30s").must(t, exitTaskCancelled, "wait")
 }
+
+func TestTimeoutZeroWaitsForEverAndANegativeOneIsRefused(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	startServer(t, home)
+	bgtask(t, home, "list", "--timeout", "0").must(t, 0, "list --timeout 0")
+	for _, args := range [][]string{{"list", "--timeout", "-1s"}, {"wait", "x", "--timeout", "-1s"}, {"target", "busy", "x", "--timeout", "-5m"}} {
+		r := bgtask(t, home, args...).must(t, exitUsage, strings.Join(args, " "))
+		if !strings.Contains(r.stderr, "--timeout -") {
+			t.Errorf("%s: stderr %q", strings.Join(args, " "), r.stderr)
+		}
+	}
+}

@@ -164,7 +164,7 @@ anything is idle.`,
 
 // withTargets calls fn with the target-state bucket of the server.
 func (g *globals) withTargets(ctx context.Context, fn func(context.Context, *events.Targets) error) error {
-	ctx, cancel := context.WithTimeout(ctx, g.timeout)
+	ctx, cancel := g.bounded(ctx)
 	defer cancel()
 	c, js, err := g.streamClient()
 	if err != nil {

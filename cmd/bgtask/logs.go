@@ -38,7 +38,7 @@ With --follow, keep printing until the command's output ends.`,
 				streams = []string{events.Stderr}
 			}
 			ctx := cmd.Context()
-			reqCtx, cancel := context.WithTimeout(ctx, g.timeout)
+			reqCtx, cancel := g.bounded(ctx)
 			defer cancel()
 			c, err := g.dial(reqCtx, g.timeout)
 			if err != nil {

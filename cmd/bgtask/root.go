@@ -69,6 +69,12 @@ answered, 124 wait: --timeout passed.`,
 	pf.StringVar(&g.home, "home", "", "server home directory (default $BGTASK_HOME, else $XDG_STATE_HOME/bgtask or ~/.local/state/bgtask)")
 	pf.StringVar(&g.natsURL, "nats", "", "NATS URL(s) of a bgtask deployment, comma separated, instead of finding the server through --home")
 	g.auth.register(pf)
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		if f := cmd.Flags().Lookup("timeout"); f != nil && strings.HasPrefix(f.Value.String(), "-") {
+			return usageErr("--timeout %s: negative; 0 waits for ever", f.Value)
+		}
+		return nil
+	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		return &exitError{code: exitUsage, err: err}
 	})
@@ -224,7 +230,15 @@ const retryEvery = 200 * time.Millisecond
 
 // timeoutFlag gives a client command its --timeout.
 func (g *globals) timeoutFlag(cmd *cobra.Command) {
-	cmd.Flags().DurationVar(&g.timeout, "timeout", defaultTimeout, "how long to wait for the server to answer, through a restart of it (then exit status 7)")
+	cmd.Flags().DurationVar(&g.timeout, "timeout", defaultTimeout, "how long to wait for the server to answer, through a restart of it (then exit status 7); 0 waits for ever")
+}
+
+// bounded bounds ctx by --timeout; 0 is no bound.
+func (g *globals) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	if g.timeout == 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, g.timeout)
 }
 
 // sayWaiting tells the user, once, that the command waits for the server and why.
@@ -340,7 +354,7 @@ func (c *client) jetstream() (jetstream.JetStream, error) { return jetstream.New
 // streamClient opens a client for a command that reads the streams itself, waiting
 // up to its --timeout for the server.
 func (g *globals) streamClient() (*client, jetstream.JetStream, error) {
-	ctx, cancel := context.WithTimeout(g.ctx, g.timeout)
+	ctx, cancel := g.bounded(g.ctx)
 	defer cancel()
 	c, err := g.dial(ctx, g.timeout)
 	if err != nil {
@@ -370,7 +384,7 @@ func (g *globals) requestOnce(ctx context.Context, call func(context.Context, *c
 }
 
 func (g *globals) requestWith(ctx context.Context, idempotent bool, call func(context.Context, *client) error) error {
-	ctx, cancel := context.WithTimeout(ctx, g.timeout)
+	ctx, cancel := g.bounded(ctx)
 	defer cancel()
 	c, err := g.dial(ctx, g.timeout)
 	if err != nil {
