@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -46,7 +47,13 @@ const (
 // Liveness is the heartbeat bucket.
 type Liveness struct {
 	kv  jetstream.KeyValue
-	ttl time.Duration
+	ttl atomic.Int64 // a time.Duration: the bucket's TTL when last read
+}
+
+func newLiveness(kv jetstream.KeyValue, ttl time.Duration) *Liveness {
+	l := &Liveness{kv: kv}
+	l.ttl.Store(int64(ttl))
+	return l
 }
 
 // OpenLiveness creates or updates the heartbeat bucket with the lease TTL.
@@ -65,7 +72,7 @@ func OpenLiveness(ctx context.Context, js jetstream.JetStream, ttl time.Duration
 	if err != nil {
 		return nil, fmt.Errorf("create bucket %s: %w", WorkersBucket, err)
 	}
-	return &Liveness{kv: kv, ttl: ttl}, nil
+	return newLiveness(kv, ttl), nil
 }
 
 // ConnectLiveness returns the heartbeat bucket a server created.
@@ -74,15 +81,27 @@ func ConnectLiveness(ctx context.Context, js jetstream.JetStream) (*Liveness, er
 	if err != nil {
 		return nil, fmt.Errorf("find bucket %s (is bgtask server running?): %w", WorkersBucket, err)
 	}
-	status, err := kv.Status(ctx)
-	if err != nil {
+	l := newLiveness(kv, 0)
+	if err := l.Refresh(ctx); err != nil {
 		return nil, err
 	}
-	return &Liveness{kv: kv, ttl: status.TTL()}, nil
+	return l, nil
 }
 
 // TTL is the lease TTL.
-func (l *Liveness) TTL() time.Duration { return l.ttl }
+func (l *Liveness) TTL() time.Duration { return time.Duration(l.ttl.Load()) }
+
+// Refresh reads the lease TTL from the bucket again: a server that restarts with
+// another --lease-ttl changes it under the workers connected to it, which must
+// beat at the rate of the TTL the server uses now.
+func (l *Liveness) Refresh(ctx context.Context) error {
+	status, err := l.kv.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("read bucket %s: %w", WorkersBucket, err)
+	}
+	l.ttl.Store(int64(status.TTL()))
+	return nil
+}
 
 // Beat records a worker's heartbeat.
 func (l *Liveness) Beat(ctx context.Context, info WorkerInfo) error {

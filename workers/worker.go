@@ -152,21 +152,40 @@ func (w *Worker) beat(ctx context.Context) error {
 	return w.liveness.Beat(ctx, info)
 }
 
-// heartbeat renews the lease four times per lease TTL until the worker stops.
+// heartbeat renews the lease four times per lease TTL until the worker stops. The
+// TTL is the server's, read again before every beat and when the connection comes
+// back (a server restarted with another --lease-ttl): a worker beating at the rate
+// of an older, longer TTL would look dead between its beats.
 func (w *Worker) heartbeat(ctx context.Context) {
-	ticker := time.NewTicker(max(w.liveness.TTL()/4, 100*time.Millisecond))
+	reconnected := w.nc.StatusChanged(nats.CONNECTED)
+	defer w.nc.RemoveStatusListener(reconnected)
+	every := beatEvery(w.liveness.TTL())
+	ticker := time.NewTicker(every)
 	defer ticker.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
-			if err := w.beat(ctx); err != nil && ctx.Err() == nil {
-				w.cfg.Base.Logger.Warn("heartbeat not recorded", "err", err)
-			}
+		case <-reconnected:
+		}
+		read, cancel := context.WithTimeout(ctx, appendTimeout)
+		if err := w.liveness.Refresh(read); err != nil && ctx.Err() == nil {
+			w.cfg.Base.Logger.Warn("lease TTL not read again", "err", err)
+		}
+		cancel()
+		if next := beatEvery(w.liveness.TTL()); next != every {
+			w.cfg.Base.Logger.Info("the lease TTL changed: heartbeats follow it", "lease_ttl", w.liveness.TTL(), "every", next)
+			every = next
+			ticker.Reset(every)
+		}
+		if err := w.beat(ctx); err != nil && ctx.Err() == nil {
+			w.cfg.Base.Logger.Warn("heartbeat not recorded", "err", err)
 		}
 	}
 }
+
+func beatEvery(ttl time.Duration) time.Duration { return max(ttl/4, 100*time.Millisecond) }
 
 // New returns a worker that appends through store and reads armed tasks with js.
 func New(nc *nats.Conn, js jetstream.JetStream, store events.Store, cfg Config) *Worker {
