@@ -3,8 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -124,5 +128,51 @@ func TestACleanRestartKeepsThePort(t *testing.T) {
 	startEmbedded(t, home)
 	if after := serverURLOf(t, home); after != before {
 		t.Fatalf("the server listened on %s, then on %s after a clean stop", before, after)
+	}
+}
+
+// The README's recipe with the real nats CLI: a context saved by bgtask reaches the
+// server as the client identity, and still does after a restart.
+func TestTheNATSCLIReachesTheServerThroughASavedContext(t *testing.T) {
+	natsCLI, err := exec.LookPath("nats")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("the nats CLI is not on PATH (.ci/run installs natscli v0.5.0)")
+		}
+		t.Skip("the nats CLI is not on PATH: go install github.com/nats-io/natscli/nats@v0.5.0")
+	}
+	quietHome(t)
+	config := t.TempDir()
+	t.Setenv("XDG_CONFIG_HOME", config)
+	home := t.TempDir()
+	srv := startEmbedded(t, home)
+	if _, err := runHome(t, home, "server", "nats-context", "--name", "../x"); err == nil {
+		t.Error("a context name with a slash was accepted")
+	}
+	mustRunHome(t, home, "server", "nats-context", "--name", "bgtask-test")
+	if _, err := os.Stat(filepath.Join(config, "nats", "context", "bgtask-test.json")); err != nil {
+		t.Fatal(err)
+	}
+	nats := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(natsCLI, append([]string{"--context", "bgtask-test"}, args...)...)
+		cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+config)
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("nats %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), errOut.String())
+		}
+		return out.String()
+	}
+	if out := nats("micro", "ls"); !strings.Contains(out, "bgtask") {
+		t.Errorf("nats micro ls: %q, want the bgtask service", out)
+	}
+	srv.stop(t)
+	startEmbedded(t, home)
+	var reply struct {
+		Tasks []json.RawMessage `json:"tasks"`
+	}
+	if out := nats("req", "bgtask.list", "{}"); json.Unmarshal([]byte(out), &reply) != nil || reply.Tasks == nil {
+		t.Errorf("nats req bgtask.list after a restart: %q", out)
 	}
 }

@@ -58,7 +58,8 @@ the clients (credentials.json, and client.nkey for the nats CLI: the API and
 reads, no event). It generates them into the home directory, mode 0600, and
 writes server.json there so that every client command finds it through --home or
 $BGTASK_HOME. With port 0 it listens where its last run did if that port is free.
-Only one server runs per home. SIGINT or SIGTERM stops it cleanly. What the identities do and do
+'bgtask server nats-context' saves a context for the nats CLI. Only one server
+runs per home. SIGINT or SIGTERM stops it cleanly. What the identities do and do
 not protect against: docs/security.md.
 
 With --nats URL (and the auth and TLS flags) it runs against an existing NATS
@@ -102,6 +103,7 @@ run if one can: registering a task is running a command.`,
 	f.BoolVar(&o.noWorker, "no-worker", false, "run no worker in the server (tasks wait for 'bgtask worker' processes)")
 	f.IntVar(&o.replicas, "replicas", 1, "copies of each stream and of the heartbeat bucket, with --nats (3 on a cluster of three or more JetStream nodes)")
 	o.probe.register(f)
+	cmd.AddCommand(natsContextCmd(g))
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	o.worker.register(f)
 	o.delivery.register(f)
