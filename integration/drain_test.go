@@ -116,7 +116,7 @@ func TestLabelsPlacementAndDrainFromTheCommandLine(t *testing.T) {
 	if r := run(t, home, "add", "--label", "pool", "--", "true"); r.code != 2 {
 		t.Errorf("add --label without a value: exit %d, want 2", r.code)
 	}
-	if r := run(t, home, "add", "--label", "bad key=x", "--", "true"); r.code != 1 || !strings.Contains(r.stderr, "placement.labels") {
+	if r := run(t, home, "add", "--label", "bad key=x", "--", "true"); r.code != 2 || !strings.Contains(r.stderr, "placement.labels") {
 		t.Errorf("add with a bad label: exit %d, %s", r.code, r.stderr)
 	}
 	auditClean(t, home)

@@ -252,9 +252,15 @@ type wakeup struct {
 	Origin      any      `json:"origin"`
 }
 
+// waitFor waits for a task to finish, whatever its outcome: wait exits 0 for a
+// task that succeeded, 3 for one that ended otherwise and 4 for a cancelled one.
 func waitFor(t *testing.T, home, id string) wakeup {
 	t.Helper()
-	return decodeJSON[wakeup](t, ok(t, home, "wait", id, "--json", "--timeout", "45s"))
+	r := run(t, home, "wait", id, "--json", "--timeout", "45s")
+	if r.code != 0 && r.code != 3 && r.code != 4 {
+		t.Fatalf("bgtask wait %s: exit %d\nstdout: %s\nstderr: %s", id, r.code, r.stdout, r.stderr)
+	}
+	return decodeJSON[wakeup](t, r.stdout)
 }
 
 type historyEvent struct {
@@ -268,7 +274,7 @@ type historyEvent struct {
 
 func history(t *testing.T, home, id string) []historyEvent {
 	t.Helper()
-	return decodeJSON[[]historyEvent](t, ok(t, home, "history", id, "--json"))
+	return decodeJSON[struct{ Events []historyEvent }](t, ok(t, home, "history", id, "--json")).Events
 }
 
 func countTypes(h []historyEvent) map[string]int {

@@ -326,7 +326,7 @@ func TestServerStopsCleanlyOnSIGTERMAndSIGINT(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(home, "server.json")); !os.IsNotExist(err) {
 			t.Fatalf("server.json left behind after %v", sig)
 		}
-		if r := run(t, home, "list"); r.code == 0 || !strings.Contains(r.stderr, "no bgtask server") {
+		if r := run(t, home, "list", "--timeout", "1s"); r.code == 0 || !strings.Contains(r.stderr, "no bgtask server") {
 			t.Fatalf("list with no server: exit %d, stderr %q", r.code, r.stderr)
 		}
 	}

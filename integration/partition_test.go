@@ -85,17 +85,19 @@ func firstTickPID(t *testing.T, d *deployment, id string) int {
 	t.Helper()
 	var pid int
 	eventually(t, 60*time.Second, "the task started", func() bool {
-		var hist []struct {
-			Type    string `json:"type"`
-			Payload struct {
-				PID int `json:"pid"`
-			} `json:"payload"`
+		var hist struct {
+			Events []struct {
+				Type    string `json:"type"`
+				Payload struct {
+					PID int `json:"pid"`
+				} `json:"payload"`
+			}
 		}
 		r := d.run(t, "client", "history", id, "--json")
 		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &hist) != nil {
 			return false
 		}
-		for _, e := range hist {
+		for _, e := range hist.Events {
 			if e.Type == "tick" && e.Payload.PID != 0 {
 				pid = e.Payload.PID
 				return true
@@ -110,15 +112,17 @@ func firstTickPID(t *testing.T, d *deployment, id string) int {
 // cluster, loaded by the test, elects a leader is made again.
 func historyTypes(t *testing.T, d *deployment, id string) []string {
 	t.Helper()
-	var hist []struct {
-		Type string `json:"type"`
+	var hist struct {
+		Events []struct {
+			Type string `json:"type"`
+		}
 	}
 	eventually(t, 30*time.Second, "the history of "+id, func() bool {
 		r := d.run(t, "client", "history", id, "--json")
 		return r.code == 0 && json.Unmarshal([]byte(r.stdout), &hist) == nil
 	})
 	var out []string
-	for _, e := range hist {
+	for _, e := range hist.Events {
 		out = append(out, e.Type)
 	}
 	return out
