@@ -13,8 +13,8 @@ import (
 // copy is written at fire time whatever the policy.
 const (
 	// PolicyQueue (the default) pushes at once if the target is idle, whatever other
-	// pushes are running, and holds the wake-up while it is busy; held wake-ups are
-	// started in the order they fired.
+	// pushes are running, and holds the wake-up while it is busy; held wake-ups go
+	// out one after another, in the order they fired, when it is idle again.
 	PolicyQueue = "queue"
 	// PolicyDeferIdle is queue, and also holds while an earlier wake-up of the same
 	// target is not acknowledged yet, so the runtime gets one at a time.
@@ -383,13 +383,18 @@ type Plan struct {
 // PlanTarget decides which pushes of one target's fired tasks start at now, with
 // tasks in the order they fired. It is the policies' one definition:
 //   - immediate starts every due attempt;
-//   - queue holds while the target is busy, and otherwise starts every due attempt
-//     at once, in the order the tasks fired: a push does not wait for another;
+//   - queue holds while the target is busy; when it is idle, a wake-up that fired
+//     while it was idle starts at once, whatever else is in flight, and the ones
+//     held for it while it was busy start one after another, in the order they
+//     fired, each when the one before has no attempt in flight;
 //   - defer_idle holds like queue, and also while any earlier wake-up of the target
 //     has a sink not done (delivered, or failed for good), so one push at a time
 //     reaches the target.
 //
-// A failed attempt waiting for its retry holds only later defer_idle tasks.
+// Which wake-ups were held comes from the target's state, not from memory: those
+// that fired before it became idle (its since, or the until of a busy state that
+// ran out). A failed attempt waiting for its retry holds only later defer_idle
+// tasks.
 func PlanTarget(tasks []State, target events.TargetState, me Engine, now time.Time) Plan {
 	var plan Plan
 	later := func(t time.Time) {
@@ -401,15 +406,18 @@ func PlanTarget(tasks []State, target events.TargetState, me Engine, now time.Ti
 	if busy && target.Until != nil {
 		later(*target.Until)
 	}
-	unacknowledged := false
+	idleSince := idleSince(target, now)
+	draining, unacknowledged := false, false
 	for _, s := range tasks {
 		var due []Push
+		inFlight := false
 		for i, k := range s.Deliveries {
 			switch {
 			case k.Done():
 			case k.GivingUp:
 				plan.GiveUp = append(plan.GiveUp, Push{s.ID, i})
 			case claimLive(k, me, now):
+				inFlight = true
 				later(k.Claim.Until)
 			case k.RetryAt != nil && k.RetryAt.After(now):
 				later(*k.RetryAt)
@@ -417,11 +425,16 @@ func PlanTarget(tasks []State, target events.TargetState, me Engine, now time.Ti
 				due = append(due, Push{s.ID, i})
 			}
 		}
+		policy := s.Spec.DeliveryPolicy()
+		held := policy == PolicyQueue && s.FiredAt != nil && s.FiredAt.Before(idleSince)
+		if held && inFlight {
+			draining = true
+		}
 		if len(due) > 0 {
 			hold := false
-			switch s.Spec.DeliveryPolicy() {
+			switch policy {
 			case PolicyQueue:
-				hold = busy
+				hold = busy || (held && draining)
 			case PolicyDeferIdle:
 				hold = busy || unacknowledged
 			}
@@ -429,6 +442,7 @@ func PlanTarget(tasks []State, target events.TargetState, me Engine, now time.Ti
 				plan.Held = append(plan.Held, s.ID)
 			} else {
 				plan.Start = append(plan.Start, due...)
+				draining = draining || held
 			}
 		}
 		if !s.Acknowledged() {
@@ -436,4 +450,16 @@ func PlanTarget(tasks []State, target events.TargetState, me Engine, now time.Ti
 		}
 	}
 	return plan
+}
+
+// idleSince is when a target that is idle at now became idle; zero if it is busy
+// or that is not known (a state written without since, a target never set).
+func idleSince(t events.TargetState, now time.Time) time.Time {
+	switch {
+	case t.BusyAt(now):
+		return time.Time{}
+	case t.State == events.TargetBusy: // a busy state whose until ran out
+		return *t.Until
+	}
+	return t.Since
 }

@@ -177,7 +177,8 @@ func TestPlanTargetAppliesThePolicies(t *testing.T) {
 	if p := engine.PlanTarget(states(q1, q2), busy, me, now); len(p.Start) != 0 || !reflect.DeepEqual(p.Held, []string{"q1", "q2"}) {
 		t.Fatalf("queue, busy: %+v", p)
 	}
-	// Idle: every wake-up goes now, in the order they fired; none waits for another.
+	// Idle since before they fired: every wake-up goes now, in the order they fired;
+	// none waits for another.
 	if p := engine.PlanTarget(states(q1, q2, q3), idle, me, now); !reflect.DeepEqual(starts(p), []string{"q1", "q2", "q3"}) || len(p.Held) != 0 {
 		t.Fatalf("queue, idle: %+v", p)
 	}
@@ -193,6 +194,33 @@ func TestPlanTargetAppliesThePolicies(t *testing.T) {
 	}
 	if p := engine.PlanTarget(states(q1, q2, q3), idle, me, retry); !reflect.DeepEqual(starts(p), []string{"q1", "q2", "q3"}) {
 		t.Fatalf("queue, the retry due: %+v", p)
+	}
+
+	// Held while the target was busy, and idle now: one after another, in order.
+	h1, h2, h3 := plannedTask(t, "h1", "queue"), plannedTask(t, "h2", "queue"), plannedTask(t, "h3", "queue")
+	idleAgain := events.TargetState{State: events.TargetIdle, Since: now}
+	if p := engine.PlanTarget(states(h1, h2, h3), idleAgain, me, now); !reflect.DeepEqual(starts(p), []string{"h1"}) || !reflect.DeepEqual(p.Held, []string{"h2", "h3"}) {
+		t.Fatalf("queue, idle again after holding: %+v", p)
+	}
+	h1.now = now
+	h1.do(engineWriter, engine.ClaimDelivery{Sink: 0, Engine: me})
+	if p := engine.PlanTarget(states(h1, h2, h3), idleAgain, me, now); len(p.Start) != 0 || !reflect.DeepEqual(p.Held, []string{"h2", "h3"}) {
+		t.Fatalf("queue, the first held one in flight: %+v", p)
+	}
+	// One that fired after the target became idle does not wait for the held ones.
+	fresh := plannedTask(t, "fresh", "queue")
+	fresh.state.FiredAt = &now
+	if p := engine.PlanTarget(states(h1, h2, h3, fresh), idleAgain, me, now); !reflect.DeepEqual(starts(p), []string{"fresh"}) {
+		t.Fatalf("queue, fired while idle, behind a drain: %+v", p)
+	}
+	h1.do(engineWriter, engine.RecordDelivery{Sink: 0, Outcome: engine.SinkOutcome{OK: true}})
+	if p := engine.PlanTarget(states(h1, h2, h3), idleAgain, me, now); !reflect.DeepEqual(starts(p), []string{"h2"}) || !reflect.DeepEqual(p.Held, []string{"h3"}) {
+		t.Fatalf("queue, the first held one delivered: %+v", p)
+	}
+	// A busy state whose until ran out became idle then.
+	expired := events.TargetState{State: events.TargetBusy, Until: &now}
+	if p := engine.PlanTarget(states(h2, h3), expired, me, now.Add(time.Second)); !reflect.DeepEqual(starts(p), []string{"h2"}) {
+		t.Fatalf("queue, after a busy until: %+v", p)
 	}
 
 	// defer_idle also waits until every earlier wake-up is acknowledged.
