@@ -92,7 +92,7 @@ var (
 			Allow: append([]string{
 				api.SubjectRegister, api.SubjectCancel, api.SubjectGet, api.SubjectList,
 				api.SubjectHistory, api.SubjectWorkers,
-				events.WorkerSubject("*", "drain"),
+				events.WorkerSubject("*", events.VerbDrain),
 				"$SRV.>", // the micro service's discovery: nats micro ls, info, stats
 				// Acknowledging the inbox (`inbox`), and a target's state (`target busy|idle`).
 				"$JS.ACK." + events.InboxStreamName + ".>",
@@ -100,7 +100,7 @@ var (
 			}, readStreams...),
 			Deny: slices.Concat([]string{
 				events.SubjectPrefix + ".>", events.InboxPrefix + ".>", events.LogPrefix + ".>",
-				events.ArchiveSubject, events.WorkerSubject("*", "offer"), "$KV." + events.WorkersBucket + ".>",
+				events.ArchiveSubject, events.WorkerSubject("*", events.VerbOffer), "$KV." + events.WorkersBucket + ".>",
 				"$JS.API.STREAM.PURGE.>",
 			}, neverWrite),
 		},

@@ -146,6 +146,15 @@ func TestTheClientIdentityRunsTheCLIButWritesNoEvent(t *testing.T) {
 	}
 	mustRunHome(t, home, "cancel", victim)
 
+	// Last, as it leaves the server without a worker: drain is the user's too.
+	var workers struct {
+		Workers []struct{ ID string } `json:"workers"`
+	}
+	if err := json.Unmarshal([]byte(mustRunHome(t, home, "workers", "--json")), &workers); err != nil || len(workers.Workers) != 1 {
+		t.Fatalf("workers --json: %+v, %v", workers, err)
+	}
+	mustRunHome(t, home, "worker", "drain", workers.Workers[0].ID)
+
 	// credentials.json and client.nkey are the same user; the engine's seed is in
 	// no file of the home.
 	creds, err := readCredentials(home)
