@@ -358,7 +358,8 @@ func (p *process) detach() {
 
 // stop ends the command's whole process group: TERM, then KILL after grace.
 // Members left after the leader exited are killed too, so no grandchild outlives a
-// stop. The group is never signalled when its number may have been reused.
+// stop. The group is never signalled when its number may have been reused. If
+// the shim turns out to have died, what its command left is stopped too.
 func (p *process) stop(grace time.Duration) {
 	p.signalGroup(unix.SIGTERM)
 	select {
@@ -367,6 +368,9 @@ func (p *process) stop(grace time.Duration) {
 	}
 	p.signalGroup(unix.SIGKILL)
 	<-p.exited
+	if p.lost {
+		stopLeftovers(p.dir, grace)
+	}
 }
 
 // signalGroup signals the command's process group while it is still the group the

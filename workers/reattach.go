@@ -113,6 +113,7 @@ func (w *Worker) reattach(ctx context.Context) error {
 			continue
 		case errors.Is(perr, errShimDied):
 			log.Error("the shim of a run died while it started the command", "task", sr.TaskID)
+			stopLeftovers(dir, w.cfg.KillGrace)
 			if r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDied}) {
 				_ = os.RemoveAll(dir)
 			}

@@ -215,17 +215,18 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 	if cwd == "" {
 		cwd = homeDir()
 	}
+	dir := w.runDir(id, r.state.Epoch)
 	run := shimRun{
 		TaskID: id, Epoch: r.state.Epoch, Dir: cwd, LogOffsets: *offsets,
-		Env:      mergeEnv(w.env(), spec.Env, "BGTASK_TASK_ID="+id),
+		Env:      mergeEnv(w.env(), spec.Env, "BGTASK_TASK_ID="+id, runMarker(dir)),
 		Deadline: spec.DeadlineTime(), KillGrace: w.cfg.KillGrace,
 	}
 	if spec.OnStall == engine.OnStallKill {
 		run.StallAfter = spec.StallDuration() // notify and respawn need the worker
 	}
-	dir := w.runDir(id, r.state.Epoch)
 	proc, err := startProcess(w.notify, w.cfg.Shim, dir, run, spec)
 	if errors.Is(err, errShimDied) {
+		stopLeftovers(dir, w.cfg.KillGrace)
 		_ = os.RemoveAll(dir)
 		log.Error("the shim of a run died while it started the command", "task", id)
 		r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDied})
@@ -338,6 +339,7 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 			// and nothing watches the command any more. Stop what is left of it.
 			r.w.cfg.Base.Logger.Error("the shim of a run died without an exit file", "task", id)
 			proc.signalGroup(unix.SIGKILL)
+			stopLeftovers(proc.dir, w.cfg.KillGrace)
 			recorded = r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDied})
 		case proc.failure != "":
 			recorded = r.recordEnd(ctx, engine.Fail{Reason: proc.failure})
