@@ -11,7 +11,7 @@ import (
 // stdin. Put where a shell or another interpreter parses it as code, that text
 // would run as code: checkExecArgv refuses such an argv at registration.
 
-// Programs that read a script: the shells, and interpreters with an inline-code flag.
+// The programs checkExecArgv knows, by programName.
 var (
 	// shells take -c (clustered with other flags as in -ec), options with an
 	// argument (-o pipefail), then the script or script file as their first operand.
@@ -93,7 +93,7 @@ func checkExecArgv(argv []string) error {
 // shellArgs are, per shell, the one-letter options that take the next argument
 // (-o pipefail); the others take -o and +o, and bash -O. fish's -c takes its script
 // as its argument; the other shells run their first operand after -c.
-var shellArgs = map[string]string{"fish": "cCpdfDo", "ksh": "oR", "csh": "", "tcsh": ""}
+var shellArgs = map[string]string{"fish": "CpdfDo", "ksh": "oR", "csh": "", "tcsh": ""}
 
 // shellLongArgs are long options that take the next argument unless given with =.
 var shellLongArgs = []string{"rcfile", "init-file", "profile", "command", "init-command", "debug", "debug-output", "features", "profile-startup"}
