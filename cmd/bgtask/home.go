@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -170,37 +169,11 @@ func readSeedFile(path string) (credentials, error) {
 }
 
 // connectWorker opens the connection of a `bgtask worker` process: with --nats,
-// as the auth flags say; else as the home's worker identity, to the server its
-// discovery file names, following it on reconnect as a client does.
+// as the auth flags say; else as the home's worker identity.
 func (g *globals) connectWorker() (*nats.Conn, error) {
-	if g.natsURL != "" || g.auth.given() {
-		return g.connect("bgtask-worker")
-	}
-	home, err := homeDir(g.home)
-	if err != nil {
-		return nil, err
-	}
-	d, err := readDiscovery(home)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("no bgtask server in %s: start one with 'bgtask server' (or pass --home, or --nats URL)", home)
-	}
-	if err != nil {
-		return nil, err
-	}
-	creds, err := readSeedFile(filepath.Join(home, workerSeedFile))
-	if err != nil {
-		return nil, fmt.Errorf("read the worker identity: %w", err)
-	}
-	auth, err := creds.natsOption()
-	if err != nil {
-		return nil, fmt.Errorf("read the worker identity: %w", err)
-	}
-	nc, err := nats.Connect(d.URL, nats.Name("bgtask-worker"), nats.Timeout(5*time.Second), nats.MaxReconnects(-1), auth,
-		nats.SetCustomDialer(&discoveryDialer{home: home, dialer: net.Dialer{Timeout: 5 * time.Second}}))
-	if err != nil {
-		return nil, fmt.Errorf("the bgtask server of %s (pid %d, %s) does not answer: %w", home, d.PID, d.URL, err)
-	}
-	return nc, nil
+	return g.connectAs("bgtask-worker", func(home string) (credentials, error) {
+		return readSeedFile(filepath.Join(home, workerSeedFile))
+	})
 }
 
 // discovery tells clients where the server listens.

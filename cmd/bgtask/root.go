@@ -157,6 +157,12 @@ func buildID() string {
 // A server that is not there now but may be soon (one that is restarting) is a
 // *serverAbsent; a home where no server ever ran is not.
 func (g *globals) connect(name string) (*nats.Conn, error) {
+	return g.connectAs(name, readCredentials)
+}
+
+// connectAs opens a connection named name: to --nats with the auth flags, else to
+// the home's server as the identity that identity reads from the home.
+func (g *globals) connectAs(name string, identity func(home string) (credentials, error)) (*nats.Conn, error) {
 	opts := []nats.Option{nats.Name(name), nats.Timeout(5 * time.Second), nats.MaxReconnects(-1)}
 	if g.natsURL != "" {
 		auth, err := g.auth.options()
@@ -189,13 +195,13 @@ func (g *globals) connect(name string) (*nats.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	creds, err := readCredentials(home)
+	creds, err := identity(home)
 	if err != nil {
-		return nil, fmt.Errorf("read credentials: %w", err)
+		return nil, fmt.Errorf("read the identity of %s: %w", name, err)
 	}
 	auth, err := creds.natsOption()
 	if err != nil {
-		return nil, fmt.Errorf("read credentials: %w", err)
+		return nil, fmt.Errorf("read the identity of %s: %w", name, err)
 	}
 	// Reconnects go where the server is now, should it come back on another port.
 	opts = append(opts, auth, nats.SetCustomDialer(&discoveryDialer{home: home, dialer: net.Dialer{Timeout: 5 * time.Second}}))

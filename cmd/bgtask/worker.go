@@ -87,7 +87,7 @@ restarting them loses nothing and restarts no task.`,
 				stateDir = filepath.Join(home, "workers", name)
 			}
 			o.stateDir = stateDir
-			nc, err := g.connect("bgtask-worker")
+			nc, err := g.connectWorker()
 			if err != nil {
 				return err
 			}
