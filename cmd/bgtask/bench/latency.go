@@ -50,7 +50,8 @@ func (r *runner) sequentialTasks(ctx context.Context, mode string, alsoStart ...
 	if err != nil {
 		return nil, err
 	}
-	if err := createRawStream(ctx, srv.js); err != nil {
+	raw, err := srv.rawBaseline(ctx, mode == "always", 1)
+	if err != nil {
 		return nil, err
 	}
 	const target = "bench-seq"
@@ -104,7 +105,7 @@ func (r *runner) sequentialTasks(ctx context.Context, mode string, alsoStart ...
 			res.baseStart = append(res.baseStart, ms(d))
 		}
 		for range k {
-			d, err := rawChain(ctx, srv, chain)
+			d, err := rawChain(ctx, raw.js[0], chain)
 			if err != nil {
 				return nil, err
 			}
@@ -248,13 +249,13 @@ func wakeupPath() ([3][]byte, error) {
 
 // rawChain appends the wake-up's path as three sequential conditional appends, as
 // fast as JetStream takes them, and returns how long they took.
-func rawChain(ctx context.Context, srv *server, path [3][]byte) (time.Duration, error) {
+func rawChain(ctx context.Context, js jetstream.JetStream, path [3][]byte) (time.Duration, error) {
 	task := uuid.NewString()
 	start := time.Now()
 	var seq uint64
 	for i, data := range path {
 		var err error
-		if seq, err = rawAppend(ctx, srv.js, task, strconv.Itoa(i), uuid.NewString(), data, seq); err != nil {
+		if seq, err = rawAppend(ctx, js, task, strconv.Itoa(i), uuid.NewString(), data, seq); err != nil {
 			return 0, fmt.Errorf("raw append: %w", err)
 		}
 	}

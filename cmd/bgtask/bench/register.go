@@ -15,9 +15,8 @@ import (
 	"github.com/bgtask/bgtask/events"
 )
 
-// rawStream is the baseline's own stream on the server under test: configured as
-// the event stream, so a raw publish costs what an append costs, but out of the
-// projector's sight, so the baseline pays nothing for bgtask's work.
+// rawStream is the baseline's own stream (rawJetStream), configured as the event
+// stream, so a raw publish costs what an append costs.
 const (
 	rawStream = "BENCH_RAW"
 	rawPrefix = "benchraw"
@@ -55,7 +54,8 @@ func runRegister(ctx context.Context, r *runner, s *Scenario) error {
 		return err
 	}
 	defer srv.stop()
-	if err := createRawStream(ctx, srv.js); err != nil {
+	raw, err := srv.rawBaseline(ctx, true, 8)
+	if err != nil {
 		return err
 	}
 	n := r.size.registers
@@ -75,12 +75,7 @@ func runRegister(ctx context.Context, r *runner, s *Scenario) error {
 	if err != nil {
 		return err
 	}
-	js := make([]jetstream.JetStream, 8)
-	for i, nc := range append([]*nats.Conn{srv.nc}, srv.conns[:7]...) {
-		if js[i], err = jetstream.New(nc); err != nil {
-			return err
-		}
-	}
+	js := raw.js
 	var reg1, reg8, raw1, raw8 []float64
 	for i := range r.repeats {
 		r.progress("register: repeat %d of %d", i+1, r.repeats)

@@ -23,6 +23,23 @@ type server struct {
 	api   *api.Client
 	js    jetstream.JetStream
 	conns []*nats.Conn // more clients, for concurrent requests
+	raw   *rawJetStream // the baselines' own JetStream, once a scenario asked for it
+}
+
+// rawBaseline returns the baselines' JetStream beside the server, started at the
+// first call with its sync setting and at least clients connections.
+func (s *server) rawBaseline(ctx context.Context, syncAlways bool, clients int) (*rawJetStream, error) {
+	if s.raw == nil || len(s.raw.js) < clients {
+		if s.raw != nil {
+			s.raw.stop()
+		}
+		raw, err := startRawJetStream(ctx, s.home, syncAlways, clients)
+		if err != nil {
+			return nil, err
+		}
+		s.raw = raw
+	}
+	return s.raw, nil
 }
 
 // startServer starts `bgtask server` in a new home and waits until it serves
@@ -100,6 +117,9 @@ func (s *server) clients(n int) ([]*api.Client, error) {
 // stop closes the clients, stops the server and kills whatever it left running
 // (shims and their commands outlive a server on purpose).
 func (s *server) stop() {
+	if s.raw != nil {
+		s.raw.stop()
+	}
 	for _, nc := range s.conns {
 		nc.Close()
 	}
