@@ -3,9 +3,15 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/bgtask/bgtask/events"
 )
@@ -13,16 +19,35 @@ import (
 func TestAuditFindsAForgedSecondFireAndADuplicateWakeup(t *testing.T) {
 	t.Parallel()
 	home := t.TempDir()
-	startServer(t, home)
+	srv := startServer(t, home)
 	first := add(t, home, "--", "echo one")
 	second := add(t, home, "--", "echo two")
 	waitFor(t, home, first)
 	waitFor(t, home, second)
 	auditClean(t, home)
 
-	// Write around bgtask, as a buggy or hostile client could: a second fired for
-	// the first task, and a second wake-up for the second.
-	_, js := connect(t, home)
+	// Write around bgtask, as one who can write the store could (no identity of
+	// the server may): a second fired for the first task, and a second wake-up for
+	// the second.
+	srv.stop(syscall.SIGTERM)
+	ns, err := server.NewServer(&server.Options{ServerName: "bgtask", DontListen: true, JetStream: true, StoreDir: filepath.Join(home, "jetstream"), NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	defer ns.Shutdown()
+	if !ns.ReadyForConnections(30 * time.Second) {
+		t.Fatal("the store's own server did not start")
+	}
+	nc, err := nats.Connect("", nats.InProcessServer(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	fired, err := events.New(first, "intruder", 1, time.Now(), &events.Fired{InboxSeq: 7})
@@ -37,6 +62,10 @@ func TestAuditFindsAForgedSecondFireAndADuplicateWakeup(t *testing.T) {
 	if _, err := js.Publish(ctx, events.InboxSubject("default"), []byte(`{"id":"`+second+`","status":"succeeded"}`)); err != nil {
 		t.Fatal(err)
 	}
+	nc.Close()
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	startServer(t, home)
 
 	r := run(t, home, "audit", "--json")
 	if r.code != 1 {

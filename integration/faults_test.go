@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -281,8 +282,8 @@ func TestAWorkerKilledInTheKillGraceFinishesTheStopItDecided(t *testing.T) {
 }
 
 // A worker process follows its server when the server comes back on another port
-// (a server stopped cleanly forgets its port): the commands it runs are recorded,
-// and it takes new tasks.
+// (another program took its port while it was down): the commands it runs are
+// recorded, and it takes new tasks.
 func TestAWorkerFollowsItsServerToANewPort(t *testing.T) {
 	t.Parallel()
 	home, dir := t.TempDir(), t.TempDir()
@@ -293,9 +294,14 @@ func TestAWorkerFollowsItsServerToANewPort(t *testing.T) {
 	waitPIDPair(t, filepath.Join(dir, "pids"))
 	oldURL := serverURL(t, home)
 	srv.stop(syscall.SIGTERM)
+	taken, err := net.Listen("tcp", strings.TrimPrefix(oldURL, "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
 	startServer(t, home)
 	if serverURL(t, home) == oldURL {
-		t.Fatal("the server came back where it was")
+		t.Fatal("the server came back on a port another program holds")
 	}
 	openGate(t, dir, "g")
 	if w := waitFor(t, home, before); w.ExitCode == nil || *w.ExitCode != 5 {
