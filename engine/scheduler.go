@@ -254,7 +254,7 @@ func (s *Scheduler) pass(ctx context.Context) {
 		index[id] = len(cands)
 		c := Candidate{
 			ID: id, Labels: e.info.Labels, MaxTasks: e.info.MaxTasks, Load: load[id],
-			Accepting: e.info.State == events.WorkerReady && !e.unreachable,
+			Accepting: e.info.State == events.WorkerReady && !e.unreachable, Exclusive: e.info.Exclusive,
 		}
 		if c.Accepting && c.Load < c.MaxTasks {
 			free += c.MaxTasks - c.Load

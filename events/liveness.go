@@ -26,6 +26,9 @@ type WorkerInfo struct {
 	Host string `json:"host"`
 	// Labels always include host; placement matches tasks to them.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Exclusive: it takes only tasks whose placement names each of its labels but
+	// host (bgtask worker --exclusive).
+	Exclusive bool `json:"exclusive,omitempty"`
 	// State says whether it takes tasks: only a ready worker is offered any.
 	State     WorkerState `json:"state,omitempty"`
 	Running   int         `json:"running"`

@@ -83,7 +83,7 @@ func (w *Worker) take(ctx context.Context, id string) (events.OfferReply, *run, 
 		return events.OfferReply{Reason: events.DeclineError}, nil, offsets
 	case armed.Phase != engine.PhaseArmed:
 		return events.OfferReply{Reason: events.DeclineTaken}, nil, offsets
-	case !armed.Spec.Placement.Matches(w.cfg.Labels):
+	case !armed.Spec.Placement.Admits(w.cfg.Labels, w.cfg.Exclusive):
 		return events.OfferReply{Reason: events.DeclineLabels}, nil, offsets
 	}
 	if armed.Epoch > 0 {

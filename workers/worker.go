@@ -52,6 +52,9 @@ type Config struct {
 	// Labels are matched against the placement of tasks; host (the hostname) is
 	// added unless given.
 	Labels map[string]string
+	// Exclusive keeps the worker for the tasks placed on its labels: it takes only
+	// those whose placement names each of its labels but host.
+	Exclusive bool
 	// Drain starts the worker draining: it watches the runs it left and exits.
 	Drain bool
 	Base  engine.Base
@@ -145,7 +148,7 @@ func (w *Worker) beat(ctx context.Context) error {
 		return nil // drained: it must not come back alive
 	}
 	info := events.WorkerInfo{
-		ID: w.cfg.ID, Host: w.host, Labels: w.cfg.Labels, State: w.state, Running: max(len(w.runs), w.held),
+		ID: w.cfg.ID, Host: w.host, Labels: w.cfg.Labels, Exclusive: w.cfg.Exclusive, State: w.state, Running: max(len(w.runs), w.held),
 		MaxTasks: w.cfg.MaxTasks, Heartbeat: time.Now().UTC(), StartedAt: w.started,
 	}
 	w.mu.Unlock()
@@ -220,6 +223,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	if err := engine.ValidateLabels("--label", w.cfg.Labels); err != nil {
 		return fmt.Errorf("worker: %w", err)
+	}
+	if w.cfg.Exclusive && len(engine.ExclusiveLabels(w.cfg.Labels)) == 0 {
+		return errors.New("worker: --exclusive: give the labels it is kept for with --label KEY=VALUE (host does not count)")
 	}
 	lock, err := lockStateDir(w.cfg.StateDir)
 	if err != nil {

@@ -30,6 +30,7 @@ type workerOptions struct {
 	tick      time.Duration
 	killGrace time.Duration
 	labels    []string
+	exclusive bool
 	drain     bool
 }
 
@@ -39,6 +40,7 @@ func (o *workerOptions) register(f *pflag.FlagSet) {
 	f.DurationVar(&o.tick, "tick", workers.DefaultTickInterval, "interval of a running task's tick events")
 	f.DurationVar(&o.killGrace, "kill-grace", workers.DefaultKillGrace, "time between TERM and KILL when a task's process group is stopped")
 	f.StringArrayVar(&o.labels, "label", nil, "KEY=VALUE the worker advertises; a task's placement must match its labels (repeatable; host=HOSTNAME is always added unless given)")
+	f.BoolVar(&o.exclusive, "exclusive", false, "keep the worker for its --label labels: take only tasks whose placement names each of them (host aside)")
 }
 
 func workerCmd(g *globals) *cobra.Command {
@@ -51,7 +53,10 @@ func workerCmd(g *globals) *cobra.Command {
 server found through --home (or to --nats URL with the auth flags), advertises its
 labels (always host=HOSTNAME), its capacity and a heartbeat, and runs the tasks the
 engine offers it: only tasks whose placement its labels match, never more than
---max-tasks at once. Each command runs in its own process group in the login
+--max-tasks at once. With --exclusive it is kept for its labels: it takes only
+tasks whose placement names each of its --label labels (host aside), so
+'bgtask worker --label pool=gpu --exclusive' runs tasks added with
+--label pool=gpu and nothing else; the others wait for another worker. Each command runs in its own process group in the login
 environment of the user running the worker; tick events are appended while it
 runs and an exited event when it ends.
 
@@ -67,6 +72,7 @@ take no new task, watch its running ones to their end, and then exit (status 0)
 with its heartbeat removed. Upgrading workers one at a time by draining or by
 restarting them loses nothing and restarts no task.`,
 		Example: `  bgtask worker --label pool=gpu --max-tasks 4
+  bgtask worker --label pool=gpu --exclusive
   bgtask worker --nats nats://nats-1:4222 --creds worker.creds --label pool=build --state-dir /var/lib/bgtask
   bgtask worker drain build-1-3fa9c2d0`,
 		Args: cobra.NoArgs,
@@ -234,9 +240,12 @@ func newWorker(ctx context.Context, nc *nats.Conn, o workerOptions, base engine.
 	if err := engine.ValidateLabels("--label", labels); err != nil {
 		return nil, usageErr("%v", err)
 	}
+	if o.exclusive && len(engine.ExclusiveLabels(labels)) == 0 {
+		return nil, usageErr("--exclusive: give the labels the worker is kept for with --label KEY=VALUE (host does not count)")
+	}
 	w := workers.New(nc, js, store, workers.Config{
 		ID: o.id, MaxTasks: o.maxTasks, TickInterval: o.tick, KillGrace: o.killGrace, StateDir: o.stateDir,
-		Labels: labels, Drain: o.drain, Base: base,
+		Labels: labels, Exclusive: o.exclusive, Drain: o.drain, Base: base,
 	})
 	if err := w.Start(ctx); err != nil {
 		return nil, err
