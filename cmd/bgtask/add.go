@@ -55,9 +55,11 @@ The prompt template may use {{result}} {{exit_code}} {{status}} {{reason}}
 
 The wake-up always goes to the inbox. --webhook and --exec-json also push it:
 a webhook gets it as a signed JSON POST, an exec sink runs a program with the
-prompt on stdin (its argv may use the placeholders and {{prompt}}). --policy
-says when: queue (default: hold while the target is busy, see 'bgtask target'),
-defer_idle (also one at a time), or immediate.
+prompt on stdin and the wake-up's fields in BGTASK_* variables (its argv may use
+the placeholders and {{prompt}} as arguments, never inside a shell's script:
+sh -c 'notify "$1"' sh {{result}}). --policy says when: queue (default: at once
+to an idle target, held while it is busy, see 'bgtask target'), defer_idle (also
+after every earlier wake-up of the target was delivered), or immediate.
 Placement: a task with a cwd (the default: the current directory) runs on this
 host only, since a directory here means nothing on another machine: its
 placement is {"labels": {"host": "THIS-HOST"}}. --label KEY=VALUE places it on
