@@ -225,17 +225,21 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 		run.StallAfter = spec.StallDuration() // notify and respawn need the worker
 	}
 	proc, err := startProcess(w.notify, w.cfg.Shim, dir, run, spec)
+	// The run's directory goes once its end is in the log, not before: a worker that
+	// stops in between finds it at its next start and settles the task from it.
 	if errors.Is(err, errShimDied) {
 		stopLeftovers(dir, w.cfg.KillGrace)
-		_ = os.RemoveAll(dir)
 		log.Error("the shim of a run died while it started the command", "task", id)
-		r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDied})
+		if r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDied}) {
+			_ = os.RemoveAll(dir)
+		}
 		return false
 	}
 	if err != nil {
-		_ = os.RemoveAll(dir)
 		log.Info("task failed to start", "task", id, "err", err)
-		r.recordEnd(ctx, engine.Fail{Reason: err.Error()})
+		if r.recordEnd(ctx, engine.Fail{Reason: err.Error()}) {
+			_ = os.RemoveAll(dir)
+		}
 		return false
 	}
 	log.Info("task started", "task", id, "pid", proc.pids.Command.PID, "command", spec.CommandLine())
