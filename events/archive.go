@@ -193,7 +193,7 @@ func (s *JetStreamStore) Compact(ctx context.Context, taskID string) error {
 	if !ValidToken(taskID) {
 		return ErrNotFound
 	}
-	err := s.stream.Purge(ctx, jetstream.WithPurgeSubject(TaskFilter(taskID)), jetstream.WithPurgeKeep(1))
+	err := s.stream.Purge(ctx, jetstream.WithPurgeSubject(StoredSubject(taskID)), jetstream.WithPurgeKeep(1))
 	if err != nil {
 		return fmt.Errorf("compact task %s: %w", taskID, err)
 	}

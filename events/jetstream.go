@@ -44,20 +44,41 @@ type JetStreamStore struct {
 
 var _ Store = (*JetStreamStore)(nil)
 
-// OpenStore creates or updates the event stream and returns a store over it.
+// The event stream takes the events on their published subjects and stores them
+// on their task's StoredSubject: one subject, and one entry of the stream's
+// subject index, per task.
+var (
+	streamSubjects = []string{SubjectPrefix + ".*", SubjectPrefix + ".*.*"}
+	storedSubject  = &jetstream.SubjectTransformConfig{
+		Source:      SubjectPrefix + ".*.*",
+		Destination: SubjectPrefix + ".{{wildcard(1)}}",
+	}
+)
+
+func streamConfig(cfg StreamConfig) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:             StreamName,
+		Description:      "bgtask lifecycle events, stored on one subject per task",
+		Subjects:         streamSubjects,
+		SubjectTransform: storedSubject,
+		Storage:          jetstream.FileStorage,
+		Retention:        jetstream.LimitsPolicy,
+		Discard:          jetstream.DiscardNew,
+		Replicas:         cfg.Replicas,
+		Duplicates:       cfg.Duplicates,
+		AllowDirect:      true,
+	}
+}
+
+// OpenStore creates or updates the event stream and returns a store over it. An
+// event stream of the layout before one subject per task is upgraded first; see
+// upgradeStream.
 func OpenStore(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*JetStreamStore, error) {
 	cfg = cfg.withDefaults()
-	stream, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        StreamName,
-		Description: "bgtask lifecycle events, one subject per task and type",
-		Subjects:    []string{SubjectPrefix + ".>"},
-		Storage:     jetstream.FileStorage,
-		Retention:   jetstream.LimitsPolicy,
-		Discard:     jetstream.DiscardNew,
-		Replicas:    cfg.Replicas,
-		Duplicates:  cfg.Duplicates,
-		AllowDirect: true,
-	})
+	if err := upgradeStream(ctx, js, cfg); err != nil {
+		return nil, err
+	}
+	stream, err := js.CreateOrUpdateStream(ctx, streamConfig(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("create stream %s: %w", StreamName, err)
 	}
@@ -74,19 +95,39 @@ func (s *JetStreamStore) Append(ctx context.Context, ev Event, expect uint64) (u
 		return 0, err
 	}
 	msg := &nats.Msg{Subject: TaskSubject(ev.TaskID, ev.Type), Data: data, Header: nats.Header{}}
-	ack, err := s.js.PublishMsg(ctx, msg,
+	opts := []jetstream.PublishOpt{
 		jetstream.WithMsgID(ev.ID),
 		jetstream.WithExpectStream(StreamName),
-		jetstream.WithExpectLastSequenceForSubject(expect, TaskFilter(ev.TaskID)))
+		jetstream.WithExpectLastSequenceForSubject(expect, StoredSubject(ev.TaskID)),
+	}
+	ack, err := s.js.PublishMsg(ctx, msg, opts...)
+	// A retry that reaches a replicated stream while the first attempt is still
+	// being replicated gets 10158 ("duplicate message id is in process"); once the
+	// first is stored, the same publish gets its duplicate acknowledgement.
+	for wait := inProcessWait; isInProcess(err) && wait > 0; wait -= noDirectGetPause {
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(noDirectGetPause):
+		}
+		ack, err = s.js.PublishMsg(ctx, msg, opts...)
+	}
+	if err == nil && ack.Duplicate {
+		// On a replicated stream, inside the dedupe window, a retry of an append
+		// that was stored is acknowledged as a duplicate with the original
+		// sequence before its condition is checked. It is the same answer as on
+		// one server only while the event is still the task's last.
+		last, lerr := s.Last(ctx, ev.TaskID)
+		switch {
+		case lerr != nil:
+			return 0, fmt.Errorf("append %s to task %s: %w", ev.Type, ev.TaskID, lerr)
+		case last.Seq > ack.Sequence:
+			return 0, ErrConflict
+		}
+	}
 	if err == nil {
-		// On a replicated stream a retry of an append that was stored is
-		// acknowledged as a duplicate, with the original sequence.
 		return ack.Sequence, nil
 	}
-	// A retry that reaches a replicated stream while the first attempt is still
-	// being replicated gets 10158 ("duplicate message id is in process"): it is
-	// returned as an error like any other, and the caller's next retry of the same
-	// event gets the duplicate acknowledgement.
 	if !isWrongLastSequence(err) {
 		return 0, fmt.Errorf("append %s to task %s: %w", ev.Type, ev.TaskID, err)
 	}
@@ -97,6 +138,18 @@ func (s *JetStreamStore) Append(ctx context.Context, ev Event, expect uint64) (u
 		return last.Seq, nil
 	}
 	return 0, ErrConflict
+}
+
+// jsErrCodeMsgIDInProcess is JetStream's 10158: a message with this id is being
+// stored by another publish right now.
+const jsErrCodeMsgIDInProcess jetstream.ErrorCode = 10158
+
+// inProcessWait bounds how long Append waits out 10158.
+const inProcessWait = 2 * time.Second
+
+func isInProcess(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrCodeMsgIDInProcess
 }
 
 func isWrongLastSequence(err error) bool {
@@ -114,7 +167,10 @@ func (s *JetStreamStore) Last(ctx context.Context, taskID string) (Record, error
 		return Record{}, ErrNotFound
 	}
 	raw, err := directGet(ctx, func() (*jetstream.RawStreamMsg, error) {
-		return s.stream.GetLastMsgForSubject(ctx, TaskFilter(taskID))
+		if s.replicated() {
+			return leaderLast(ctx, s.js.Conn(), StreamName, StoredSubject(taskID))
+		}
+		return s.stream.GetLastMsgForSubject(ctx, StoredSubject(taskID))
 	})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return Record{}, ErrNotFound
@@ -123,6 +179,14 @@ func (s *JetStreamStore) Last(ctx context.Context, taskID string) (Record, error
 		return Record{}, fmt.Errorf("read last event of task %s: %w", taskID, err)
 	}
 	return DecodeRecord(raw.Sequence, raw.Data)
+}
+
+// replicated reports whether the stream keeps more than one copy. A direct get on
+// a replicated stream may be answered by a follower that has not yet applied an
+// append the leader acknowledged, so Last asks the leader there.
+func (s *JetStreamStore) replicated() bool {
+	info := s.stream.CachedInfo()
+	return info != nil && info.Config.Replicas > 1
 }
 
 // directGet runs get, a direct get of a message, and runs it again while no server
@@ -153,13 +217,15 @@ func (s *JetStreamStore) History(ctx context.Context, taskID string) ([]Record, 
 	return s.HistoryOf(ctx, taskID, 0)
 }
 
-// historyBatch is the most events a history read fetches at once.
+// historyBatch is the most events a history read asks a server for at once.
 const historyBatch = 256
 
-// HistoryOf is History for a task known to have n events (0: not known). A fetch
-// asks for at most that many: the server then stops at the task's last event,
-// where a bigger fetch has it walk the rest of the store's block, past every other
-// task's events, to find none after it.
+// HistoryOf is History for a task known to have n events (0: not known), which
+// sizes the first read. The history is read with batched direct gets on the task's
+// subject, no consumer, and up to at least the last event that Last saw: on a
+// replicated stream the gets may be answered by a replica that is behind the one
+// that answered Last, and then the rest is asked for again, for up to
+// historyCatchUp, before it fails with ErrIncomplete.
 func (s *JetStreamStore) HistoryOf(ctx context.Context, taskID string, n int) ([]Record, error) {
 	last, err := s.Last(ctx, taskID)
 	if err != nil {
@@ -169,50 +235,45 @@ func (s *JetStreamStore) HistoryOf(ctx context.Context, taskID string, n int) ([
 	if n > 0 {
 		batch = min(n, historyBatch)
 	}
-	cons, err := readConsumer(ctx, s.stream, jetstream.ConsumerConfig{FilterSubjects: []string{TaskFilter(taskID)}})
-	if err != nil {
-		return nil, fmt.Errorf("read history of task %s: %w", taskID, err)
-	}
-	defer endRead(s.stream, cons)
+	subject := StoredSubject(taskID)
 	var out []Record
+	from := uint64(1)
+	deadline := time.Now().Add(historyCatchUp)
 	for {
-		// The events up to last are stored, so a no-wait fetch returns them at once.
-		fetched, err := cons.FetchNoWait(batch)
+		var recs []Record
+		var more bool
+		_, err := directGet(ctx, func() (*jetstream.RawStreamMsg, error) {
+			var err error
+			recs, more, err = directBatch(ctx, s.js.Conn(), StreamName, subject, from, batch)
+			return nil, err
+		})
 		if err != nil {
 			return nil, fmt.Errorf("read history of task %s: %w", taskID, err)
 		}
-		got := 0
-		done := false
-		// The batch is read to its end even after the last event: its fetch ends
-		// with the server's end-of-batch status, and a fetch left waiting for it
-		// would outlive the call.
-		for msg := range fetched.Messages() {
-			got++
-			if done {
-				continue
-			}
-			meta, err := msg.Metadata()
-			if err != nil {
-				return nil, err
-			}
-			rec, err := DecodeRecord(meta.Sequence.Stream, msg.Data())
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, rec)
-			done = rec.Seq >= last.Seq
+		out = append(out, recs...)
+		if len(out) > 0 {
+			from = out[len(out)-1].Seq + 1
 		}
-		if err := fetched.Error(); err != nil {
-			return nil, fmt.Errorf("read history of task %s: %w", taskID, err)
+		if len(out) > 0 && out[len(out)-1].Seq >= last.Seq && !more {
+			return out, nil
 		}
-		if done || got == 0 {
-			return out, nil // got == 0: the tail was removed while we read
+		if more {
+			continue
 		}
-		if err := ctx.Err(); err != nil {
-			return nil, err
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%w: task %s, read up to seq %d of %d", ErrIncomplete, taskID, from-1, last.Seq)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(noDirectGetPause):
 		}
 	}
 }
+
+// historyCatchUp is how long a history read waits for the replica it reads from
+// to reach the last event another replica showed.
+const historyCatchUp = 2 * time.Second
 
 // LastSeq implements Store.
 func (s *JetStreamStore) LastSeq(ctx context.Context) (uint64, error) {
@@ -305,7 +366,7 @@ func ConnectStore(ctx context.Context, js jetstream.JetStream) (*JetStreamStore,
 func (s *JetStreamStore) Follow(ctx context.Context, taskID string, after uint64, fn func(Record, error) bool) error {
 	cfg := jetstream.OrderedConsumerConfig{}
 	if taskID != "" {
-		cfg.FilterSubjects = []string{TaskFilter(taskID)}
+		cfg.FilterSubjects = []string{StoredSubject(taskID)}
 	}
 	if after > 0 {
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy

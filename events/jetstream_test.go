@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"reflect"
-	"sync"
 	"testing"
 	"time"
 
@@ -33,121 +32,6 @@ func mustEvent(t *testing.T, task string, p events.Payload) events.Event {
 		t.Fatal(err)
 	}
 	return ev
-}
-
-func TestAppendIsConditionalOnTheTasksLastEvent(t *testing.T) {
-	t.Parallel()
-	store, _ := openStore(t)
-	ctx := context.Background()
-
-	armed, err := store.Append(ctx, mustEvent(t, "t1", &events.Armed{Spec: []byte(`{}`)}), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A second "first event" for the same task loses: the task is no longer empty.
-	if _, err := store.Append(ctx, mustEvent(t, "t1", &events.Armed{Spec: []byte(`{}`)}), 0); !errors.Is(err, events.ErrConflict) {
-		t.Fatalf("second armed: got %v, want ErrConflict", err)
-	}
-	// Another task's events do not move t1's sequence.
-	if _, err := store.Append(ctx, mustEvent(t, "t2", &events.Armed{Spec: []byte(`{}`)}), 0); err != nil {
-		t.Fatal(err)
-	}
-	spawned, err := store.Append(ctx, mustEvent(t, "t1", &events.Spawned{Worker: "w1"}), armed)
-	if err != nil {
-		t.Fatalf("spawned after armed: %v", err)
-	}
-	// A writer that still believes armed is last is fenced.
-	if _, err := store.Append(ctx, mustEvent(t, "t1", &events.Spawned{Worker: "w2"}), armed); !errors.Is(err, events.ErrConflict) {
-		t.Fatalf("stale spawned: got %v, want ErrConflict", err)
-	}
-	last, err := store.Last(ctx, "t1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := last.Seq, spawned; got != want {
-		t.Fatalf("last seq = %d, want %d", got, want)
-	}
-}
-
-func TestConcurrentWritersExactlyOneWins(t *testing.T) {
-	t.Parallel()
-	store, srv := openStore(t)
-	ctx := context.Background()
-	armed, err := store.Append(ctx, mustEvent(t, "race", &events.Armed{Spec: []byte(`{}`)}), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const writers = 16
-	var wg sync.WaitGroup
-	results := make(chan error, writers)
-	for i := range writers {
-		_, js := srv.Connect(t)
-		s, err := events.ConnectStore(ctx, js)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, err := s.Append(ctx, mustEvent(t, "race", &events.Spawned{Worker: string(rune('a' + i))}), armed)
-			results <- err
-		}()
-	}
-	wg.Wait()
-	close(results)
-	won := 0
-	for err := range results {
-		switch {
-		case err == nil:
-			won++
-		case !errors.Is(err, events.ErrConflict):
-			t.Fatalf("unexpected error: %v", err)
-		}
-	}
-	if won != 1 {
-		t.Fatalf("%d writers won, want exactly 1", won)
-	}
-	hist, err := store.History(ctx, "race")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := len(hist); got != 2 {
-		t.Fatalf("history has %d events, want 2", got)
-	}
-}
-
-func TestRetriedAppendIsRecordedOnce(t *testing.T) {
-	t.Parallel()
-	store, _ := openStore(t)
-	ctx := context.Background()
-	armed := mustEvent(t, "t1", &events.Armed{Spec: []byte(`{}`)})
-	first, err := store.Append(ctx, armed, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The same event again, as after a lost ack: the CAS fails on a single server, and
-	// the store recognises its own event instead of reporting a conflict.
-	again, err := store.Append(ctx, armed, 0)
-	if err != nil {
-		t.Fatalf("retry: %v", err)
-	}
-	if again != first {
-		t.Fatalf("retry seq = %d, want %d", again, first)
-	}
-	// A retry that no longer is the last event is a conflict, not a silent success.
-	if _, err := store.Append(ctx, mustEvent(t, "t1", &events.Tick{}), first); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Append(ctx, armed, 0); !errors.Is(err, events.ErrConflict) {
-		t.Fatalf("late retry: got %v, want ErrConflict", err)
-	}
-	hist, err := store.History(ctx, "t1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(hist) != 2 {
-		t.Fatalf("history has %d events, want 2", len(hist))
-	}
 }
 
 func TestHistoryIsInOrderAndPerTask(t *testing.T) {

@@ -22,13 +22,20 @@ var (
 	ErrConflict = errors.New("events: the task changed since it was read")
 	// ErrNotFound means the task has no events.
 	ErrNotFound = errors.New("events: no such task")
+	// ErrIncomplete means a read of a task's history could not reach the event
+	// that its last event read showed: the servers that answered stayed behind
+	// the one that answered first. Read again.
+	ErrIncomplete = errors.New("events: the history read stopped short of the task's last event")
 )
 
-// TaskSubject is the subject of one event of a task.
+// TaskSubject is the subject an event of a task is published on. The event stream
+// stores it on the task's StoredSubject, so that permissions and core
+// subscriptions can still tell the types apart.
 func TaskSubject(taskID string, t Type) string { return SubjectPrefix + "." + taskID + "." + string(t) }
 
-// TaskFilter matches every event of one task.
-func TaskFilter(taskID string) string { return SubjectPrefix + "." + taskID + ".>" }
+// StoredSubject is the one subject a task's events are stored on in the event
+// stream: its whole history, in order.
+func StoredSubject(taskID string) string { return SubjectPrefix + "." + taskID }
 
 // TypeFilter matches one event type of every task.
 func TypeFilter(t Type) string { return SubjectPrefix + ".*." + string(t) }
@@ -47,9 +54,11 @@ func ValidToken(s string) bool { return tokenPattern.MatchString(s) }
 type Store interface {
 	// Append writes ev if the task's last event is still at sequence expect (0: the
 	// task has no events yet). It returns the event's sequence, or ErrConflict. A retry
-	// of an append that already succeeded returns the original sequence.
+	// of an append that already succeeded returns the original sequence while that
+	// event is the task's last, and ErrConflict once others followed it.
 	Append(ctx context.Context, ev Event, expect uint64) (uint64, error)
-	// History returns a task's events in order, or ErrNotFound.
+	// History returns a task's events in order, or ErrNotFound. It holds every
+	// event acknowledged before it was called.
 	History(ctx context.Context, taskID string) ([]Record, error)
 	// Last returns a task's last event, or ErrNotFound.
 	Last(ctx context.Context, taskID string) (Record, error)
