@@ -560,3 +560,25 @@ func TestLoadOfAnArmedTaskReadsOnlyItsLastEvent(t *testing.T) {
 		t.Fatalf("Load of an unknown task: %v, want ErrNotFound", err)
 	}
 }
+
+// TestCancelRefusesAnOversizedReason: the reason is kept in every view of the task,
+// so one over its limit is refused and nothing is appended.
+func TestCancelRefusesAnOversizedReason(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	svc := engine.NewService(b.store, engineWriter, engine.Base{})
+	id := b.register(t, `{"command":"sleep 100"}`)
+	before := b.lastSeq(t)
+	_, err := svc.Cancel(context.Background(), id, strings.Repeat("r", engine.MaxReasonBytes+1))
+	var fe *engine.FieldError
+	if !errors.As(err, &fe) || fe.Field != "reason" {
+		t.Fatalf("Cancel = %v, want a *FieldError on reason", err)
+	}
+	if got := b.lastSeq(t); got != before {
+		t.Fatalf("stream LastSeq moved from %d to %d", before, got)
+	}
+	s, err := svc.Cancel(context.Background(), id, strings.Repeat("r", engine.MaxReasonBytes))
+	if err != nil || s.Phase != engine.PhaseCancelled {
+		t.Fatalf("Cancel with a reason at the limit = %q, %v; want cancelled", s.Phase, err)
+	}
+}

@@ -84,6 +84,9 @@ func ParseSpecAt(data []byte, now time.Time) (Spec, error) {
 	if len(data) > MaxSpecBytes {
 		return Spec{}, fieldErr("spec", "%d bytes is over the limit of %d", len(data), MaxSpecBytes)
 	}
+	if err := CheckJSON(data, "spec"); err != nil {
+		return Spec{}, err
+	}
 	if err := checkFieldNames(data); err != nil {
 		return Spec{}, err
 	}
@@ -221,6 +224,13 @@ func (s *Spec) Validate() error {
 			return fieldErr("argv", "argv[%d] contains a NUL byte", i)
 		}
 	}
+	if s.Result != nil {
+		for i, a := range s.Result.Argv {
+			if strings.ContainsRune(a, 0) {
+				return fieldErr("result.argv", "argv[%d] contains a NUL byte", i)
+			}
+		}
+	}
 	if s.Cwd != "" {
 		if !filepath.IsAbs(s.Cwd) {
 			return fieldErr("cwd", "%q is not an absolute path", s.Cwd)
@@ -255,6 +265,9 @@ func (s *Spec) Validate() error {
 	}
 	if len(s.Origin) > 0 && string(s.Origin) == "null" {
 		s.Origin = nil
+	}
+	if len(s.Origin) > MaxOriginBytes {
+		return fieldErr("origin", "%d bytes is over the limit of %d", len(s.Origin), MaxOriginBytes)
 	}
 	if err := checkTemplate(s.Prompt, placeholders); err != nil {
 		return fieldErr("prompt", "%v", err)
