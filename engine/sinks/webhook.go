@@ -7,9 +7,14 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/bgtask/bgtask/engine"
@@ -55,6 +60,9 @@ func (r *Runner) webhook(ctx context.Context, url string, w events.Wakeup, attem
 	req.Header.Set(AttemptHeader, strconv.Itoa(attempt))
 	req.Header.Set(SignatureHeader, Sign(r.secret, body))
 	resp, err := r.client.Do(req)
+	if denied := (*deniedError)(nil); errors.As(err, &denied) {
+		return engine.SinkOutcome{Permanent: true, Error: denied.Error()}
+	}
 	if err != nil {
 		return engine.SinkOutcome{Error: err.Error()} // refused, reset, timed out: worth another try
 	}
@@ -89,4 +97,94 @@ func retryAfter(v string, now time.Time) time.Duration {
 		return at.Sub(now)
 	}
 	return 0
+}
+
+// DenyPrivate returns a runner whose webhooks refuse every destination outside the
+// public unicast ranges: loopback, private, link-local (169.254.169.254, the cloud
+// metadata address, among them), carrier-grade NAT, unspecified, multicast and
+// reserved, and IPv4 addresses of those ranges inside IPv6 (mapped, NAT64, 6to4).
+// The rule is checked on the address each connection actually dials, after the
+// name is resolved at push time, so a name that resolves to 127.0.0.1 is refused
+// however it was registered. Redirects are never followed. No HTTP proxy of the
+// environment is used, since the address dialled would then be the proxy's.
+func (r *Runner) DenyPrivate() *Runner { return r.denyDestinations(nonPublic) }
+
+// denyDestinations returns a runner whose webhooks dial no address that class names
+// a range of.
+func (r *Runner) denyDestinations(class func(netip.Addr) string) *Runner {
+	control := func(_, address string, _ syscall.RawConn) error {
+		ap, err := netip.ParseAddrPort(address)
+		if err != nil {
+			return fmt.Errorf("webhook destination %q: not an IP address and port", address)
+		}
+		if c := class(ap.Addr()); c != "" {
+			return &deniedError{addr: ap.Addr().Unmap(), class: c}
+		}
+		return nil
+	}
+	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: control}
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.Proxy = nil
+	transport.DialContext = dialer.DialContext
+	c := *r
+	c.client = &http.Client{Transport: transport, CheckRedirect: r.client.CheckRedirect}
+	return &c
+}
+
+// deniedError is a connection to a destination that DenyPrivate refuses.
+type deniedError struct {
+	addr  netip.Addr
+	class string
+}
+
+func (e *deniedError) Error() string {
+	return fmt.Sprintf("webhook destination %s is a %s address, which this server refuses (--webhook-deny-private)", e.addr, e.class)
+}
+
+// reserved are the ranges outside public unicast that netip has no predicate for.
+var reserved = []struct {
+	prefix netip.Prefix
+	class  string
+}{
+	{netip.MustParsePrefix("0.0.0.0/8"), "this-network"},
+	{netip.MustParsePrefix("100.64.0.0/10"), "carrier-grade NAT"},
+	{netip.MustParsePrefix("192.0.0.0/24"), "IETF protocol"},
+	{netip.MustParsePrefix("198.18.0.0/15"), "benchmarking"},
+	{netip.MustParsePrefix("240.0.0.0/4"), "reserved"},
+}
+
+var (
+	nat64     = netip.MustParsePrefix("64:ff9b::/96")
+	sixToFour = netip.MustParsePrefix("2002::/16")
+)
+
+// nonPublic names the range of a that is not public unicast, or is "" for a public
+// address.
+func nonPublic(a netip.Addr) string {
+	a = a.Unmap()
+	switch {
+	case a.IsLoopback():
+		return "loopback"
+	case a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast():
+		return "link-local"
+	case a.IsPrivate():
+		return "private"
+	case a.IsUnspecified():
+		return "unspecified"
+	case !a.IsGlobalUnicast():
+		return "non-unicast"
+	}
+	for _, r := range reserved {
+		if r.prefix.Contains(a) {
+			return r.class
+		}
+	}
+	b := a.As16()
+	switch {
+	case nat64.Contains(a):
+		return nonPublic(netip.AddrFrom4([4]byte(b[12:16])))
+	case sixToFour.Contains(a):
+		return nonPublic(netip.AddrFrom4([4]byte(b[2:6])))
+	}
+	return ""
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -299,5 +300,104 @@ func TestSignIsHMACSHA256OfTheBody(t *testing.T) {
 	}
 	if Verify([]byte("Jefe"), []byte("what do ya want for nothing?"), strings.TrimPrefix(want, "sha256=")) {
 		t.Fatal("Verify accepts a signature without its sha256= prefix")
+	}
+}
+
+// TestDenyPrivateRefusesLoopbackDestinations: under the rule, a webhook to a real
+// server on 127.0.0.1 is refused for good and the server gets nothing, whether the
+// URL names the address, a name that resolves to it, or its IPv6-mapped form; the
+// same server is reached without the rule.
+func TestDenyPrivateRefusesLoopbackDestinations(t *testing.T) {
+	t.Parallel()
+	rcv := newReceiver(t, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	_, port, err := net.SplitHostPort(rcv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := push(t, context.Background(), webhookSink(rcv.URL), testWakeup(), 1); !o.OK {
+		t.Fatalf("without the rule: outcome = %+v, want delivered", o)
+	}
+	deny := New(testSecret).DenyPrivate()
+	for _, host := range []string{"127.0.0.1", "localhost", "[::ffff:127.0.0.1]"} {
+		url := "http://" + host + ":" + port + "/hook"
+		o := deny.Push(context.Background(), webhookSink(url), testWakeup(), 1)
+		if o.OK || !o.Permanent || o.HTTPStatus != 0 || !strings.Contains(o.Error, "loopback") ||
+			!strings.Contains(o.Error, "--webhook-deny-private") {
+			t.Errorf("%s: outcome = %+v, want a permanent failure that names the loopback range and the option", url, o)
+		}
+	}
+	if n := len(rcv.requests()); n != 1 {
+		t.Fatalf("the server got %d requests, want the 1 made without the rule", n)
+	}
+}
+
+// TestDenyDestinationsFollowsNoRedirect: a destination that is allowed and answers
+// with a redirect to a denied one sends nothing there.
+func TestDenyDestinationsFollowsNoRedirect(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Skipf("no second loopback address: %v", err)
+	}
+	denied := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		t.Error("the denied destination got a request")
+	}))
+	denied.Listener.Close()
+	denied.Listener = l
+	denied.Start()
+	t.Cleanup(denied.Close)
+	rcv := newReceiver(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, denied.URL+"/metadata", http.StatusTemporaryRedirect)
+	})
+	runner := New(testSecret).denyDestinations(func(a netip.Addr) string {
+		if a == netip.MustParseAddr("127.0.0.2") {
+			return "test"
+		}
+		return ""
+	})
+	o := runner.Push(context.Background(), webhookSink(rcv.URL), testWakeup(), 1)
+	if o.OK || !o.Permanent || o.HTTPStatus != http.StatusTemporaryRedirect {
+		t.Fatalf("outcome = %+v, want a permanent failure on the redirect", o)
+	}
+	o = runner.Push(context.Background(), webhookSink(denied.URL), testWakeup(), 1)
+	if o.OK || !o.Permanent || !strings.Contains(o.Error, "127.0.0.2 is a test address") {
+		t.Fatalf("direct to the denied address: outcome = %+v, want it refused", o)
+	}
+}
+
+func TestNonPublicRanges(t *testing.T) {
+	t.Parallel()
+	for addr, want := range map[string]string{
+		"127.0.0.1":            "loopback",
+		"127.255.0.9":          "loopback",
+		"::1":                  "loopback",
+		"::ffff:127.0.0.1":     "loopback",
+		"169.254.169.254":      "link-local",
+		"fe80::1":              "link-local",
+		"10.1.2.3":             "private",
+		"172.16.0.1":           "private",
+		"172.31.255.255":       "private",
+		"192.168.1.1":          "private",
+		"fd00:ec2::254":        "private",
+		"0.0.0.0":              "unspecified",
+		"::":                   "unspecified",
+		"0.1.2.3":              "this-network",
+		"100.100.100.200":      "carrier-grade NAT",
+		"224.0.0.251":          "link-local",
+		"239.1.1.1":            "non-unicast",
+		"255.255.255.255":      "non-unicast",
+		"240.0.0.1":            "reserved",
+		"64:ff9b::a9fe:a9fe":   "link-local",
+		"2002:7f00:1::":        "loopback",
+		"8.8.8.8":              "",
+		"172.32.0.1":           "",
+		"100.128.0.1":          "",
+		"2606:4700:4700::1111": "",
+		"::ffff:93.184.216.34": "",
+		"64:ff9b::5db8:d822":   "",
+	} {
+		if got := nonPublic(netip.MustParseAddr(addr)); got != want {
+			t.Errorf("nonPublic(%s) = %q, want %q", addr, got, want)
+		}
 	}
 }
