@@ -145,6 +145,13 @@ func (w *Worker) reattach(ctx context.Context) error {
 				return fmt.Errorf("worker: find run %s again: %w", dir, err)
 			}
 			fileOffsets[i] = max(0, offsets[i]-sr.LogOffsets[i])
+			// A log that fell far behind (NATS was away) while a worker before this one
+			// read and freed the output goes on after what was freed: it is gone.
+			name := []string{shim.StdoutFile, shim.StderrFile}[i]
+			if skip := dataFrom(filepath.Join(dir, name), fileOffsets[i]) - fileOffsets[i]; skip > 0 {
+				fileOffsets[i] += skip
+				offsets[i] += skip
+			}
 		}
 		log.Info("watching a run again", "task", sr.TaskID, "pid", proc.pids.Command.PID)
 		decided := decisionOf(dir, state)

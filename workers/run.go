@@ -285,8 +285,8 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 		}
 	}
 	// After a restart, the tail starts with what the run printed before it.
-	_, _ = tailOut.Write(lastBytes(filepath.Join(proc.dir, shim.StdoutFile), fileOffsets[0], 256<<10))
-	_, _ = tailErr.Write(lastBytes(filepath.Join(proc.dir, shim.StderrFile), fileOffsets[1], 256<<10))
+	_, _ = tailOut.Write(lastData(filepath.Join(proc.dir, shim.StdoutFile), fileOffsets[0], tailRereadBytes))
+	_, _ = tailErr.Write(lastData(filepath.Join(proc.dir, shim.StderrFile), fileOffsets[1], tailRereadBytes))
 
 	copyDone := make(chan struct{})
 	var copying sync.WaitGroup
@@ -297,7 +297,10 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 		copying.Add(1)
 		go func() {
 			defer copying.Done()
-			copyGrowing(w.notify, filepath.Join(proc.dir, f.name), fileOffsets[i], f.to, copyDone)
+			path := filepath.Join(proc.dir, f.name)
+			bound := newBoundOutput(path, fileOffsets[i], f.to, log)
+			defer bound.close()
+			copyGrowing(w.notify, path, fileOffsets[i], bound, copyDone)
 		}()
 	}
 	stopCopying := func() {

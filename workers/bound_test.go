@@ -1,0 +1,47 @@
+package workers_test
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/workers"
+)
+
+// A command's output files take a bounded part of the disk while it runs, however
+// much it prints: what the worker has read and shipped is freed. The files keep
+// their offsets, so the tail and the output's size are the command's.
+func TestARunsOutputFilesAreBoundedWhileItRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state, dir := t.TempDir(), t.TempDir()
+	b.startWorker(t, workers.Config{StateDir: state})
+	// seq prints 46.9 and 22.9 MB.
+	id := b.arm(t, engine.Spec{Command: `seq 1 6000000; seq 1 3000000 >&2; while [ ! -e go ]; do sleep 0.02; done`, Cwd: dir})
+	run := filepath.Join(state, "runs", id+"-1")
+	const printed, printedErr = 46_888_896, 22_888_896
+	const bound = 12 << 20 // outputKeepBytes and a step of reading ahead
+	for _, f := range []struct {
+		name string
+		size int64
+	}{{"stdout", printed}, {"stderr", printedErr}} {
+		var st syscall.Stat_t
+		eventually(t, 60*time.Second, f.name+" read and freed", func() bool {
+			return syscall.Stat(filepath.Join(run, f.name), &st) == nil && st.Size == f.size && st.Blocks*512 <= bound
+		})
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st := b.waitFor(t, id, 30*time.Second, "ended", ended)
+	if st.Status != engine.StatusSucceeded || st.Run == nil || st.Run.OutputBytes != printed+printedErr {
+		t.Fatalf("ended %s with run %+v, want succeeded with %d bytes of output", st.Status, st.Run, printed+printedErr)
+	}
+	if tail := st.Run.Tail; !slices.Contains(tail, "6000000") {
+		t.Fatalf("tail %q, want the last lines of stdout", tail)
+	}
+}
