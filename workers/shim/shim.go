@@ -11,7 +11,8 @@
 //	stderr
 //	starting    made just before the shim starts the command
 //	pid.json    the command's and the shim's PIDs with their start times
-//	exit.json   how the command ended (or why it could not start)
+//	exit.json   how the command ended (or why it could not start); made as
+//	            exit.json.tmp with its blocks taken before the command starts
 //
 // The worker starts the shim directly in a new session and reaps it when it ends.
 // One shim lives per running task and starts with every task, so its size is
@@ -101,14 +102,21 @@ func (r Run) supervise() error {
 	// tree stays under it.
 	_, _, _ = syscall.RawSyscall6(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0, 0, 0, 0)
 	started := wallClock()
+	// The exit file's blocks are taken now, before anything runs: a disk that
+	// fills while the command runs must not lose how it ended.
+	exitFile, reserveErr := reserveExit(r.Dir)
+	defer exitFile.close()
 	// A start that failed is recorded in the exit file; if even that fails, the
 	// error goes to the worker on the shim's stderr, which it still reads.
 	fail := func(err error) error {
-		if werr := writeExit(r.Dir, exitRecord{startError: err.Error(), startedAt: started, endedAt: wallClock()}); werr != nil {
+		if werr := exitFile.write(exitRecord{startError: err.Error(), startedAt: started, endedAt: wallClock()}); werr != nil {
 			return errors.New(err.Error() + "; and its record: " + werr.Error())
 		}
 		releaseOutput()
 		return nil
+	}
+	if reserveErr != nil {
+		return fail(errors.New("reserve the exit file, so that a full disk cannot lose the command's exit: " + reserveErr.Error()))
 	}
 	env, err := ReadEnviron(r.Dir)
 	if err != nil {
@@ -149,7 +157,7 @@ func (r Run) supervise() error {
 	if ws.Signaled() {
 		exit.exitCode, exit.signal = 128+int(ws.Signal()), signalName(ws.Signal())
 	}
-	err = writeExit(r.Dir, exit)
+	err = exitFile.write(exit)
 	// The exit is recorded: nothing waits for what the command left behind.
 	stopOrphans(max(r.KillGrace, 1e9))
 	return err
@@ -195,14 +203,80 @@ func (r Run) start(env []string) (pid int, err error) {
 	return pid, nil
 }
 
-// writeExit writes the exit file of the run in dir. It is durable: the exit code
-// is what the caller waits for, and it must outlive a crash of the host before the
-// worker recorded it. But the worker may read it, and record the exit, before it is
-// on disk: a crash of the host in the meantime may leave a file it cannot read,
-// which it takes for none, as after a crash before the write: the task is lost
-// either way.
-func writeExit(dir string, exit exitRecord) error {
-	return writeFile(join(dir, ExitFile), exit.appendJSON(nil), syncAfterRename)
+// exitReserveBytes is the room the exit file is given before the command starts:
+// a record is a few hundred bytes, a start error with a long path a few more.
+const exitReserveBytes = 4 << 10
+
+// exitFile is the exit file of a run, to be: its temp file, made with its blocks
+// allocated before the command starts, which the record overwrites and which is
+// then renamed into place. Neither needs a block more, so a full disk loses no exit.
+type exitFile struct {
+	dir string
+	fd  int // -1: not reserved; the record is written as any file
+}
+
+// reserveExit makes the exit file's temp file in dir with exitReserveBytes of it
+// allocated. If that fails, the exitFile it returns still writes the record as a
+// file of its own, where the disk has room.
+func reserveExit(dir string) (exitFile, error) {
+	e := exitFile{dir: dir, fd: -1}
+	tmp := join(dir, ExitFile) + ".tmp"
+	fd, err := open(tmp, syscall.O_RDWR|syscall.O_CREAT|syscall.O_TRUNC, 0o600)
+	if err != nil {
+		return e, err
+	}
+	err = syscall.Fallocate(fd, 0, 0, exitReserveBytes)
+	if err == syscall.EOPNOTSUPP {
+		// A file system without fallocate allocates the blocks written.
+		err = writeAll(fd, make([]byte, exitReserveBytes))
+	}
+	if err != nil {
+		syscall.Close(fd)
+		return e, &fileError{"allocate", tmp, err}
+	}
+	e.fd = fd
+	return e, nil
+}
+
+// write writes the exit file. It is durable: the exit code is what the caller
+// waits for, and it must outlive a crash of the host before the worker recorded
+// it. But the worker may read it, and record the exit, before it is on disk: a
+// crash of the host in the meantime may leave a file it cannot read, which it takes
+// for none, as after a crash before the write: the task is lost either way.
+func (e exitFile) write(exit exitRecord) error {
+	path := join(e.dir, ExitFile)
+	if e.fd < 0 {
+		return writeFile(path, exit.appendJSON(nil), syncAfterRename)
+	}
+	tmp := path + ".tmp"
+	data := exit.appendJSON(nil)
+	for off := 0; off < len(data); {
+		n, err := syscall.Pwrite(e.fd, data[off:], int64(off))
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return &fileError{"write", tmp, err}
+		}
+		off += n
+	}
+	if err := syscall.Ftruncate(e.fd, int64(len(data))); err != nil {
+		return &fileError{"truncate", tmp, err}
+	}
+	if err := syscall.Rename(tmp, path); err != nil {
+		return &fileError{"rename", tmp, err}
+	}
+	if err := syscall.Fsync(e.fd); err != nil {
+		return &fileError{"sync", path, err}
+	}
+	_ = SyncDir(e.dir)
+	return nil
+}
+
+func (e exitFile) close() {
+	if e.fd >= 0 {
+		syscall.Close(e.fd)
+	}
 }
 
 // releaseOutput points the shim's stdout and stderr, a pipe the worker reads until

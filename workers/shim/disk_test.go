@@ -1,0 +1,112 @@
+package shim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// mountTmpfs mounts a tmpfs of size bytes for the test: a disk that can be filled.
+// It needs root (CI runs the tests as root).
+func mountTmpfs(t *testing.T, size int) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small tmpfs needs root; CI runs the tests as root")
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
+		t.Skipf("cannot mount a tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	return dir
+}
+
+// fill writes to a file in dir until the disk is full.
+func fill(t *testing.T, dir string) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(dir, "fill"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	block := make([]byte, 64<<10)
+	for {
+		if _, err := f.Write(block); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+}
+
+// A disk that fills while the command runs does not lose its exit: the exit
+// file's room was taken when the command started.
+func TestAFullDiskKeepsTheCommandsExit(t *testing.T) {
+	disk := mountTmpfs(t, 1<<20)
+	run, gate := filepath.Join(disk, "run"), filepath.Join(t.TempDir(), "go")
+	if err := os.Mkdir(run, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(run, EnvironFile), JoinEnviron([]string{"PATH=" + os.Getenv("PATH")}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Run{Dir: run, Cwd: "/", Path: sh, Args: []string{"sh", "-c", `while [ ! -e "$0" ]; do sleep 0.01; done; exit 3`, gate}}
+	cmd := exec.Command(os.Args[0], append([]string{"shim"}, r.ShimArgs()...)...)
+	out, in, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	cmd.Stdout = in
+	err = cmd.Start()
+	in.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+	})
+	_, _ = io.ReadAll(out) // until the shim lets go of its output: the start is recorded
+	if _, err := os.Stat(filepath.Join(run, PIDFile)); err != nil {
+		t.Fatalf("the command's start is not recorded: %v", err)
+	}
+
+	fill(t, disk)
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		done <- err // for the cleanup
+		if err != nil {
+			t.Fatalf("the shim: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the shim did not end")
+	}
+	data, err := os.ReadFile(filepath.Join(run, ExitFile))
+	if err != nil {
+		t.Fatalf("no exit file on the full disk: %v", err)
+	}
+	var exit struct {
+		ExitCode int `json:"exit_code"`
+	}
+	if err := json.Unmarshal(data, &exit); err != nil || exit.ExitCode != 3 {
+		t.Fatalf("exit file %q (%v), want exit code 3", data, err)
+	}
+}

@@ -1,0 +1,20 @@
+package shim
+
+import (
+	"fmt"
+	"os"
+	"testing"
+)
+
+// TestMain doubles as the shim, run as `shim.test shim ARGS`, so that tests run
+// a real one.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "shim" {
+		if err := Main(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "shim:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
