@@ -21,6 +21,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
+	"github.com/bgtask/bgtask/engine/sinks"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/projections"
 )
@@ -39,6 +40,18 @@ type serverOptions struct {
 	snapshotEvery uint64
 	logLevel      string
 	probe         probeOptions
+	// denyPrivate refuses webhook destinations outside the public address ranges.
+	denyPrivate bool
+}
+
+// pushing is what the engine pushes with: the delivery flags, and the rule of
+// --webhook-deny-private.
+func (o serverOptions) pushing(secret []byte) pushing {
+	p := o.delivery.pushing(secret)
+	if o.denyPrivate {
+		p.runner = sinks.New(secret).DenyPrivate()
+	}
+	return p
 }
 
 func serverCmd(g *globals) *cobra.Command {
@@ -107,6 +120,7 @@ run if one can: registering a task is running a command.`,
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	o.worker.register(f)
 	o.delivery.register(f)
+	f.BoolVar(&o.denyPrivate, "webhook-deny-private", false, "refuse webhook destinations in loopback, private, link-local (cloud metadata), carrier-grade NAT and other non-public ranges, checked on the address each push dials (no HTTP proxy is used then); off by default for a single machine, on for a shared deployment (docs/security.md)")
 	f.Uint64Var(&o.snapshotEvery, "snapshot-every", 100_000, "write a snapshot of the current state to "+snapshotFile+" in the home after this many events (and at least as many events as there are tasks), so that a restart reads it and replays only the events after it; 0: no snapshots, none read")
 	f.DurationVar(&o.archiveAfter, "archive-after", engine.DefaultArchiveAfter, "move tasks finished longer ago than this out of the event stream into the archive stream BGTASK_ARCHIVE (their history, audit and show stay whole); 0: never")
 	return cmd
@@ -177,7 +191,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	// claimed before a crash is known to be dead when it starts again.
 	node, err := startNode(ctx, nc, base, nodeOptions{
 		writer: "engine@" + hostName(), leaseTTL: o.leaseTTL, replicas: 1,
-		push: o.delivery.pushing(secret), archiveAfter: o.archiveAfter,
+		push: o.pushing(secret), archiveAfter: o.archiveAfter,
 		snapshots: projections.Snapshots{Path: filepath.Join(home, snapshotFile), Every: o.snapshotEvery, Build: buildID()},
 	})
 	if err != nil {
@@ -227,24 +241,32 @@ func runExternal(ctx context.Context, g *globals, o serverOptions) error {
 	if err != nil {
 		return err
 	}
+	// The home holds what this engine keeps on its own disk (the generated webhook
+	// secret, snapshots, the worker's runs); against a cluster it need not exist
+	// yet. An engine-only replica with a secret file of its own may run where it
+	// cannot be made, and then replays the whole stream at each start.
+	homeErr := os.MkdirAll(home, 0o700)
+	if homeErr != nil && (o.delivery.secretFile == "" || !o.noWorker) {
+		needs := "the generated webhook secret"
+		if o.delivery.secretFile != "" {
+			needs = "the worker's runs"
+		}
+		return fmt.Errorf("the home %s cannot be created for %s: %w (give --home, or --webhook-secret-file and --no-worker)", home, needs, homeErr)
+	}
 	secret, err := loadWebhookSecret(o.delivery.secretFile, home)
 	if err != nil {
 		return err
 	}
 	snapshots := projections.Snapshots{Path: filepath.Join(home, snapshotFile), Every: o.snapshotEvery, Build: buildID()}
-	if snapshots.Every > 0 {
-		// An engine-only replica may run where the home cannot be written: it
-		// then replays the whole stream at each start.
-		if err := os.MkdirAll(home, 0o700); err != nil {
-			logger.Warn("no projection snapshots: the home cannot be created", "home", home, "err", err)
-			snapshots.Every = 0
-		}
+	if homeErr != nil && snapshots.Every > 0 {
+		logger.Warn("no projection snapshots: the home cannot be created", "home", home, "err", homeErr)
+		snapshots.Every = 0
 	}
 	// Replicas may share a host: each engine process has an id of its own, so no
 	// replica takes another's push in flight for one of its own dead ones.
 	node, err := startNode(ctx, nc, base, nodeOptions{
 		writer: fmt.Sprintf("engine@%s/%d", hostName(), os.Getpid()), leaseTTL: o.leaseTTL, replicas: o.replicas,
-		push: o.delivery.pushing(secret), archiveAfter: o.archiveAfter,
+		push: o.pushing(secret), archiveAfter: o.archiveAfter,
 		snapshots: snapshots,
 	})
 	if err != nil {
