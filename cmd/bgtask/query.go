@@ -7,6 +7,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -50,15 +51,15 @@ func printTaskTable(w io.Writer, reply api.ListReply) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tSTATUS\tEXIT\tAGE\tCOMMAND")
 	for _, t := range reply.Tasks {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Phase, dash(t.Status), exitString(t.ExitCode),
-			age(t.ArmedAt), oneLine(t.Command, 60))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", oneLine(t.ID, 64), oneLine(string(t.Phase), 32), dash(oneLine(t.Status, 32)),
+			exitString(t.ExitCode), age(t.ArmedAt), oneLine(t.Command, 60))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	for _, t := range reply.Tasks {
 		if t.Waiting != "" {
-			fmt.Fprintf(w, "%s %s\n", t.ID, t.Waiting)
+			fmt.Fprintf(w, "%s %s\n", printable(t.ID, false), printable(t.Waiting, false))
 		}
 	}
 	if reply.Total > len(reply.Tasks) {
@@ -95,7 +96,7 @@ func printTask(w io.Writer, t api.TaskView) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(k, v string) {
 		if v != "" {
-			fmt.Fprintf(tw, "%s:\t%s\n", k, v)
+			fmt.Fprintf(tw, "%s:\t%s\n", k, printable(v, false))
 		}
 	}
 	row("id", t.ID)
@@ -149,13 +150,13 @@ func printTask(w io.Writer, t api.TaskView) error {
 	if t.Result != "" {
 		fmt.Fprintln(w, "\nresult:")
 		for _, line := range strings.Split(t.Result, "\n") {
-			fmt.Fprintln(w, "  "+line)
+			fmt.Fprintln(w, "  "+printable(line, true))
 		}
 	}
 	if t.Run != nil && len(t.Run.Tail) > 0 {
 		fmt.Fprintf(w, "\noutput (last %d lines):\n", len(t.Run.Tail))
 		for _, line := range t.Run.Tail {
-			fmt.Fprintln(w, "  "+line)
+			fmt.Fprintln(w, "  "+printable(line, true))
 		}
 	}
 	return nil
@@ -206,7 +207,8 @@ func historyCmd(g *globals) *cobra.Command {
 				tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "SEQ\tTIME\tTYPE\tWRITER\tEPOCH\tPAYLOAD")
 				for _, e := range h.Events {
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\n", e.Seq, e.Time.Local().Format("15:04:05.000"), e.Type, e.Writer, e.Epoch, oneLine(string(e.Payload), 80))
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\n", e.Seq, e.Time.Local().Format("15:04:05.000"),
+						oneLine(string(e.Type), 40), oneLine(e.Writer, 80), e.Epoch, oneLine(string(e.Payload), 80))
 				}
 				return tw.Flush()
 			})
@@ -278,10 +280,16 @@ func stamp(t *time.Time) string {
 	return t.Local().Format("2006-01-02 15:04:05.000")
 }
 
+// oneLine is s on one line for a terminal (see printable), cut to at most max
+// bytes, at a character boundary.
 func oneLine(s string, max int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > max {
-		return s[:max-1] + "…"
+	s = printable(strings.Join(strings.Fields(s), " "), false)
+	if len(s) <= max {
+		return s
 	}
-	return s
+	cut := max - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
