@@ -13,7 +13,8 @@ func TestFinishedTasksAreArchivedAndStayWhole(t *testing.T) {
 	t.Parallel()
 	home := t.TempDir()
 	srv := startServer(t, home, "--archive-after", "1s")
-	id := add(t, home, "--idempotency-key", "nightly-7", "--", "echo archived-output; exit 3")
+	const command = "echo archived-output; exit 3"
+	id := add(t, home, "--idempotency-key", "nightly-7", "--", command)
 	waitFor(t, home, id)
 	eventually(t, 60*time.Second, "the task was not archived", func() bool {
 		return strings.Contains(ok(t, home, "list", "--json"), `"state": "archived"`)
@@ -32,9 +33,13 @@ func TestFinishedTasksAreArchivedAndStayWhole(t *testing.T) {
 		if n["armed"] != 1 || n["exited"] != 1 || n["fired"] != 1 || n["archived"] != 1 {
 			t.Fatalf("%s: history of an archived task: %v", when, n)
 		}
-		// The same idempotency key still names the same task, which does not run again.
-		if again := add(t, home, "--idempotency-key", "nightly-7", "--", "echo again"); again != id {
+		// The same idempotency key and spec still name the same task, which does not
+		// run again; the key with another command is refused.
+		if again := add(t, home, "--idempotency-key", "nightly-7", "--", command); again != id {
 			t.Fatalf("%s: the key registered a new task %s", when, again)
+		}
+		if r := run(t, home, "add", "--idempotency-key", "nightly-7", "--", "echo again"); r.code != 6 || !strings.Contains(r.stderr, "command") {
+			t.Fatalf("%s: the key with another command: exit %d, %s", when, r.code, r.stderr)
 		}
 		auditClean(t, home)
 		if out := ok(t, home, "audit"); !strings.Contains(out, "1 archived") {
