@@ -116,15 +116,16 @@ func (s *Service) appendArmed(ctx context.Context, ev events.Event) (uint64, err
 	}
 }
 
-// MaxReasonBytes bounds a cancel's reason: it is kept in the task's state, so in
-// every view and list page of it, and in its wake-up.
-const MaxReasonBytes = 1 << 10
+// MaxCancelReasonBytes bounds a cancel's reason: it is kept in the task's state, so
+// in every view and list page of it. Even if every byte takes six as JSON, it stays
+// within the budget of a reason and is never cut.
+const MaxCancelReasonBytes = 512
 
 // Cancel appends cancelled to an armed or running task; the worker that runs it sees
 // the event and stops the command's process group.
 func (s *Service) Cancel(ctx context.Context, id, reason string) (State, error) {
-	if len(reason) > MaxReasonBytes {
-		return State{}, fieldErr("reason", "%d bytes is over the limit of %d", len(reason), MaxReasonBytes)
+	if len(reason) > MaxCancelReasonBytes {
+		return State{}, fieldErr("reason", "%d bytes is over the limit of %d", len(reason), MaxCancelReasonBytes)
 	}
 	return s.update(ctx, id, Cancel{Reason: reason})
 }

@@ -569,7 +569,7 @@ func TestCancelRefusesAnOversizedReason(t *testing.T) {
 	svc := engine.NewService(b.store, engineWriter, engine.Base{})
 	id := b.register(t, `{"command":"sleep 100"}`)
 	before := b.lastSeq(t)
-	_, err := svc.Cancel(context.Background(), id, strings.Repeat("r", engine.MaxReasonBytes+1))
+	_, err := svc.Cancel(context.Background(), id, strings.Repeat("r", engine.MaxCancelReasonBytes+1))
 	var fe *engine.FieldError
 	if !errors.As(err, &fe) || fe.Field != "reason" {
 		t.Fatalf("Cancel = %v, want a *FieldError on reason", err)
@@ -577,7 +577,7 @@ func TestCancelRefusesAnOversizedReason(t *testing.T) {
 	if got := b.lastSeq(t); got != before {
 		t.Fatalf("stream LastSeq moved from %d to %d", before, got)
 	}
-	s, err := svc.Cancel(context.Background(), id, strings.Repeat("r", engine.MaxReasonBytes))
+	s, err := svc.Cancel(context.Background(), id, strings.Repeat("r", engine.MaxCancelReasonBytes))
 	if err != nil || s.Phase != engine.PhaseCancelled {
 		t.Fatalf("Cancel with a reason at the limit = %q, %v; want cancelled", s.Phase, err)
 	}

@@ -346,7 +346,13 @@ func toError(err error) *Error {
 	return &Error{Code: 500, Message: err.Error()}
 }
 
+// decode reads a request as a spec is read: a key given twice or a string that is
+// not UTF-8 is refused with its field named, not decoded into something else.
 func decode(data []byte, v any) error {
+	var fe *engine.FieldError
+	if errors.As(engine.CheckJSON(data, "request"), &fe) {
+		return &Error{Code: 400, Field: fe.Field, Message: fe.Error()}
+	}
 	if err := json.Unmarshal(data, v); err != nil {
 		return &Error{Code: 400, Field: "request", Message: "request: not valid JSON: " + err.Error()}
 	}

@@ -352,12 +352,12 @@ func TestListOfMoreThanOneMessageComesInPages(t *testing.T) {
 	listAll(t, client, ids)
 }
 
-// Tasks with large origins page too: twenty of 60 KB are more than one message.
+// Large tasks page too: twenty of 60 KB are more than one message.
 func TestListOfLargeTasksComesInPages(t *testing.T) {
 	t.Parallel()
 	srv, _ := serve(t)
-	origin := `{"notes":"` + strings.Repeat("n", 60<<10) + `"}`
-	ids := registerMany(t, srv, 20, func(i int) string { return fmt.Sprintf(`{"command":"make test-%d","origin":%s}`, i, origin) })
+	env := `{"NOTES":"` + strings.Repeat("n", 60<<10) + `"}`
+	ids := registerMany(t, srv, 20, func(i int) string { return fmt.Sprintf(`{"command":"make test-%d","env":%s}`, i, env) })
 	listAll(t, api.NewClient(srv.Conn), ids)
 	// A limit is kept across pages.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -455,7 +455,7 @@ func TestRepliesTooLargeForAMessageAreErrors(t *testing.T) {
 	client := api.NewClient(srv.Conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	reg, err := client.Register(ctx, []byte(`{"command":"make","origin":{"notes":"`+strings.Repeat("n", 60<<10)+`"}}`))
+	reg, err := client.Register(ctx, []byte(`{"command":"make","env":{"NOTES":"`+strings.Repeat("n", 60<<10)+`"}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -542,5 +542,67 @@ func TestRegisterRefusesAKeyWithAnotherSpec(t *testing.T) {
 	}
 	if last, err := store.LastSeq(ctx); err != nil || last != 1 {
 		t.Fatalf("the stream holds %d events (%v), want 1", last, err)
+	}
+}
+
+// TestRequestsRefuseWhatDecodingWouldChange: a request with a key given twice, or a
+// reason that is not UTF-8, is refused with the field named, and the task is left
+// as it was.
+func TestRequestsRefuseWhatDecodingWouldChange(t *testing.T) {
+	t.Parallel()
+	srv, store := serve(t)
+	client := api.NewClient(srv.Conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reg, err := client.Register(ctx, []byte(`{"command":"sleep 100"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, request, field string }{
+		{"a reason that is not UTF-8", `{"id":"` + reg.ID + "\",\"reason\":\"a\xffb\"}", "reason"},
+		{"an id given twice", `{"id":"` + reg.ID + `","id":"` + reg.ID + `"}`, "id"},
+		{"an oversized reason", `{"id":"` + reg.ID + `","reason":"` + strings.Repeat("r", engine.MaxCancelReasonBytes+1) + `"}`, "reason"},
+	} {
+		msg, err := srv.Conn.RequestWithContext(ctx, api.SubjectCancel, []byte(tc.request))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reply struct{ Error *api.Error }
+		if err := json.Unmarshal(msg.Data, &reply); err != nil || reply.Error == nil ||
+			reply.Error.Code != 400 || reply.Error.Field != tc.field {
+			t.Errorf("%s: reply %s, want a 400 naming %s", tc.name, msg.Data, tc.field)
+		}
+	}
+	last, err := store.Last(ctx, reg.ID)
+	if err != nil || last.Type != events.TypeArmed {
+		t.Fatalf("the task's last event is %v (%v), want it still armed", last.Type, err)
+	}
+}
+
+// TestReadersReadWhatRegistrationAccepts: a task with an origin as deep and as large
+// as registration accepts is listed, shown and decoded by the client.
+func TestReadersReadWhatRegistrationAccepts(t *testing.T) {
+	t.Parallel()
+	srv, _ := serve(t)
+	client := api.NewClient(srv.Conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	deep := strings.Repeat(`{"a":`, engine.MaxJSONDepth-1) + `"` + strings.Repeat("o", engine.MaxOriginBytes-6*engine.MaxJSONDepth) + `"` + strings.Repeat("}", engine.MaxJSONDepth-1)
+	var ids []string
+	for _, origin := range []string{deep, strings.Repeat("[", engine.MaxJSONDepth) + strings.Repeat("]", engine.MaxJSONDepth)} {
+		reg, err := client.Register(ctx, []byte(`{"command":"true","origin":`+origin+`}`))
+		if err != nil {
+			t.Fatalf("register an origin at the limits: %v", err)
+		}
+		ids = append(ids, reg.ID)
+	}
+	for _, id := range ids {
+		v, err := client.Get(ctx, id)
+		if err != nil || v.ID != id || len(v.Spec.Origin) == 0 {
+			t.Fatalf("get %s: %v", id, err)
+		}
+	}
+	if reply, err := client.List(ctx, engine.ListQuery{}); err != nil || len(reply.Tasks) != len(ids) {
+		t.Fatalf("list: %d tasks, %v; want %d", len(reply.Tasks), err, len(ids))
 	}
 }
