@@ -98,9 +98,12 @@ func BenchmarkArchivePut(b *testing.B) {
 	}
 }
 
-// BenchmarkHistory reads one task's ten events out of a stream of 2,000 tasks'
-// (20,000 events, in one block of the store): as History does, not knowing how
-// many there are, and as the archiver does with HistoryOf, knowing.
+// BenchmarkHistory reads one task's ten events out of a stream of 200,000 tasks'
+// (2,000,000 events, each task's ten spread over the whole stream, as tasks that
+// run side by side write them): as History does, not knowing how many there are,
+// and as the archiver does with HistoryOf, knowing. The stream is filled with
+// asynchronous publishes on the events' subjects, stored as appends store them:
+// one subject per task.
 func BenchmarkHistory(b *testing.B) {
 	srv := eventstest.Run(b)
 	ctx := context.Background()
@@ -108,23 +111,43 @@ func BenchmarkHistory(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	const tasks, each = 2000, 10
-	for i := range tasks {
-		task := fmt.Sprintf("task-%d", i)
-		var last uint64
-		for j := range each {
+	const tasks, each = 200_000, 10
+	for j := range each {
+		for i := range tasks {
 			var p events.Payload = &events.Tick{OutputBytes: int64(j)}
 			if j == 0 {
 				p = &events.Armed{Spec: []byte(`{}`)}
 			}
-			ev, err := events.New(task, "bench", 1, time.Now(), p)
+			ev, err := events.New(fmt.Sprintf("task-%d", i), "bench", 1, time.Now(), p)
 			if err != nil {
 				b.Fatal(err)
 			}
-			if last, err = store.Append(ctx, ev, last); err != nil {
+			data, err := json.Marshal(ev)
+			if err != nil {
 				b.Fatal(err)
 			}
+			if _, err := srv.JS.PublishAsync(events.TaskSubject(ev.TaskID, ev.Type), data); err != nil {
+				b.Fatal(err)
+			}
+			if i%1000 == 999 {
+				select {
+				case <-srv.JS.PublishAsyncComplete():
+				case <-time.After(time.Minute):
+					b.Fatal("1,000 publishes not acknowledged in a minute")
+				}
+			}
 		}
+	}
+	stream, err := srv.JS.Stream(ctx, events.StreamName)
+	if err != nil {
+		b.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if info.State.NumSubjects != tasks {
+		b.Fatalf("%d subjects in the stream for %d tasks", info.State.NumSubjects, tasks)
 	}
 	target := fmt.Sprintf("task-%d", tasks/2)
 	for _, bc := range []struct {
