@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/bgtask/bgtask/events"
 )
@@ -69,7 +70,7 @@ func (c Lose) decide(s State, _ Meta) (events.Payload, uint64, error) {
 	if s.Spec.OnLost == OnLostRespawn {
 		action = OnLostRespawn
 	}
-	return &events.Lost{Worker: s.Worker, Action: action, Reason: c.Reason}, s.Epoch, nil
+	return &events.Lost{Worker: s.Worker, Action: action, Reason: cutStart(c.Reason, MaxReasonBytes)}, s.Epoch, nil
 }
 
 // Expire ends a task that is still waiting for a worker when its deadline passes.
@@ -91,6 +92,10 @@ func (c Arm) decide(s State, _ Meta) (events.Payload, uint64, error) {
 	raw, err := json.Marshal(c.Spec)
 	if err != nil {
 		return nil, 0, err
+	}
+	if limit := maxPayloadBytes - len(`{"spec":}`); len(raw) > limit {
+		// A spec's characters may take six bytes each once escaped as JSON.
+		return nil, 0, fieldErr("spec", "%d bytes as stored (JSON-escaped) is over the %d an event can carry", len(raw), limit)
 	}
 	return &events.Armed{Spec: raw}, 0, nil
 }
@@ -115,7 +120,7 @@ func (c Exit) decide(s State, m Meta) (events.Payload, uint64, error) {
 	if err := s.leaseHeldBy(m.Writer); err != nil {
 		return nil, 0, err
 	}
-	run := c.Run
+	run := fitExited(c.Run)
 	return &run, s.Epoch, nil
 }
 
@@ -152,7 +157,7 @@ func (c Fail) decide(s State, m Meta) (events.Payload, uint64, error) {
 			return nil, 0, err
 		}
 	}
-	return &events.Failed{Reason: c.Reason}, s.Epoch, nil
+	return &events.Failed{Reason: cutStart(c.Reason, MaxReasonBytes)}, s.Epoch, nil
 }
 
 func (Expire) decide(s State, m Meta) (events.Payload, uint64, error) {
@@ -186,7 +191,7 @@ func (c Fire) decide(s State, _ Meta) (events.Payload, uint64, error) {
 func (c Cancel) decide(s State, _ Meta) (events.Payload, uint64, error) {
 	switch s.Phase {
 	case PhaseArmed, PhaseRunning:
-		return &events.Cancelled{Reason: c.Reason}, s.Epoch, nil
+		return &events.Cancelled{Reason: cutStart(c.Reason, MaxReasonBytes)}, s.Epoch, nil
 	case "":
 		return nil, 0, ErrNotFound
 	case PhaseEnded, PhasePersisted:
@@ -233,36 +238,75 @@ func (s State) wakeup() events.Wakeup {
 			w.ExitCode = &code
 		}
 	}
-	w.Result = s.result()
-	w.Prompt = s.render(w)
+	result, total := s.result()
+	return s.fit(w, result, total, s.promptParts)
+}
+
+// promptParts are the parts of the spec's prompt template, or of the default
+// prompt, for w.
+func (s State) promptParts(w events.Wakeup, vars map[string]string) []part {
+	switch {
+	case s.Spec.Prompt != "":
+		return parseTemplate(s.Spec.Prompt)
+	case w.Notice != "":
+		return noticePrompt(w)
+	}
+	return defaultPrompt(w, vars)
+}
+
+// fit cuts w to the budget of a wake-up, with result (total bytes long before any
+// cut) as its result, and renders its prompt from the parts that prompt gives.
+// The command, the reason and the matched line are cut to their own bounds; the
+// prompt, the result and the tail share what is left, each taking what it needs
+// up to a fair share. The prompt is rendered from the result and tail as cut, and
+// within what they leave.
+func (s State) fit(w events.Wakeup, result string, total int, prompt func(events.Wakeup, map[string]string) []part) events.Wakeup {
+	w.Command = cutStart(w.Command, maxCommandShown)
+	w.Reason = cutStart(w.Reason, MaxReasonBytes)
+	w.MatchedLine = cutStart(w.MatchedLine, maxMatchedBytes)
+	tail := w.Tail
+	w.Tail, w.Result, w.Prompt = nil, "", ""
+	room := MaxWakeupBytes - encodedLen(&w) // the prompt's quotes included
+	const tailKey, resultKey = len(`,"tail":`), len(`,"result":`)
+
+	full := w
+	full.Tail, full.Result = tail, s.fitResult(result, total, MaxWakeupBytes)
+	vars := promptVars(full, s.Spec.Kind)
+	parts := prompt(full, vars)
+	need := [3]int{promptLen(parts, newValues(vars, s.Spec.Origin)) - 2, 0, 0}
+	if full.Result != "" {
+		need[1] = resultKey + jsonLen(full.Result)
+	}
+	if len(tail) > 0 {
+		need[2] = tailKey + listLen(tail)
+	}
+	share := shares(room, need[0], need[1], need[2])
+	if w.Result = s.fitResult(result, total, share[1]-resultKey); w.Result != "" {
+		room -= resultKey + jsonLen(w.Result)
+	}
+	if w.Tail = cutLines(tail, share[2]-tailKey); len(w.Tail) > 0 {
+		room -= tailKey + listLen(w.Tail)
+	}
+	vars = promptVars(w, s.Spec.Kind)
+	w.Prompt = renderParts(prompt(w, vars), newValues(vars, s.Spec.Origin), room+2)
 	return w
 }
 
-// render fills the spec's prompt template, or the default prompt, for w.
-func (s State) render(w events.Wakeup) string {
-	vars := promptVars(w, s.Spec.Kind)
-	if s.Spec.Prompt == "" && w.Notice != "" {
-		return fmt.Sprintf("Background task %s %s: %s.\nCommand: %s\n", w.ID, w.Status, w.Reason, w.Command)
-	}
-	if s.Spec.Prompt == "" {
-		return defaultPrompt(w, vars)
-	}
-	return render(s.Spec.Prompt, vars, s.Spec.Origin)
-}
-
-// result is the wake-up's {{result}}: what the spec's result rule selects, cut at
-// max_result_bytes with a note that says so.
-func (s State) result() string {
+// result is what the spec's result rule selects for the wake-up's {{result}}, and
+// how many bytes it had before the worker kept only its start.
+func (s State) result() (string, int) {
 	var out string
 	r := s.Spec.Result
 	switch {
 	case s.Run == nil:
-		return ""
+		return "", 0
 	case r != nil && r.Type == ResultCommand:
 		out = s.Run.Result
 		if s.Run.ResultError != "" {
 			out = "(result command failed: " + s.Run.ResultError + ")\n" + out
+			return out, len(out) + max(0, s.Run.ResultBytes-len(s.Run.Result))
 		}
+		return out, max(len(out), s.Run.ResultBytes)
 	case r != nil && r.Type == ResultMatchedLine:
 		out = s.Run.MatchedLine
 	default:
@@ -276,14 +320,39 @@ func (s State) result() string {
 		}
 		out = strings.Join(tail, "\n")
 	}
-	total := len(out)
-	if s.Run != nil && s.Run.ResultBytes > total {
-		total = s.Run.ResultBytes // the worker kept only the first part
+	return out, len(out)
+}
+
+// fitResult cuts a result of total bytes at max_result_bytes, and to limit bytes
+// as JSON, with a note that says so.
+func (s State) fitResult(out string, total, limit int) string {
+	if len(out) > s.Spec.maxResultBytes() {
+		out = runeStart(out, s.Spec.maxResultBytes())
 	}
-	if limit := s.Spec.maxResultBytes(); total > limit {
-		out = strings.ToValidUTF8(out[:min(limit, len(out))], "") + fmt.Sprintf("\n[result truncated: %d of %d bytes]", limit, total)
+	if len(out) == total && jsonLen(out) <= limit {
+		return out
 	}
-	return out
+	if cut := out + resultNote(len(out), total); jsonLen(cut) <= limit {
+		return cut
+	}
+	room := limit - jsonLen(resultNote(total, total))
+	if room < 0 {
+		return ""
+	}
+	out = jsonPrefix(out, room)
+	return out + resultNote(len(out), total)
+}
+
+func resultNote(kept, total int) string {
+	return fmt.Sprintf("\n[result truncated: %d of %d bytes]", kept, total)
+}
+
+// runeStart is the first n bytes of s, less the start of a rune they would cut.
+func runeStart(s string, n int) string {
+	for n > 0 && n < len(s) && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // StallNotice is the wake-up sent when a task stalls and its spec says notify: the
@@ -297,16 +366,17 @@ func (s State) StallNotice() events.Wakeup {
 	if s.Stall != nil {
 		w.Reason = "no output for " + s.Stall.SilentFor + "; the command is still running"
 	}
-	w.Prompt = s.render(w)
-	return w
+	return s.fit(w, "", 0, s.promptParts)
 }
 
 // CancelledWakeup is what `wait` reports for a cancelled task: nothing is delivered,
 // but a waiter still learns how it ended.
 func (s State) CancelledWakeup() events.Wakeup {
-	return events.Wakeup{
+	w := events.Wakeup{
 		ID: s.ID, Status: StatusCancelled, Reason: s.Reason, Kind: s.Spec.Kind,
 		Command: s.Spec.CommandLine(), Target: s.Spec.Target, Origin: s.Spec.Origin,
-		Prompt: fmt.Sprintf("Background task %s was cancelled.\nCommand: %s\n", s.ID, s.Spec.CommandLine()),
 	}
+	return s.fit(w, "", 0, func(w events.Wakeup, _ map[string]string) []part {
+		return []part{lit("Background task %s was cancelled.\nCommand: ", w.ID), placeholder("command"), lit("\n")}
+	})
 }

@@ -53,27 +53,175 @@ func checkTemplate(tmpl string, known []string) error {
 	return scanTemplate(tmpl, known, func(string) {}, func(string) {})
 }
 
-// render fills a template that checkTemplate accepted; vars holds the values of
-// the placeholders it may use.
-func render(tmpl string, vars map[string]string, origin json.RawMessage) string {
-	var b strings.Builder
-	_ = scanTemplate(tmpl, argvPlaceholders, func(s string) { b.WriteString(s) }, func(name string) {
-		if key, ok := strings.CutPrefix(name, "origin."); ok {
-			b.WriteString(originValue(origin, key))
-			return
+// part is a piece of a prompt: literal text, or the placeholder name names.
+type part struct{ text, name string }
+
+func lit(format string, a ...any) part { return part{text: fmt.Sprintf(format, a...)} }
+
+func placeholder(name string) part { return part{name: name} }
+
+// parseTemplate splits a template that checkTemplate accepted into its parts.
+func parseTemplate(tmpl string) []part {
+	var parts []part
+	_ = scanTemplate(tmpl, argvPlaceholders, func(s string) {
+		if s != "" {
+			parts = append(parts, part{text: s})
 		}
-		b.WriteString(vars[name])
-	})
+	}, func(name string) { parts = append(parts, placeholder(name)) })
+	return parts
+}
+
+// values are what a prompt's placeholders stand for.
+type values struct {
+	vars   map[string]string
+	origin json.RawMessage
+	found  map[string]string // origin keys looked up, once each
+	sizes  map[string]int    // values sized as JSON, once each
+}
+
+func newValues(vars map[string]string, origin json.RawMessage) *values {
+	return &values{vars: vars, origin: origin, found: map[string]string{}, sizes: map[string]int{}}
+}
+
+// size is how many bytes a placeholder's value takes in a JSON string.
+func (v *values) size(name string) int {
+	n, ok := v.sizes[name]
+	if !ok {
+		n = jsonLen(v.get(name)) - 2
+		v.sizes[name] = n
+	}
+	return n
+}
+
+func (v *values) get(name string) string {
+	key, ok := strings.CutPrefix(name, "origin.")
+	if !ok {
+		return v.vars[name]
+	}
+	s, ok := v.found[key]
+	if !ok {
+		s = originValue(v.origin, key)
+		v.found[key] = s
+	}
+	return s
+}
+
+// promptSize is the size of a prompt's parts as JSON, quotes left out.
+type promptSize struct {
+	sizes []int
+	// total is the whole prompt's and literal its text's, quotes included; needs
+	// are the placeholders', in order.
+	total, literal int
+	needs          []int
+}
+
+func measure(parts []part, vals *values) promptSize {
+	m := promptSize{sizes: make([]int, len(parts)), total: 2, literal: 2}
+	for i, p := range parts {
+		if p.name == "" {
+			m.sizes[i] = jsonLen(p.text) - 2
+			m.literal += m.sizes[i]
+		} else {
+			m.sizes[i] = vals.size(p.name)
+			m.needs = append(m.needs, m.sizes[i])
+		}
+		m.total += m.sizes[i]
+	}
+	return m
+}
+
+// promptLen is how many bytes parts filled with vals take as a JSON string.
+func promptLen(parts []part, vals *values) int { return measure(parts, vals).total }
+
+// minShare is the least a placeholder cut to fit a prompt keeps. A template with
+// so many long placeholders that each would keep less is cut where it reaches its
+// budget instead.
+const minShare = 1 << 10
+
+// promptCut ends a prompt cut where it reached its budget.
+const promptCut = "\n[the rest of the prompt was cut to fit bgtask's byte budget]"
+
+// renderParts fills parts with vals within limit bytes as a JSON string, quotes
+// included. It sizes the prompt before it builds it, and never builds more than
+// limit bytes: a prompt over its budget has its longest placeholders cut to fair
+// shares (the end of {{tail}} kept, the start of the others), each with a marker;
+// where that would leave each of them less than minShare (a template that repeats
+// a placeholder thousands of times), the prompt is cut where it reaches its
+// budget, with a marker.
+func renderParts(parts []part, vals *values, limit int) string {
+	m := measure(parts, vals)
+	sizes, total, literal, needs := m.sizes, m.total, m.literal, m.needs
+	var b strings.Builder
+	text := func(p part) string {
+		if p.name == "" {
+			return p.text
+		}
+		return vals.get(p.name)
+	}
+	if total <= limit {
+		for _, p := range parts {
+			b.WriteString(text(p))
+		}
+		return b.String()
+	}
+	share := shares(limit-literal, needs...)
+	fits := literal <= limit
+	for i, n := range needs {
+		fits = fits && (share[i] == n || share[i] >= minShare)
+	}
+	if fits {
+		k := 0
+		for _, p := range parts {
+			if p.name == "" {
+				b.WriteString(p.text)
+				continue
+			}
+			if v := vals.get(p.name); share[k] < needs[k] && p.name == "tail" {
+				b.WriteString(cutEnd(v, share[k]+2))
+			} else if share[k] < needs[k] {
+				b.WriteString(cutStart(v, share[k]+2))
+			} else {
+				b.WriteString(v)
+			}
+			k++
+		}
+		return b.String()
+	}
+	room := limit - jsonLen(promptCut)
+	if room < 0 {
+		return ""
+	}
+	for i, p := range parts {
+		if sizes[i] > room {
+			b.WriteString(jsonPrefix(text(p), room))
+			break
+		}
+		b.WriteString(text(p))
+		room -= sizes[i]
+	}
+	b.WriteString(promptCut)
 	return b.String()
 }
 
-// RenderArgv fills the placeholders of an exec sink's argv for wake-up w.
+// maxArgBytes bounds each argument of an exec sink (Linux refuses one over 128
+// KiB) and maxArgvBytes all of them: an argv that repeats {{prompt}} must not
+// build gigabytes.
+const (
+	maxArgBytes  = 128<<10 - 1
+	maxArgvBytes = 1 << 20
+)
+
+// RenderArgv fills the placeholders of an exec sink's argv for wake-up w, each
+// argument cut to fit the budget of an argv as a prompt is.
 func RenderArgv(argv []string, w events.Wakeup) []string {
 	vars := promptVars(w, w.Kind)
 	vars["prompt"] = w.Prompt
+	vals := newValues(vars, w.Origin)
 	out := make([]string, len(argv))
+	left := maxArgvBytes
 	for i, a := range argv {
-		out[i] = render(a, vars, w.Origin)
+		out[i] = renderParts(parseTemplate(a), vals, min(maxArgBytes, left))
+		left -= min(len(out[i]), left)
 	}
 	return out
 }
@@ -123,27 +271,31 @@ func promptVars(w events.Wakeup, kind string) map[string]string {
 
 // defaultPrompt is used when a spec has none: enough for a reader who has forgotten
 // the task to know what ran, how it ended and what it printed last.
-func defaultPrompt(w events.Wakeup, vars map[string]string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "Background task %s %s", w.ID, w.Status)
+func defaultPrompt(w events.Wakeup, vars map[string]string) []part {
+	parts := []part{lit("Background task %s %s", w.ID, w.Status)}
 	if w.ExitCode != nil {
-		fmt.Fprintf(&b, " (exit code %d", *w.ExitCode)
+		signal := ""
 		if w.Signal != "" {
-			fmt.Fprintf(&b, ", signal %s", w.Signal)
+			signal = ", signal " + w.Signal
 		}
-		b.WriteString(")")
+		parts = append(parts, lit(" (exit code %d%s)", *w.ExitCode, signal))
 	}
 	if vars["duration"] != "" {
-		fmt.Fprintf(&b, " after %s", vars["duration"])
+		parts = append(parts, lit(" after %s", vars["duration"]))
 	}
-	fmt.Fprintf(&b, ".\nCommand: %s\n", w.Command)
+	parts = append(parts, lit(".\nCommand: "), placeholder("command"), lit("\n"))
 	if w.Reason != "" {
-		fmt.Fprintf(&b, "Reason: %s\n", w.Reason)
+		parts = append(parts, lit("Reason: "), placeholder("reason"), lit("\n"))
 	}
 	if len(w.Tail) > 0 {
-		fmt.Fprintf(&b, "Last %d lines of output:\n%s\n", len(w.Tail), vars["tail"])
+		parts = append(parts, lit("Last %d lines of output:\n", len(w.Tail)), placeholder("tail"), lit("\n"))
 	} else {
-		b.WriteString("It printed nothing.\n")
+		parts = append(parts, lit("It printed nothing.\n"))
 	}
-	return b.String()
+	return parts
+}
+
+// noticePrompt is the prompt of a stall notice of a spec without a template.
+func noticePrompt(w events.Wakeup) []part {
+	return []part{lit("Background task %s %s: ", w.ID, w.Status), placeholder("reason"), lit(".\nCommand: "), placeholder("command"), lit("\n")}
 }

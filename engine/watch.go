@@ -68,8 +68,9 @@ const (
 	DefaultTailLines      = 50
 	MaxTailLines          = 1000
 	DefaultMaxResultBytes = 32 << 10
-	MaxResultBytesLimit   = 1 << 20
-	DefaultResultTimeout  = time.Minute
+	// MaxResultBytesLimit keeps a result within a quarter of the wake-up's budget.
+	MaxResultBytesLimit  = MaxWakeupBytes / 4
+	DefaultResultTimeout = time.Minute
 	// MaxResultTimeout bounds a result command: it runs before the exit is recorded.
 	MaxResultTimeout   = 10 * time.Minute
 	DefaultMaxRespawns = 1
@@ -181,9 +182,10 @@ func (s *Spec) validateWatch(now time.Time) error {
 		return fieldErr("on_lost", "%q: want fail or respawn", s.OnLost)
 	}
 	if s.MaxResultBytes < 0 || s.MaxResultBytes > MaxResultBytesLimit {
-		return fieldErr("max_result_bytes", "%d: want 1 to %d", s.MaxResultBytes, MaxResultBytesLimit)
+		return fieldErr("max_result_bytes", "%d: want 1 to %d, a quarter of the %d bytes a wake-up may take", s.MaxResultBytes, MaxResultBytesLimit, MaxWakeupBytes)
 	}
-	return nil
+	// The rest of a wake-up is cut to fit around what it carries whole.
+	return s.checkCarried()
 }
 
 func parsePositiveDuration(v string) (time.Duration, error) {

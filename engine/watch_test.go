@@ -1081,7 +1081,7 @@ func TestResultOfTheDefaultSizeIsCutAt32KiB(t *testing.T) {
 }
 
 // TestResultCutKeepsValidUTF8: a cut in the middle of a character drops the
-// character's first bytes.
+// character's first bytes, and the note counts the bytes kept.
 func TestResultCutKeepsValidUTF8(t *testing.T) {
 	t.Parallel()
 	const text = "aé€😀z" // 1 + 2 + 3 + 4 + 1 bytes
@@ -1108,7 +1108,7 @@ func TestResultCutKeepsValidUTF8(t *testing.T) {
 			if !utf8.ValidString(w.Result) {
 				t.Fatalf("result %q is not valid UTF-8", w.Result)
 			}
-			want := tc.want + fmt.Sprintf("\n[result truncated: %d of %d bytes]", tc.limit, len(text))
+			want := tc.want + fmt.Sprintf("\n[result truncated: %d of %d bytes]", len(tc.want), len(text))
 			if w.Result != want {
 				t.Fatalf("result = %q, want %q", w.Result, want)
 			}
