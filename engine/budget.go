@@ -38,7 +38,7 @@ const (
 	// MaxCarriedBytes bounds, as JSON, what a wake-up carries whole from the spec:
 	// its origin, target and kind. The rest of the wake-up is left for the prompt,
 	// the result and the tail.
-	MaxCarriedBytes = MaxWakeupBytes / 4
+	MaxCarriedBytes = 64 << 10
 )
 
 // jsonLen is how many bytes s takes as a JSON string, quotes included, as

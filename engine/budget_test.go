@@ -231,9 +231,6 @@ func TestRegistrationKeepsTheWakeupWithinTheBudget(t *testing.T) {
 		_, err := engine.Decide(engine.State{ID: taskID}, engine.Arm{Spec: spec}, engine.Meta{Writer: engineWriter, Now: t0})
 		checkFieldError(t, err, "spec")
 	})
-	if got, want := engine.MaxResultBytesLimit, engine.MaxWakeupBytes/4; got != want {
-		t.Fatalf("MaxResultBytesLimit = %d, want a quarter of the wake-up, %d", got, want)
-	}
 }
 
 // TestReasonsAreCutToTheirBound: a reason is cut in its event and its wake-up.

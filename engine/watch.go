@@ -68,8 +68,8 @@ const (
 	DefaultTailLines      = 50
 	MaxTailLines          = 1000
 	DefaultMaxResultBytes = 32 << 10
-	// MaxResultBytesLimit keeps a result within a quarter of the wake-up's budget.
-	MaxResultBytesLimit  = MaxWakeupBytes / 4
+	// MaxResultBytesLimit keeps a result within about a quarter of a wake-up.
+	MaxResultBytesLimit  = 64 << 10
 	DefaultResultTimeout = time.Minute
 	// MaxResultTimeout bounds a result command: it runs before the exit is recorded.
 	MaxResultTimeout   = 10 * time.Minute
@@ -182,7 +182,7 @@ func (s *Spec) validateWatch(now time.Time) error {
 		return fieldErr("on_lost", "%q: want fail or respawn", s.OnLost)
 	}
 	if s.MaxResultBytes < 0 || s.MaxResultBytes > MaxResultBytesLimit {
-		return fieldErr("max_result_bytes", "%d: want 1 to %d, a quarter of the %d bytes a wake-up may take", s.MaxResultBytes, MaxResultBytesLimit, MaxWakeupBytes)
+		return fieldErr("max_result_bytes", "%d: want 1 to %d, for a wake-up takes at most %d bytes", s.MaxResultBytes, MaxResultBytesLimit, MaxWakeupBytes)
 	}
 	// The rest of a wake-up is cut to fit around what it carries whole.
 	return s.checkCarried()
