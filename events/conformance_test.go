@@ -335,6 +335,18 @@ func conformCompactionAndArchive(t *testing.T, top *topology) {
 			t.Fatalf("history of the compacted task through store %d: %v, %v; want its archived event", i, types(h), err)
 		}
 	}
+	// The stream keeps the archived event alone.
+	stream, err := top.js[0].Stream(ctx, events.StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(events.StoredSubject(task)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := info.State.Subjects[events.StoredSubject(task)]; n != 1 {
+		t.Fatalf("the compacted task's subject holds %d events, want 1", n)
+	}
 	got, err := archive.Get(ctx, archiveSeq)
 	if err != nil || got.TaskID != task || !reflect.DeepEqual(got.Events, full) {
 		t.Fatalf("archived history: %+v, %v; want the %d events before", got, err, len(full))

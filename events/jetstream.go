@@ -231,6 +231,11 @@ func (s *JetStreamStore) HistoryOf(ctx context.Context, taskID string, n int) ([
 	if err != nil {
 		return nil, err
 	}
+	if last.Type == TypeArchived {
+		// The task's history is in the archive and the stream keeps this event
+		// alone once compacted; a replica may not have applied the compaction yet.
+		return []Record{last}, nil
+	}
 	batch := historyBatch
 	if n > 0 {
 		batch = min(n, historyBatch)
