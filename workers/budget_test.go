@@ -103,3 +103,27 @@ func TestOutputOverTheBudgetStillFires(t *testing.T) {
 		})
 	}
 }
+
+// TestAnAmplifyingPromptFires: a 64 KiB template of {{tail}} repeated 8,000 times
+// over a 100 KB tail (800 MB rendered whole) fires once, its prompt cut where it
+// reached its budget.
+func TestAnAmplifyingPromptFires(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startWorker(t, workers.Config{})
+	b.startDispatcher(t)
+	spec, err := engine.ParseSpec([]byte(`{"command":"for i in $(seq 1 50); do head -c 2000 /dev/zero | tr '\\0' y; echo; done; exit 6","prompt":"` + strings.Repeat("{{tail}}", 8000) + `"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.Cwd = t.TempDir()
+	id := b.arm(t, spec)
+	st := b.waitFor(t, id, time.Minute, "fired", func(s engine.State) bool { return s.Phase == engine.PhaseFired })
+	w := *st.Wakeup
+	if w.ExitCode == nil || *w.ExitCode != 6 || len(w.Tail) != 50 {
+		t.Fatalf("wake-up exit code %v with %d lines of tail, want 6 and the whole tail", w.ExitCode, len(w.Tail))
+	}
+	if !strings.HasPrefix(w.Prompt, w.Tail[0]) || !strings.HasSuffix(w.Prompt, "\n[the rest of the prompt was cut to fit bgtask's byte budget]") {
+		t.Fatalf("prompt of %d bytes starts %.40q and ends %q, want the tail, then a marker", len(w.Prompt), w.Prompt, w.Prompt[len(w.Prompt)-80:])
+	}
+}
