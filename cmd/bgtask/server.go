@@ -42,6 +42,7 @@ type serverOptions struct {
 	probe         probeOptions
 	// denyPrivate refuses webhook destinations outside the public address ranges.
 	denyPrivate bool
+	logBytes    byteSize // the log stream's size limit; 0: fit it to the disk
 }
 
 // pushing is what the engine pushes with: the delivery flags, and the rule of
@@ -121,6 +122,7 @@ run if one can: registering a task is running a command.`,
 	o.worker.register(f)
 	o.delivery.register(f)
 	f.BoolVar(&o.denyPrivate, "webhook-deny-private", false, "refuse webhook destinations in loopback, private, link-local (cloud metadata), carrier-grade NAT and other non-public ranges, checked on the address each push dials (no HTTP proxy is used then); off by default for a single machine, on for a shared deployment (docs/security.md)")
+	f.Var(&o.logBytes, "log-bytes", "the size limit of the output log stream BGTASK_LOGS, such as 512MiB (default: half of what JetStream may store, at most 4GiB; the embedded server may store 75% of the disk it finds free)")
 	f.Uint64Var(&o.snapshotEvery, "snapshot-every", 100_000, "write a snapshot of the current state to "+snapshotFile+" in the home after this many events (and at least as many events as there are tasks), so that a restart reads it and replays only the events after it; 0: no snapshots, none read")
 	f.DurationVar(&o.archiveAfter, "archive-after", engine.DefaultArchiveAfter, "move tasks finished longer ago than this out of the event stream into the archive stream BGTASK_ARCHIVE (their history, audit and show stay whole); 0: never")
 	return cmd
@@ -192,6 +194,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	node, err := startNode(ctx, nc, base, nodeOptions{
 		writer: "engine@" + hostName(), leaseTTL: o.leaseTTL, replicas: 1,
 		push: o.pushing(secret), archiveAfter: o.archiveAfter,
+		logBytes: int64(o.logBytes), maxStore: ns.JetStreamConfig().MaxStore,
 		snapshots: projections.Snapshots{Path: filepath.Join(home, snapshotFile), Every: o.snapshotEvery, Build: buildID()},
 	})
 	if err != nil {
@@ -267,7 +270,7 @@ func runExternal(ctx context.Context, g *globals, o serverOptions) error {
 	node, err := startNode(ctx, nc, base, nodeOptions{
 		writer: fmt.Sprintf("engine@%s/%d", hostName(), os.Getpid()), leaseTTL: o.leaseTTL, replicas: o.replicas,
 		push: o.pushing(secret), archiveAfter: o.archiveAfter,
-		snapshots: snapshots,
+		logBytes: int64(o.logBytes), snapshots: snapshots,
 	})
 	if err != nil {
 		return err
@@ -348,6 +351,8 @@ type nodeOptions struct {
 	push         pushing
 	archiveAfter time.Duration
 	snapshots    projections.Snapshots
+	logBytes     int64 // asked for; 0: logStreamBytes fits it to maxStore
+	maxStore     int64 // what JetStream may store; 0: the account's limit, if any
 }
 
 func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptions) (*node, error) {
@@ -369,8 +374,17 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptio
 	if err != nil {
 		return nil, err
 	}
+	maxStore := o.maxStore
+	if maxStore <= 0 {
+		maxStore = accountMaxStore(ctx, js, replicas)
+	}
+	logBytes := logStreamBytes(o.logBytes, maxStore)
 	if _, err := retryStart(ctx, log, func() (*events.Logs, error) {
-		return events.OpenLogs(ctx, js, events.LogConfig{Replicas: replicas})
+		logs, err := events.OpenLogs(ctx, js, events.LogConfig{Replicas: replicas, MaxBytes: logBytes})
+		if tooBig := errStreamTooBig(err, events.LogStreamName, logBytes, maxStore); tooBig != nil {
+			return nil, tooBig
+		}
+		return logs, err
 	}); err != nil {
 		return nil, err
 	}

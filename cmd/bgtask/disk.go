@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/bgtask/bgtask/events"
+)
+
+// The log stream's size limit is a reservation: JetStream refuses a stream whose
+// limit does not fit in what it may store, which on the embedded server is 75% of
+// the disk it found free at its first start (and what it stores itself). A limit
+// fixed at 4 GiB kept a server on a disk with less than 5.4 GB free retrying its
+// start for ever.
+const (
+	maxLogStreamBytes = 4 << 30
+	// minLogStreamBytes holds a few tasks' output, each keeping its last
+	// events.MaxLogBytes of stdout and of stderr.
+	minLogStreamBytes = 8 * 2 * events.MaxLogBytes
+)
+
+// logStreamBytes is the log stream's size limit: asked, if given (more than 0), or
+// else half of what JetStream may store (maxStore; 0 or less: unknown) up to
+// 4 GiB. The other half is the events', the inbox's and the archive's, which
+// reserve nothing but take room as they grow.
+func logStreamBytes(asked, maxStore int64) int64 {
+	switch {
+	case asked > 0:
+		return asked
+	case maxStore <= 0:
+		return maxLogStreamBytes
+	}
+	return max(min(maxLogStreamBytes, maxStore/2), min(minLogStreamBytes, maxStore))
+}
+
+// accountMaxStore is what the account of js may store, per copy of a stream of
+// replicas copies, as its JetStream says; 0 when it has no limit of its own (the
+// server's is then not told to clients).
+func accountMaxStore(ctx context.Context, js jetstream.JetStream, replicas int) int64 {
+	info, err := js.AccountInfo(ctx)
+	if err != nil || info.Limits.MaxStore <= 0 {
+		return 0
+	}
+	return info.Limits.MaxStore / int64(max(replicas, 1))
+}
+
+// jsInsufficientStorage is JetStream's error code for a stream whose limits do not
+// fit in what it may store.
+const jsInsufficientStorage jetstream.ErrorCode = 10047
+
+// errStreamTooBig says in one line why a stream cannot be made, for an error that
+// no retry mends: the stream's limit is more than the disk JetStream was given.
+func errStreamTooBig(err error, stream string, asked, maxStore int64) error {
+	var api *jetstream.APIError
+	if !errors.As(err, &api) || api.ErrorCode != jsInsufficientStorage {
+		return nil
+	}
+	room := "what JetStream may store"
+	if maxStore > 0 {
+		room += " (" + formatBytes(maxStore) + ", 75% of the free disk)"
+	}
+	return &exitError{code: exitUsage, err: fmt.Errorf("stream %s asks for %s, more than %s: free disk space, or give a smaller --log-bytes",
+		stream, formatBytes(asked), room)}
+}
+
+// byteSize is a flag's size in bytes: a number with an optional KiB, MiB, GiB
+// (or KB, MB, GB) suffix.
+type byteSize int64
+
+func (b *byteSize) String() string {
+	if *b == 0 {
+		return "0"
+	}
+	return formatBytes(int64(*b))
+}
+
+func (b *byteSize) Type() string { return "size" }
+
+func (b *byteSize) Set(s string) error {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
+	num, mult := strings.TrimSpace(s), int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(num, u.suffix) {
+			num, mult = strings.TrimSpace(strings.TrimSuffix(num, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return fmt.Errorf("%q: want a size such as 512MiB or 2GiB", s)
+	}
+	*b = byteSize(n * mult)
+	return nil
+}
+
+// formatBytes writes a size in the largest binary unit that keeps it whole, or
+// to one decimal above it.
+func formatBytes(n int64) string {
+	for _, u := range []struct {
+		name string
+		size int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.size {
+			if n%u.size == 0 {
+				return strconv.FormatInt(n/u.size, 10) + u.name
+			}
+			return strconv.FormatFloat(float64(n)/float64(u.size), 'f', 1, 64) + u.name
+		}
+	}
+	return strconv.FormatInt(n, 10) + "B"
+}

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// mountTmpfs mounts a tmpfs of size bytes for the test: a small disk. It needs
+// root (CI runs the tests as root).
+func mountTmpfs(t *testing.T, size int64) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small tmpfs needs root; CI runs the tests as root")
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
+		t.Skipf("cannot mount a tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	return dir
+}
+
+// A server on a disk with far less free than the log stream's 4 GiB starts, and
+// runs tasks: its streams' limits fit the disk it finds.
+func TestTheServerStartsOnASmallDisk(t *testing.T) {
+	home := filepath.Join(mountTmpfs(t, 300<<20), "home")
+	startServer(t, home)
+	id := addTask(t, home, "--", "echo small; exit 3")
+	r := bgtask(t, home, "wait", id, "--json", "--timeout", "30s")
+	if got := decode[struct {
+		ExitCode *int `json:"exit_code"`
+	}](t, r.stdout).ExitCode; got == nil || *got != 3 {
+		t.Fatalf("wait: %s %s, want exit code 3", r.stdout, r.stderr)
+	}
+}
+
+// A log stream asked to be larger than the disk holds is no start to retry: the
+// server stops at once, and says why in one line.
+func TestALogStreamLargerThanTheDiskFailsTheStartInOneLine(t *testing.T) {
+	home := filepath.Join(mountTmpfs(t, 300<<20), "home")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out syncBuffer
+	start := time.Now()
+	err := Run(ctx, []string{"server", "--home", home, "--listen", "127.0.0.1:0", "--log-bytes", "1GiB"}, &out, &out)
+	if err == nil || ctx.Err() != nil || time.Since(start) > 10*time.Second {
+		t.Fatalf("server: %v after %s, want a refusal at once\n%s", err, time.Since(start), out.String())
+	}
+	if msg := err.Error(); strings.Contains(msg, "\n") || !strings.Contains(msg, "BGTASK_LOGS") || !strings.Contains(msg, "1GiB") || !strings.Contains(msg, "--log-bytes") {
+		t.Fatalf("the refusal %q does not say in one line which stream asks for how much, and what to do", msg)
+	}
+}
+
+func TestTheLogStreamFitsWhatJetStreamMayStore(t *testing.T) {
+	for _, c := range []struct{ asked, maxStore, want int64 }{
+		{0, 0, 4 << 30},                   // unknown: the old default
+		{0, 100 << 30, 4 << 30},           // a large disk
+		{0, 225 << 20, 225 << 19},         // 300 MB free: half
+		{0, 40 << 20, 40 << 20},           // too small for half to hold a few tasks: all of it
+		{0, 100 << 20, 64 << 20},          // the least a few tasks need
+		{512 << 20, 225 << 20, 512 << 20}, // asked: as asked, refused by JetStream if it does not fit
+	} {
+		if got := logStreamBytes(c.asked, c.maxStore); got != c.want {
+			t.Errorf("logStreamBytes(%d, %d) = %d, want %d", c.asked, c.maxStore, got, c.want)
+		}
+	}
+	for in, want := range map[string]int64{"512MiB": 512 << 20, "2GiB": 2 << 30, "1000": 1000, "3 MB": 3e6} {
+		var b byteSize
+		if err := b.Set(in); err != nil || int64(b) != want {
+			t.Errorf("--log-bytes %s = %d, %v; want %d", in, b, err, want)
+		}
+	}
+	for _, bad := range []string{"", "x", "-1MiB", "1.5GiB", "99999999999GiB"} {
+		var b byteSize
+		if err := b.Set(bad); err == nil {
+			t.Errorf("--log-bytes %q accepted", bad)
+		}
+	}
+}
