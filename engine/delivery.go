@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"net/netip"
 	"net/url"
 	"strings"
 	"time"
@@ -156,6 +157,84 @@ func checkWebhookURL(raw string) error {
 		return fmt.Errorf("%q has no host", raw)
 	case u.User != nil:
 		return fmt.Errorf("%q: credentials do not belong in a URL kept in the event stream", raw)
+	}
+	return nil
+}
+
+// reserved are the ranges outside public unicast that netip has no predicate for.
+var reserved = []struct {
+	prefix netip.Prefix
+	class  string
+}{
+	{netip.MustParsePrefix("0.0.0.0/8"), "this-network"},
+	{netip.MustParsePrefix("100.64.0.0/10"), "carrier-grade NAT"},
+	{netip.MustParsePrefix("192.0.0.0/24"), "IETF protocol"},
+	{netip.MustParsePrefix("198.18.0.0/15"), "benchmarking"},
+	{netip.MustParsePrefix("240.0.0.0/4"), "reserved"},
+}
+
+var (
+	nat64     = netip.MustParsePrefix("64:ff9b::/96")
+	sixToFour = netip.MustParsePrefix("2002::/16")
+)
+
+// NonPublic names the range of a that is not public unicast, or is "" for a public
+// address: loopback, private, link-local (169.254.169.254, the cloud metadata
+// address, among them), carrier-grade NAT, unspecified, multicast, broadcast and
+// reserved, and IPv4 addresses of those inside IPv6 (mapped, NAT64, 6to4). A server
+// run with --webhook-deny-private sends no webhook to such an address.
+func NonPublic(a netip.Addr) string {
+	a = a.Unmap()
+	switch {
+	case a.IsLoopback():
+		return "loopback"
+	case a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast():
+		return "link-local"
+	case a.IsPrivate():
+		return "private"
+	case a.IsUnspecified():
+		return "unspecified"
+	case !a.IsGlobalUnicast():
+		return "non-unicast"
+	}
+	for _, r := range reserved {
+		if r.prefix.Contains(a) {
+			return r.class
+		}
+	}
+	b := a.As16()
+	switch {
+	case nat64.Contains(a):
+		return NonPublic(netip.AddrFrom4([4]byte(b[12:16])))
+	case sixToFour.Contains(a):
+		return NonPublic(netip.AddrFrom4([4]byte(b[2:6])))
+	}
+	return ""
+}
+
+// CheckPublicWebhooks refuses a spec with a webhook whose URL names a non-public
+// address (see NonPublic) or localhost: what a server run with
+// --webhook-deny-private can tell at registration. A name is resolved, and checked
+// again, at each push.
+func CheckPublicWebhooks(s Spec) error {
+	for i, k := range s.Deliver {
+		if k.Type != SinkWebhook {
+			continue
+		}
+		u, err := url.Parse(k.URL)
+		if err != nil {
+			continue // validateDelivery has refused it
+		}
+		host := strings.TrimSuffix(strings.ToLower(u.Hostname()), ".")
+		class := ""
+		if a, err := netip.ParseAddr(host); err == nil {
+			class = NonPublic(a)
+		} else if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+			class = "loopback"
+		}
+		if class != "" {
+			return fieldErr(fmt.Sprintf("deliver[%d].url", i), "%s is a %s address, which this server refuses (--webhook-deny-private)", u.Hostname(), class)
+		}
 	}
 	return nil
 }

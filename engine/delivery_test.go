@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"errors"
+	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
@@ -288,5 +289,73 @@ func TestArgvIsRenderedWithThePromptAndOrigin(t *testing.T) {
 	want := []string{"send", "--to=9007199254740993", "the prompt", "t1:2", "x y"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("RenderArgv = %q, want %q", got, want)
+	}
+}
+
+func TestNonPublicRanges(t *testing.T) {
+	t.Parallel()
+	for addr, want := range map[string]string{
+		"127.0.0.1":            "loopback",
+		"127.255.0.9":          "loopback",
+		"::1":                  "loopback",
+		"::ffff:127.0.0.1":     "loopback",
+		"169.254.169.254":      "link-local",
+		"fe80::1":              "link-local",
+		"10.1.2.3":             "private",
+		"172.16.0.1":           "private",
+		"172.31.255.255":       "private",
+		"192.168.1.1":          "private",
+		"fd00:ec2::254":        "private",
+		"0.0.0.0":              "unspecified",
+		"::":                   "unspecified",
+		"0.1.2.3":              "this-network",
+		"100.100.100.200":      "carrier-grade NAT",
+		"224.0.0.251":          "link-local",
+		"239.1.1.1":            "non-unicast",
+		"255.255.255.255":      "non-unicast",
+		"240.0.0.1":            "reserved",
+		"64:ff9b::a9fe:a9fe":   "link-local",
+		"2002:7f00:1::":        "loopback",
+		"8.8.8.8":              "",
+		"172.32.0.1":           "",
+		"100.128.0.1":          "",
+		"2606:4700:4700::1111": "",
+		"::ffff:93.184.216.34": "",
+		"64:ff9b::5db8:d822":   "",
+	} {
+		if got := engine.NonPublic(netip.MustParseAddr(addr)); got != want {
+			t.Errorf("NonPublic(%s) = %q, want %q", addr, got, want)
+		}
+	}
+}
+
+// TestCheckPublicWebhooks: what --webhook-deny-private can tell from the URL alone
+// is refused at registration, with the sink's url named.
+func TestCheckPublicWebhooks(t *testing.T) {
+	t.Parallel()
+	for url, refused := range map[string]bool{
+		"http://127.0.0.1:8080/hook":       true,
+		"http://169.254.169.254/latest/":   true,
+		"http://[::1]/":                    true,
+		"http://[fd00:ec2::254]/":          true,
+		"http://[::ffff:10.0.0.1]/":        true,
+		"http://LOCALHOST./":               true,
+		"http://api.localhost:9/":          true,
+		"https://hooks.example.com/bgtask": false,
+		"https://8.8.8.8/":                 false,
+		"http://localhost.example.com/":    false,
+	} {
+		spec, err := engine.ParseSpec([]byte(`{"command":"x","deliver":[{"type":"exec","argv":["true"]},{"type":"webhook","url":"` + url + `"}]}`))
+		if err != nil {
+			t.Fatalf("ParseSpec(%s): %v", url, err)
+		}
+		err = engine.CheckPublicWebhooks(spec)
+		var fe *engine.FieldError
+		switch {
+		case refused && (!errors.As(err, &fe) || fe.Field != "deliver[1].url" || !strings.Contains(fe.Reason, "--webhook-deny-private")):
+			t.Errorf("%s: %v, want it refused on deliver[1].url", url, err)
+		case !refused && err != nil:
+			t.Errorf("%s: %v, want it accepted", url, err)
+		}
 	}
 }

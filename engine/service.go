@@ -51,6 +51,8 @@ type Service struct {
 	store   events.Store
 	writer  string
 	archive ArchiveReader
+	// publicWebhooks: webhooks may not name a non-public address.
+	publicWebhooks bool
 }
 
 // NewService returns a service that appends as writer (the engine's identity).
@@ -64,6 +66,12 @@ func NewService(store events.Store, writer string, base Base) *Service {
 // before the first Register.
 func (s *Service) ReadArchive(archive ArchiveReader) { s.archive = archive }
 
+// DenyPrivateWebhooks makes Register refuse a webhook whose URL names a non-public
+// address or localhost (CheckPublicWebhooks), for a server whose pushes refuse
+// them: the registrant learns it at once rather than from a failed delivery. Call
+// it before the first Register.
+func (s *Service) DenyPrivateWebhooks() { s.publicWebhooks = true }
+
 // Register validates a spec and arms it. It returns the task id and whether this
 // call armed it (false: the idempotency key was registered before, with the same
 // spec). The same key with another spec is a *KeyConflictError.
@@ -74,6 +82,11 @@ func (s *Service) Register(ctx context.Context, raw []byte) (string, bool, error
 	spec, err := ParseSpecAt(raw, now)
 	if err != nil {
 		return "", false, err
+	}
+	if s.publicWebhooks {
+		if err := CheckPublicWebhooks(spec); err != nil {
+			return "", false, err
+		}
 	}
 	id, err := TaskID(spec)
 	if err != nil {

@@ -178,6 +178,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 		ns.Shutdown()
 		ns.WaitForShutdown()
 	}()
+	go recoverFullDisk(ctx, ns, logger)
 	nc, err := connectInProcess(ns, engineID, "bgtask-engine")
 	if err != nil {
 		return err

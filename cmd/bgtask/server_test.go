@@ -86,40 +86,63 @@ func TestServerWithNATSMakesItsHome(t *testing.T) {
 	}
 }
 
-// TestServerWebhookDenyPrivate: with --webhook-deny-private, a wake-up for a webhook
-// on loopback fails for good with the reason, and the receiver gets nothing.
+// runServerFor runs `bgtask server` on home with args until stop, and returns once it
+// serves.
+func runServerFor(t *testing.T, home string, args ...string) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, append([]string{"server", "--home", home, "--listen", "127.0.0.1:0", "--tick", "200ms"}, args...), out, out)
+	}()
+	awaitText(t, out, "bgtask server ready", done)
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("server: %v\n%s", err, out.String())
+		}
+	}
+}
+
+// TestServerWebhookDenyPrivate: with --webhook-deny-private, a webhook on loopback
+// is refused at registration, and one registered before the rule was turned on
+// fails for good at its push, with the reason; the receiver gets nothing.
 func TestServerWebhookDenyPrivate(t *testing.T) {
 	t.Parallel()
 	var hits atomic.Int32
 	receiver := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { hits.Add(1) }))
 	t.Cleanup(receiver.Close)
 	home := t.TempDir()
-	ctx, cancel := context.WithCancel(context.Background())
-	out := &syncBuffer{}
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, []string{"server", "--home", home, "--listen", "127.0.0.1:0", "--tick", "200ms", "--webhook-deny-private"}, out, out)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("server: %v\n%s", err, out.String())
-		}
-	})
-	awaitText(t, out, "bgtask server ready", done)
 
-	id := addTask(t, home, "--webhook", receiver.URL+"/hook", "--", "true")
+	stop := runServerFor(t, home)
+	bgtask(t, home, "target", "busy", "agent").must(t, 0, "target busy")
+	id := addTask(t, home, "--target", "agent", "--webhook", receiver.URL+"/hook", "--", "true")
+	bgtask(t, home, "wait", id, "--timeout", "30s").must(t, 0, "wait")
+	stop()
+
+	stop = runServerFor(t, home, "--webhook-deny-private")
+	defer stop()
+	r := bgtask(t, home, "add", "--json", "--webhook", receiver.URL+"/hook", "--", "true")
+	if e := decode[errorObject](t, r.stdout).Error; r.code == 0 || e == nil || e.Field != "deliver[0].url" || !strings.Contains(e.Message, "loopback") {
+		t.Fatalf("add of a webhook on loopback: exit %d, %s%s; want it refused on deliver[0].url", r.code, r.stdout, r.stderr)
+	}
+	bgtask(t, home, "target", "idle", "agent").must(t, 0, "target idle")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		view := decode[struct {
 			Deliveries []struct {
 				Failed    bool   `json:"failed"`
+				Delivered bool   `json:"delivered"`
 				LastError string `json:"last_error"`
 			} `json:"deliveries"`
 		}](t, bgtask(t, home, "show", "--json", id).must(t, 0, "show").stdout)
-		if len(view.Deliveries) == 1 && view.Deliveries[0].Failed {
-			if e := view.Deliveries[0].LastError; !strings.Contains(e, "loopback") {
-				t.Fatalf("the push failed with %q, want the loopback rule", e)
+		if len(view.Deliveries) != 1 {
+			t.Fatalf("deliveries = %+v, want one", view.Deliveries)
+		}
+		if k := view.Deliveries[0]; k.Failed || k.Delivered {
+			if !k.Failed || !strings.Contains(k.LastError, "loopback") {
+				t.Fatalf("the push came to %+v, want it failed by the loopback rule", k)
 			}
 			break
 		}

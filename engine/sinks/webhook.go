@@ -100,14 +100,12 @@ func retryAfter(v string, now time.Time) time.Duration {
 }
 
 // DenyPrivate returns a runner whose webhooks refuse every destination outside the
-// public unicast ranges: loopback, private, link-local (169.254.169.254, the cloud
-// metadata address, among them), carrier-grade NAT, unspecified, multicast and
-// reserved, and IPv4 addresses of those ranges inside IPv6 (mapped, NAT64, 6to4).
+// public unicast ranges (engine.NonPublic).
 // The rule is checked on the address each connection actually dials, after the
 // name is resolved at push time, so a name that resolves to 127.0.0.1 is refused
 // however it was registered. Redirects are never followed. No HTTP proxy of the
 // environment is used, since the address dialled would then be the proxy's.
-func (r *Runner) DenyPrivate() *Runner { return r.denyDestinations(nonPublic) }
+func (r *Runner) DenyPrivate() *Runner { return r.denyDestinations(engine.NonPublic) }
 
 // denyDestinations returns a runner whose webhooks dial no address that class names
 // a range of.
@@ -139,52 +137,4 @@ type deniedError struct {
 
 func (e *deniedError) Error() string {
 	return fmt.Sprintf("webhook destination %s is a %s address, which this server refuses (--webhook-deny-private)", e.addr, e.class)
-}
-
-// reserved are the ranges outside public unicast that netip has no predicate for.
-var reserved = []struct {
-	prefix netip.Prefix
-	class  string
-}{
-	{netip.MustParsePrefix("0.0.0.0/8"), "this-network"},
-	{netip.MustParsePrefix("100.64.0.0/10"), "carrier-grade NAT"},
-	{netip.MustParsePrefix("192.0.0.0/24"), "IETF protocol"},
-	{netip.MustParsePrefix("198.18.0.0/15"), "benchmarking"},
-	{netip.MustParsePrefix("240.0.0.0/4"), "reserved"},
-}
-
-var (
-	nat64     = netip.MustParsePrefix("64:ff9b::/96")
-	sixToFour = netip.MustParsePrefix("2002::/16")
-)
-
-// nonPublic names the range of a that is not public unicast, or is "" for a public
-// address.
-func nonPublic(a netip.Addr) string {
-	a = a.Unmap()
-	switch {
-	case a.IsLoopback():
-		return "loopback"
-	case a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast():
-		return "link-local"
-	case a.IsPrivate():
-		return "private"
-	case a.IsUnspecified():
-		return "unspecified"
-	case !a.IsGlobalUnicast():
-		return "non-unicast"
-	}
-	for _, r := range reserved {
-		if r.prefix.Contains(a) {
-			return r.class
-		}
-	}
-	b := a.As16()
-	switch {
-	case nat64.Contains(a):
-		return nonPublic(netip.AddrFrom4([4]byte(b[12:16])))
-	case sixToFour.Contains(a):
-		return nonPublic(netip.AddrFrom4([4]byte(b[2:6])))
-	}
-	return ""
 }
