@@ -4,9 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/bgtask/bgtask/events"
@@ -116,4 +122,70 @@ func formatBytes(n int64) string {
 		}
 	}
 	return strconv.FormatInt(n, 10) + "B"
+}
+
+// diskRoomBytes is the free space at which a disk that filled is taken to have
+// room again.
+const diskRoomBytes = 16 << 20
+
+// storeAlarm passes on the embedded server's log, and notes a write of its store
+// that failed for lack of space.
+type storeAlarm struct {
+	server.Logger
+	full atomic.Bool
+}
+
+func (a *storeAlarm) Errorf(format string, v ...any) {
+	if strings.Contains(fmt.Sprintf(format, v...), syscall.ENOSPC.Error()) {
+		a.full.Store(true)
+	}
+	a.Logger.Errorf(format, v...)
+}
+
+// recoverFullDisk restarts the embedded JetStream once a disk that filled has
+// room again, until ctx is done. A stream whose write failed for lack of space
+// keeps failing every write after it, whatever room there is later, until it is
+// loaded again from disk: without this, the running server's events stayed
+// unwritten, its tasks running, until it was restarted.
+func recoverFullDisk(ctx context.Context, ns *server.Server, logger *slog.Logger) {
+	cfg := ns.JetStreamConfig()
+	if cfg == nil {
+		return
+	}
+	alarm := &storeAlarm{Logger: natsLogger{logger.With("component", "nats")}}
+	ns.SetLoggerV2(alarm, false, false, false)
+	told := false
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if !alarm.full.Load() {
+			continue
+		}
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(cfg.StoreDir, &st); err != nil || int64(st.Bavail)*st.Bsize < diskRoomBytes {
+			if !told {
+				logger.Error("the disk of the event store is full: no event is recorded until it has room again", "dir", cfg.StoreDir)
+				told = true
+			}
+			continue
+		}
+		logger.Warn("the disk of the event store has room again: reloading JetStream, whose streams fail every write after one failed for lack of space", "dir", cfg.StoreDir)
+		alarm.full.Store(false)
+		told = false
+		if err := ns.ShutdownJetStream(); err != nil {
+			logger.Error("stop JetStream", "err", err)
+		}
+		again := *cfg
+		// EnableJetStream puts its own directory under the one it is given.
+		again.StoreDir = filepath.Dir(cfg.StoreDir)
+		if err := ns.EnableJetStream(&again); err != nil {
+			logger.Error("JetStream not started again", "err", err)
+			alarm.full.Store(true) // tried again at the next tick
+		}
+	}
 }

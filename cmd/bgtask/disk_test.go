@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -80,6 +81,65 @@ func TestTheLogStreamFitsWhatJetStreamMayStore(t *testing.T) {
 		var b byteSize
 		if err := b.Set(bad); err == nil {
 			t.Errorf("--log-bytes %q accepted", bad)
+		}
+	}
+}
+
+// fill writes to a file in dir until the disk is full, and returns its path.
+func fill(t *testing.T, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "fill")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	block := make([]byte, 1<<20)
+	for {
+		if _, err := f.Write(block); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			return path
+		}
+	}
+}
+
+// A disk that fills while a command runs, and has room again after it ended: the
+// running server records the command's exit code, with no restart.
+func TestAFullDiskFreedAgainLosesNoExitAndNeedsNoRestart(t *testing.T) {
+	disk := mountTmpfs(t, 100<<20)
+	home, dir := filepath.Join(disk, "home"), t.TempDir()
+	srv := startServer(t, home)
+	id := addTask(t, home, "--cwd", dir, "--", `while [ ! -e go ]; do sleep 0.05; done; exit 3`)
+	eventually(t, 20*time.Second, "the command started", func() bool {
+		_, err := os.Stat(filepath.Join(home, "worker", "runs", id+"-1", "pid.json"))
+		return err == nil
+	})
+	filled := fill(t, disk)
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the full disk noticed", func() bool {
+		return strings.Contains(srv.out.String(), "disk of the event store is full")
+	})
+	if err := os.Remove(filled); err != nil {
+		t.Fatal(err)
+	}
+	r := bgtask(t, home, "wait", id, "--json", "--timeout", "60s")
+	if got := decode[struct {
+		ExitCode *int `json:"exit_code"`
+	}](t, r.stdout).ExitCode; got == nil || *got != 3 {
+		t.Fatalf("wait: %s %s, want exit code 3\n%s", r.stdout, r.stderr, srv.out.String())
+	}
+}
+
+// eventually polls cond until it holds, or fails the test after timeout.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not %s within %s", what, timeout)
 		}
 	}
 }
