@@ -88,7 +88,7 @@ func TestPermissionsKeepClientsAndWorkersToTheirPart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := stream.GetLastMsgForSubject(context.Background(), forged); !errors.Is(err, jetstream.ErrMsgNotFound) {
+	if _, err := stream.GetLastMsgForSubject(context.Background(), events.StoredSubject("forged-task")); !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.Errorf("the forged event is in the stream (err %v)", err)
 	}
 

@@ -249,7 +249,7 @@ func runGrowth(ctx context.Context, r *runner, s *Scenario) error {
 	}
 	s.param("tasks", tasks)
 	s.param("events", count)
-	s.param("subjects", fmt.Sprintf("%d: one per event type of each task in %s, its stdout and stderr in %s", count+2*tasks, events.StreamName, events.LogStreamName))
+	s.param("subjects", fmt.Sprintf("%d: one per task in %s, its stdout and stderr in %s", 3*tasks, events.StreamName, events.LogStreamName))
 	s.param("server", "--no-worker, restarted on the stream; memory read when `list` answers with every task, and after "+settle.String()+" idle")
 	fig, err := r.replayInProcess(ctx, home)
 	if err != nil {
