@@ -194,7 +194,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	// claimed before a crash is known to be dead when it starts again.
 	node, err := startNode(ctx, nc, base, nodeOptions{
 		writer: "engine@" + hostName(), leaseTTL: o.leaseTTL, replicas: 1,
-		push: o.pushing(secret), archiveAfter: o.archiveAfter,
+		push: o.pushing(secret), denyPrivate: o.denyPrivate, archiveAfter: o.archiveAfter,
 		logBytes: int64(o.logBytes), maxStore: ns.JetStreamConfig().MaxStore,
 		snapshots: projections.Snapshots{Path: filepath.Join(home, snapshotFile), Every: o.snapshotEvery, Build: buildID()},
 	})
@@ -270,7 +270,7 @@ func runExternal(ctx context.Context, g *globals, o serverOptions) error {
 	// replica takes another's push in flight for one of its own dead ones.
 	node, err := startNode(ctx, nc, base, nodeOptions{
 		writer: fmt.Sprintf("engine@%s/%d", hostName(), os.Getpid()), leaseTTL: o.leaseTTL, replicas: o.replicas,
-		push: o.pushing(secret), archiveAfter: o.archiveAfter,
+		push: o.pushing(secret), denyPrivate: o.denyPrivate, archiveAfter: o.archiveAfter,
 		logBytes: int64(o.logBytes), snapshots: snapshots,
 	})
 	if err != nil {
@@ -354,6 +354,8 @@ type nodeOptions struct {
 	snapshots    projections.Snapshots
 	logBytes     int64 // asked for; 0: logStreamBytes fits it to maxStore
 	maxStore     int64 // what JetStream may store; 0: the account's limit, if any
+	// denyPrivate refuses webhooks to non-public addresses at registration too.
+	denyPrivate bool
 }
 
 func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptions) (*node, error) {
@@ -452,7 +454,11 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptio
 		n.stopEngine()
 		return nil, err
 	}
-	n.api, err = api.Serve(nc, engine.NewService(store, writer, base), n.projector, n.scheduler, store, archive, version(), base)
+	svc := engine.NewService(store, writer, base)
+	if o.denyPrivate {
+		svc.DenyPrivateWebhooks()
+	}
+	n.api, err = api.Serve(nc, svc, n.projector, n.scheduler, store, archive, version(), base)
 	if err != nil {
 		n.stopEngine()
 		return nil, err
