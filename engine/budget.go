@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -144,7 +145,9 @@ func cutEnd(s string, limit int) string {
 	if i := strings.IndexByte(kept, '\n'); i >= 0 && i < len(kept)-1 {
 		kept = kept[i+1:]
 	}
-	return tailMarker(strings.Count(s[:len(s)-len(kept)], "\n")) + "\n" + kept
+	first, _, _ := strings.Cut(s, "\n")
+	earlier, _ := cutBefore(first)
+	return tailMarker(earlier+strings.Count(s[:len(s)-len(kept)], "\n")) + "\n" + kept
 }
 
 // cutMarker ends a value cut to the budget; n, the bytes cut, is at most the
@@ -155,6 +158,17 @@ func cutMarker(n int) string { return fmt.Sprintf(" [%d bytes cut to fit bgtask'
 // tailMarker is the first line of a tail whose earlier lines were cut.
 func tailMarker(n int) string {
 	return fmt.Sprintf("[%d earlier lines cut to fit bgtask's byte budget]", n)
+}
+
+// cutBefore reads the number of lines a tail's first line says were cut before
+// it, so that a tail cut again counts them too; ok is false for any other line.
+func cutBefore(line string) (int, bool) {
+	digits, _, _ := strings.Cut(strings.TrimPrefix(line, "["), " ")
+	n, err := strconv.Atoi(digits)
+	if err != nil || line != tailMarker(n) {
+		return 0, false
+	}
+	return n, true
 }
 
 // listLen is how many bytes lines take as a JSON array.
@@ -173,12 +187,16 @@ func listLen(lines []string) int {
 // first line that says how many were cut. When not even the last line fits whole,
 // its end is kept. Below the marker's own size it keeps nothing.
 func cutLines(lines []string, limit int) []string {
-	if listLen(lines) <= limit {
+	if listLen(lines) <= limit || len(lines) == 0 {
 		return lines
 	}
-	// The marker of len(lines) is at least as long as the one written.
-	room := limit - 2 - jsonLen(tailMarker(len(lines))) - 1
-	if room < 2 {
+	earlier, ok := cutBefore(lines[0])
+	if ok {
+		lines = lines[1:]
+	}
+	// The marker of every line is at least as long as the one written.
+	room := limit - 2 - jsonLen(tailMarker(earlier+len(lines))) - 1
+	if room < 2 || len(lines) == 0 {
 		return nil
 	}
 	keep := len(lines)
@@ -192,9 +210,9 @@ func cutLines(lines []string, limit int) []string {
 	if keep == len(lines) {
 		// Not even the last line: its end, in what is left.
 		last := lines[len(lines)-1]
-		return []string{tailMarker(len(lines) - 1), jsonSuffix(last, room-3)}
+		return []string{tailMarker(earlier + len(lines) - 1), jsonSuffix(last, room-3)}
 	}
-	return append([]string{tailMarker(keep)}, lines[keep:]...)
+	return append([]string{tailMarker(earlier + keep)}, lines[keep:]...)
 }
 
 // shares splits room between fields that need needs[i] bytes: each gets what it

@@ -114,6 +114,13 @@ func TestOutputOverTheBudgetIsCutToFit(t *testing.T) {
 			if w.Tail[len(w.Tail)-1] != last || !strings.HasSuffix(w.Tail[0], cutMark) {
 				t.Fatalf("wake-up tail from %.80q to %.80q, want a marker and the last line", w.Tail[0], w.Tail[len(w.Tail)-1])
 			}
+			// Cut twice, the tail still counts every line it left out.
+			for what, tail := range map[string][]string{"exited": kept, "wake-up": w.Tail} {
+				var cut int
+				if _, err := fmt.Sscanf(tail[0], "[%d earlier lines", &cut); err != nil || cut+len(tail)-1 != len(run.Tail) {
+					t.Errorf("%s tail says %q and keeps %d lines of %d", what, tail[0], len(tail)-1, len(run.Tail))
+				}
+			}
 			if !strings.Contains(w.Prompt, cutMark) {
 				t.Errorf("prompt does not say it was cut: %.200q", w.Prompt)
 			}
