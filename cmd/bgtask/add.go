@@ -299,6 +299,11 @@ func readSpecFile(path string, doc map[string]any) error {
 	if err != nil {
 		return fmt.Errorf("--spec: %w", err)
 	}
+	// Decoded into a map, a repeated key would keep only its last value before the
+	// engine could refuse it.
+	if err := engine.CheckJSON(data, "spec"); err != nil {
+		return usageErr("--spec %s: %v", path, err)
+	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(data, &fields); err != nil {
 		return usageErr("--spec %s: not a JSON object: %v", path, err)

@@ -439,3 +439,16 @@ func TestTimeoutZeroWaitsForEverAndANegativeOneIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// A spec file with a key twice is refused before anything is sent: decoded into
+// the flags' map, only the last value would reach the engine.
+func TestASpecFileWithARepeatedKeyIsRefused(t *testing.T) {
+	spec := filepath.Join(t.TempDir(), "spec.json")
+	if err := os.WriteFile(spec, []byte(`{"command":"echo FIRST","command":"echo SECOND"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := bgtask(t, t.TempDir(), "add", "--spec", spec)
+	if r.code != exitUsage || !strings.Contains(r.stderr, "command: the key is given twice") {
+		t.Fatalf("add --spec with a repeated key: exit %d, stderr %q; want %d naming the key", r.code, r.stderr, exitUsage)
+	}
+}
