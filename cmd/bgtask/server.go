@@ -240,6 +240,9 @@ func runExternal(ctx context.Context, g *globals, o serverOptions) error {
 		return err
 	}
 	defer nc.Close()
+	if err := checkMaxPayload(nc.MaxPayload()); err != nil {
+		return err
+	}
 	base := engine.Base{Logger: logger}
 	home, err := homeDir(g.home)
 	if err != nil {
@@ -607,4 +610,17 @@ func hostName() string {
 		return "localhost"
 	}
 	return h
+}
+
+// eventHeadroom is what a message carries besides its event: the headers of an
+// append (message id, expected stream and sequence).
+const eventHeadroom = 4 << 10
+
+// checkMaxPayload refuses a deployment whose messages cannot carry the largest
+// event bgtask writes: every such append would be refused, and retried for ever.
+func checkMaxPayload(max int64) error {
+	if need := int64(engine.MaxEventBytes + eventHeadroom); max < need {
+		return fmt.Errorf("the NATS servers take messages of at most %d bytes; bgtask needs %d (max_payload in their configuration)", max, need)
+	}
+	return nil
 }

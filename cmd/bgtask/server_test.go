@@ -155,3 +155,13 @@ func TestServerWebhookDenyPrivate(t *testing.T) {
 		t.Fatalf("the receiver on loopback got %d requests", n)
 	}
 }
+
+func TestAServerRefusesNATSWhoseMessagesCannotCarryAnEvent(t *testing.T) {
+	if err := checkMaxPayload(1 << 20); err != nil {
+		t.Fatalf("the default max payload: %v", err)
+	}
+	err := checkMaxPayload(128 << 10)
+	if err == nil || !strings.Contains(err.Error(), "max_payload") {
+		t.Fatalf("a 128 KiB max payload: %v, want a refusal naming max_payload", err)
+	}
+}
