@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
@@ -22,7 +23,30 @@ const (
 	RuleInboxDuplicate = "inbox-duplicate"        // more than one wake-up for one task
 	RuleInboxUnfired   = "inbox-without-fire"     // a wake-up for a task that can never fire
 	RuleOwnerGone      = "owner-gone"             // a running task whose worker's lease expired
+	RuleStuck          = "stuck"                  // a task in a phase for longer than the engine allows
 )
+
+// DefaultStuckAfter is the slack past what the engine promises before a task is
+// stuck: longer than a worker's default tick (10s) and kill grace (10s), and
+// than the dispatcher's retries of a persist or a fire (every 5s), many times.
+const DefaultStuckAfter = 2 * time.Minute
+
+// StuckBounds say when a task that is not at its end is stuck. The engine
+// persists an ended task's completion and fires a persisted one within seconds;
+// a running task's worker appends a tick every tick interval and stops it at its
+// deadline, or, gone, has it lost once its lease expires. So a task is stuck
+//   - ended or persisted for longer than After;
+//   - running with no event of its run (spawned, tick, stalled) for longer than
+//     LeaseTTL + After;
+//   - running more than LeaseTTL + After past its deadline.
+//
+// An armed task is never stuck: it waits for a worker with a free slot that its
+// placement allows, which may rightly take any time.
+type StuckBounds struct {
+	Now      time.Time
+	After    time.Duration
+	LeaseTTL time.Duration
+}
 
 // Violation is one broken invariant.
 type Violation struct {
@@ -38,6 +62,8 @@ type OpenTask struct {
 	TaskID string       `json:"task_id"`
 	Phase  engine.Phase `json:"state"`
 	Worker string       `json:"worker,omitempty"`
+	// Since is when the event that put it in its phase was appended.
+	Since time.Time `json:"since"`
 }
 
 // Report is the result of an audit.
@@ -63,11 +89,17 @@ type Audit struct {
 	// seen is, per task, the last sequence fed from the archive: the stream's copy
 	// of those events, if compaction did not remove it yet, is not counted twice.
 	seen map[string]uint64
+	// since is, per task, the time of the event that put it in its phase, and
+	// lastRun the time of the last event of its current run.
+	since   map[string]time.Time
+	lastRun map[string]time.Time
+	stuck   *StuckBounds
 }
 
 // NewAudit starts an audit.
 func NewAudit() *Audit {
-	return &Audit{tasks: map[string]engine.State{}, inbox: map[string]int{}, seen: map[string]uint64{}}
+	return &Audit{tasks: map[string]engine.State{}, inbox: map[string]int{}, seen: map[string]uint64{},
+		since: map[string]time.Time{}, lastRun: map[string]time.Time{}}
 }
 
 // AddArchived folds the history of an archived task. Feed the whole archive
@@ -97,6 +129,12 @@ func (a *Audit) Add(rec events.Record, decodeErr error) {
 		a.tasks[rec.TaskID] = next
 	}
 	if err == nil {
+		if next.Phase != prev.Phase {
+			a.since[rec.TaskID] = rec.Time
+		}
+		if next.Phase == engine.PhaseRunning {
+			a.lastRun[rec.TaskID] = rec.Time
+		}
 		return
 	}
 	rule := RuleOutOfOrder
@@ -114,6 +152,9 @@ func (a *Audit) Add(rec events.Record, decodeErr error) {
 // CheckOwners makes the audit check that every running task's worker holds a
 // current lease, as alive says.
 func (a *Audit) CheckOwners(alive func(worker string) bool) { a.alive = alive }
+
+// CheckStuck makes the audit report each task stuck in its phase past b.
+func (a *Audit) CheckStuck(b StuckBounds) { a.stuck = &b }
 
 // AddDelivery counts one message of the inbox by its message id.
 func (a *Audit) AddDelivery(msgID string) { a.inbox[msgID]++ }
@@ -139,10 +180,15 @@ func (a *Audit) Report() Report {
 			// was checked when its history was fed from the archive.
 			r.Archived++
 		default:
-			r.Open = append(r.Open, OpenTask{TaskID: id, Phase: s.Phase, Worker: s.Worker})
+			r.Open = append(r.Open, OpenTask{TaskID: id, Phase: s.Phase, Worker: s.Worker, Since: a.since[id]})
 			if s.Phase == engine.PhaseRunning && a.alive != nil && !a.alive(s.Worker) {
 				r.Violations = append(r.Violations, Violation{TaskID: id, Rule: RuleOwnerGone,
 					Detail: fmt.Sprintf("running, but its worker %s has no current lease", s.Worker)})
+			}
+			if a.stuck != nil {
+				if why := a.stuck.why(s, a.since[id], a.lastRun[id]); why != "" {
+					r.Violations = append(r.Violations, Violation{TaskID: id, Seq: s.Seq, Rule: RuleStuck, Detail: why})
+				}
 			}
 		}
 		switch {
@@ -170,4 +216,33 @@ func (a *Audit) Report() Report {
 	})
 	slices.SortFunc(r.Open, func(a, b OpenTask) int { return strings.Compare(a.TaskID, b.TaskID) })
 	return r
+}
+
+// why says why a task is stuck: its phase, since when, and what it waits for;
+// "" if it is not.
+func (b StuckBounds) why(s engine.State, since, lastRun time.Time) string {
+	ago := func(t time.Time) string {
+		return fmt.Sprintf("%s (%s ago)", t.UTC().Format(time.RFC3339), b.Now.Sub(t).Round(time.Second))
+	}
+	switch s.Phase {
+	case engine.PhaseEnded:
+		if b.Now.Sub(since) > b.After {
+			return fmt.Sprintf("ended (%s) since %s, over %s: waits for its completion to be persisted", s.Status, ago(since), b.After)
+		}
+	case engine.PhasePersisted:
+		if b.Now.Sub(since) > b.After {
+			return fmt.Sprintf("persisted (%s) since %s, over %s: waits for its wake-up to be fired", s.Status, ago(since), b.After)
+		}
+	case engine.PhaseRunning:
+		bound := b.LeaseTTL + b.After
+		if at := s.Spec.DeadlineTime(); !at.IsZero() && b.Now.Sub(at) > bound {
+			return fmt.Sprintf("running on worker %s past its deadline %s, over the lease TTL %s + %s: waits for its worker to stop it",
+				s.Worker, ago(at), b.LeaseTTL, b.After)
+		}
+		if b.Now.Sub(lastRun) > bound {
+			return fmt.Sprintf("running on worker %s with no event of its run since %s, over the lease TTL %s + %s: waits for a tick, its end or its loss",
+				s.Worker, ago(lastRun), b.LeaseTTL, b.After)
+		}
+	}
+	return ""
 }

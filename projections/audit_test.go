@@ -16,11 +16,17 @@ type history struct {
 	t    *testing.T
 	seq  uint64
 	recs []events.Record
+	// now is the time of the next event; zero: the present.
+	now time.Time
 }
 
 func (h *history) do(s engine.State, c engine.Command, who string) engine.State {
 	h.t.Helper()
-	ev, err := engine.Decide(s, c, engine.Meta{Writer: who, Now: time.Now()})
+	now := h.now
+	if now.IsZero() {
+		now = time.Now()
+	}
+	ev, err := engine.Decide(s, c, engine.Meta{Writer: who, Now: now})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -180,5 +186,112 @@ func TestAuditFindsARunningTaskWhoseWorkerIsGone(t *testing.T) {
 	r := a.Report()
 	if got := rules(r); len(got) != 1 || got[projections.RuleOwnerGone] != "orphan" {
 		t.Fatalf("violations = %+v, want owner-gone on orphan", r.Violations)
+	}
+}
+
+func TestAuditFindsATaskStuckInItsPhase(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	bounds := projections.StuckBounds{Now: now, After: 2 * time.Minute, LeaseTTL: time.Minute}
+	ago := func(d time.Duration) time.Time { return now.Add(-d) }
+	ended := func(h *history, at time.Time) engine.State {
+		s := h.do(h.task("t"), engine.Spawn{}, "w1")
+		h.now = at
+		return h.do(s, engine.Exit{Run: events.Exited{ExitCode: 3, EndedAt: at.Add(-time.Hour)}}, "w1")
+	}
+	running := func(h *history, deadline string, spawned time.Time) engine.State {
+		h.now = spawned
+		s := h.do(engine.State{ID: "t"}, engine.Arm{Spec: engine.Spec{Command: "sleep 1h", Target: "default", Deadline: deadline}}, "engine")
+		return h.do(s, engine.Spawn{}, "w1")
+	}
+	tests := []struct {
+		name  string
+		build func(h *history)
+		stuck string // in the detail; "": not stuck
+	}{
+		{"ended just now", func(h *history) { ended(h, ago(time.Minute)) }, ""},
+		// Its run ended an hour before the worker could record it: the bound counts
+		// from the record.
+		{"ended late, recorded just now", func(h *history) { ended(h, ago(time.Second)) }, ""},
+		{"ended long ago", func(h *history) { ended(h, ago(3*time.Minute)) },
+			"ended (failed) since 2026-12-01T11:57:00Z (3m0s ago), over 2m0s: waits for its completion to be persisted"},
+		{"persisted long ago", func(h *history) {
+			s := ended(h, ago(time.Hour))
+			h.now = ago(5 * time.Minute)
+			h.do(s, engine.PersistCompletion{}, "engine")
+		}, "persisted (failed) since 2026-12-01T11:55:00Z (5m0s ago), over 2m0s: waits for its wake-up to be fired"},
+		{"running an hour, ticking", func(h *history) {
+			s := running(h, "", ago(time.Hour))
+			h.now = ago(10 * time.Second)
+			h.do(s, engine.Tick{PID: 7}, "w1")
+		}, ""},
+		{"running, silent past the lease and the bound", func(h *history) {
+			s := running(h, "", ago(time.Hour))
+			h.now = ago(4 * time.Minute)
+			h.do(s, engine.Tick{PID: 7}, "w1")
+		}, "running on worker w1 with no event of its run since 2026-12-01T11:56:00Z (4m0s ago), over the lease TTL 1m0s + 2m0s: waits for a tick, its end or its loss"},
+		{"running, silent within the lease and the bound", func(h *history) { running(h, "", ago(2*time.Minute+50*time.Second)) }, ""},
+		{"running, its deadline passed a minute ago", func(h *history) {
+			s := running(h, ago(time.Minute).Format(time.RFC3339), ago(time.Hour))
+			h.now = ago(time.Second)
+			h.do(s, engine.Tick{PID: 7}, "w1")
+		}, ""},
+		{"running, long past its deadline", func(h *history) {
+			s := running(h, ago(10*time.Minute).Format(time.RFC3339), ago(time.Hour))
+			h.now = ago(time.Second)
+			h.do(s, engine.Tick{PID: 7}, "w1")
+		}, "running on worker w1 past its deadline 2026-12-01T11:50:00Z (10m0s ago), over the lease TTL 1m0s + 2m0s: waits for its worker to stop it"},
+		{"armed for a day", func(h *history) {
+			h.now = ago(24 * time.Hour)
+			h.task("t")
+		}, ""},
+		{"lost, armed again, long ago", func(h *history) {
+			s := running(h, "", ago(time.Hour))
+			h.add(s, lostEvent(t, ago(50*time.Minute)))
+		}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := &history{t: t}
+			tt.build(h)
+			a := projections.NewAudit()
+			for _, rec := range h.recs {
+				a.Add(rec, nil)
+			}
+			a.CheckStuck(bounds)
+			r := a.Report()
+			if tt.stuck == "" {
+				if len(r.Violations) != 0 {
+					t.Fatalf("violations = %+v, want none", r.Violations)
+				}
+				return
+			}
+			if len(r.Violations) != 1 || r.Violations[0].Rule != projections.RuleStuck || r.Violations[0].TaskID != "t" || r.Violations[0].Detail != tt.stuck {
+				t.Fatalf("violations = %+v, want %s on t: %q", r.Violations, projections.RuleStuck, tt.stuck)
+			}
+			if len(r.Open) != 1 || r.Open[0].Since.IsZero() {
+				t.Fatalf("open = %+v, want t with the time of its phase", r.Open)
+			}
+		})
+	}
+}
+
+// lostEvent is the engine's lost of w1's run, at, with on_lost respawn.
+func lostEvent(t *testing.T, at time.Time) events.Event {
+	ev, err := events.New("t", "engine", 1, at, &events.Lost{Worker: "w1", Action: engine.OnLostRespawn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+func TestAuditWithoutStuckBoundsListsOldTasksAsOpen(t *testing.T) {
+	t.Parallel()
+	h := &history{t: t, now: time.Now().Add(-time.Hour)}
+	s := h.do(h.task("t"), engine.Spawn{}, "w1")
+	h.do(s, engine.Exit{}, "w1")
+	if r := audit(h); len(r.Violations) != 0 || len(r.Open) != 1 {
+		t.Fatalf("report = %+v, want t open and no violation", r)
 	}
 }

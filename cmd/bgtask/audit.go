@@ -17,24 +17,38 @@ import (
 
 func auditCmd(g *globals) *cobra.Command {
 	var asJSON bool
+	var stuckAfter time.Duration
 	cmd := &cobra.Command{
 		Use:   "audit",
 		Short: "Replay the whole event stream and check bgtask's invariants",
 		Long: `Replay every event in the stream and every wake-up in the inbox, and check the
 invariants: events that decode, only the lease holder's run events, completion
 persisted before fired, at most one fired per task, exactly one inbox message per
-fired task and none for a task that cannot fire, and every running task owned by a
-worker whose lease is current. Tasks not yet at their end are listed as open.
+fired task and none for a task that cannot fire, every running task owned by a
+worker whose lease is current, and no task stuck in its phase. Tasks not yet at their end are
+listed as open, with the time they entered their phase.
+
+A task is stuck (rule "stuck") when it stays in a phase past what the engine
+promises by more than --stuck-after: ended or persisted for longer than
+--stuck-after (the engine persists and fires within seconds); running with no
+event of its run (spawned, tick, stalled) for longer than the lease TTL plus
+--stuck-after, or running more than the lease TTL plus --stuck-after past its
+deadline. An armed task is never stuck: it may wait for a worker for any time.
+--stuck-after must be longer than the workers' --tick and --kill-grace.
+
 Each violation is printed with its task id; the exit status is 1 if there is any.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if stuckAfter <= 0 {
+				return usageErr("--stuck-after %s: must be positive", stuckAfter)
+			}
 			ctx := cmd.Context()
 			c, js, err := g.streamClient()
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			report, err := audit(ctx, js)
+			report, err := audit(ctx, js, stuckAfter)
 			if err != nil {
 				return err
 			}
@@ -47,7 +61,7 @@ Each violation is printed with its task id; the exit status is 1 if there is any
 					fmt.Fprintf(g.stdout, "VIOLATION %s task %s seq %d: %s\n", v.Rule, v.TaskID, v.Seq, v.Detail)
 				}
 				for _, o := range report.Open {
-					fmt.Fprintf(g.stdout, "open %s %s %s\n", o.TaskID, o.Phase, o.Worker)
+					fmt.Fprintf(g.stdout, "open %s %s %s since %s\n", o.TaskID, o.Phase, o.Worker, o.Since.UTC().Format(time.RFC3339))
 				}
 				fmt.Fprintf(g.stdout, "audit: %d events, %d tasks (%d fired, %d cancelled, %d archived, %d open), %d violations\n",
 					report.Events, report.Tasks, report.Fired, report.Cancelled, report.Archived, len(report.Open), len(report.Violations))
@@ -59,11 +73,13 @@ Each violation is printed with its task id; the exit status is 1 if there is any
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	cmd.Flags().DurationVar(&stuckAfter, "stuck-after", projections.DefaultStuckAfter, "how far past what the engine promises a task may stay in its phase before it is stuck")
 	return cmd
 }
 
-// audit reads the event log up to its current end, then the inbox.
-func audit(ctx context.Context, js jetstream.JetStream) (projections.Report, error) {
+// audit reads the event log up to its current end, then the inbox; a task is
+// stuck stuckAfter past what the engine promises.
+func audit(ctx context.Context, js jetstream.JetStream, stuckAfter time.Duration) (projections.Report, error) {
 	store, err := events.ConnectStore(ctx, js)
 	if err != nil {
 		return projections.Report{}, err
@@ -101,6 +117,7 @@ func audit(ctx context.Context, js jetstream.JetStream) (projections.Report, err
 	if err != nil {
 		return projections.Report{}, err
 	}
+	a.CheckStuck(projections.StuckBounds{Now: time.Now(), After: stuckAfter, LeaseTTL: liveness.TTL()})
 	var livenessErr error
 	a.CheckOwners(func(worker string) bool {
 		ok, err := liveness.Alive(ctx, worker)
