@@ -17,13 +17,14 @@ func TestAShimThatCannotRecordItsStartSaysWhy(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	// No environ file, and the exit file's temporary name taken by a directory
-	// (root may write anywhere, but not a file over a directory).
+	// The exit file's temporary name taken by a directory (root may write
+	// anywhere, but not a file over a directory): its room cannot be reserved, so
+	// nothing starts, and nor can the exit file be written.
 	if err := os.Mkdir(filepath.Join(dir, shim.ExitFile+".tmp"), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	err = launchShim([]string{self, "shim"}, dir, shimRun{Path: "/bin/true", Args: []string{"true"}, Dir: dir})
-	if err == nil || !strings.Contains(err.Error(), shim.EnvironFile) || !strings.Contains(err.Error(), "is a directory") {
-		t.Fatalf("launch = %v, want the shim's reasons: no environ file, no exit file written", err)
+	if err == nil || !strings.Contains(err.Error(), "reserve the exit file") || !strings.Contains(err.Error(), "is a directory") {
+		t.Fatalf("launch = %v, want the shim's reasons: no room reserved for the exit file, none written", err)
 	}
 }
