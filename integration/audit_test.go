@@ -3,15 +3,10 @@ package integration
 import (
 	"context"
 	"encoding/json"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/bgtask/bgtask/events"
 )
@@ -30,24 +25,7 @@ func TestAuditFindsAForgedSecondFireAndADuplicateWakeup(t *testing.T) {
 	// the server may): a second fired for the first task, and a second wake-up for
 	// the second.
 	srv.stop(syscall.SIGTERM)
-	ns, err := server.NewServer(&server.Options{ServerName: "bgtask", DontListen: true, JetStream: true, StoreDir: filepath.Join(home, "jetstream"), NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	defer ns.Shutdown()
-	if !ns.ReadyForConnections(30 * time.Second) {
-		t.Fatal("the store's own server did not start")
-	}
-	nc, err := nats.Connect("", nats.InProcessServer(ns))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, closeStore := openStore(t, home)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	fired, err := events.New(first, "intruder", 1, time.Now(), &events.Fired{InboxSeq: 7})
@@ -62,9 +40,7 @@ func TestAuditFindsAForgedSecondFireAndADuplicateWakeup(t *testing.T) {
 	if _, err := js.Publish(ctx, events.InboxSubject("default"), []byte(`{"id":"`+second+`","status":"succeeded"}`)); err != nil {
 		t.Fatal(err)
 	}
-	nc.Close()
-	ns.Shutdown()
-	ns.WaitForShutdown()
+	closeStore()
 	startServer(t, home)
 
 	r := run(t, home, "audit", "--json")

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -490,4 +491,43 @@ func waitPIDPair(t *testing.T, path string) (command, shim int) {
 	eventually(t, 30*time.Second, "no pids in "+path, func() bool { return len(pidPairs(path)) > 0 })
 	p := pidPairs(path)[0]
 	return p[0], p[1]
+}
+
+// openStore opens the JetStream store of a home whose server is stopped with a
+// nats-server of the test's own, in process and with no credentials: as one who
+// can write the store, and no identity of bgtask's, could. close shuts it down,
+// which must come before a bgtask server starts on the home again; it is safe to
+// call twice, and the test's end calls it too.
+func openStore(t *testing.T, home string) (js jetstream.JetStream, close func()) {
+	t.Helper()
+	ns, err := server.NewServer(&server.Options{
+		ServerName: "bgtask", DontListen: true, JetStream: true, NoLog: true, NoSigs: true,
+		StoreDir: filepath.Join(home, "jetstream"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	var nc *nats.Conn
+	var once sync.Once
+	close = func() {
+		once.Do(func() {
+			if nc != nil {
+				nc.Close()
+			}
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		})
+	}
+	t.Cleanup(close)
+	if !ns.ReadyForConnections(30 * time.Second) {
+		t.Fatal("the store's own nats-server did not start")
+	}
+	if nc, err = nats.Connect("", nats.InProcessServer(ns)); err != nil {
+		t.Fatal(err)
+	}
+	if js, err = jetstream.New(nc); err != nil {
+		t.Fatal(err)
+	}
+	return js, close
 }

@@ -3,13 +3,11 @@ package integration
 import (
 	"context"
 	"encoding/json"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -106,37 +104,15 @@ func eventIDs(t *testing.T, js jetstream.JetStream, id string) []string {
 // message id and the condition on its task's filter bgtask.events.<task-id>.>.
 func rewriteAsOldLayout(t *testing.T, home string) {
 	t.Helper()
-	ns, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: -1, JetStream: true, NoLog: true, NoSigs: true,
-		StoreDir: filepath.Join(home, "jetstream"),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	defer func() {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-	}()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, closeStore := openStore(t, home)
+	defer closeStore()
 	recs := allEvents(t, js)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := js.DeleteStream(ctx, events.StreamName); err != nil {
 		t.Fatal(err)
 	}
-	_, err = js.CreateStream(ctx, jetstream.StreamConfig{
+	_, err := js.CreateStream(ctx, jetstream.StreamConfig{
 		Name:        events.StreamName,
 		Description: "bgtask lifecycle events, one subject per task and type",
 		Subjects:    []string{events.SubjectPrefix + ".>"},
