@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -43,5 +44,32 @@ func TestARunsOutputFilesAreBoundedWhileItRuns(t *testing.T) {
 	}
 	if tail := st.Run.Tail; !slices.Contains(tail, "6000000") {
 		t.Fatalf("tail %q, want the last lines of stdout", tail)
+	}
+}
+
+// A worker that restarts after it freed a run's old output resumes where the log
+// stands, inside what it kept: the tail and the output's size are the command's.
+func TestARunWhoseOutputWasFreedIsWatchedAgainAfterARestart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state, dir := t.TempDir(), t.TempDir()
+	first := b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
+	id := b.arm(t, engine.Spec{Command: `seq 1 3000000; while [ ! -e go ]; do sleep 0.02; done; echo after`, Cwd: dir})
+	const printed = 22_888_896
+	var st syscall.Stat_t
+	eventually(t, 60*time.Second, "stdout read and freed", func() bool {
+		return syscall.Stat(filepath.Join(state, "runs", id+"-1", "stdout"), &st) == nil && st.Size == printed && st.Blocks*512 <= 12<<20
+	})
+	first.Stop()
+	b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	end := b.waitFor(t, id, 30*time.Second, "ended", ended)
+	if end.Status != engine.StatusSucceeded || end.Run == nil || end.Run.OutputBytes != printed+int64(len("after\n")) {
+		t.Fatalf("ended %s with run %+v, want succeeded with %d bytes of output", end.Status, end.Run, printed+int64(len("after\n")))
+	}
+	if tail := end.Run.Tail; len(tail) < 2 || tail[len(tail)-1] != "after" || tail[len(tail)-2] != "3000000" || strings.ContainsRune(strings.Join(tail, ""), 0) {
+		t.Fatalf("tail %q, want the command's last lines", tail)
 	}
 }
