@@ -14,14 +14,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
 )
 
 // Randomised fault trials. Each trial starts a real server (and, in half of them,
 // separate worker processes), registers a handful of real commands that end with
-// exit codes chosen by the trial, injects one fault at a random moment while they
-// run, restarts what it killed, and checks the invariants from outside: no lost
+// exit codes chosen by the trial (some hostile: floods of control bytes, a tail of
+// 2 MB, a prompt that names the tail thousands of times), injects one fault at a
+// random moment while they run, restarts what it killed, and checks the invariants from outside: no lost
 // exit, no double fire, no task stuck, no process left behind, and a clean audit.
 //
 // The trial count, the seed and how many trials run at once come from the
@@ -31,7 +34,8 @@ import (
 //	BGTASK_FAULT_SEED=1234 BGTASK_FAULT_TRIALS=1 go test -race -run TestFaultTrials ./integration
 //
 // Trial i of a run with seed S has seed S+i, and its plan (topology, fault, its
-// timing, the commands) follows from its seed alone.
+// timing, the commands) follows from its seed alone; the fault is the seed's
+// modulo the number of faults, so every run of as many trials injects each.
 const (
 	trialsEnv   = "BGTASK_FAULT_TRIALS"
 	seedEnv     = "BGTASK_FAULT_SEED"
@@ -115,12 +119,27 @@ const (
 	splitsItsLine taskKind = "split-line"     // half its completion line, waits, the rest; never exits
 	ignoresTerm   taskKind = "ignores-TERM"   // waits, prints its completion line; only KILL stops it
 	hitsDeadline  taskKind = "deadline"       // never ends; its deadline stops it
+	// The hostile ones: each once took every event or wake-up of its task over the
+	// NATS payload limit, or the server's memory, and its task never fired.
+	floodsControl taskKind = "control-flood" // 60 lines of 2,000 \001 bytes, waits, exits with its code
+	floodsTail    taskKind = "tail-flood"    // result tail:1000 of 1,000 lines of 2,000 bytes, waits, exits
+	amplifies     taskKind = "amplify"       // prompt {{tail}} x7,500 over 50 lines of 2,000 bytes, waits, exits
 )
 
-var allKinds = []taskKind{exitsWithCode, exitsWithCode, killsItself, leavesOrphan, splitsItsLine, ignoresTerm, hitsDeadline}
+var allKinds = []taskKind{exitsWithCode, exitsWithCode, killsItself, leavesOrphan, splitsItsLine, ignoresTerm, hitsDeadline,
+	floodsControl, floodsTail, amplifies}
 
 // exits reports whether the command ends by itself once its gate opens.
-func (k taskKind) exits() bool { return k == exitsWithCode || k == killsItself || k == leavesOrphan }
+func (k taskKind) exits() bool {
+	switch k {
+	case exitsWithCode, killsItself, leavesOrphan, floodsControl, floodsTail, amplifies:
+		return true
+	}
+	return false
+}
+
+// exitsWithItsCode reports whether the command's exit code is the task's code.
+func (k taskKind) exitsWithItsCode() bool { return k.exits() && k != killsItself }
 
 // gated reports whether the command waits for its gate.
 func (k taskKind) gated() bool { return k != hitsDeadline }
@@ -158,7 +177,8 @@ func planTrial(seed uint64) trialPlan {
 	r := rand.New(rand.NewPCG(seed, 0x62677461736b))
 	// The default lease: a worker's restart must never outlast it, on a busy machine too.
 	p := trialPlan{seed: seed, shimTarget: -1, leaseTTL: time.Minute}
-	p.fault = allFaults[r.IntN(len(allFaults))]
+	// Every fault in every run of len(allFaults) trials or more.
+	p.fault = allFaults[seed%uint64(len(allFaults))]
 	if p.fault.needsWorkers() || r.IntN(2) == 0 {
 		p.workers = 1 + r.IntN(2)
 	}
@@ -193,9 +213,15 @@ func planTrial(seed uint64) trialPlan {
 		// Something must reach the crash point: a command that ends at once.
 		p.tasks[0] = trialTask{kind: exitsWithCode, code: p.tasks[0].code, release: beforeFault, onLost: engine.OnLostFail}
 	case faultShimKill:
-		// Its gate stays shut until after the kill: the command runs when its shim dies.
+		// Its gate stays shut until after the kill: the command runs when its shim
+		// dies, most often with a process in a session of its own that the shim's
+		// death does not reach.
 		p.shimTarget = r.IntN(len(p.tasks))
-		p.tasks[p.shimTarget].kind, p.tasks[p.shimTarget].release = exitsWithCode, afterRestart
+		kind := leavesOrphan
+		if r.IntN(4) == 0 {
+			kind = exitsWithCode
+		}
+		p.tasks[p.shimTarget].kind, p.tasks[p.shimTarget].release = kind, afterRestart
 	}
 	return p
 }
@@ -221,7 +247,7 @@ func (p trialPlan) String() string {
 	b.WriteString("; tasks:")
 	for i, tk := range p.tasks {
 		fmt.Fprintf(&b, " %d=%s", i, tk.kind)
-		if tk.kind == exitsWithCode || tk.kind == leavesOrphan {
+		if tk.kind.exitsWithItsCode() {
 			fmt.Fprintf(&b, "(%d)", tk.code)
 		}
 		fmt.Fprintf(&b, "/%s/%s", tk.release, tk.onLost)
@@ -273,7 +299,7 @@ func runTrial(t *testing.T, seed uint64) {
 	tr.step("server started")
 	nc, _ := connect(t, tr.home)
 	for i := range p.tasks {
-		tr.ids = append(tr.ids, register(t, nc, tr.spec(i)))
+		tr.ids = append(tr.ids, tr.register(nc, i))
 	}
 	nc.Close()
 	// Workers come after the tasks: a worker that crashes at its first spawn must
@@ -352,8 +378,57 @@ func (tr *trial) spec(i int) map[string]any {
 	case hitsDeadline:
 		spec["command"] = pids + `exec sleep 600`
 		spec["deadline"] = "3s"
+	case floodsControl:
+		spec["command"] = pids + `for i in $(seq 60); do head -c 2000 /dev/zero | tr '\0' '\001'; echo; done; ` + gate + `exit ` + strconv.Itoa(tk.code)
+	case floodsTail:
+		spec["command"] = pids + `yes "$(printf '%2000s' | tr ' ' t)" | head -n 1000; ` + gate + `exit ` + strconv.Itoa(tk.code)
+		spec["result"] = map[string]any{"type": "tail", "lines": 1000}
+	case amplifies:
+		spec["command"] = pids + `yes "$(printf '%2000s' | tr ' ' a)" | head -n 50; ` + gate + `exit ` + strconv.Itoa(tk.code)
+		spec["prompt"] = strings.Repeat("{{tail}}", amplifiedTails)
 	}
 	return spec
+}
+
+// amplifiedTails is how many times an amplifying prompt names the tail: a spec
+// just under the 64 KiB limit, a prompt of 750 MB if it were rendered whole.
+const amplifiedTails = 7500
+
+// register registers task i and returns its id; "" for an amplifying prompt
+// refused for its prompt, which registration may do instead of cutting it.
+func (tr *trial) register(nc *nats.Conn, i int) string {
+	t := tr.t
+	t.Helper()
+	if tr.plan.tasks[i].kind != amplifies {
+		return register(t, nc, tr.spec(i))
+	}
+	data, err := json.Marshal(tr.spec(i))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := nc.Request("bgtask.register", data, 30*time.Second)
+	if err != nil {
+		t.Fatalf("register task %d: %v", i, err)
+	}
+	var reply struct {
+		ID    string
+		Error *struct {
+			Code  int
+			Field string
+		}
+	}
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		t.Fatalf("register task %d: %s", i, msg.Data)
+	}
+	switch {
+	case reply.ID != "":
+		return reply.ID
+	case reply.Error != nil && reply.Error.Code == 400 && reply.Error.Field == "prompt":
+		tr.step(fmt.Sprintf("task %d refused: %s", i, msg.Data))
+		return ""
+	}
+	t.Fatalf("register task %d: %s", i, msg.Data)
+	return ""
 }
 
 func (tr *trial) startServer(env []string) {
@@ -602,7 +677,7 @@ func (tr *trial) check() {
 	t := tr.t
 	sums := tr.follow(90*time.Second, "stuck: not every task fired", func(sums map[string]*taskSummary) bool {
 		for _, id := range tr.ids {
-			if s := sums[id]; s == nil || s.n[events.TypeFired] == 0 {
+			if s := sums[id]; id != "" && (s == nil || s.n[events.TypeFired] == 0) {
 				return false
 			}
 		}
@@ -610,7 +685,12 @@ func (tr *trial) check() {
 	})
 	tr.step("all fired")
 	var problems []string
+	registered := 0
 	for i, id := range tr.ids {
+		if id == "" {
+			continue
+		}
+		registered++
 		if err := tr.checkTask(i, sums[id]); err != nil {
 			problems = append(problems, fmt.Sprintf("task %d (%s, %s): %v", i, tr.plan.tasks[i].kind, id, err))
 		}
@@ -633,7 +713,7 @@ func (tr *trial) check() {
 		Open       []any `json:"open"`
 		Violations []any `json:"violations"`
 	}](t, r.stdout)
-	if r.code != 0 || report.Fired != len(tr.ids) || len(report.Open) != 0 || len(report.Violations) != 0 {
+	if r.code != 0 || report.Fired != registered || len(report.Open) != 0 || len(report.Violations) != 0 {
 		tr.fail(sums, fmt.Sprintf("audit (exit %d):\n%s%s", r.code, r.stdout, r.stderr))
 	}
 	tr.step("audit clean")
@@ -713,8 +793,15 @@ func (tr *trial) checkTask(i int, s *taskSummary) error {
 		return nil
 	}
 	switch tk.kind {
-	case exitsWithCode, leavesOrphan:
+	case exitsWithCode, leavesOrphan, floodsControl, floodsTail:
 		return code(tk.code, "")
+	case amplifies:
+		if err := code(tk.code, ""); err != nil {
+			return err
+		}
+		if len(w.Prompt) > 256<<10 || !strings.HasSuffix(w.Prompt, "cut to fit bgtask's byte budget]") {
+			return fmt.Errorf("an amplifying prompt of %d bytes ending %q, want one cut to fit the budget", len(w.Prompt), w.Prompt[max(0, len(w.Prompt)-80):])
+		}
 	case killsItself:
 		return code(143, "TERM")
 	case splitsItsLine, ignoresTerm:
