@@ -117,7 +117,7 @@ func (s *Service) Register(ctx context.Context, raw []byte) (string, bool, error
 func (s *Service) appendArmed(ctx context.Context, ev events.Event) (uint64, error) {
 	for {
 		seq, err := s.store.Append(ctx, ev, 0)
-		if err == nil || errors.Is(err, events.ErrConflict) || ctx.Err() != nil {
+		if err == nil || errors.Is(err, events.ErrConflict) || errors.Is(err, events.ErrNoSpace) || ctx.Err() != nil {
 			return seq, err
 		}
 		s.base.Logger.Warn("armed not recorded yet, retrying", "task", ev.TaskID, "err", err)

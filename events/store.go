@@ -26,6 +26,9 @@ var (
 	// that its last event read showed: the servers that answered stayed behind
 	// the one that answered first. Read again.
 	ErrIncomplete = errors.New("events: the history read stopped short of the task's last event")
+	// ErrNoSpace means the store's disk is full: no append succeeds until it has
+	// room again, so one that a caller waits for fails at once.
+	ErrNoSpace = errors.New("events: the event store's disk is full")
 )
 
 // TaskSubject is the subject an event of a task is published on. The event stream

@@ -142,18 +142,39 @@ func (a *storeAlarm) Errorf(format string, v ...any) {
 	a.Logger.Errorf(format, v...)
 }
 
+// watchStoreDisk has the embedded server log through an alarm that notes a write
+// of its store that failed for lack of space.
+func watchStoreDisk(ns *server.Server, logger *slog.Logger) *storeAlarm {
+	alarm := &storeAlarm{Logger: natsLogger{logger.With("component", "nats")}}
+	ns.SetLoggerV2(alarm, false, false, false)
+	return alarm
+}
+
+// refuseWhenFull is the store of the API's requests: while the store's disk is
+// full, an append fails at once with events.ErrNoSpace, so a registration says
+// why instead of waiting for an answer JetStream does not give.
+type refuseWhenFull struct {
+	events.Store
+	full func() bool
+}
+
+func (s refuseWhenFull) Append(ctx context.Context, ev events.Event, expect uint64) (uint64, error) {
+	if s.full() {
+		return 0, events.ErrNoSpace
+	}
+	return s.Store.Append(ctx, ev, expect)
+}
+
 // recoverFullDisk restarts the embedded JetStream once a disk that filled has
 // room again, until ctx is done. A stream whose write failed for lack of space
 // keeps failing every write after it, whatever room there is later, until it is
 // loaded again from disk: without this, the running server's events stayed
 // unwritten, its tasks running, until it was restarted.
-func recoverFullDisk(ctx context.Context, ns *server.Server, logger *slog.Logger) {
+func recoverFullDisk(ctx context.Context, ns *server.Server, alarm *storeAlarm, logger *slog.Logger) {
 	cfg := ns.JetStreamConfig()
 	if cfg == nil {
 		return
 	}
-	alarm := &storeAlarm{Logger: natsLogger{logger.With("component", "nats")}}
-	ns.SetLoggerV2(alarm, false, false, false)
 	told := false
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()

@@ -123,6 +123,10 @@ func TestAFullDiskFreedAgainLosesNoExitAndNeedsNoRestart(t *testing.T) {
 	eventually(t, 30*time.Second, "the full disk noticed", func() bool {
 		return strings.Contains(srv.out.String(), "disk of the event store is full")
 	})
+	// A registration meanwhile is refused with the reason, not left unanswered.
+	if r := bgtask(t, home, "add", "--json", "--", "true"); r.code == 0 || !strings.Contains(r.stdout, "disk is full") {
+		t.Fatalf("add while the disk is full: exit %d, %s %s; want a refusal naming the disk", r.code, r.stdout, r.stderr)
+	}
 	if err := os.Remove(filled); err != nil {
 		t.Fatal(err)
 	}

@@ -178,7 +178,8 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 		ns.Shutdown()
 		ns.WaitForShutdown()
 	}()
-	go recoverFullDisk(ctx, ns, logger)
+	alarm := watchStoreDisk(ns, logger)
+	go recoverFullDisk(ctx, ns, alarm, logger)
 	nc, err := connectInProcess(ns, engineID, "bgtask-engine")
 	if err != nil {
 		return err
@@ -195,7 +196,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	node, err := startNode(ctx, nc, base, nodeOptions{
 		writer: "engine@" + hostName(), leaseTTL: o.leaseTTL, replicas: 1,
 		push: o.pushing(secret), denyPrivate: o.denyPrivate, archiveAfter: o.archiveAfter,
-		logBytes: int64(o.logBytes), maxStore: ns.JetStreamConfig().MaxStore,
+		logBytes: int64(o.logBytes), maxStore: ns.JetStreamConfig().MaxStore, diskFull: alarm.full.Load,
 		snapshots: projections.Snapshots{Path: filepath.Join(home, snapshotFile), Every: o.snapshotEvery, Build: buildID()},
 	})
 	if err != nil {
@@ -359,6 +360,9 @@ type nodeOptions struct {
 	maxStore     int64 // what JetStream may store; 0: the account's limit, if any
 	// denyPrivate refuses webhooks to non-public addresses at registration too.
 	denyPrivate bool
+	// diskFull, if set, says the store's disk is full: registrations and cancels
+	// then fail at once, where JetStream would leave their appends unanswered.
+	diskFull func() bool
 }
 
 func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptions) (*node, error) {
@@ -457,7 +461,11 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptio
 		n.stopEngine()
 		return nil, err
 	}
-	svc := engine.NewService(store, writer, base)
+	var requests events.Store = store
+	if o.diskFull != nil {
+		requests = refuseWhenFull{Store: store, full: o.diskFull}
+	}
+	svc := engine.NewService(requests, writer, base)
 	if o.denyPrivate {
 		svc.DenyPrivateWebhooks()
 	}

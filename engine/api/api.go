@@ -342,6 +342,8 @@ func toError(err error) *Error {
 		return &Error{Code: 409, Field: "idempotency_key", Message: err.Error()}
 	case errors.Is(err, engine.ErrFinished), errors.Is(err, engine.ErrWrongPhase):
 		return &Error{Code: 409, Message: err.Error()}
+	case errors.Is(err, events.ErrNoSpace):
+		return &Error{Code: 507, Message: err.Error() + ": nothing is recorded until it has room again"}
 	}
 	return &Error{Code: 500, Message: err.Error()}
 }
