@@ -78,7 +78,9 @@ func TestServerWithNATSMakesItsHome(t *testing.T) {
 	ctx, cancel = context.WithCancel(context.Background())
 	defer cancel()
 	out = &syncBuffer{}
-	go func() { done <- Run(ctx, external(unmakeable, "--no-worker", "--webhook-secret-file", secret), out, out) }()
+	go func() {
+		done <- Run(ctx, external(unmakeable, "--no-worker", "--webhook-secret-file", secret), out, out)
+	}()
 	awaitText(t, out, "bgtask server ready", done)
 	cancel()
 	if err := <-done; err != nil {

@@ -22,7 +22,7 @@ type server struct {
 	nc    *nats.Conn
 	api   *api.Client
 	js    jetstream.JetStream
-	conns []*nats.Conn // more clients, for concurrent requests
+	conns []*nats.Conn  // more clients, for concurrent requests
 	raw   *rawJetStream // the baselines' own JetStream, once a scenario asked for it
 }
 
