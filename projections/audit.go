@@ -86,9 +86,11 @@ type Audit struct {
 	violations []Violation
 	inbox      map[string]int // wake-ups per message id
 	alive      func(worker string) bool
-	// seen is, per task, the last sequence fed from the archive: the stream's copy
-	// of those events, if compaction did not remove it yet, is not counted twice.
-	seen map[string]uint64
+	// archived holds the ids of the events fed from the archive: the stream's copy
+	// of one, left until the task's compaction, is the same event. Ids, not
+	// sequences: an upgraded stream numbers its events anew, the archive keeps
+	// the numbers they had.
+	archived map[string]bool
 	// since is, per task, the time of the event that put it in its phase, and
 	// lastRun the time of the last event of its current run.
 	since   map[string]time.Time
@@ -98,7 +100,7 @@ type Audit struct {
 
 // NewAudit starts an audit.
 func NewAudit() *Audit {
-	return &Audit{tasks: map[string]engine.State{}, inbox: map[string]int{}, seen: map[string]uint64{},
+	return &Audit{tasks: map[string]engine.State{}, inbox: map[string]int{}, archived: map[string]bool{},
 		since: map[string]time.Time{}, lastRun: map[string]time.Time{}}
 }
 
@@ -107,15 +109,13 @@ func NewAudit() *Audit {
 func (a *Audit) AddArchived(h events.ArchivedHistory) {
 	for _, rec := range h.Events {
 		a.Add(rec, nil)
-	}
-	if n := len(h.Events); n > 0 {
-		a.seen[h.TaskID] = max(a.seen[h.TaskID], h.Events[n-1].Seq)
+		a.archived[rec.ID] = true
 	}
 }
 
 // Add folds one record of the event log, in log order.
 func (a *Audit) Add(rec events.Record, decodeErr error) {
-	if rec.Seq <= a.seen[rec.TaskID] {
+	if a.archived[rec.ID] {
 		return // read from the archive already
 	}
 	a.events++
