@@ -459,9 +459,10 @@ func (s *Server) task(ctx context.Context, id string) (engine.State, error) {
 	return engine.State{}, fmt.Errorf("%w: %s", engine.ErrNotFound, id)
 }
 
-// listChunk is how many tasks a list reads from the projection at a time while it
-// fills a reply.
-const listChunk = 500
+// minTaskView is less than any task's view takes as JSON: a page never holds more
+// tasks than the reply's budget over it, so a list reads at most that many states
+// from the projection per page, once.
+const minTaskView = 128
 
 // listEnvelope bounds what a list reply holds besides its tasks: the total, the
 // cursor and the JSON around them.
@@ -491,37 +492,37 @@ func (s *Server) list(_ context.Context, data []byte) (any, error) {
 		return nil, err
 	}
 	budget := s.maxReply() - listEnvelope
-	page := listPage{Tasks: []json.RawMessage{}}
-	size := 0
-	for {
-		states, total := s.queries.ListAfter(engine.ListQuery{Phase: req.Phase, Limit: listChunk}, at, id)
-		page.Total = total
-		if len(states) == 0 {
-			return page, nil
-		}
-		for _, st := range states {
-			if req.Limit > 0 && len(page.Tasks) == req.Limit {
-				page.NextCursor = cursor(at, id)
-				return page, nil
-			}
-			view, err := json.Marshal(s.view(st))
-			if err != nil {
-				return nil, fmt.Errorf("encode task %s: %w", st.ID, err)
-			}
-			if size+len(view)+1 > budget {
-				if len(page.Tasks) == 0 {
-					e := tooLarge("task "+st.ID, len(view), budget)
-					e.Field = "tasks"
-					return nil, e
-				}
-				page.NextCursor = cursor(at, id)
-				return page, nil
-			}
-			page.Tasks = append(page.Tasks, view)
-			size += len(view) + 1
-			at, id = st.ArmedAt, st.ID
-		}
+	limit := budget / minTaskView
+	if req.Limit > 0 {
+		limit = min(limit, req.Limit)
 	}
+	// One more than the page may hold says whether another page follows.
+	states, total := s.queries.ListAfter(engine.ListQuery{Phase: req.Phase, Limit: limit + 1}, at, id)
+	page := listPage{Tasks: []json.RawMessage{}, Total: total}
+	size := 0
+	for i, st := range states {
+		if i == limit {
+			page.NextCursor = cursor(at, id)
+			break
+		}
+		view, err := json.Marshal(s.view(st))
+		if err != nil {
+			return nil, fmt.Errorf("encode task %s: %w", st.ID, err)
+		}
+		if size+len(view)+1 > budget {
+			if len(page.Tasks) == 0 {
+				e := tooLarge("task "+st.ID, len(view), budget)
+				e.Field = "tasks"
+				return nil, e
+			}
+			page.NextCursor = cursor(at, id)
+			break
+		}
+		page.Tasks = append(page.Tasks, view)
+		size += len(view) + 1
+		at, id = st.ArmedAt, st.ID
+	}
+	return page, nil
 }
 
 // cursor names the position after the task armed at armedAt with the id id.
