@@ -145,9 +145,12 @@ func cutEnd(s string, limit int) string {
 	if i := strings.IndexByte(kept, '\n'); i >= 0 && i < len(kept)-1 {
 		kept = kept[i+1:]
 	}
+	cut := strings.Count(s[:len(s)-len(kept)], "\n")
 	first, _, _ := strings.Cut(s, "\n")
-	earlier, _ := cutBefore(first)
-	return tailMarker(earlier+strings.Count(s[:len(s)-len(kept)], "\n")) + "\n" + kept
+	if earlier, ok := cutBefore(first); ok {
+		cut += earlier - 1 // the earlier marker's own line is none of the output's
+	}
+	return tailMarker(cut) + "\n" + kept
 }
 
 // cutMarker ends a value cut to the budget; n, the bytes cut, is at most the

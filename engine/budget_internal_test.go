@@ -154,3 +154,16 @@ func TestSharesGiveEachWhatItNeedsUpToAFairPart(t *testing.T) {
 		}
 	}
 }
+
+// A tail cut again keeps counting the lines the first cut left out, and not the
+// first cut's marker as one of them.
+func TestCutEndCountsTheLinesOfAnEarlierCut(t *testing.T) {
+	s := tailMarker(5) + "\nA\n" + strings.Repeat("B", 100)
+	got := cutEnd(s, 150)
+	if first, _, _ := strings.Cut(got, "\n"); first != tailMarker(6) {
+		t.Fatalf("cutEnd(%q) starts %q, want %q", s, first, tailMarker(6))
+	}
+	if jsonLen(got) > 150 {
+		t.Fatalf("cutEnd kept %d bytes as JSON, over 150", jsonLen(got))
+	}
+}
