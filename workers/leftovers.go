@@ -30,7 +30,7 @@ const leftoversLimit = 5 * time.Second
 // through a pidfd opened before its marker is checked again, so a PID that names
 // another process by then is never signalled.
 func stopLeftovers(dir string, grace time.Duration) {
-	marker := append([]byte(runMarker(dir)), 0)
+	marker := []byte("\x00" + runMarker(dir) + "\x00")
 	start := time.Now()
 	termed := map[int]bool{}
 	for {
@@ -48,12 +48,13 @@ func stopLeftovers(dir string, grace time.Duration) {
 				termed[pid] = true
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
 // markedProcesses lists the processes, besides this one, whose environment holds
-// marker (NUL-terminated). An ended process (a zombie) has no environment left.
+// marker (NUL-framed: "\x00NAME=VALUE\x00"). An ended process (a zombie) has no
+// environment left.
 func markedProcesses(marker []byte) []int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
@@ -75,7 +76,7 @@ func markedProcesses(marker []byte) []int {
 
 func hasMarker(pid int, marker []byte) bool {
 	env, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
-	return err == nil && (bytes.HasPrefix(env, marker) || bytes.Contains(env, append([]byte{0}, marker...)))
+	return err == nil && (bytes.HasPrefix(env, marker[1:]) || bytes.Contains(env, marker))
 }
 
 // signalMarked signals pid if it still is a process with marker.
