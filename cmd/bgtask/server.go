@@ -466,6 +466,7 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptio
 		requests = refuseWhenFull{Store: store, full: o.diskFull}
 	}
 	svc := engine.NewService(requests, writer, base)
+	svc.ReadArchive(archive)
 	if o.denyPrivate {
 		svc.DenyPrivateWebhooks()
 	}

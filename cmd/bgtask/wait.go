@@ -79,7 +79,7 @@ Waiting does not consume the wake-up: it stays in the target's inbox.`,
 			return outcome(w.Status)
 		},
 	}
-	cmd.Flags().DurationVar(&timeout, "timeout", 0, "give up after this long, the wait for a restarting server included (exit status 124); 0 waits forever")
+	cmd.Flags().DurationVar(&timeout, "timeout", 0, "give up after this long: exit status 124 while the task runs, 7 while no server answers (a restart); 0 waits forever")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the wake-up as JSON")
 	return cmd
 }

@@ -180,9 +180,6 @@ const requestTimeout = 30 * time.Second
 // Serve starts the micro service on nc. Endpoints share a queue group, so several
 // engines can serve one deployment.
 func Serve(nc *nats.Conn, svc *engine.Service, queries Queries, fleet Fleet, store events.Store, archive Archive, version string, base engine.Base) (*Server, error) {
-	if archive != nil {
-		svc.ReadArchive(archive)
-	}
 	s := &Server{
 		svc: svc, queries: queries, fleet: fleet, store: store, archive: archive, base: base.WithDefaults(),
 		nc: nc, slots: make(chan struct{}, maxRegistering),
