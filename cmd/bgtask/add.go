@@ -105,10 +105,10 @@ worker can take stays armed; 'bgtask show ID' says what it waits for.
 	f.BoolVar(&o.noCwd, "no-cwd", false, "run in the worker's home directory instead of the current directory")
 	f.StringVar(&o.kind, "kind", "", "a label for the task (build, deploy, ...)")
 	f.StringVar(&o.prompt, "prompt", "", "template of the wake-up's prompt (default: a summary with the output tail)")
-	f.StringVar(&o.target, "target", "", "inbox the wake-up goes to (default \"default\")")
+	f.StringVar(&o.target, "target", "", "inbox the wake-up goes to (default: the agent session the command runs in, claude-$CLAUDE_CODE_SESSION_ID or codex-$CODEX_THREAD_ID, else \"default\")")
 	f.StringVar(&o.key, "idempotency-key", "", "the same key registers the same task once and returns its id (default: a key of this command's own, so that a request made again through a server restart arms once)")
 	f.StringArrayVar(&o.env, "env", nil, "KEY=VALUE added to the command's environment (repeatable)")
-	f.StringVar(&o.origin, "origin", "", "JSON returned as-is in the wake-up (routing data of the caller)")
+	f.StringVar(&o.origin, "origin", "", "JSON returned as-is in the wake-up (routing data of the caller; default in an agent session: its runtime and id)")
 	f.StringArrayVar(&o.completeJSON, "complete-on-json", nil, "done when a stdout line is a JSON object with KEY=VALUE (repeatable; VALUE* matches a prefix; a.b reaches nested keys)")
 	f.StringVar(&o.completeRegex, "complete-on-regex", "", "done when a stdout line matches this Go regular expression")
 	f.BoolVar(&o.keepRunning, "keep-running", false, "leave the command running when its completion rule matched")
@@ -241,6 +241,9 @@ func (o *addOptions) fields(cmd *cobra.Command, args []string) (map[string]any, 
 		doc["result"] = r
 	}
 	set("policy", "policy", o.policy)
+	if s, ok := currentSession(os.Getenv, cmd.ErrOrStderr()); ok {
+		applySession(doc, s)
+	}
 	if changed("webhook") || changed("exec-json") {
 		sinks, err := o.sinks()
 		if err != nil {
