@@ -66,7 +66,7 @@ placement is {"labels": {"host": "THIS-HOST"}}. --label KEY=VALUE places it on
 workers with those labels instead, --anywhere on any worker. A task that no live
 worker can take stays armed; 'bgtask show ID' says what it waits for.
 
---spec reads a whole JSON spec (see the README); flags given too override it.`,
+--spec reads a whole JSON spec (docs/api.md has its fields); flags given too override it.`,
 		Example: `  bgtask add -- make test
   bgtask add --kind deploy --target agent-7 --origin '{"session":"s1"}' -- ./deploy.sh prod
   bgtask add --complete-on-json type=watch.complete --result matched-line -- ./watch --json

@@ -131,7 +131,7 @@ func TestACleanRestartKeepsThePort(t *testing.T) {
 	}
 }
 
-// The README's recipe with the real nats CLI: a context saved by bgtask reaches the
+// The recipe of docs/api.md with the real nats CLI: a context saved by bgtask reaches the
 // server as the client identity, and still does after a restart.
 func TestTheNATSCLIReachesTheServerThroughASavedContext(t *testing.T) {
 	natsCLI, err := exec.LookPath("nats")

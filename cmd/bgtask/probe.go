@@ -76,7 +76,7 @@ func (p *probeOptions) check(ctx context.Context, g *globals, logger *slog.Logge
 		case err != nil:
 			return fmt.Errorf("check %s: %w", id.name, err)
 		case writable:
-			return fmt.Errorf("%w: %s can publish into the event stream %s (%s.>), so it could arm commands or forge outcomes; deny it those subjects (see deploy/nats/ and the README's Permissions)",
+			return fmt.Errorf("%w: %s can publish into the event stream %s (%s.>), so it could arm commands or forge outcomes; deny it those subjects (see deploy/nats/ and docs/operations.md, Security)",
 				errWritableEvents, id.name, events.StreamName, events.SubjectPrefix)
 		}
 	}
