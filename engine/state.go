@@ -132,94 +132,28 @@ func Apply(s State, rec events.Record) (State, error) {
 }
 
 func apply(s State, rec events.Record) (State, error) {
+	at := rec.Time // its own copy: a pointer into rec would keep the whole record alive
 	payload, err := rec.Decode()
 	if err != nil {
 		return s, err
 	}
-	at := rec.Time
 	switch p := payload.(type) {
 	case *events.Armed:
-		if s.Phase != "" {
-			return s, ErrWrongPhase
-		}
-		spec, err := decodeSpec(p.Spec)
-		if err != nil {
-			return s, err
-		}
-		s.ID, s.Spec, s.Phase, s.ArmedAt = rec.TaskID, spec, PhaseArmed, at
+		return s.armed(rec, p)
 	case *events.Spawned:
-		if err := s.canSpawn(rec.Writer); err != nil {
-			return s, err
-		}
-		if rec.Epoch != s.Epoch+1 {
-			return s, fmt.Errorf("spawn epoch %d after epoch %d", rec.Epoch, s.Epoch)
-		}
-		s.Phase, s.Epoch, s.Worker, s.Host, s.SpawnedAt = PhaseRunning, rec.Epoch, rec.Writer, p.Host, &at
-		s.RespawnPending, s.Stall = false, nil
+		return s.spawned(rec, p)
 	case *events.Tick:
-		if err := s.ownedBy(rec); err != nil {
-			return s, err
-		}
-		if p.PID != 0 {
-			s.PID = p.PID
-		}
-		s.LastTickAt, s.OutputBytes = &at, p.OutputBytes
+		return s.ticked(rec, p)
 	case *events.Exited:
-		if err := s.ownedBy(rec); err != nil {
-			return s, err
-		}
-		run := *p
-		s.Phase, s.Run, s.EndedAt = PhaseEnded, &run, &run.EndedAt
-		s.Status, s.Reason = outcome(s, p)
+		return s.exited(rec, p)
 	case *events.Stalled:
-		if err := s.ownedBy(rec); err != nil {
-			return s, err
-		}
-		stall := *p
-		s.Stall, s.StalledAt = &stall, &at
-		switch p.Action {
-		case OnStallNotify:
-			s.StallNotified = true
-		case OnStallRespawn:
-			// The same worker starts the command again with the next spawn; the task
-			// stays its own meanwhile, so no one else can take it.
-			s.RespawnPending = true
-			s.Respawns++
-		}
+		return s.stalled(rec, p)
 	case *events.Failed:
-		if s.Phase == PhaseRunning {
-			if err := s.ownedBy(rec); err != nil {
-				return s, err
-			}
-		} else if s.Phase != PhaseArmed {
-			return s, ErrWrongPhase
-		}
-		s.Phase, s.Status, s.Reason, s.EndedAt = PhaseEnded, StatusFailed, p.Reason, &at
-		if p.StoppedBy == events.StoppedByDeadline {
-			s.Status = StatusTimedOut
-		}
+		return s.failed(rec, p)
 	case *events.CompletionPersisted:
-		if s.Phase != PhaseEnded {
-			return s, ErrWrongPhase
-		}
-		w := p.Wakeup
-		if s.Run != nil && len(w.Tail) > 0 && slices.Equal(w.Tail, s.Run.Tail) {
-			// The wake-up repeats the run's tail: a projection of many finished
-			// tasks keeps one copy of each.
-			w.Tail = s.Run.Tail
-		}
-		s.Phase, s.Status, s.Wakeup, s.PersistedAt = PhasePersisted, w.Status, &w, &at
+		return s.completionPersisted(rec, p)
 	case *events.Fired:
-		if s.Phase != PhasePersisted {
-			return s, ErrWrongPhase
-		}
-		s.Phase, s.FiredAt, s.InboxSeq, s.FiredSeq = PhaseFired, &at, p.InboxSeq, rec.Seq
-		if n := len(s.Spec.Deliver); n > 0 {
-			s.Deliveries = make([]SinkState, n)
-			for i, k := range s.Spec.Deliver {
-				s.Deliveries[i].Type = k.Type
-			}
-		}
+		return s.fired(rec, p)
 	case *events.DeliveryAttempt, *events.DeliveryResult, *events.DeliveryFailed:
 		return s.applyDelivery(payload, rec)
 	case *events.Archived:
@@ -231,29 +165,149 @@ func apply(s State, rec events.Record) (State, error) {
 		}
 		return archivedState(rec.TaskID, p), nil
 	case *events.Lost:
-		if s.Phase != PhaseRunning {
-			return s, ErrWrongPhase
-		}
-		if p.Worker != s.Worker {
-			return s, fmt.Errorf("%w: lost names %s, the lease is %s's", ErrNotOwner, p.Worker, s.Worker)
-		}
-		if p.Action == OnLostRespawn {
-			// Armed again: any worker may take it, at the next epoch.
-			s.Phase, s.Worker, s.Host, s.PID, s.RespawnPending = PhaseArmed, "", "", 0, false
-			s.Respawns++
-			break
-		}
-		s.Phase, s.Status, s.EndedAt, s.Reason = PhaseEnded, StatusLost, &at, p.Reason
-		if s.Reason == "" {
-			s.Reason = "its worker " + p.Worker + " was gone past its lease"
-		}
+		return s.lost(rec, p)
 	case *events.Cancelled:
 		if s.Phase != PhaseArmed && s.Phase != PhaseRunning {
 			return s, ErrWrongPhase
 		}
 		s.Phase, s.Status, s.Reason, s.EndedAt = PhaseCancelled, StatusCancelled, p.Reason, &at
-	default:
-		return s, fmt.Errorf("no transition for %s", rec.Type)
+		return s, nil
+	}
+	return s, fmt.Errorf("no transition for %s", rec.Type)
+}
+
+func (s State) armed(rec events.Record, p *events.Armed) (State, error) {
+	if s.Phase != "" {
+		return s, ErrWrongPhase
+	}
+	spec, err := decodeSpec(p.Spec)
+	if err != nil {
+		return s, err
+	}
+	s.ID, s.Spec, s.Phase, s.ArmedAt = rec.TaskID, spec, PhaseArmed, rec.Time
+	return s, nil
+}
+
+func (s State) spawned(rec events.Record, p *events.Spawned) (State, error) {
+	at := rec.Time
+	if err := s.canSpawn(rec.Writer); err != nil {
+		return s, err
+	}
+	if rec.Epoch != s.Epoch+1 {
+		return s, fmt.Errorf("spawn epoch %d after epoch %d", rec.Epoch, s.Epoch)
+	}
+	s.Phase, s.Epoch, s.Worker, s.Host, s.SpawnedAt = PhaseRunning, rec.Epoch, rec.Writer, p.Host, &at
+	s.RespawnPending, s.Stall = false, nil
+	return s, nil
+}
+
+func (s State) ticked(rec events.Record, p *events.Tick) (State, error) {
+	at := rec.Time
+	if err := s.ownedBy(rec); err != nil {
+		return s, err
+	}
+	if p.PID != 0 {
+		s.PID = p.PID
+	}
+	s.LastTickAt, s.OutputBytes = &at, p.OutputBytes
+	return s, nil
+}
+
+func (s State) exited(rec events.Record, p *events.Exited) (State, error) {
+	if err := s.ownedBy(rec); err != nil {
+		return s, err
+	}
+	run := *p
+	s.Phase, s.Run, s.EndedAt = PhaseEnded, &run, &run.EndedAt
+	s.Status, s.Reason = outcome(s, p)
+	return s, nil
+}
+
+func (s State) stalled(rec events.Record, p *events.Stalled) (State, error) {
+	at := rec.Time
+	if err := s.ownedBy(rec); err != nil {
+		return s, err
+	}
+	stall := *p
+	s.Stall, s.StalledAt = &stall, &at
+	switch p.Action {
+	case OnStallNotify:
+		s.StallNotified = true
+	case OnStallRespawn:
+		// The same worker starts the command again with the next spawn; the task
+		// stays its own meanwhile, so no one else can take it.
+		s.RespawnPending = true
+		s.Respawns++
+	}
+	return s, nil
+}
+
+// failed is a command that could not start (armed) or whose run failed outside the
+// command (running).
+func (s State) failed(rec events.Record, p *events.Failed) (State, error) {
+	at := rec.Time
+	if s.Phase == PhaseRunning {
+		if err := s.ownedBy(rec); err != nil {
+			return s, err
+		}
+	} else if s.Phase != PhaseArmed {
+		return s, ErrWrongPhase
+	}
+	s.Phase, s.Status, s.Reason, s.EndedAt = PhaseEnded, StatusFailed, p.Reason, &at
+	if p.StoppedBy == events.StoppedByDeadline {
+		s.Status = StatusTimedOut
+	}
+	return s, nil
+}
+
+func (s State) completionPersisted(rec events.Record, p *events.CompletionPersisted) (State, error) {
+	at := rec.Time
+	if s.Phase != PhaseEnded {
+		return s, ErrWrongPhase
+	}
+	w := p.Wakeup
+	if s.Run != nil && len(w.Tail) > 0 && slices.Equal(w.Tail, s.Run.Tail) {
+		// The wake-up repeats the run's tail: a projection of many finished
+		// tasks keeps one copy of each.
+		w.Tail = s.Run.Tail
+	}
+	s.Phase, s.Status, s.Wakeup, s.PersistedAt = PhasePersisted, w.Status, &w, &at
+	return s, nil
+}
+
+func (s State) fired(rec events.Record, p *events.Fired) (State, error) {
+	at := rec.Time
+	if s.Phase != PhasePersisted {
+		return s, ErrWrongPhase
+	}
+	s.Phase, s.FiredAt, s.InboxSeq, s.FiredSeq = PhaseFired, &at, p.InboxSeq, rec.Seq
+	if n := len(s.Spec.Deliver); n > 0 {
+		s.Deliveries = make([]SinkState, n)
+		for i, k := range s.Spec.Deliver {
+			s.Deliveries[i].Type = k.Type
+		}
+	}
+	return s, nil
+}
+
+// lost is a run whose worker was gone past its lease: armed again for another
+// worker (on_lost respawn), or ended with status lost.
+func (s State) lost(rec events.Record, p *events.Lost) (State, error) {
+	at := rec.Time
+	if s.Phase != PhaseRunning {
+		return s, ErrWrongPhase
+	}
+	if p.Worker != s.Worker {
+		return s, fmt.Errorf("%w: lost names %s, the lease is %s's", ErrNotOwner, p.Worker, s.Worker)
+	}
+	if p.Action == OnLostRespawn {
+		s.Phase, s.Worker, s.Host, s.PID, s.RespawnPending = PhaseArmed, "", "", 0, false
+		s.Respawns++
+		return s, nil
+	}
+	s.Phase, s.Status, s.EndedAt, s.Reason = PhaseEnded, StatusLost, &at, p.Reason
+	if s.Reason == "" {
+		s.Reason = "its worker " + p.Worker + " was gone past its lease"
 	}
 	return s, nil
 }
