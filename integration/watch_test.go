@@ -182,7 +182,7 @@ func TestResultCommandAndTruncation(t *testing.T) {
 	if want := "R=result for " + id + " in /tmp\n"; w.Prompt != want {
 		t.Fatalf("prompt %q, want %q", w.Prompt, want)
 	}
-	spec := fmt.Sprintf(`{"command":"seq 1 100000","max_result_bytes":100,"result":{"type":"tail","lines":500}}`)
+	spec := `{"command":"seq 1 100000","max_result_bytes":100,"result":{"type":"tail","lines":500}}`
 	path := filepath.Join(t.TempDir(), "spec.json")
 	if err := os.WriteFile(path, []byte(spec), 0o600); err != nil {
 		t.Fatal(err)

@@ -515,14 +515,13 @@ func TestEachTaskIsSpawnedExactlyOnceByCompetingWorkers(t *testing.T) {
 	t.Parallel()
 	const tasks = 60 // 200 race in the integration suite; each start here execs a race-built shim twice
 	b := setup(t)
-	var ws []*workers.Worker
 	for i := range 3 {
 		nc, js := b.srv.Connect(t)
 		store, err := events.ConnectStore(context.Background(), js)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ws = append(ws, startWorker(t, nc, js, store, workers.Config{ID: fmt.Sprintf("worker-%d", i), MaxTasks: 2}))
+		startWorker(t, nc, js, store, workers.Config{ID: fmt.Sprintf("worker-%d", i), MaxTasks: 2})
 	}
 	ids := make([]string, tasks)
 	for i := range ids {

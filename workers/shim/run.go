@@ -16,7 +16,9 @@ type Run struct {
 	KillGrace  int64 // between TERM and KILL
 }
 
-const usage = `bgtask-shim --dir=DIR [--cwd=DIR] [--deadline-unix-ns=N] [--stall-after-ns=N] [--kill-grace-ns=N] -- PROGRAM ARGV0 [ARG...]
+const synopsis = "bgtask-shim --dir=DIR [--cwd=DIR] [--deadline-unix-ns=N] [--stall-after-ns=N] [--kill-grace-ns=N] -- PROGRAM ARGV0 [ARG...]"
+
+const usage = synopsis + `
 
 Runs PROGRAM as the command of the bgtask run in DIR, with the environment in
 DIR/environ, and records its PIDs and its exit there. Workers start it; it is no
@@ -68,7 +70,7 @@ func parseArgs(args []string) (r Run, err error) {
 		args = args[1:]
 	}
 	if len(args) < 3 || r.Dir == "" {
-		return Run{}, errors.New("shim: usage: " + usage)
+		return Run{}, errors.New("shim: usage: " + synopsis)
 	}
 	r.Path, r.Args = args[1], args[2:]
 	return r, nil
