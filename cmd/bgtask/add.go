@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/bgtask/bgtask/engine"
 )
@@ -30,12 +31,7 @@ type addOptions struct {
 	webhooks, execs                        []string
 }
 
-func addCmd(g *globals) *cobra.Command {
-	var o addOptions
-	cmd := &cobra.Command{
-		Use:   "add [flags] -- COMMAND...",
-		Short: "Register a command to run in the background; prints the task id",
-		Long: `Register a command. The words after -- are joined with spaces into one shell
+const addLong = `Register a command. The words after -- are joined with spaces into one shell
 command, run with 'bash -c' in the worker's login environment. The task id is
 printed at once; the command runs in the background, and when it ends the wake-up
 goes to the target's inbox ('bgtask inbox', 'bgtask wait ID').
@@ -66,8 +62,9 @@ placement is {"labels": {"host": "THIS-HOST"}}. --label KEY=VALUE places it on
 workers with those labels instead, --anywhere on any worker. A task that no live
 worker can take stays armed; 'bgtask show ID' says what it waits for.
 
---spec reads a whole JSON spec (docs/api.md has its fields); flags given too override it.`,
-		Example: `  bgtask add -- make test
+--spec reads a whole JSON spec (docs/api.md has its fields); flags given too override it.`
+
+const addExample = `  bgtask add -- make test
   bgtask add --kind deploy --target agent-7 --origin '{"session":"s1"}' -- ./deploy.sh prod
   bgtask add --complete-on-json type=watch.complete --result matched-line -- ./watch --json
   bgtask add --complete-on-regex '^BUILD (OK|FAILED)$' --stall-after 5m --on-stall kill -- make
@@ -75,7 +72,15 @@ worker can take stays armed; 'bgtask show ID' says what it waits for.
   bgtask add --target agent-7 --webhook https://hooks.example.com/bgtask -- make release
   bgtask add --exec-json '["claude","-p","--resume","SESSION"]' --policy defer_idle -- make test
   bgtask add --label pool=gpu --no-cwd -- ./train.sh
-  id=$(bgtask add --json -- 'sleep 5; echo done' | jq -r .id)`,
+  id=$(bgtask add --json -- 'sleep 5; echo done' | jq -r .id)`
+
+func addCmd(g *globals) *cobra.Command {
+	var o addOptions
+	cmd := &cobra.Command{
+		Use:     "add [flags] -- COMMAND...",
+		Short:   "Register a command to run in the background; prints the task id",
+		Long:    addLong,
+		Example: addExample,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dash := cmd.ArgsLenAtDash(); dash > 0 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("unexpected arguments before --: %q", args[:dash])}
@@ -100,7 +105,11 @@ worker can take stays armed; 'bgtask show ID' says what it waits for.
 			})
 		},
 	}
-	f := cmd.Flags()
+	o.register(cmd.Flags())
+	return cmd
+}
+
+func (o *addOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.cwd, "cwd", "", "working directory of the command (default: the current directory)")
 	f.BoolVar(&o.noCwd, "no-cwd", false, "run in the worker's home directory instead of the current directory")
 	f.StringVar(&o.kind, "kind", "", "a label for the task (build, deploy, ...)")
@@ -124,7 +133,6 @@ worker can take stays armed; 'bgtask show ID' says what it waits for.
 	f.BoolVar(&o.anywhere, "anywhere", false, "any worker may take the task, whatever host registered it")
 	f.StringVar(&o.specFile, "spec", "", "a whole JSON spec from a file ('-' for stdin); flags given too override it")
 	f.BoolVar(&o.asJSON, "json", false, "print {\"id\": ...} as JSON")
-	return cmd
 }
 
 // spec builds the registration: the --spec document if any, with every flag given on
@@ -179,21 +187,8 @@ func (o *addOptions) fields(cmd *cobra.Command, args []string) (map[string]any, 
 		doc["command"] = strings.Join(args, " ")
 		delete(doc, "argv")
 	}
-	switch {
-	case o.noCwd:
-		delete(doc, "cwd")
-	case changed("cwd"):
-		cwd, err := filepath.Abs(o.cwd)
-		if err != nil {
-			return nil, err
-		}
-		doc["cwd"] = cwd
-	case doc["cwd"] == nil:
-		cwd, err := os.Getwd()
-		if err != nil {
-			return nil, fmt.Errorf("--cwd: %w", err)
-		}
-		doc["cwd"] = cwd
+	if err := o.setCwd(doc, changed); err != nil {
+		return nil, err
 	}
 	if err := o.placement(cmd, doc); err != nil {
 		return nil, err
@@ -215,30 +210,8 @@ func (o *addOptions) fields(cmd *cobra.Command, args []string) (map[string]any, 
 		}
 		doc["origin"] = json.RawMessage(o.origin)
 	}
-	if changed("complete-on-json") && changed("complete-on-regex") {
-		return nil, usageErr("--complete-on-json and --complete-on-regex: give one completion rule")
-	}
-	if changed("complete-on-json") {
-		match, err := parseKeyValues("--complete-on-json", o.completeJSON)
-		if err != nil {
-			return nil, err
-		}
-		doc["completion"] = map[string]any{"type": engine.CompleteOnJSON, "match": match}
-	}
-	if changed("complete-on-regex") {
-		doc["completion"] = map[string]any{"type": engine.CompleteOnPattern, "regex": o.completeRegex}
-	}
-	set("keep-running", "keep_running", o.keepRunning)
-	set("stall-after", "stall_after", o.stallAfter)
-	set("on-stall", "on_stall", o.onStall)
-	set("max-respawns", "max_respawns", o.maxRespawns)
-	set("deadline", "deadline", o.deadline)
-	if changed("result") {
-		r, err := parseResult(o.result)
-		if err != nil {
-			return nil, err
-		}
-		doc["result"] = r
+	if err := o.setWatch(doc, changed); err != nil {
+		return nil, err
 	}
 	set("policy", "policy", o.policy)
 	if s, ok := currentSession(os.Getenv, cmd.ErrOrStderr()); ok {
@@ -252,6 +225,67 @@ func (o *addOptions) fields(cmd *cobra.Command, args []string) (map[string]any, 
 		doc["deliver"] = sinks
 	}
 	return doc, nil
+}
+
+// setCwd sets the spec's cwd: none with --no-cwd, --cwd made absolute, else the
+// --spec's, else the current directory.
+func (o *addOptions) setCwd(doc map[string]any, changed func(string) bool) error {
+	switch {
+	case o.noCwd:
+		delete(doc, "cwd")
+	case changed("cwd"):
+		cwd, err := filepath.Abs(o.cwd)
+		if err != nil {
+			return err
+		}
+		doc["cwd"] = cwd
+	case doc["cwd"] == nil:
+		cwd, err := os.Getwd()
+		if err != nil {
+			return fmt.Errorf("--cwd: %w", err)
+		}
+		doc["cwd"] = cwd
+	}
+	return nil
+}
+
+// setWatch sets the watch rules given as flags: completion, stall, deadline, result.
+func (o *addOptions) setWatch(doc map[string]any, changed func(string) bool) error {
+	if changed("complete-on-json") && changed("complete-on-regex") {
+		return usageErr("--complete-on-json and --complete-on-regex: give one completion rule")
+	}
+	if changed("complete-on-json") {
+		match, err := parseKeyValues("--complete-on-json", o.completeJSON)
+		if err != nil {
+			return err
+		}
+		doc["completion"] = map[string]any{"type": engine.CompleteOnJSON, "match": match}
+	}
+	if changed("complete-on-regex") {
+		doc["completion"] = map[string]any{"type": engine.CompleteOnPattern, "regex": o.completeRegex}
+	}
+	for _, f := range []struct {
+		flag, field string
+		v           any
+	}{
+		{"keep-running", "keep_running", o.keepRunning},
+		{"stall-after", "stall_after", o.stallAfter},
+		{"on-stall", "on_stall", o.onStall},
+		{"max-respawns", "max_respawns", o.maxRespawns},
+		{"deadline", "deadline", o.deadline},
+	} {
+		if changed(f.flag) {
+			doc[f.field] = f.v
+		}
+	}
+	if changed("result") {
+		r, err := parseResult(o.result)
+		if err != nil {
+			return err
+		}
+		doc["result"] = r
+	}
+	return nil
 }
 
 // sinks are the push sinks of --webhook and --exec-json; they replace a --spec's.
