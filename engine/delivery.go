@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"net/url"
@@ -49,6 +50,13 @@ type Sink struct {
 	Type string `json:"type"`
 	// URL is where a webhook POSTs the wake-up.
 	URL string `json:"url,omitempty"`
+	// Body is a webhook's body as a JSON template: its string values may use the
+	// prompt's placeholders and {{prompt}} (see RenderBody). Without it, the body
+	// is the wake-up JSON.
+	Body json.RawMessage `json:"body,omitempty"`
+	// Bearer names a bearer token the server declares (WebhookBearer), which a
+	// webhook sends as Authorization: Bearer. The token itself is never in a spec.
+	Bearer string `json:"bearer,omitempty"`
 	// Argv is the program an exec sink runs, with the rendered prompt on stdin; its
 	// elements may use the prompt's placeholders and {{prompt}}.
 	Argv []string `json:"argv,omitempty"`
@@ -96,6 +104,9 @@ func (s *Spec) validateDelivery() error {
 	}
 	for i, k := range s.Deliver {
 		field := fmt.Sprintf("deliver[%d]", i)
+		if string(k.Body) == "null" {
+			s.Deliver[i].Body, k.Body = nil, nil
+		}
 		switch k.Type {
 		case SinkWebhook:
 			if err := checkWebhookURL(k.URL); err != nil {
@@ -103,6 +114,14 @@ func (s *Spec) validateDelivery() error {
 			}
 			if len(k.Argv) > 0 {
 				return fieldErr(field+".argv", "only with type exec")
+			}
+			if k.Body != nil {
+				if err := checkBody(k.Body, field+".body"); err != nil {
+					return err
+				}
+			}
+			if k.Bearer != "" && !events.ValidToken(k.Bearer) {
+				return fieldErr(field+".bearer", "%q: a bearer token's name is 1-128 letters, digits, '-' or '_'", k.Bearer)
 			}
 		case SinkExec:
 			if len(k.Argv) == 0 || k.Argv[0] == "" {
@@ -119,8 +138,13 @@ func (s *Spec) validateDelivery() error {
 			if err := checkExecArgv(k.Argv); err != nil {
 				return fieldErr(field+".argv", "%v", err)
 			}
-			if k.URL != "" {
+			switch {
+			case k.URL != "":
 				return fieldErr(field+".url", "only with type webhook")
+			case k.Body != nil:
+				return fieldErr(field+".body", "only with type webhook")
+			case k.Bearer != "":
+				return fieldErr(field+".bearer", "only with type webhook")
 			}
 		case "":
 			return fieldErr(field+".type", "required: webhook or exec")

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -28,22 +29,80 @@ const webhookSecretFile = "webhook-secret"
 type deliveryOptions struct {
 	secretFile string
 	retryBase  time.Duration
+	bearers    bearerFlag
 }
 
 func (o *deliveryOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.secretFile, "webhook-secret-file", "", "file with the key that signs webhook bodies (X-Bgtask-Signature: sha256=HMAC); default HOME/"+webhookSecretFile+", generated on first start. Engine replicas need the same one")
 	f.DurationVar(&o.retryBase, "retry-base", engine.DefaultRetryBase, "wait after a push sink's first failed attempt; it doubles with each attempt, up to 5m, with jitter")
+	f.Var(&o.bearers, "webhook-bearer", "declare a bearer token that webhook sinks may name (\"bearer\": \"NAME\") as NAME=file:PATH@URLPREFIX or NAME=env:VAR@URLPREFIX: the token is read from the file (again at each push) or the server's environment variable, and sent as Authorization: Bearer only to URLs under the prefix; repeat with the same NAME and source for more prefixes (docs/webhooks.md). Engine replicas need the same ones")
 }
 
 // pushing is what the engine's pusher is made with.
 type pushing struct {
 	runner    engine.SinkRunner
 	retryBase time.Duration
+	// bearers are the bearer tokens webhooks may name, which registration checks.
+	bearers engine.WebhookBearers
 }
 
 func (o deliveryOptions) pushing(secret []byte) pushing {
-	return pushing{runner: sinks.New(secret), retryBase: o.retryBase}
+	return pushing{runner: sinks.New(secret).WithBearers(o.bearers.m), retryBase: o.retryBase, bearers: o.bearers.m}
 }
+
+// bearerFlag is --webhook-bearer, checked as each is given: its token is readable
+// now (a typo fails the start, not the first push) and its prefix is a URL prefix.
+type bearerFlag struct {
+	m    engine.WebhookBearers
+	args []string
+}
+
+func (b *bearerFlag) String() string { return strings.Join(b.args, " ") }
+
+func (b *bearerFlag) Type() string { return "NAME=SOURCE@URLPREFIX" }
+
+func (b *bearerFlag) Set(arg string) error {
+	name, rest, ok := strings.Cut(arg, "=")
+	if !ok || !events.ValidToken(name) {
+		return fmt.Errorf("%q: want NAME=file:PATH@URLPREFIX or NAME=env:VAR@URLPREFIX, NAME 1-128 letters, digits, '-' or '_'", arg)
+	}
+	at := max(strings.LastIndex(rest, "@http://"), strings.LastIndex(rest, "@https://"))
+	if at < 0 {
+		return fmt.Errorf("%s: no @URLPREFIX (an http:// or https:// URL the token may be sent to)", name)
+	}
+	source, raw := rest[:at], rest[at+1:]
+	prefix, err := engine.ParseURLPrefix(raw)
+	if err != nil {
+		return fmt.Errorf("%s: URL prefix %v", name, err)
+	}
+	bearer := engine.WebhookBearer{Name: name}
+	switch kind, where, _ := strings.Cut(source, ":"); {
+	case kind == "file" && filepath.IsAbs(where):
+		bearer.File = where
+	case kind == "env" && envName.MatchString(where):
+		bearer.Env = where
+	default:
+		return fmt.Errorf("%s: source %q: want file:ABSOLUTE-PATH or env:VARIABLE", name, source)
+	}
+	if _, err := sinks.Token(bearer); err != nil {
+		return err
+	}
+	if earlier, ok := b.m[name]; ok {
+		if earlier.File != bearer.File || earlier.Env != bearer.Env {
+			return fmt.Errorf("%s is declared twice with different sources", name)
+		}
+		bearer.Prefixes = earlier.Prefixes
+	}
+	bearer.Prefixes = append(bearer.Prefixes, prefix)
+	if b.m == nil {
+		b.m = engine.WebhookBearers{}
+	}
+	b.m[name] = bearer
+	b.args = append(b.args, arg)
+	return nil
+}
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // loadWebhookSecret reads the webhook key from file, or from the home, where it is
 // generated (32 random bytes, hex, mode 0600) the first time. It never goes into a

@@ -18,8 +18,9 @@ const maxOutput = 4 << 10
 
 // Runner makes push attempts. It is safe for concurrent use.
 type Runner struct {
-	secret []byte
-	client *http.Client
+	secret  []byte
+	client  *http.Client
+	bearers engine.WebhookBearers
 }
 
 var _ engine.SinkRunner = (*Runner)(nil)
@@ -36,13 +37,21 @@ func New(secret []byte) *Runner {
 	}
 }
 
+// WithBearers returns a runner whose webhooks send the bearer tokens b declares,
+// each only to a URL under its prefixes.
+func (r *Runner) WithBearers(b engine.WebhookBearers) *Runner {
+	c := *r
+	c.bearers = b
+	return &c
+}
+
 // Push implements engine.SinkRunner.
 func (r *Runner) Push(ctx context.Context, sink engine.Sink, w events.Wakeup, attempt int) engine.SinkOutcome {
 	start := time.Now()
 	var o engine.SinkOutcome
 	switch sink.Type {
 	case engine.SinkWebhook:
-		o = r.webhook(ctx, sink.URL, w, attempt)
+		o = r.webhook(ctx, sink, w, attempt)
 	case engine.SinkExec:
 		o = runExec(ctx, engine.RenderArgv(sink.Argv, w), w, attempt)
 	default:

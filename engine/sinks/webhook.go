@@ -10,10 +10,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -45,14 +48,27 @@ func Verify(secret, body []byte, signature string) bool {
 	return hmac.Equal([]byte(Sign(secret, body)), []byte(signature))
 }
 
-func (r *Runner) webhook(ctx context.Context, url string, w events.Wakeup, attempt int) engine.SinkOutcome {
-	body, err := json.Marshal(w)
+func (r *Runner) webhook(ctx context.Context, sink engine.Sink, w events.Wakeup, attempt int) engine.SinkOutcome {
+	var body []byte
+	var err error
+	if sink.Body != nil {
+		body, err = engine.RenderBody(sink.Body, w)
+	} else {
+		body, err = json.Marshal(w)
+	}
 	if err != nil {
 		return engine.SinkOutcome{Permanent: true, Error: err.Error()}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, sink.URL, bytes.NewReader(body))
 	if err != nil {
 		return engine.SinkOutcome{Permanent: true, Error: err.Error()}
+	}
+	if sink.Bearer != "" {
+		token, err := r.bearerToken(sink)
+		if err != nil {
+			return engine.SinkOutcome{Error: err.Error()} // the operator can fix it before the next attempt
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "bgtask")
@@ -83,6 +99,66 @@ func (r *Runner) webhook(ctx context.Context, url string, w events.Wakeup, attem
 		o.Permanent, o.Error = true, resp.Status
 	}
 	return o
+}
+
+// MaxTokenBytes bounds a bearer token.
+const MaxTokenBytes = 16 << 10
+
+// bearerToken is the token of the bearer sink names, read now, if it may go to
+// the sink's URL. Its errors never hold the token.
+func (r *Runner) bearerToken(sink engine.Sink) (string, error) {
+	b, ok := r.bearers[sink.Bearer]
+	if !ok {
+		return "", fmt.Errorf("bearer %q: this server declares no such bearer token (server --webhook-bearer)", sink.Bearer)
+	}
+	if !b.Allows(sink.URL) {
+		return "", fmt.Errorf("bearer %q: %s is not under its URL prefixes, so its token is not sent", sink.Bearer, sink.URL)
+	}
+	return Token(b)
+}
+
+// Token reads the token of bearer b: the text of its file or the value of its
+// environment variable, surrounding white space trimmed. A token that is missing,
+// empty, over MaxTokenBytes, or holds a character other than visible ASCII is an
+// error that names where it was looked for, never what it holds.
+func Token(b engine.WebhookBearer) (string, error) {
+	var raw string
+	if b.File != "" {
+		f, err := os.Open(b.File)
+		if err != nil {
+			return "", fmt.Errorf("bearer %q: its token file cannot be read: %v", b.Name, pathReason(err))
+		}
+		defer f.Close()
+		data, err := io.ReadAll(io.LimitReader(f, MaxTokenBytes+1))
+		if err != nil {
+			return "", fmt.Errorf("bearer %q: its token file cannot be read: %v", b.Name, pathReason(err))
+		}
+		raw = string(data)
+	} else {
+		v, ok := os.LookupEnv(b.Env)
+		if !ok {
+			return "", fmt.Errorf("bearer %q: $%s is not set in the server's environment", b.Name, b.Env)
+		}
+		raw = v
+	}
+	token := strings.TrimSpace(raw)
+	switch {
+	case token == "":
+		return "", fmt.Errorf("bearer %q: its token is empty", b.Name)
+	case len(token) > MaxTokenBytes:
+		return "", fmt.Errorf("bearer %q: its token is over %d bytes", b.Name, MaxTokenBytes)
+	case strings.IndexFunc(token, func(c rune) bool { return c <= ' ' || c >= 0x7f }) >= 0:
+		return "", fmt.Errorf("bearer %q: its token holds a character other than visible ASCII, which a header cannot carry", b.Name)
+	}
+	return token, nil
+}
+
+// pathReason is a file error without the path, which stays the operator's.
+func pathReason(err error) error {
+	if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // retryAfter reads a Retry-After header: seconds, or an HTTP date.

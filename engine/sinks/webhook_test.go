@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -362,5 +364,142 @@ func TestDenyDestinationsFollowsNoRedirect(t *testing.T) {
 	o = runner.Push(context.Background(), webhookSink(denied.URL), testWakeup(), 1)
 	if o.OK || !o.Permanent || !strings.Contains(o.Error, "127.0.0.2 is a test address") {
 		t.Fatalf("direct to the denied address: outcome = %+v, want it refused", o)
+	}
+}
+
+// bearerFile writes token into a file of its own and returns the bearer that
+// reads it, sent only under prefix.
+func bearerFile(t *testing.T, name, token, prefix string) engine.WebhookBearer {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), name+".token")
+	if err := os.WriteFile(file, []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := engine.ParseURLPrefix(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return engine.WebhookBearer{Name: name, File: file, Prefixes: []engine.URLPrefix{p}}
+}
+
+// TestWebhookSendsTheRenderedBodyAndTheBearerToken: what an OpenClaw gateway's
+// /hooks/wake gets: the body template filled in as JSON, signed, and the token
+// read from the server's file (white space trimmed) in the Authorization header.
+func TestWebhookSendsTheRenderedBodyAndTheBearerToken(t *testing.T) {
+	t.Parallel()
+	rcv := newReceiver(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer s3cret-token" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	b := bearerFile(t, "openclaw", "  s3cret-token\n", rcv.URL+"/hooks")
+	sink := engine.Sink{Type: engine.SinkWebhook, URL: rcv.URL + "/hooks/wake", Bearer: "openclaw",
+		Body: json.RawMessage(`{"text":"{{prompt}}","mode":"now"}`)}
+	wake := testWakeup()
+	wake.Prompt = "He said \"done\"\n\x00\x1b end"
+	for _, runner := range []*Runner{
+		New(testSecret).WithBearers(engine.WebhookBearers{"openclaw": b}),
+		// The rule of --webhook-deny-private keeps the runner's bearers.
+		New(testSecret).WithBearers(engine.WebhookBearers{"openclaw": b}).denyDestinations(func(netip.Addr) string { return "" }),
+	} {
+		if o := runner.Push(context.Background(), sink, wake, 1); !o.OK || o.HTTPStatus != http.StatusOK {
+			t.Fatalf("outcome = %+v, want delivered", o)
+		}
+	}
+	reqs := rcv.requests()
+	if len(reqs) != 2 {
+		t.Fatalf("server got %d requests, want 2", len(reqs))
+	}
+	req := reqs[1]
+	var got struct{ Text, Mode string }
+	if err := json.Unmarshal(req.body, &got); err != nil || got.Text != wake.Prompt || got.Mode != "now" {
+		t.Fatalf("body %s decodes to %+v (%v), want the prompt and mode now", req.body, got, err)
+	}
+	if ct := req.header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type = %q", ct)
+	}
+	if !Verify(testSecret, req.body, req.header.Get(SignatureHeader)) || req.header.Get(IdempotencyHeader) != wake.ID {
+		t.Errorf("headers %v: want the rendered body signed and the task id as Idempotency-Key", req.header)
+	}
+}
+
+// TestBearerTokenIsReadAtEachAttempt: a token file rotated between two attempts
+// sends the new token; one that is gone or empty fails the attempt, to be retried,
+// with a reason that names the bearer and holds neither the token nor the path.
+func TestBearerTokenIsReadAtEachAttempt(t *testing.T) {
+	t.Parallel()
+	rcv := newReceiver(t, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	b := bearerFile(t, "hook", "first-token", rcv.URL+"/")
+	runner := New(testSecret).WithBearers(engine.WebhookBearers{"hook": b})
+	sink := engine.Sink{Type: engine.SinkWebhook, URL: rcv.URL + "/wake", Bearer: "hook"}
+	if o := runner.Push(context.Background(), sink, testWakeup(), 1); !o.OK {
+		t.Fatalf("attempt 1: %+v", o)
+	}
+	rotated := b.File + ".new"
+	if err := os.WriteFile(rotated, []byte("second-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(rotated, b.File); err != nil {
+		t.Fatal(err)
+	}
+	if o := runner.Push(context.Background(), sink, testWakeup(), 2); !o.OK {
+		t.Fatalf("attempt 2: %+v", o)
+	}
+	for _, broken := range []struct {
+		name, content, reason string
+	}{
+		{"gone", "", "its token file cannot be read: no such file or directory"},
+		{"empty", " \n", "its token is empty"},
+		{"header injection", "tok\r\nX-Evil: 1", "its token holds a character other than visible ASCII"},
+	} {
+		if broken.name == "gone" {
+			if err := os.Remove(b.File); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := os.WriteFile(b.File, []byte(broken.content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		o := runner.Push(context.Background(), sink, testWakeup(), 3)
+		if o.OK || o.Permanent || !strings.Contains(o.Error, `bearer "hook": `+broken.reason) ||
+			strings.Contains(o.Error, b.File) || strings.Contains(o.Error, "second-token") || strings.Contains(o.Error, "X-Evil") {
+			t.Errorf("%s: outcome = %+v, want a retryable failure: ...%s", broken.name, o, broken.reason)
+		}
+	}
+	reqs := rcv.requests()
+	if len(reqs) != 2 || reqs[0].header.Get("Authorization") != "Bearer first-token" || reqs[1].header.Get("Authorization") != "Bearer second-token" {
+		t.Fatalf("server got %d requests with %q, %q; want the first token, then the rotated one, and nothing without a token",
+			len(reqs), reqs[0].header.Get("Authorization"), reqs[len(reqs)-1].header.Get("Authorization"))
+	}
+}
+
+// TestBearerTokenGoesNowhereElse: a sink whose bearer the runner does not declare,
+// or whose URL is outside the bearer's prefixes (a spec registered before the
+// server's flags changed), makes no request at all.
+func TestBearerTokenGoesNowhereElse(t *testing.T) {
+	rcv := newReceiver(t, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	t.Setenv("BGTASK_TEST_HOOK_TOKEN", "env-token")
+	p, err := engine.ParseURLPrefix(rcv.URL + "/hooks/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runner := New(testSecret).WithBearers(engine.WebhookBearers{"hook": {Name: "hook", Env: "BGTASK_TEST_HOOK_TOKEN", Prefixes: []engine.URLPrefix{p}}})
+	for _, tc := range []struct{ url, bearer, reason string }{
+		{rcv.URL + "/other", "hook", "is not under its URL prefixes"},
+		{rcv.URL + "/hooks/../other", "hook", "is not under its URL prefixes"},
+		{rcv.URL + "/hooks/x", "nope", "declares no such bearer token"},
+	} {
+		o := runner.Push(context.Background(), engine.Sink{Type: engine.SinkWebhook, URL: tc.url, Bearer: tc.bearer}, testWakeup(), 1)
+		if o.OK || !strings.Contains(o.Error, tc.reason) {
+			t.Errorf("%s with %s: outcome = %+v, want ...%s", tc.url, tc.bearer, o, tc.reason)
+		}
+	}
+	if n := len(rcv.requests()); n != 0 {
+		t.Fatalf("the server got %d requests", n)
+	}
+	o := runner.Push(context.Background(), engine.Sink{Type: engine.SinkWebhook, URL: rcv.URL + "/hooks/wake", Bearer: "hook"}, testWakeup(), 1)
+	if reqs := rcv.requests(); !o.OK || len(reqs) != 1 || reqs[0].header.Get("Authorization") != "Bearer env-token" {
+		t.Fatalf("under the prefix: outcome %+v, requests %d", o, len(reqs))
 	}
 }
