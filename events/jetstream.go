@@ -166,17 +166,9 @@ func (s *JetStreamStore) Last(ctx context.Context, taskID string) (Record, error
 	if !ValidToken(taskID) {
 		return Record{}, ErrNotFound
 	}
-	raw, err := directGet(ctx, func() (*jetstream.RawStreamMsg, error) {
-		if s.replicated() {
-			return leaderLast(ctx, s.js.Conn(), StreamName, StoredSubject(taskID))
-		}
-		return s.stream.GetLastMsgForSubject(ctx, StoredSubject(taskID))
-	})
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return Record{}, ErrNotFound
-	}
+	raw, err := s.lastRaw(ctx, taskID)
 	if err != nil {
-		return Record{}, fmt.Errorf("read last event of task %s: %w", taskID, err)
+		return Record{}, err
 	}
 	return DecodeRecord(raw.Sequence, raw.Data)
 }
@@ -221,59 +213,9 @@ func (s *JetStreamStore) History(ctx context.Context, taskID string) ([]Record, 
 const historyBatch = 256
 
 // HistoryOf is History for a task known to have n events (0: not known), which
-// sizes the first read. The history is read with batched direct gets on the task's
-// subject, no consumer, and up to at least the last event that Last saw: on a
-// replicated stream the gets may be answered by a replica that is behind the one
-// that answered Last, and then the rest is asked for again, for up to
-// historyCatchUp, before it fails with ErrIncomplete.
+// sizes the first read; see readHistory.
 func (s *JetStreamStore) HistoryOf(ctx context.Context, taskID string, n int) ([]Record, error) {
-	last, err := s.Last(ctx, taskID)
-	if err != nil {
-		return nil, err
-	}
-	if last.Type == TypeArchived {
-		// The task's history is in the archive and the stream keeps this event
-		// alone once compacted; a replica may not have applied the compaction yet.
-		return []Record{last}, nil
-	}
-	batch := historyBatch
-	if n > 0 {
-		batch = min(n, historyBatch)
-	}
-	subject := StoredSubject(taskID)
-	var out []Record
-	from := uint64(1)
-	deadline := time.Now().Add(historyCatchUp)
-	for {
-		var recs []Record
-		var more bool
-		_, err := directGet(ctx, func() (*jetstream.RawStreamMsg, error) {
-			var err error
-			recs, more, err = directBatch(ctx, s.js.Conn(), StreamName, subject, from, batch)
-			return nil, err
-		})
-		if err != nil {
-			return nil, fmt.Errorf("read history of task %s: %w", taskID, err)
-		}
-		out = append(out, recs...)
-		if len(out) > 0 {
-			from = out[len(out)-1].Seq + 1
-		}
-		if len(out) > 0 && out[len(out)-1].Seq >= last.Seq && !more {
-			return out, nil
-		}
-		if more {
-			continue
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%w: task %s, read up to seq %d of %d", ErrIncomplete, taskID, from-1, last.Seq)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(noDirectGetPause):
-		}
-	}
+	return s.readHistory(ctx, taskID, n, nil)
 }
 
 // historyCatchUp is how long a history read waits for the replica it reads from

@@ -26,6 +26,10 @@ type Log interface {
 	Identity(ctx context.Context) (string, error)
 	// EventID is the id of the event at seq, or events.ErrNotFound.
 	EventID(ctx context.Context, seq uint64) (string, error)
+	// ReadHistory calls fn with each event of a task known to have n events, in
+	// order, an event that does not decode with its error, as Follow does: the
+	// projector folds a settled task's whole state from it.
+	ReadHistory(ctx context.Context, taskID string, n int, fn func(events.Record, error)) error
 }
 
 // Snapshots is where the projector keeps snapshots of its state, and how often it
@@ -62,9 +66,14 @@ type Projector struct {
 	notify func(engine.State)
 
 	mu sync.RWMutex
-	// tasks are updated in place: a state leaves the lock only as a copy. A map of
-	// pointers, so that growing it and listing it move pointers, not states.
+	// tasks are the tasks that are not settled, updated in place: a state leaves
+	// the lock only as a copy. A map of pointers, so that growing it and listing it
+	// move pointers, not states. summaries are the settled tasks' summaries, likewise;
+	// a task is in one of the two.
 	tasks map[string]*engine.State
+	summaries map[string]*summary
+	// interned are the strings the summaries share.
+	interned interner
 	// unfinished holds the ids of the tasks in each phase that is not terminal:
 	// the scheduler, the lease checks and the dispatcher list those phases all the
 	// time, and they hold few of the tasks a long stream has seen.
@@ -112,7 +121,8 @@ type Replayed struct {
 func New(log Log, notify func(engine.State), base engine.Base) *Projector {
 	return &Projector{
 		base: base.WithDefaults(), log: log, notify: notify,
-		tasks: map[string]*engine.State{}, unfinished: map[engine.Phase]map[string]struct{}{},
+		tasks: map[string]*engine.State{}, summaries: map[string]*summary{},
+		unfinished: map[engine.Phase]map[string]struct{}{},
 		waiters: map[chan struct{}]uint64{},
 	}
 }
@@ -149,7 +159,7 @@ func (p *Projector) Start(ctx context.Context) error {
 	}
 	p.mu.Lock()
 	p.live = true
-	n := len(p.tasks)
+	n := len(p.tasks) + len(p.summaries)
 	p.replayed.Seqs = p.applied - from
 	replayed := p.replayed
 	if p.stream != "" && p.snapshots.Every > 0 {
@@ -190,21 +200,22 @@ func (p *Projector) apply(rec events.Record, decodeErr error) bool {
 	if decodeErr != nil {
 		p.report(Problem{Seq: rec.Seq, Err: decodeErr.Error()})
 	} else {
-		task := p.tasks[rec.TaskID]
+		task, sum := p.tasks[rec.TaskID], p.summaries[rec.TaskID]
 		var prev engine.State
-		if task != nil {
+		switch {
+		case task != nil:
 			prev = *task
+		case sum != nil:
+			// Only an archived event fits a settled task, and it needs the phase
+			// alone; any other is refused by the phase as by the whole state.
+			prev = sum.state()
 		}
 		next, err := engine.Apply(prev, rec)
 		if err != nil {
 			p.report(Problem{Seq: rec.Seq, TaskID: rec.TaskID, Err: err.Error()})
 		}
 		if next.ID != "" {
-			if task == nil {
-				task = new(engine.State)
-				p.tasks[rec.TaskID] = task
-			}
-			*task = next
+			p.store(rec.TaskID, &next, task, sum)
 			if next.Phase != prev.Phase {
 				p.index(rec.TaskID, prev.Phase, next.Phase)
 			}
@@ -228,6 +239,32 @@ func (p *Projector) apply(rec events.Record, decodeErr error) bool {
 		p.notify(*changed)
 	}
 	return true
+}
+
+// store keeps a task's new state: whole, or as a summary once it is settled. task
+// and sum are where it was kept (nil: not there). Called with the lock held.
+func (p *Projector) store(id string, next *engine.State, task *engine.State, sum *summary) {
+	if settled(next) {
+		if task != nil {
+			delete(p.tasks, id)
+		}
+		if sum == nil {
+			sum = new(summary)
+			p.summaries[id] = sum
+		}
+		*sum = summarize(next, &p.interned)
+		// The map's key is the one copy of the id.
+		sum.ID = id
+		return
+	}
+	if sum != nil {
+		delete(p.summaries, id)
+	}
+	if task == nil {
+		task = new(engine.State)
+		p.tasks[id] = task
+	}
+	*task = *next
 }
 
 // index moves a task from one phase's index to another's.
@@ -307,16 +344,47 @@ func (p *Projector) wakeWaiters() {
 	}
 }
 
-// Task implements engine.TaskReader.
+// Task implements engine.TaskReader. A settled task's whole state is folded from
+// its history, read from the stream; if that fails, its summary is what is known.
 func (p *Projector) Task(id string) (engine.State, bool) {
 	p.mu.RLock()
-	defer p.mu.RUnlock()
-	s, ok := p.tasks[id]
+	if s, ok := p.tasks[id]; ok {
+		defer p.mu.RUnlock()
+		return *s, true
+	}
+	sum, ok := p.summaries[id]
 	if !ok {
+		p.mu.RUnlock()
 		return engine.State{}, false
 	}
-	return *s, true
+	known := sum.state()
+	p.mu.RUnlock()
+	if known.Phase == engine.PhaseArchived {
+		return known, true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), historyTimeout)
+	defer cancel()
+	// Folded as apply folds it: an event that does not decode is skipped.
+	var whole engine.State
+	err := p.log.ReadHistory(ctx, id, known.Events, func(rec events.Record, err error) {
+		if err == nil {
+			whole, _ = engine.Apply(whole, rec)
+		}
+	})
+	if err != nil {
+		p.base.Logger.Warn("a settled task's history is unreadable: its summary stands for it", "task", id, "err", err)
+		return known, true
+	}
+	if whole.ID != id || whole.Seq < known.Seq {
+		p.base.Logger.Warn("a settled task's history ends before its summary: its summary stands for it",
+			"task", id, "history_seq", whole.Seq, "seq", known.Seq)
+		return known, true
+	}
+	return whole, true
 }
+
+// historyTimeout bounds the read of a settled task's history.
+const historyTimeout = 10 * time.Second
 
 // List returns the tasks that match q, newest first, and how many matched in all.
 func (p *Projector) List(q engine.ListQuery) ([]engine.State, int) {
@@ -334,7 +402,9 @@ func (p *Projector) ListAfter(q engine.ListQuery, armedAt time.Time, afterID str
 	type entry struct {
 		armedAt time.Time
 		id      string
-		state   *engine.State // read under the lock only
+		// One of the two, read under the lock only.
+		state *engine.State
+		sum   *summary
 	}
 	newerFirst := func(a, b entry) int {
 		if c := b.armedAt.Compare(a.armedAt); c != 0 {
@@ -345,25 +415,33 @@ func (p *Projector) ListAfter(q engine.ListQuery, armedAt time.Time, afterID str
 	after := entry{armedAt: armedAt, id: afterID}
 	total := 0
 	var matched []entry
-	add := func(s *engine.State) {
+	add := func(e entry) {
 		total++
-		e := entry{s.ArmedAt, s.ID, s}
 		if afterID == "" || newerFirst(after, e) < 0 {
 			matched = append(matched, e)
 		}
 	}
 	p.mu.RLock()
-	if q.Phase != "" && !q.Phase.Terminal() {
+	switch {
+	case q.Phase != "" && !q.Phase.Terminal():
 		ids := p.unfinished[q.Phase]
 		matched = make([]entry, 0, len(ids))
 		for id := range ids {
-			add(p.tasks[id])
+			s := p.tasks[id]
+			add(entry{armedAt: s.ArmedAt, id: s.ID, state: s})
 		}
-	} else {
-		matched = make([]entry, 0, len(p.tasks))
+	default:
+		if q.Phase == "" {
+			matched = make([]entry, 0, len(p.tasks)+len(p.summaries))
+		}
 		for _, s := range p.tasks {
 			if q.Phase == "" || s.Phase == q.Phase {
-				add(s)
+				add(entry{armedAt: s.ArmedAt, id: s.ID, state: s})
+			}
+		}
+		for _, s := range p.summaries {
+			if q.Phase == "" || s.Phase == q.Phase {
+				add(entry{armedAt: s.ArmedAt, id: s.ID, sum: s})
 			}
 		}
 	}
@@ -372,14 +450,22 @@ func (p *Projector) ListAfter(q engine.ListQuery, armedAt time.Time, afterID str
 	if q.Limit > 0 && len(matched) > q.Limit {
 		matched = matched[:q.Limit]
 	}
-	// A task's state lives at the same address for good: only what it holds
-	// changes, under the lock. One that has left the phase asked for since it
-	// matched is left out.
+	// A task's state or summary lives at the same address while it is kept so:
+	// only what it holds changes, under the lock. One that has left the phase
+	// asked for, or been settled, since it matched is left out (a settled task
+	// was listed by its summary's place when it matched).
 	out := make([]engine.State, 0, len(matched))
 	p.mu.RLock()
 	for _, e := range matched {
-		if q.Phase == "" || e.state.Phase == q.Phase {
+		switch {
+		case e.state != nil && p.tasks[e.id] == e.state && (q.Phase == "" || e.state.Phase == q.Phase):
 			out = append(out, *e.state)
+		case e.state != nil:
+			if sum := p.summaries[e.id]; sum != nil && (q.Phase == "" || sum.Phase == q.Phase) {
+				out = append(out, sum.state())
+			}
+		case e.sum != nil && (q.Phase == "" || e.sum.Phase == q.Phase):
+			out = append(out, e.sum.state())
 		}
 	}
 	p.mu.RUnlock()

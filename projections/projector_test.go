@@ -237,3 +237,35 @@ func TestWaitForReturnsWhenItsEventIsApplied(t *testing.T) {
 		t.Fatal("WaitFor on a stopped projector returned nil")
 	}
 }
+
+// A settled task is kept as its summary; asked for by id, it comes whole, folded
+// from its history in the stream, as the writer folded it.
+func TestASettledTaskIsReadWholeByID(t *testing.T) {
+	t.Parallel()
+	srv := eventstest.Run(t)
+	ctx := context.Background()
+	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := projections.New(store, nil, engine.Base{})
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	w := writer{t: t, store: store}
+	fired := w.run(w.arm("echo whole"), 3)
+	fired = w.do(fired, engine.PersistCompletion{}, "engine")
+	fired = w.do(fired, engine.Fire{InboxSeq: 1}, "engine")
+	if err := p.WaitFor(ctx, fired.Seq); err != nil {
+		t.Fatal(err)
+	}
+	got, ok := p.Task(fired.ID)
+	if !ok || !reflect.DeepEqual(got, fired) {
+		t.Fatalf("task by id:\n%+v\nwant\n%+v", got, fired)
+	}
+	listed, _ := p.List(engine.ListQuery{})
+	if len(listed) != 1 || listed[0].Wakeup != nil || listed[0].Run == nil || listed[0].Run.ExitCode != 3 || listed[0].Seq != fired.Seq {
+		t.Fatalf("listed as %+v, want its summary", listed)
+	}
+}

@@ -28,7 +28,7 @@ import (
 // A snapshot file is the projection at one sequence of the event stream, so that a
 // restart folds only the events after it. It is JSON lines: a header, one task's
 // state per line, and a trailer with the count and a CRC-32C of everything before
-// it. It is a cache: a snapshot that is damaged, of another stream or build, or
+// it. A settled task's line is its summary. It is a cache: a snapshot that is damaged, of another stream or build, or
 // folded from events the stream no longer holds is removed, and the stream is
 // replayed from its start.
 
@@ -36,7 +36,7 @@ import (
 // event differently: the state's type would not change, and a snapshot of the
 // old fold would otherwise be taken for the new one. A change of the state's
 // type is caught by its fingerprint.
-const snapshotVersion = 1
+const snapshotVersion = 2
 
 const snapshotFormat = "bgtask-projection"
 
@@ -46,8 +46,9 @@ const maxSnapshotLine = 64 << 20
 
 var (
 	castagnoli = crc32.MakeTable(crc32.Castagnoli)
-	// stateFingerprint changes whenever engine.State's fields or their types do.
-	stateFingerprint = mustFingerprint(reflect.TypeFor[engine.State]())
+	// stateFingerprint changes whenever engine.State's fields or their types do,
+	// or the summary's.
+	stateFingerprint = mustFingerprint(reflect.TypeFor[snapshotState]())
 	trailerPrefix    = []byte(`{"crc32c":`)
 )
 
@@ -81,18 +82,21 @@ type snapshotTrailer struct {
 type snapshotState struct {
 	*engine.State
 	SharedTail bool `json:"wakeup_tail_is_run_tail,omitempty"`
+	// Summary is a settled task's line, in place of its state.
+	Summary *summary `json:"summary,omitempty"`
 }
 
 // snapshot is a projection read back from a file.
 type snapshot struct {
 	header snapshotHeader
 	tasks  map[string]*engine.State
+	done   map[string]*summary
 }
 
 // writeSnapshotFile writes the states to path: to a temporary file beside it,
 // synced, then renamed over it, so that a reader sees the old snapshot or the new
 // one. It gives up when ctx ends, so that a stop does not wait for a whole write.
-func writeSnapshotFile(ctx context.Context, path string, h snapshotHeader, states []engine.State) (size int64, err error) {
+func writeSnapshotFile(ctx context.Context, path string, h snapshotHeader, states []engine.State, sums []summary) (size int64, err error) {
 	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return 0, err
@@ -103,7 +107,7 @@ func writeSnapshotFile(ctx context.Context, path string, h snapshotHeader, state
 			os.Remove(f.Name())
 		}
 	}()
-	h.Format, h.Version, h.Fingerprint, h.Tasks = snapshotFormat, snapshotVersion, stateFingerprint, len(states)
+	h.Format, h.Version, h.Fingerprint, h.Tasks = snapshotFormat, snapshotVersion, stateFingerprint, len(states)+len(sums)
 	buf := bufio.NewWriterSize(f, 1<<20)
 	crc := crc32.New(castagnoli)
 	enc := json.NewEncoder(io.MultiWriter(buf, crc))
@@ -124,7 +128,15 @@ func writeSnapshotFile(ctx context.Context, path string, h snapshotHeader, state
 			return 0, fmt.Errorf("task %s: %w", states[i].ID, err)
 		}
 	}
-	if err := json.NewEncoder(buf).Encode(snapshotTrailer{CRC32C: crc.Sum32(), Tasks: len(states)}); err != nil {
+	for i := range sums {
+		if i%1024 == 0 && ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		if err := enc.Encode(snapshotState{Summary: &sums[i]}); err != nil {
+			return 0, fmt.Errorf("task %s: %w", sums[i].ID, err)
+		}
+	}
+	if err := json.NewEncoder(buf).Encode(snapshotTrailer{CRC32C: crc.Sum32(), Tasks: h.Tasks}); err != nil {
 		return 0, err
 	}
 	if err := buf.Flush(); err != nil {
@@ -193,11 +205,11 @@ func readSnapshot(path, build string, accept func(snapshotHeader) error) (*snaps
 	if err := accept(h); err != nil {
 		return nil, err
 	}
-	tasks, err := decodeStates(lines, crc, h.Tasks)
+	tasks, done, err := decodeStates(lines, crc, h.Tasks)
 	if err != nil {
 		return nil, err
 	}
-	return &snapshot{header: h, tasks: tasks}, nil
+	return &snapshot{header: h, tasks: tasks, done: done}, nil
 }
 
 // SnapshotSeq is the stream sequence the snapshot at path holds the state up to,
@@ -224,12 +236,13 @@ type stateBatch struct {
 
 type decodedBatch struct {
 	states []*engine.State
+	sums   []*summary
 	err    error
 }
 
 // decodeStates decodes the state lines that follow the header, on every core, and
 // checks them against the trailer.
-func decodeStates(lines *bufio.Scanner, crc uint32, want int) (map[string]*engine.State, error) {
+func decodeStates(lines *bufio.Scanner, crc uint32, want int) (map[string]*engine.State, map[string]*summary, error) {
 	batches := make(chan stateBatch, 4)
 	results := make(chan decodedBatch, 4)
 	stop := make(chan struct{})
@@ -258,7 +271,7 @@ func decodeStates(lines *bufio.Scanner, crc uint32, want int) (map[string]*engin
 		decoders.Wait()
 		close(results)
 	}()
-	tasks := make(map[string]*engine.State, want)
+	tasks, done := map[string]*engine.State{}, make(map[string]*summary, want)
 	var err error
 	for r := range results {
 		if err != nil {
@@ -272,15 +285,18 @@ func decodeStates(lines *bufio.Scanner, crc uint32, want int) (map[string]*engin
 		for _, s := range r.states {
 			tasks[s.ID] = s
 		}
+		for _, s := range r.sums {
+			done[s.ID] = s
+		}
 	}
 	wg.Wait()
 	if readErr != nil {
 		err = readErr
 	}
-	if err == nil && len(tasks) != want {
-		err = fmt.Errorf("%d distinct tasks, the header says %d", len(tasks), want)
+	if n := len(tasks) + len(done); err == nil && n != want {
+		err = fmt.Errorf("%d distinct tasks, the header says %d", n, want)
 	}
-	return tasks, err
+	return tasks, done, err
 }
 
 // scanStates reads the state lines into batches of 1 MiB or more until the trailer,
@@ -347,16 +363,24 @@ func scanStates(lines *bufio.Scanner, crc uint32, want int, batches chan<- state
 }
 
 func decodeBatch(b stateBatch) decodedBatch {
-	out := decodedBatch{states: make([]*engine.State, len(b.ends))}
+	var out decodedBatch
 	// Numbers as the events' decoder reads them (a completion's match values are
 	// json.Number there): a float64 would change them.
 	dec := json.NewDecoder(bytes.NewReader(b.data))
 	dec.UseNumber()
-	for i := range b.ends {
+	for range b.ends {
 		line := snapshotState{State: new(engine.State)}
 		if err := dec.Decode(&line); err != nil {
 			out.err = fmt.Errorf("a task's state: %w", err)
 			return out
+		}
+		if sum := line.Summary; sum != nil {
+			if line.State.ID != "" || line.SharedTail || sum.ID == "" {
+				out.err = errors.New("a task's summary has no id, or more than a summary")
+				return out
+			}
+			out.sums = append(out.sums, sum)
+			continue
 		}
 		s := line.State
 		if s.ID == "" {
@@ -371,7 +395,7 @@ func decodeBatch(b stateBatch) decodedBatch {
 			// Shared in memory too, as Apply shares it.
 			s.Wakeup.Tail = s.Run.Tail
 		}
-		out.states[i] = s
+		out.states = append(out.states, s)
 	}
 	if dec.More() {
 		out.err = errors.New("a task's line holds more than its state")
@@ -492,21 +516,25 @@ func (p *Projector) restore(ctx context.Context, target uint64) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.tasks = snap.tasks
+	p.tasks, p.summaries = snap.tasks, snap.done
 	for id, s := range p.tasks {
 		p.index(id, "", s.Phase)
+	}
+	for _, s := range p.summaries {
+		// One copy of each shared string, as the fold keeps them.
+		s.Kind, s.Target, s.Status = p.interned.get(s.Kind), p.interned.get(s.Target), p.interned.get(s.Status)
 	}
 	p.problems, p.problemCount = snap.header.Problems, snap.header.ProblemCount
 	p.applied, p.snapshotSeq, p.replayed.SnapshotSeq = snap.header.Seq, snap.header.Seq, snap.header.Seq
 	p.checkSeq, p.checkID = snap.header.CheckSeq, snap.header.CheckID
 	p.base.Logger.Info("projection snapshot read", "path", p.snapshots.Path, "seq", snap.header.Seq,
-		"tasks", len(snap.tasks), "took", time.Since(start).Round(time.Millisecond))
+		"tasks", len(snap.tasks)+len(snap.done), "took", time.Since(start).Round(time.Millisecond))
 }
 
 // checkSnapshotDue asks for a snapshot once enough events were applied since the
 // last. Called with the lock held.
 func (p *Projector) checkSnapshotDue() {
-	if p.applied-p.snapshotSeq < max(p.snapshots.Every, uint64(len(p.tasks))) {
+	if p.applied-p.snapshotSeq < max(p.snapshots.Every, uint64(len(p.tasks)+len(p.summaries))) {
 		return
 	}
 	select {
@@ -543,8 +571,12 @@ func (p *Projector) saveSnapshot(ctx context.Context) {
 	for _, s := range p.tasks {
 		states = append(states, *s)
 	}
+	sums := make([]summary, 0, len(p.summaries))
+	for _, s := range p.summaries {
+		sums = append(sums, *s)
+	}
 	p.mu.RUnlock()
-	size, err := writeSnapshotFile(ctx, p.snapshots.Path, h, states)
+	size, err := writeSnapshotFile(ctx, p.snapshots.Path, h, states, sums)
 	p.mu.Lock()
 	// A failed write is tried again after as many events, not at the next one.
 	p.snapshotSeq = h.Seq
@@ -556,5 +588,5 @@ func (p *Projector) saveSnapshot(ctx context.Context) {
 		return
 	}
 	p.base.Logger.Info("projection snapshot written", "path", p.snapshots.Path, "seq", h.Seq,
-		"tasks", len(states), "bytes", size, "took", time.Since(start).Round(time.Millisecond))
+		"tasks", len(states)+len(sums), "bytes", size, "took", time.Since(start).Round(time.Millisecond))
 }

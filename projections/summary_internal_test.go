@@ -1,0 +1,144 @@
+package projections
+
+import (
+	"fmt"
+	"os"
+	"reflect"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+)
+
+// finishedRecords are the events of n tasks that ran a test suite, printed 50
+// lines and fired their wake-up, as an agent registers them.
+func finishedRecords(tb testing.TB, n int) []events.Record {
+	tb.Helper()
+	at := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	tail := make([]string, 50)
+	for i := range tail {
+		tail[i] = fmt.Sprintf("ok  \tgithub.com/example/pkg%d\t0.%03ds", i, i)
+	}
+	var recs []events.Record
+	seq := uint64(0)
+	for i := range n {
+		now := at.Add(time.Duration(i) * time.Second)
+		spec, err := engine.ParseSpecAt(fmt.Appendf(nil, `{"command":"go test ./... # %d","kind":"test","target":"agent-7",
+			"cwd":%q,"origin":{"session":"s-123","channel":"dev"},
+			"prompt":"Tests {{status}} (exit {{exit_code}}) in session {{origin.session}}:\n{{result}}"}`, i, os.TempDir()), now)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		id, err := engine.TaskID(spec)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		state := engine.State{ID: id}
+		for _, step := range []struct {
+			c   engine.Command
+			who string
+		}{
+			{engine.Arm{Spec: spec}, "engine"},
+			{engine.Spawn{Host: "h"}, "w"},
+			{engine.Tick{PID: 42, OutputBytes: 1800}, "w"},
+			{engine.Exit{Run: events.Exited{ExitCode: i % 2, Tail: tail, StartedAt: now, EndedAt: now.Add(time.Second)}}, "w"},
+			{engine.PersistCompletion{}, "engine"},
+			{engine.Fire{InboxSeq: uint64(i + 1)}, "engine"},
+		} {
+			ev, err := engine.Decide(state, step.c, engine.Meta{Writer: step.who, Now: now})
+			if err != nil {
+				tb.Fatal(err)
+			}
+			seq++
+			rec := events.Record{Seq: seq, Event: ev}
+			if state, err = engine.Apply(state, rec); err != nil {
+				tb.Fatal(err)
+			}
+			recs = append(recs, rec)
+		}
+	}
+	return recs
+}
+
+func liveHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// A finished task is most of what a long stream holds: the projector keeps it as
+// a summary, not its spec, output tail and wake-up (3.8 KB a task of the bench's
+// when it kept them whole).
+func TestASettledTaskTakesLittleMemory(t *testing.T) {
+	const n = 2000
+	recs := finishedRecords(t, n)
+	p := New(nil, nil, engine.Base{})
+	before := liveHeap()
+	for _, rec := range recs {
+		p.apply(rec, nil)
+	}
+	perTask := (int64(liveHeap()) - int64(before)) / n
+	runtime.KeepAlive(recs)
+	if _, total := p.List(engine.ListQuery{}); total != n {
+		t.Fatalf("%d tasks, want %d", total, n)
+	}
+	t.Logf("%d bytes a settled task", perTask)
+	if perTask > 600 {
+		t.Errorf("a settled task takes %d bytes of the projector's heap, want at most 600", perTask)
+	}
+}
+
+// A settled task's summary, as a state, is what the list shows of it: its phase,
+// outcome, times, command, exit code and the condition of its next append.
+func TestASettledTaskIsListedByItsSummary(t *testing.T) {
+	recs := finishedRecords(t, 2)
+	p := New(nil, nil, engine.Base{})
+	var whole engine.State
+	for _, rec := range recs[:6] {
+		p.apply(rec, nil)
+		whole, _ = engine.Apply(whole, rec)
+	}
+	listed, _ := p.List(engine.ListQuery{})
+	if len(listed) != 1 {
+		t.Fatalf("listed %d tasks, want 1", len(listed))
+	}
+	got := listed[0]
+	want := engine.State{
+		ID: whole.ID, Phase: engine.PhaseFired, Status: whole.Status, Seq: whole.Seq, Epoch: whole.Epoch,
+		Spec:    engine.Spec{Command: whole.Spec.Command, Kind: "test", Target: "agent-7"},
+		ArmedAt: whole.ArmedAt, EndedAt: whole.EndedAt, FiredAt: whole.FiredAt,
+		Run: &events.Exited{ExitCode: 0}, LastType: events.TypeFired, Events: 6,
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("listed as\n%+v\nwant\n%+v", got, want)
+	}
+	if !strings.HasPrefix(got.Spec.CommandLine(), "go test ./...") {
+		t.Errorf("command %q", got.Spec.CommandLine())
+	}
+}
+
+// An archived task's summary is its whole state: the archived event left nothing
+// else of it.
+func TestAnArchivedTaskIsWholeInItsSummary(t *testing.T) {
+	recs := finishedRecords(t, 1)
+	var whole engine.State
+	for _, rec := range recs {
+		whole, _ = engine.Apply(whole, rec)
+	}
+	ev, err := engine.Decide(whole, engine.Archive{Seq: 9}, engine.Meta{Writer: "engine", Now: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	archived, err := engine.Apply(whole, events.Record{Seq: whole.Seq + 1, Event: ev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := summarize(&archived, new(interner))
+	if got := sum.state(); !reflect.DeepEqual(got, archived) {
+		t.Fatalf("summary as a state:\n%+v\nthe archived state:\n%+v", got, archived)
+	}
+}
