@@ -70,7 +70,7 @@ type Projector struct {
 	// the lock only as a copy. A map of pointers, so that growing it and listing it
 	// move pointers, not states. summaries are the settled tasks' summaries, likewise;
 	// a task is in one of the two.
-	tasks map[string]*engine.State
+	tasks     map[string]*engine.State
 	summaries map[string]*summary
 	// interned are the strings the summaries share.
 	interned interner
@@ -123,7 +123,7 @@ func New(log Log, notify func(engine.State), base engine.Base) *Projector {
 		base: base.WithDefaults(), log: log, notify: notify,
 		tasks: map[string]*engine.State{}, summaries: map[string]*summary{},
 		unfinished: map[engine.Phase]map[string]struct{}{},
-		waiters: map[chan struct{}]uint64{},
+		waiters:    map[chan struct{}]uint64{},
 	}
 }
 
