@@ -80,38 +80,9 @@ Each violation is printed with its task id; the exit status is 1 if there is any
 // audit reads the event log up to its current end, then the inbox; a task is
 // stuck stuckAfter past what the engine promises.
 func audit(ctx context.Context, js jetstream.JetStream, stuckAfter time.Duration) (projections.Report, error) {
-	store, err := events.ConnectStore(ctx, js)
-	if err != nil {
-		return projections.Report{}, err
-	}
 	a := projections.NewAudit()
-	archive, err := events.ConnectArchive(ctx, js)
-	if err != nil {
+	if err := auditHistories(ctx, js, a); err != nil {
 		return projections.Report{}, err
-	}
-	err = archive.Each(ctx, func(seq uint64, h events.ArchivedHistory, err error) bool {
-		if err != nil {
-			a.Add(events.Record{Seq: seq}, fmt.Errorf("archive seq %d: %w", seq, err))
-			return true
-		}
-		a.AddArchived(h)
-		return true
-	})
-	if err != nil {
-		return projections.Report{}, fmt.Errorf("read archive: %w", err)
-	}
-	last, err := store.LastSeq(ctx)
-	if err != nil {
-		return projections.Report{}, err
-	}
-	if last > 0 {
-		err = store.Follow(ctx, "", 0, func(rec events.Record, decodeErr error) bool {
-			a.Add(rec, decodeErr)
-			return rec.Seq < last
-		})
-		if err != nil {
-			return projections.Report{}, fmt.Errorf("read events: %w", err)
-		}
 	}
 	liveness, err := events.ConnectLiveness(ctx, js)
 	if err != nil {
@@ -127,13 +98,57 @@ func audit(ctx context.Context, js jetstream.JetStream, stuckAfter time.Duration
 		}
 		return ok
 	})
+	if err := auditInbox(ctx, js, a); err != nil {
+		return projections.Report{}, err
+	}
+	return a.Report(), livenessErr
+}
+
+// auditHistories feeds a every task's history: the archived ones first, then the
+// event stream up to its last event now.
+func auditHistories(ctx context.Context, js jetstream.JetStream, a *projections.Audit) error {
+	archive, err := events.ConnectArchive(ctx, js)
+	if err != nil {
+		return err
+	}
+	err = archive.Each(ctx, func(seq uint64, h events.ArchivedHistory, err error) bool {
+		if err != nil {
+			a.Add(events.Record{Seq: seq}, fmt.Errorf("archive seq %d: %w", seq, err))
+			return true
+		}
+		a.AddArchived(h)
+		return true
+	})
+	if err != nil {
+		return fmt.Errorf("read archive: %w", err)
+	}
+	store, err := events.ConnectStore(ctx, js)
+	if err != nil {
+		return err
+	}
+	last, err := store.LastSeq(ctx)
+	if err != nil || last == 0 {
+		return err
+	}
+	err = store.Follow(ctx, "", 0, func(rec events.Record, decodeErr error) bool {
+		a.Add(rec, decodeErr)
+		return rec.Seq < last
+	})
+	if err != nil {
+		return fmt.Errorf("read events: %w", err)
+	}
+	return nil
+}
+
+// auditInbox feeds a every wake-up in the inbox.
+func auditInbox(ctx context.Context, js jetstream.JetStream, a *projections.Audit) error {
 	inbox, err := js.Stream(ctx, events.InboxStreamName)
 	if err != nil {
-		return projections.Report{}, err
+		return err
 	}
 	cons, err := inbox.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 	if err != nil {
-		return projections.Report{}, err
+		return err
 	}
 	for {
 		batch, err := cons.FetchNoWait(1024)
@@ -141,36 +156,38 @@ func audit(ctx context.Context, js jetstream.JetStream, stuckAfter time.Duration
 			continue
 		}
 		if err != nil {
-			return projections.Report{}, fmt.Errorf("read inbox: %w", err)
+			return fmt.Errorf("read inbox: %w", err)
 		}
 		n := 0
 		for msg := range batch.Messages() {
 			n++
-			// Counted by the wake-up's own id, not the message id: a copy published
-			// around the dispatcher's dedupe must count too.
-			var w events.Wakeup
-			if json.Unmarshal(msg.Data(), &w) != nil || w.ID == "" {
-				a.AddDelivery(msg.Headers().Get(jetstream.MsgIDHeader))
-				continue
-			}
-			key := w.ID
-			if w.Notice != "" {
-				key += "." + w.Notice
-			}
-			a.AddDelivery(key)
+			a.AddDelivery(deliveryKey(msg))
 		}
 		err = batch.Error()
 		if n == 0 && consumerNotPlacedYet(ctx, err) {
 			continue
 		}
 		if err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return projections.Report{}, fmt.Errorf("read inbox: %w", err)
+			return fmt.Errorf("read inbox: %w", err)
 		}
 		if n == 0 {
-			report := a.Report()
-			return report, livenessErr
+			return nil
 		}
 	}
+}
+
+// deliveryKey is what an inbox message is counted by: the wake-up's own id (and its
+// notice), not the message id, so a copy published around the dispatcher's dedupe
+// counts too.
+func deliveryKey(msg jetstream.Msg) string {
+	var w events.Wakeup
+	if json.Unmarshal(msg.Data(), &w) != nil || w.ID == "" {
+		return msg.Headers().Get(jetstream.MsgIDHeader)
+	}
+	if w.Notice != "" {
+		return w.ID + "." + w.Notice
+	}
+	return w.ID
 }
 
 // consumerNotPlacedYet says whether a fetch found no consumer to answer it, as

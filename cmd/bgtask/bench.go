@@ -12,17 +12,7 @@ import (
 	"github.com/bgtask/bgtask/cmd/bgtask/bench"
 )
 
-func benchCmd(g *globals) *cobra.Command {
-	var (
-		quick     bool
-		asJSON    bool
-		repeats   int
-		scenarios []string
-	)
-	cmd := &cobra.Command{
-		Use:   "bench",
-		Short: "Measure bgtask against its own baselines, side by side in one run",
-		Long: `Measure bgtask on this machine. Each scenario starts its own 'bgtask server'
+const benchLong = `Measure bgtask on this machine. Each scenario starts its own 'bgtask server'
 (and 'bgtask worker') processes in a temporary home, drives them as a client
 would, and measures the same work done the plainest way as its baseline, in the
 same run: the figures mean something as ratios, on a shared and noisy machine.
@@ -48,8 +38,20 @@ where it applies, min and max, the ratio to the baseline and whether the target
 of issue 6 is met. --quick runs every scenario at a small size, in under a
 minute; the full run takes several minutes and a few GB of disk in the temporary
 directory. Everything the bench starts is killed and removed when it ends, on an
-error or Ctrl-C too.`,
-		Args: cobra.NoArgs,
+error or Ctrl-C too.`
+
+func benchCmd(g *globals) *cobra.Command {
+	var (
+		quick     bool
+		asJSON    bool
+		repeats   int
+		scenarios []string
+	)
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure bgtask against its own baselines, side by side in one run",
+		Long:  benchLong,
+		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			exe, err := os.Executable()
 			if err != nil {

@@ -13,6 +13,14 @@ import (
 	"github.com/bgtask/bgtask/events"
 )
 
+const inboxLong = `Print the wake-ups in a target's inbox that have not been acknowledged yet, and
+acknowledge each one after it was printed (a reader killed mid-read gets the
+message again; one that acknowledged never does). Without --follow it stops when
+the inbox is read; with --follow it waits for new wake-ups until interrupted.
+
+The inbox is the JetStream stream BGTASK_INBOX, subject bgtask.deliver.TARGET,
+read with the durable consumer inbox-TARGET; a runtime may consume it itself.`
+
 func inboxCmd(g *globals) *cobra.Command {
 	var (
 		target string
@@ -22,14 +30,8 @@ func inboxCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "inbox",
 		Short: "Print the wake-ups delivered to a target and acknowledge them",
-		Long: `Print the wake-ups in a target's inbox that have not been acknowledged yet, and
-acknowledge each one after it was printed (a reader killed mid-read gets the
-message again; one that acknowledged never does). Without --follow it stops when
-the inbox is read; with --follow it waits for new wake-ups until interrupted.
-
-The inbox is the JetStream stream BGTASK_INBOX, subject bgtask.deliver.TARGET,
-read with the durable consumer inbox-TARGET; a runtime may consume it itself.`,
-		Args: cobra.NoArgs,
+		Long:  inboxLong,
+		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			c, js, err := g.streamClient()

@@ -16,91 +16,108 @@ import (
 // ended: a worker that died cannot write them.
 const logsGrace = 2 * time.Second
 
+const logsLong = `Print the output a task's command wrote, stdout and stderr in the order they
+were written. Each of stdout and stderr keeps its last 4 MiB; when older output
+was dropped, the first chunk printed starts at its offset (shown with --json).
+With --follow, keep printing until the command's output ends.`
+
+type logsOptions struct {
+	following, stdout, stderr, asJSON bool
+}
+
 func logsCmd(g *globals) *cobra.Command {
-	var following, stdout, stderr, asJSON bool
+	var o logsOptions
 	cmd := &cobra.Command{
 		Use:   "logs ID",
 		Short: "Print a task's output (stdout and stderr)",
-		Long: `Print the output a task's command wrote, stdout and stderr in the order they
-were written. Each of stdout and stderr keeps its last 4 MiB; when older output
-was dropped, the first chunk printed starts at its offset (shown with --json).
-With --follow, keep printing until the command's output ends.`,
-		Args: cobra.ExactArgs(1),
+		Long:  logsLong,
+		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if stdout && stderr {
+			if o.stdout && o.stderr {
 				return usageErr("--stdout and --stderr: give at most one")
 			}
-			var streams []string
-			switch {
-			case stdout:
-				streams = []string{events.Stdout}
-			case stderr:
-				streams = []string{events.Stderr}
-			}
-			ctx := cmd.Context()
-			reqCtx, cancel := g.bounded(ctx)
-			defer cancel()
-			c, err := g.dial(reqCtx, g.timeout)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			var t api.TaskView
-			err = g.call(reqCtx, c, g.timeout, true, func(ctx context.Context) (err error) {
-				t, err = c.api.Get(ctx, args[0])
-				return err
-			})
-			if err != nil {
-				return err
-			}
-			js, err := c.jetstream()
-			if err != nil {
-				return err
-			}
-			logs, err := events.ConnectLogs(ctx, js)
-			if err != nil {
-				return err
-			}
-			readCtx, stopReading := context.WithCancel(ctx)
-			defer stopReading()
-			if following {
-				// A run whose worker died writes no end mark: stop a little after the task
-				// has ended whatever the marks say.
-				go func() {
-					_, err := follow(readCtx, c, t.ID, func(s engine.State) bool {
-						return s.Phase != engine.PhaseArmed && s.Phase != engine.PhaseRunning
-					})
-					if err == nil {
-						select {
-						case <-readCtx.Done():
-						case <-time.After(logsGrace):
-						}
-					}
-					stopReading() // ended, or the task can no longer be followed
-				}()
-			}
-			err = logs.Read(readCtx, t.ID, streams, following, func(chunk events.LogChunk) error {
-				if asJSON {
-					return printJSONLine(g.stdout, logLine{Stream: chunk.Stream, Offset: chunk.Offset, Data: string(chunk.Data), EOF: chunk.EOF})
-				}
-				_, err := g.stdout.Write(chunk.Data)
-				return err
-			})
-			if errors.Is(err, context.Canceled) && ctx.Err() == nil {
-				return nil // stopped after the task ended
-			}
-			if ctx.Err() != nil {
-				return nil // interrupted
-			}
-			return err
+			return g.printLogs(cmd.Context(), args[0], o)
 		},
 	}
 	f := cmd.Flags()
-	f.BoolVarP(&following, "follow", "f", false, "keep printing until the command's output ends")
-	f.BoolVar(&stdout, "stdout", false, "only stdout")
-	f.BoolVar(&stderr, "stderr", false, "only stderr")
-	f.BoolVar(&asJSON, "json", false, "print chunks as JSON lines: stream, offset, data, eof")
+	f.BoolVarP(&o.following, "follow", "f", false, "keep printing until the command's output ends")
+	f.BoolVar(&o.stdout, "stdout", false, "only stdout")
+	f.BoolVar(&o.stderr, "stderr", false, "only stderr")
+	f.BoolVar(&o.asJSON, "json", false, "print chunks as JSON lines: stream, offset, data, eof")
 	return cmd
+}
+
+// streams are the output streams to print; nil is both.
+func (o logsOptions) streams() []string {
+	switch {
+	case o.stdout:
+		return []string{events.Stdout}
+	case o.stderr:
+		return []string{events.Stderr}
+	}
+	return nil
+}
+
+// printLogs prints the output of task id, and with following, what it prints until
+// its output ends.
+func (g *globals) printLogs(ctx context.Context, id string, o logsOptions) error {
+	reqCtx, cancel := g.bounded(ctx)
+	defer cancel()
+	c, err := g.dial(reqCtx, g.timeout)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var t api.TaskView
+	err = g.call(reqCtx, c, g.timeout, true, func(ctx context.Context) (err error) {
+		t, err = c.api.Get(ctx, id)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	js, err := c.jetstream()
+	if err != nil {
+		return err
+	}
+	logs, err := events.ConnectLogs(ctx, js)
+	if err != nil {
+		return err
+	}
+	readCtx, stopReading := context.WithCancel(ctx)
+	defer stopReading()
+	if o.following {
+		go stopAfterTheEnd(readCtx, c, t.ID, stopReading)
+	}
+	err = logs.Read(readCtx, t.ID, o.streams(), o.following, func(chunk events.LogChunk) error {
+		if o.asJSON {
+			return printJSONLine(g.stdout, logLine{Stream: chunk.Stream, Offset: chunk.Offset, Data: string(chunk.Data), EOF: chunk.EOF})
+		}
+		_, err := g.stdout.Write(chunk.Data)
+		return err
+	})
+	if errors.Is(err, context.Canceled) && ctx.Err() == nil {
+		return nil // stopped after the task ended
+	}
+	if ctx.Err() != nil {
+		return nil // interrupted
+	}
+	return err
+}
+
+// stopAfterTheEnd stops the reading a little after the task has ended, whatever the
+// end marks of its output say: a run whose worker died writes none.
+func stopAfterTheEnd(ctx context.Context, c *client, id string, stop func()) {
+	_, err := follow(ctx, c, id, func(s engine.State) bool {
+		return s.Phase != engine.PhaseArmed && s.Phase != engine.PhaseRunning
+	})
+	if err == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(logsGrace):
+		}
+	}
+	stop() // ended, or the task can no longer be followed
 }
 
 type logLine struct {

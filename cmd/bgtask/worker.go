@@ -43,13 +43,7 @@ func (o *workerOptions) register(f *pflag.FlagSet) {
 	f.BoolVar(&o.exclusive, "exclusive", false, "keep the worker for its --label labels: take only tasks whose placement names each of them (host aside)")
 }
 
-func workerCmd(g *globals) *cobra.Command {
-	var o workerOptions
-	var logLevel, stateDir string
-	cmd := &cobra.Command{
-		Use:   "worker",
-		Short: "Run a worker that takes tasks and runs their commands",
-		Long: `Run a worker as its own process, on this host or another. It connects to the
+const workerLong = `Run a worker as its own process, on this host or another. It connects to the
 server found through --home (or to --nats URL with the auth flags), advertises its
 labels (always host=HOSTNAME), its capacity and a heartbeat, and runs the tasks the
 engine offers it: only tasks whose placement its labels match, never more than
@@ -70,7 +64,15 @@ its own state directory; each task is taken by exactly one of them.
 Draining: 'bgtask worker drain ID', SIGUSR1, or --drain at start make the worker
 take no new task, watch its running ones to their end, and then exit (status 0)
 with its heartbeat removed. Upgrading workers one at a time by draining or by
-restarting them loses nothing and restarts no task.`,
+restarting them loses nothing and restarts no task.`
+
+func workerCmd(g *globals) *cobra.Command {
+	var o workerOptions
+	var logLevel, stateDir string
+	cmd := &cobra.Command{
+		Use:   "worker",
+		Short: "Run a worker that takes tasks and runs their commands",
+		Long:  workerLong,
 		Example: `  bgtask worker --label pool=gpu --max-tasks 4
   bgtask worker --label pool=gpu --exclusive
   bgtask worker --nats nats://nats-1:4222 --creds worker.creds --label pool=build --state-dir /var/lib/bgtask
