@@ -83,36 +83,8 @@ const (
 // validateWatch checks the watch fields of a spec, fills in their defaults and turns
 // a relative deadline into a time.
 func (s *Spec) validateWatch(now time.Time) error {
-	if c := s.Completion; c != nil {
-		switch c.Type {
-		case CompleteOnExit, "":
-			c.Type = CompleteOnExit
-			if len(c.Match) > 0 || c.Regex != "" {
-				return fieldErr("completion", "type exit takes no match or regex")
-			}
-		case CompleteOnJSON:
-			if len(c.Match) == 0 {
-				return fieldErr("completion.match", "json_line needs at least one field to match")
-			}
-			if c.Regex != "" {
-				return fieldErr("completion.regex", "only with type line_pattern")
-			}
-		case CompleteOnPattern:
-			if c.Regex == "" {
-				return fieldErr("completion.regex", "line_pattern needs a regex")
-			}
-			if _, err := regexp.Compile(c.Regex); err != nil {
-				return fieldErr("completion.regex", "%v", err)
-			}
-			if len(c.Match) > 0 {
-				return fieldErr("completion.match", "only with type json_line")
-			}
-		default:
-			return fieldErr("completion.type", "%q: want exit, json_line or line_pattern", c.Type)
-		}
-		if c.Type == CompleteOnExit {
-			s.Completion = nil
-		}
+	if err := s.validateCompletion(); err != nil {
+		return err
 	}
 	if s.KeepRunning && s.Completion == nil {
 		return fieldErr("keep_running", "only with a json_line or line_pattern completion")
@@ -146,35 +118,8 @@ func (s *Spec) validateWatch(now time.Time) error {
 		}
 		s.Deadline = at.UTC().Format(time.RFC3339Nano)
 	}
-	if r := s.Result; r != nil {
-		switch r.Type {
-		case ResultTail:
-			if r.Lines < 0 || r.Lines > MaxTailLines {
-				return fieldErr("result.lines", "%d: want 1 to %d", r.Lines, MaxTailLines)
-			}
-		case ResultMatchedLine:
-			if s.Completion == nil {
-				return fieldErr("result", "matched_line needs a json_line or line_pattern completion")
-			}
-		case ResultCommand:
-			if len(r.Argv) == 0 || r.Argv[0] == "" {
-				return fieldErr("result.argv", "command needs an argv")
-			}
-			if r.Timeout != "" {
-				d, err := parsePositiveDuration(r.Timeout)
-				if err != nil {
-					return fieldErr("result.timeout", "%v", err)
-				}
-				if d > MaxResultTimeout {
-					return fieldErr("result.timeout", "%s is over the limit of %s", d, MaxResultTimeout)
-				}
-			}
-		default:
-			return fieldErr("result.type", "%q: want tail, matched_line or command", r.Type)
-		}
-		if r.Type != ResultTail && r.Lines != 0 {
-			return fieldErr("result.lines", "only with type tail")
-		}
+	if err := s.validateResult(); err != nil {
+		return err
 	}
 	switch s.OnLost {
 	case "", OnLostFail, OnLostRespawn:
@@ -186,6 +131,82 @@ func (s *Spec) validateWatch(now time.Time) error {
 	}
 	// The rest of a wake-up is cut to fit around what it carries whole.
 	return s.checkCarried()
+}
+
+// validateCompletion checks the completion rule; an exit rule is the default, kept
+// as none.
+func (s *Spec) validateCompletion() error {
+	c := s.Completion
+	if c == nil {
+		return nil
+	}
+	switch c.Type {
+	case CompleteOnExit, "":
+		c.Type = CompleteOnExit
+		if len(c.Match) > 0 || c.Regex != "" {
+			return fieldErr("completion", "type exit takes no match or regex")
+		}
+	case CompleteOnJSON:
+		if len(c.Match) == 0 {
+			return fieldErr("completion.match", "json_line needs at least one field to match")
+		}
+		if c.Regex != "" {
+			return fieldErr("completion.regex", "only with type line_pattern")
+		}
+	case CompleteOnPattern:
+		if c.Regex == "" {
+			return fieldErr("completion.regex", "line_pattern needs a regex")
+		}
+		if _, err := regexp.Compile(c.Regex); err != nil {
+			return fieldErr("completion.regex", "%v", err)
+		}
+		if len(c.Match) > 0 {
+			return fieldErr("completion.match", "only with type json_line")
+		}
+	default:
+		return fieldErr("completion.type", "%q: want exit, json_line or line_pattern", c.Type)
+	}
+	if c.Type == CompleteOnExit {
+		s.Completion = nil
+	}
+	return nil
+}
+
+// validateResult checks what the wake-up's result is made of.
+func (s *Spec) validateResult() error {
+	r := s.Result
+	if r == nil {
+		return nil
+	}
+	switch r.Type {
+	case ResultTail:
+		if r.Lines < 0 || r.Lines > MaxTailLines {
+			return fieldErr("result.lines", "%d: want 1 to %d", r.Lines, MaxTailLines)
+		}
+	case ResultMatchedLine:
+		if s.Completion == nil {
+			return fieldErr("result", "matched_line needs a json_line or line_pattern completion")
+		}
+	case ResultCommand:
+		if len(r.Argv) == 0 || r.Argv[0] == "" {
+			return fieldErr("result.argv", "command needs an argv")
+		}
+		if r.Timeout != "" {
+			d, err := parsePositiveDuration(r.Timeout)
+			if err != nil {
+				return fieldErr("result.timeout", "%v", err)
+			}
+			if d > MaxResultTimeout {
+				return fieldErr("result.timeout", "%s is over the limit of %s", d, MaxResultTimeout)
+			}
+		}
+	default:
+		return fieldErr("result.type", "%q: want tail, matched_line or command", r.Type)
+	}
+	if r.Type != ResultTail && r.Lines != 0 {
+		return fieldErr("result.lines", "only with type tail")
+	}
+	return nil
 }
 
 func parsePositiveDuration(v string) (time.Duration, error) {
