@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,13 +26,13 @@ env | grep '^BGTASK_' | sort > "$RECORD_DIR/$name.env"
 mv "$RECORD_DIR/$name.args.tmp" "$RECORD_DIR/$name.args"
 `
 
-// Each agent recipe of examples/ registers as it is written, and its exec sink calls
+// Each exec recipe of examples/ registers as it is written, and its exec sink calls
 // the runtime's CLI the way the recipe says; the CLIs are stand-ins that record what
 // they were given, since none of them is installed here.
 func TestRecipesWakeTheirRuntimes(t *testing.T) {
 	t.Parallel()
 	stand, records := t.TempDir(), t.TempDir()
-	for _, name := range []string{"claude", "codex", "openclaw", "cli-jaw"} {
+	for _, name := range []string{"claude", "codex", "cli-jaw"} {
 		if err := os.WriteFile(filepath.Join(stand, name), []byte(recorder), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -48,7 +49,6 @@ func TestRecipesWakeTheirRuntimes(t *testing.T) {
 	}{
 		{"claude-code.json", "claude", []string{"--resume", "sess-42", "-p"}},
 		{"codex.json", "codex", []string{"exec", "resume", "sess-42", "-"}},
-		{"openclaw.json", "openclaw", []string{"system", "event", "--text", "PROMPT", "--mode", "now"}},
 		{"cli-jaw.json", "cli-jaw", []string{"chat", "send", "PROMPT"}},
 	} {
 		data, err := os.ReadFile(filepath.Join(examples, tc.recipe))
@@ -86,6 +86,91 @@ func TestRecipesWakeTheirRuntimes(t *testing.T) {
 		if string(stdin) != w.Prompt {
 			t.Fatalf("%s: stdin %q, want the prompt %q", tc.recipe, stdin, w.Prompt)
 		}
+	}
+	auditClean(t, home)
+}
+
+// The OpenClaw recipe wakes a gateway's main session through its /hooks/wake, with
+// the token the server reads from its own file: a stand-in gateway that answers
+// 401 without it gets exactly one wake-up, whose text is the prompt, whatever the
+// output held, and the token is in neither the stream nor what show and history
+// print.
+func TestOpenClawRecipeWakesTheGatewayOnce(t *testing.T) {
+	t.Parallel()
+	const token = "oc-hook-token-5f0e8a7c1d"
+	type wake struct{ Text, Mode string }
+	var mu sync.Mutex
+	var wakes []wake
+	unauthorized := 0
+	gateway := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.URL.Path != "/hooks/wake" {
+			http.NotFound(w, r)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if r.Header.Get("Authorization") != "Bearer "+token {
+			unauthorized++
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		var body wake
+		if r.Header.Get("Content-Type") != "application/json" || json.NewDecoder(r.Body).Decode(&body) != nil || body.Text == "" {
+			http.Error(w, "bad body", http.StatusBadRequest)
+			return
+		}
+		wakes = append(wakes, body)
+		io.WriteString(w, `{"ok":true}`)
+	}))
+	t.Cleanup(gateway.Close)
+	tokenFile := filepath.Join(t.TempDir(), "openclaw-token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	home := t.TempDir()
+	server := startServer(t, home, "--webhook-bearer", "openclaw=file:"+tokenFile+"@"+gateway.URL+"/hooks/")
+	data, err := os.ReadFile("../examples/openclaw.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	recipe := strings.ReplaceAll(string(data), "http://127.0.0.1:18789", gateway.URL)
+
+	// Without the bearer, the gateway refuses the wake-up: a 401 is not retried.
+	anonymous := add(t, home, "--spec", writeSpec(t, strings.ReplaceAll(recipe, `"bearer": "openclaw",`, "")), "--", "true")
+	id := add(t, home, "--spec", writeSpec(t, recipe), "--", `printf 'deploy "staging" done\n\tlast line \033[0m\n'`)
+	w := waitFor(t, home, id)
+	for _, task := range []struct {
+		id, end string
+	}{{anonymous, "delivery-failed"}, {id, "delivery-result"}} {
+		eventually(t, 60*time.Second, task.id+": no "+task.end, func() bool { return countTypes(history(t, home, task.id))[task.end] == 1 })
+	}
+	mu.Lock()
+	got, refused := append([]wake(nil), wakes...), unauthorized
+	mu.Unlock()
+	if len(got) != 1 || got[0].Text != w.Prompt || got[0].Mode != "now" || refused != 1 {
+		t.Fatalf("the gateway got %+v and refused %d; want one wake-up {text: %q, mode: now} and one refused", got, refused, w.Prompt)
+	}
+	if !strings.Contains(w.Prompt, `deploy "staging" done`) {
+		t.Fatalf("prompt %q does not hold the output", w.Prompt)
+	}
+	_, js := connect(t, home)
+	for _, rec := range allEvents(t, js) {
+		raw, err := json.Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(raw), token) {
+			t.Fatalf("the token is in the event stream: %s", raw)
+		}
+	}
+	for _, args := range [][]string{{"show", id}, {"show", id, "--json"}, {"history", id, "--json"}} {
+		out := ok(t, home, args...)
+		if strings.Contains(out, token) || args[len(args)-1] == "--json" && !strings.Contains(strings.ReplaceAll(out, " ", ""), `"bearer":"openclaw"`) {
+			t.Fatalf("bgtask %s: the token is printed, or the bearer's name is not:\n%s", strings.Join(args, " "), out)
+		}
+	}
+	if strings.Contains(server.out.String(), token) {
+		t.Fatal("the token is in the server's log")
 	}
 	auditClean(t, home)
 }
