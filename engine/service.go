@@ -53,6 +53,8 @@ type Service struct {
 	archive ArchiveReader
 	// publicWebhooks: webhooks may not name a non-public address.
 	publicWebhooks bool
+	// bearers are the bearer tokens a webhook may name.
+	bearers WebhookBearers
 }
 
 // NewService returns a service that appends as writer (the engine's identity).
@@ -72,6 +74,11 @@ func (s *Service) ReadArchive(archive ArchiveReader) { s.archive = archive }
 // it before the first Register.
 func (s *Service) DenyPrivateWebhooks() { s.publicWebhooks = true }
 
+// DeclareBearers makes Register accept a webhook that names one of these bearer
+// tokens, for a URL under its prefixes (WebhookBearers.Check); without them, a
+// spec that names one is refused. Call it before the first Register.
+func (s *Service) DeclareBearers(b WebhookBearers) { s.bearers = b }
+
 // Register validates a spec and arms it. It returns the task id and whether this
 // call armed it (false: the idempotency key was registered before, with the same
 // spec). The same key with another spec is a *KeyConflictError.
@@ -87,6 +94,9 @@ func (s *Service) Register(ctx context.Context, raw []byte) (string, bool, error
 		if err := CheckPublicWebhooks(spec); err != nil {
 			return "", false, err
 		}
+	}
+	if err := s.bearers.Check(spec); err != nil {
+		return "", false, err
 	}
 	id, err := TaskID(spec)
 	if err != nil {

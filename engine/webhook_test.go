@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -187,5 +188,42 @@ func TestRenderBodyStaysWithinTheBudget(t *testing.T) {
 		if !strings.Contains(string(body), "to fit bgtask's byte budget]") {
 			t.Errorf("%.40s: cut without the budget's marker", tmpl)
 		}
+	}
+}
+
+// TestRegisterRefusesABearerTheServerDoesNotAllow: a registration that names an
+// undeclared bearer, or a declared one for a URL outside its prefixes, is refused
+// with the field and appends nothing; a service with no bearers refuses them all.
+func TestRegisterRefusesABearerTheServerDoesNotAllow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.register(t, `{"command":"true"}`)
+	declared := engine.NewService(b.store, engineWriter, engine.Base{})
+	declared.DeclareBearers(engine.WebhookBearers{"openclaw": {Name: "openclaw", Env: "OPENCLAW_TOKEN", Prefixes: prefixes(t, "http://127.0.0.1:18789/hooks/")}})
+	none := engine.NewService(b.store, engineWriter, engine.Base{})
+	hook := func(url, bearer string) string {
+		return `{"command":"true","deliver":[{"type":"webhook","url":"` + url + `","bearer":"` + bearer + `","body":{"text":"{{prompt}}","mode":"now"}}]}`
+	}
+	for _, tc := range []struct {
+		svc         *engine.Service
+		spec, field string
+	}{
+		{declared, hook("http://127.0.0.1:18789/hooks/wake", "github"), "deliver[0].bearer"},
+		{declared, hook("https://attacker.example/hooks/wake", "openclaw"), "deliver[0].url"},
+		{declared, hook("http://127.0.0.1:18789/admin", "openclaw"), "deliver[0].url"},
+		{none, hook("http://127.0.0.1:18789/hooks/wake", "openclaw"), "deliver[0].bearer"},
+	} {
+		before := b.lastSeq(t)
+		id, _, err := tc.svc.Register(context.Background(), []byte(tc.spec))
+		var fe *engine.FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field || id != "" {
+			t.Errorf("Register(%s) = %q, %v; want a FieldError on %s", tc.spec, id, err, tc.field)
+		}
+		if got := b.lastSeq(t); got != before {
+			t.Fatalf("stream LastSeq moved from %d to %d", before, got)
+		}
+	}
+	if _, _, err := declared.Register(context.Background(), []byte(hook("http://127.0.0.1:18789/hooks/wake", "openclaw"))); err != nil {
+		t.Fatalf("under the prefix: %v", err)
 	}
 }

@@ -93,8 +93,8 @@ func TestRecipesWakeTheirRuntimes(t *testing.T) {
 // The OpenClaw recipe wakes a gateway's main session through its /hooks/wake, with
 // the token the server reads from its own file: a stand-in gateway that answers
 // 401 without it gets exactly one wake-up, whose text is the prompt, whatever the
-// output held, and the token is in neither the stream nor what show and history
-// print.
+// output held. A spec cannot name an undeclared token or send one elsewhere, and
+// the token is in neither the stream nor what show and history print.
 func TestOpenClawRecipeWakesTheGatewayOnce(t *testing.T) {
 	t.Parallel()
 	const token = "oc-hook-token-5f0e8a7c1d"
@@ -135,6 +135,15 @@ func TestOpenClawRecipeWakesTheGatewayOnce(t *testing.T) {
 	}
 	recipe := strings.ReplaceAll(string(data), "http://127.0.0.1:18789", gateway.URL)
 
+	for _, bad := range []struct{ from, to, field string }{
+		{`"bearer": "openclaw"`, `"bearer": "github"`, "deliver[0].bearer"},
+		{gateway.URL + "/hooks/wake", gateway.URL + "/admin", "deliver[0].url"},
+	} {
+		r := run(t, home, "add", "--spec", writeSpec(t, strings.ReplaceAll(recipe, bad.from, bad.to)), "--", "true")
+		if r.code != 2 || !strings.Contains(r.stderr, bad.field) {
+			t.Fatalf("a recipe with %s: exit %d, %s; want it refused on %s", bad.to, r.code, r.stderr, bad.field)
+		}
+	}
 	// Without the bearer, the gateway refuses the wake-up: a 401 is not retried.
 	anonymous := add(t, home, "--spec", writeSpec(t, strings.ReplaceAll(recipe, `"bearer": "openclaw",`, "")), "--", "true")
 	id := add(t, home, "--spec", writeSpec(t, recipe), "--", `printf 'deploy "staging" done\n\tlast line \033[0m\n'`)

@@ -50,7 +50,7 @@ type serverOptions struct {
 func (o serverOptions) pushing(secret []byte) pushing {
 	p := o.delivery.pushing(secret)
 	if o.denyPrivate {
-		p.runner = sinks.New(secret).DenyPrivate()
+		p.runner = sinks.New(secret).WithBearers(p.bearers).DenyPrivate()
 	}
 	return p
 }
@@ -470,6 +470,7 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptio
 	if o.denyPrivate {
 		svc.DenyPrivateWebhooks()
 	}
+	svc.DeclareBearers(o.push.bearers)
 	n.api, err = api.Serve(nc, svc, n.projector, n.scheduler, store, archive, version(), base)
 	if err != nil {
 		n.stopEngine()
