@@ -1,0 +1,431 @@
+// Package claudecode holds what bgtask knows of Claude Code (@anthropic-ai/claude-code
+// 2.1.328) without running it: the hooks `bgtask setup claude-code` puts into a
+// settings.json, and how they are put in and taken out again without touching the
+// user's other settings.
+//
+// Claude Code reads hooks from the "hooks" object of its settings files:
+// {"hooks": {EVENT: [{"matcher": ..., "hooks": [{"type": "command", "command": ...,
+// "async": ..., "asyncRewake": ..., "timeout": ...}]}]}}. Every handler of bgtask's
+// is recognised by its command holding CommandMarker; every other key, group and
+// handler is kept as it was, in its place.
+package claudecode
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// CommandMarker is in the command of every hook bgtask installs: the bgtask
+// subcommand that handles them, followed by the event (or Wake).
+const CommandMarker = " hook claude-code "
+
+// Wake is the argument of the hook that waits for the session's wake-ups.
+const Wake = "wake"
+
+// HookTimeoutSeconds bounds bgtask's quick hooks (they mark the session busy or idle
+// and give up sooner than this).
+const HookTimeoutSeconds = 10
+
+// WakeTimeoutSeconds is how long Claude Code lets the waiting hook run before it
+// stops it with SIGTERM: a week. Claude Code counts it in milliseconds with a timer
+// that cannot hold more than 2^31-1 ms (24.8 days).
+const WakeTimeoutSeconds = 7 * 24 * 3600
+
+// RewakeMessage and RewakeSummary are what Claude Code puts before the wake-up's
+// prompt in the new turn, and shows in the terminal, when the waiting hook hands one
+// over (exit status 2; Claude Code's own default names it "Stop hook feedback").
+const (
+	RewakeMessage = "bgtask wake-up:"
+	RewakeSummary = "bgtask: a background task finished"
+)
+
+// Scope is where the hooks go: the user's settings (~/.claude/settings.json) or a
+// project's (.claude/settings.json).
+type Scope string
+
+const (
+	ScopeUser    Scope = "user"
+	ScopeProject Scope = "project"
+)
+
+// ParseScope reads a --scope value.
+func ParseScope(s string) (Scope, error) {
+	switch Scope(s) {
+	case ScopeUser, ScopeProject:
+		return Scope(s), nil
+	}
+	return "", fmt.Errorf("scope %q: use user or project", s)
+}
+
+// Handler is one hook bgtask installs.
+type Handler struct {
+	Event string
+	// Arg is what the command is run with: the event, or Wake.
+	Arg string
+	// Wait: the handler runs in the background and wakes the session when it exits 2.
+	Wait bool
+}
+
+// Handlers are the hooks of a scope, in the order they are installed. A turn that
+// starts (a prompt, or a wake-up's own turn) marks the session busy, one that ends
+// idle; a waiter is started at every occasion so that one always runs while the
+// session does (at most one per session runs, the others exit at once): at the end
+// of each turn, during each turn, and after each tool call, which may have
+// registered a task.
+//
+// A project's SessionStart hooks run at startup and resume in the background
+// without the power to wake the session (Claude Code 2.1.328 turns asyncRewake off
+// for them), so a waiter there would take a wake-up and lose it: in that scope the
+// wake-ups pending at start wait for the first turn's waiter.
+func Handlers(scope Scope) []Handler {
+	hs := []Handler{{Event: "SessionStart", Arg: "SessionStart"}}
+	if scope == ScopeUser {
+		hs = append(hs, Handler{Event: "SessionStart", Arg: Wake, Wait: true})
+	}
+	return append(hs,
+		Handler{Event: "UserPromptSubmit", Arg: "UserPromptSubmit"},
+		Handler{Event: "UserPromptSubmit", Arg: Wake, Wait: true},
+		Handler{Event: "PostToolUse", Arg: Wake, Wait: true},
+		Handler{Event: "Stop", Arg: "Stop"},
+		Handler{Event: "Stop", Arg: Wake, Wait: true},
+		Handler{Event: "SessionEnd", Arg: "SessionEnd"},
+	)
+}
+
+// IsOurs reports whether a hook's command is one of bgtask's.
+func IsOurs(command string) bool { return strings.Contains(command+" ", CommandMarker) }
+
+// groups are the matcher groups of bgtask's hooks: one per event, in the order the
+// events first appear in Handlers. prefix is the command that runs bgtask, with its
+// global flags.
+func groups(prefix string, scope Scope) (events []string, byEvent map[string]json.RawMessage) {
+	type handler struct {
+		Type          string `json:"type"`
+		Command       string `json:"command"`
+		Timeout       int    `json:"timeout"`
+		AsyncRewake   bool   `json:"asyncRewake,omitempty"`
+		RewakeMessage string `json:"rewakeMessage,omitempty"`
+		RewakeSummary string `json:"rewakeSummary,omitempty"`
+	}
+	type group struct {
+		Matcher string    `json:"matcher,omitempty"`
+		Hooks   []handler `json:"hooks"`
+	}
+	all := map[string]*group{}
+	for _, h := range Handlers(scope) {
+		g, ok := all[h.Event]
+		if !ok {
+			g = &group{}
+			if h.Event == "PostToolUse" {
+				g.Matcher = "*"
+			}
+			all[h.Event] = g
+			events = append(events, h.Event)
+		}
+		x := handler{Type: "command", Command: prefix + CommandMarker + h.Arg, Timeout: HookTimeoutSeconds}
+		if h.Wait {
+			x.Timeout, x.AsyncRewake, x.RewakeMessage, x.RewakeSummary = WakeTimeoutSeconds, true, RewakeMessage, RewakeSummary
+		}
+		g.Hooks = append(g.Hooks, x)
+	}
+	byEvent = map[string]json.RawMessage{}
+	for event, g := range all {
+		byEvent[event], _ = marshal(g)
+	}
+	return events, byEvent
+}
+
+// Install returns the settings data (empty: no file yet) with bgtask's hooks, run
+// through prefix (the shell words that start bgtask), and no other hook of
+// bgtask's. Settings that already hold exactly these hooks come back unchanged, byte
+// for byte, so a second setup writes nothing.
+func Install(data []byte, prefix string, scope Scope) ([]byte, error) {
+	doc, err := parseObject(data, "the settings")
+	if err != nil {
+		return nil, err
+	}
+	hooks, err := hooksOf(doc)
+	if err != nil {
+		return nil, err
+	}
+	events, want := groups(prefix, scope)
+	if installed(hooks, events, want) {
+		return data, nil
+	}
+	hooks, _ = withoutOurs(hooks)
+	for _, event := range events {
+		var list []json.RawMessage
+		if raw, ok := hooks.get(event); ok {
+			if err := json.Unmarshal(raw, &list); err != nil {
+				return nil, fmt.Errorf("hooks.%s: not an array of matcher groups: %w", event, err)
+			}
+		}
+		data, _ := marshal(append(list, want[event]))
+		hooks = hooks.set(event, data)
+	}
+	encoded, _ := hooks.encode()
+	return doc.set("hooks", encoded).indent()
+}
+
+// Remove returns the settings data without bgtask's hooks: each handler of bgtask's
+// goes, and so does a group, an event and the "hooks" object that only it had kept
+// from being empty. Settings without any come back unchanged.
+func Remove(data []byte) ([]byte, error) {
+	doc, err := parseObject(data, "the settings")
+	if err != nil {
+		return nil, err
+	}
+	hooks, err := hooksOf(doc)
+	if err != nil {
+		return nil, err
+	}
+	hooks, removed := withoutOurs(hooks)
+	if !removed {
+		return data, nil
+	}
+	if len(hooks) == 0 {
+		doc = doc.without("hooks")
+	} else {
+		encoded, _ := hooks.encode()
+		doc = doc.set("hooks", encoded)
+	}
+	return doc.indent()
+}
+
+// hooksOf is the "hooks" object of the settings (empty when there is none).
+func hooksOf(doc object) (object, error) {
+	raw, ok := doc.get("hooks")
+	if !ok {
+		return nil, nil
+	}
+	hooks, err := parseObject(raw, "hooks")
+	if err != nil {
+		return nil, err
+	}
+	return hooks, nil
+}
+
+// installed reports whether hooks hold bgtask's groups want, each last in its
+// event's list, and no other handler of bgtask's.
+func installed(hooks object, events []string, want map[string]json.RawMessage) bool {
+	found := 0
+	for _, m := range hooks {
+		var list []json.RawMessage
+		if json.Unmarshal(m.value, &list) != nil {
+			continue
+		}
+		for i, g := range list {
+			if n := countOurs(g); n > 0 {
+				w, ok := want[m.key]
+				if !ok || i != len(list)-1 || !sameJSON(g, w) {
+					return false
+				}
+				found++
+			}
+		}
+	}
+	return found == len(events)
+}
+
+// withoutOurs drops bgtask's handlers from every event's groups, and the groups and
+// events left empty by that; removed reports whether there was any.
+func withoutOurs(hooks object) (out object, removed bool) {
+	for _, m := range hooks {
+		var list []json.RawMessage
+		if json.Unmarshal(m.value, &list) != nil {
+			out = append(out, m) // not ours to judge: Claude Code reports it
+			continue
+		}
+		var kept []json.RawMessage
+		changed := false
+		for _, g := range list {
+			if countOurs(g) == 0 {
+				kept = append(kept, g)
+				continue
+			}
+			changed = true
+			group, _ := parseObject(g, "group")
+			var handlers []json.RawMessage
+			raw, _ := group.get("hooks")
+			_ = json.Unmarshal(raw, &handlers)
+			var theirs []json.RawMessage
+			for _, h := range handlers {
+				if !isOurHandler(h) {
+					theirs = append(theirs, h)
+				}
+			}
+			if len(theirs) > 0 {
+				data, _ := marshal(theirs)
+				encoded, _ := group.set("hooks", data).encode()
+				kept = append(kept, encoded)
+			}
+		}
+		if !changed {
+			out = append(out, m)
+			continue
+		}
+		removed = true
+		if len(kept) > 0 {
+			data, _ := marshal(kept)
+			out = append(out, member{m.key, data})
+		}
+	}
+	return out, removed
+}
+
+// countOurs counts bgtask's handlers in a matcher group.
+func countOurs(group json.RawMessage) int {
+	var g struct {
+		Hooks []json.RawMessage `json:"hooks"`
+	}
+	if json.Unmarshal(group, &g) != nil {
+		return 0
+	}
+	n := 0
+	for _, h := range g.Hooks {
+		if isOurHandler(h) {
+			n++
+		}
+	}
+	return n
+}
+
+func isOurHandler(raw json.RawMessage) bool {
+	var h struct{ Type, Command string }
+	return json.Unmarshal(raw, &h) == nil && h.Type == "command" && IsOurs(h.Command)
+}
+
+func sameJSON(a, b json.RawMessage) bool {
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return false
+	}
+	ja, _ := marshal(x)
+	jb, _ := marshal(y)
+	return bytes.Equal(ja, jb)
+}
+
+// member is one key of a JSON object, its value as written.
+type member struct {
+	key   string
+	value json.RawMessage
+}
+
+// object is a JSON object with its keys in the order they were written, so that a
+// user's settings keep theirs.
+type object []member
+
+// parseObject reads a JSON object; empty data is an empty one.
+func parseObject(data []byte, what string) (object, error) {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return object{}, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, fmt.Errorf("%s: not JSON: %w", what, err)
+	}
+	if tok != json.Delim('{') {
+		return nil, fmt.Errorf("%s: not a JSON object", what)
+	}
+	obj := object{}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("%s: not JSON: %w", what, err)
+		}
+		key := tok.(string) // inside an object, the decoder gives only string keys here
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return nil, fmt.Errorf("%s: not JSON at the value of %q: %w", what, key, err)
+		}
+		if seen[key] {
+			return nil, fmt.Errorf("%s: key %q twice", what, key)
+		}
+		seen[key] = true
+		obj = append(obj, member{key, value})
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, fmt.Errorf("%s: not JSON: %w", what, err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%s: more after the JSON object", what)
+	}
+	return obj, nil
+}
+
+func (o object) get(key string) (json.RawMessage, bool) {
+	for _, m := range o {
+		if m.key == key {
+			return m.value, true
+		}
+	}
+	return nil, false
+}
+
+// set replaces key's value in its place, or adds it at the end.
+func (o object) set(key string, value json.RawMessage) object {
+	out := append(object{}, o...)
+	for i, m := range out {
+		if m.key == key {
+			out[i].value = value
+			return out
+		}
+	}
+	return append(out, member{key, value})
+}
+
+func (o object) without(key string) object {
+	var out object
+	for _, m := range o {
+		if m.key != key {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func (o object) encode() (json.RawMessage, error) {
+	var b bytes.Buffer
+	b.WriteByte('{')
+	for i, m := range o {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		key, _ := marshal(m.key)
+		b.Write(key)
+		b.WriteByte(':')
+		b.Write(m.value)
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
+
+// indent is the object as a settings file: indented by two spaces, a newline at the
+// end.
+func (o object) indent() ([]byte, error) {
+	raw, _ := o.encode()
+	var b bytes.Buffer
+	if err := json.Indent(&b, raw, "", "  "); err != nil {
+		return nil, err
+	}
+	b.WriteByte('\n')
+	return b.Bytes(), nil
+}
+
+// marshal is json.Marshal without the escapes of <, > and &, which would rewrite a
+// user's commands (a && b) into \u0026.
+func marshal(v any) (json.RawMessage, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimRight(b.Bytes(), "\n"), nil
+}
