@@ -24,6 +24,12 @@ func decodeFolded(seq uint64, data []byte) (Record, error) {
 		return decodeJSON(seq, data)
 	}
 	rec := Record{Seq: seq, Event: ev}
+	if ev.V >= 1 && ev.V <= Version {
+		if p, ok := readPayload(ev.Type, ev.Payload); ok {
+			rec.decoded = p
+			return rec, nil
+		}
+	}
 	if p := newPayload(ev.Type); p != nil && ev.V >= 1 && ev.V <= Version {
 		if len(ev.Payload) == 0 || json.Unmarshal(ev.Payload, p) == nil {
 			rec.decoded = p
@@ -94,6 +100,64 @@ func readEnvelope(data []byte) (ev Event, ok bool) {
 	}
 	ev.Payload = payload
 	return ev, true
+}
+
+// readPayload reads the payloads of the events a run appends most (its ticks,
+// its spawn, its fire) in the form json.Marshal writes them, as readEnvelope reads
+// an envelope: anything else is reported as not read (ok false), for
+// encoding/json to decode.
+func readPayload(t Type, data []byte) (p Payload, ok bool) {
+	r := envelopeReader{data: data}
+	r.literal(`{`)
+	switch t {
+	case TypeTick:
+		var tick Tick
+		if r.has(`"pid":`) {
+			tick.PID = int(r.number())
+			r.literal(`,`)
+		}
+		r.literal(`"output_bytes":`)
+		tick.OutputBytes = int64(r.number())
+		p = &tick
+	case TypeSpawned:
+		var spawned Spawned
+		r.literal(`"worker":`)
+		worker := r.str()
+		var host []byte
+		if r.has(`,"host":`) {
+			host = r.str()
+		}
+		if !r.failed {
+			spawned.Worker, spawned.Host = string(worker), string(host)
+		}
+		p = &spawned
+	case TypeFired:
+		var fired Fired
+		r.literal(`"subject":`)
+		subject := r.str()
+		r.literal(`,"inbox_seq":`)
+		fired.InboxSeq = r.number()
+		if !r.failed {
+			fired.Subject = string(subject)
+		}
+		p = &fired
+	default:
+		return nil, false
+	}
+	r.literal(`}`)
+	if r.failed || r.at != len(data) {
+		return nil, false
+	}
+	return p, true
+}
+
+// has reads s if the data goes on with it, and reports whether it did.
+func (r *envelopeReader) has(s string) bool {
+	if r.failed || len(r.data)-r.at < len(s) || string(r.data[r.at:r.at+len(s)]) != s {
+		return false
+	}
+	r.at += len(s)
+	return true
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }

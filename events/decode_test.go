@@ -17,7 +17,10 @@ func decodeCorpus(t testing.TB) [][]byte {
 	payloads := []Payload{
 		&Armed{Spec: json.RawMessage(`{"command":"go test ./...","origin":{"n":12345678901234567890}}`)},
 		&Spawned{Worker: "w1", Host: "höst"},
+		&Spawned{Worker: "w1", Host: "host-1"},
+		&Spawned{Worker: "w1"},
 		&Tick{PID: 4242, OutputBytes: 1 << 40},
+		&Tick{OutputBytes: 0},
 		&Exited{ExitCode: 1, Signal: "SIGKILL", Tail: []string{"ok  \tpkg\t0.1s", `a "quoted" \ line`, "ü\u2028", "\x00bin"}, StartedAt: at, EndedAt: at.Add(time.Minute)},
 		&Stalled{SilentFor: "5m", Action: "notify"},
 		&Lost{Worker: "w1", Action: "fail"},
@@ -42,7 +45,7 @@ func decodeCorpus(t testing.TB) [][]byte {
 		}
 		corpus = append(corpus, data)
 	}
-	tick := string(corpus[2])
+	tick := string(corpus[4])
 	const head = `{"v":1,"id":"e1","task_id":"t1","type":"exited","time":"2025-03-01T12:00:00Z","writer":"w1","epoch":1`
 	for _, s := range []string{
 		strings.Replace(tick, `"writer":"engine@host"`, `"writer":"engine@höst"`, 1),
@@ -53,9 +56,9 @@ func decodeCorpus(t testing.TB) [][]byte {
 		strings.Replace(tick, `"v":1`, `"v":-1`, 1),
 		strings.Replace(tick, `"v":1`, `"v":1.0`, 1),
 		strings.Replace(tick, `"v":1`, `"V":1`, 1),
-		strings.Replace(tick, `"epoch":2`, `"epoch":18446744073709551615`, 1),
-		strings.Replace(tick, `"epoch":2`, `"epoch":18446744073709551616`, 1),
-		strings.Replace(tick, `"epoch":2`, `"epoch":999999999999999999`, 1),
+		strings.Replace(tick, `"epoch":4`, `"epoch":18446744073709551615`, 1),
+		strings.Replace(tick, `"epoch":4`, `"epoch":18446744073709551616`, 1),
+		strings.Replace(tick, `"epoch":4`, `"epoch":999999999999999999`, 1),
 		strings.Replace(tick, `"type":"tick"`, `"type":"stretch"`, 1),
 		strings.Replace(tick, `"type":"tick"`, `"type":"TICK"`, 1),
 		strings.Replace(tick, `"time":"`, `"time":null,"x":"`, 1),
@@ -66,6 +69,19 @@ func decodeCorpus(t testing.TB) [][]byte {
 		strings.Replace(tick, `"payload":`, `"payload": `, 1),
 		strings.Replace(tick, `"payload":{`, `"payload":{"pid":"x",`, 1),
 		strings.Replace(tick, `"payload":{`, `"payload":{"pid":1}, "later":{`, 1),
+		strings.Replace(tick, `"pid":4242`, `"pid":-1`, 1),
+		strings.Replace(tick, `"pid":4242`, `"pid":1e3`, 1),
+		strings.Replace(tick, `"pid":4242`, `"pid":99999999999999999999`, 1),
+		strings.Replace(tick, `"pid":4242`, `"PID":4242`, 1),
+		strings.Replace(tick, `"pid":4242,`, ``, 1),
+		strings.Replace(tick, `"pid":4242,"output_bytes":1099511627776`, `"output_bytes":1,"pid":2`, 1),
+		strings.Replace(tick, `"output_bytes":1099511627776`, `"output_bytes":1,"more":2`, 1),
+		strings.Replace(tick, `"output_bytes":1099511627776`, `"output_bytes":1,"output_bytes":2`, 1),
+		strings.Replace(tick, `"type":"tick"`, `"type":"fired"`, 1),
+		strings.Replace(tick, `"type":"tick"`, `"type":"spawned"`, 1),
+		strings.Replace(string(corpus[2]), `"host":"host-1"`, `"host":null`, 1),
+		strings.Replace(string(corpus[2]), `"worker":"w1"`, `"worker":"w\u0031"`, 1),
+		strings.Replace(string(corpus[2]), `"host":"host-1"`, `"host":"h","host":"i"`, 1),
 		tick + " ",
 		tick + "}",
 		tick[:len(tick)-1] + " }",
@@ -123,9 +139,21 @@ func TestFastDecodingAgreesWithEncodingJSON(t *testing.T) {
 			fast++
 		}
 	}
-	// Every event as bgtask writes it takes the fast way.
-	if fast < 14 {
-		t.Fatalf("%d events read the fast way, want at least the 14 bgtask wrote", fast)
+	// Every event as bgtask writes it takes the fast way, and so do the payloads
+	// of its spawns, ticks and fires.
+	payloads := 0
+	for _, data := range decodeCorpus(t)[:18] {
+		if ev, ok := readEnvelope(data); ok {
+			if _, ok := readPayload(ev.Type, ev.Payload); ok {
+				payloads++
+			}
+		}
+	}
+	if payloads != 5 {
+		t.Errorf("%d payloads read the fast way, want the 5 spawned, tick and fired ones", payloads)
+	}
+	if fast < 18 {
+		t.Fatalf("%d events read the fast way, want at least the 18 bgtask wrote", fast)
 	}
 }
 
@@ -134,4 +162,30 @@ func FuzzDecodeRecord(f *testing.F) {
 		f.Add(data)
 	}
 	f.Fuzz(checkDecoding)
+}
+
+// BenchmarkDecodeFolded decodes a finished task's events as a replay does, in the
+// mix a run writes them: armed, spawned, five ticks, exited, completion persisted
+// and fired.
+func BenchmarkDecodeFolded(b *testing.B) {
+	corpus := decodeCorpus(b)
+	byType := map[Type][]byte{}
+	for _, data := range corpus[:18] {
+		if ev, ok := readEnvelope(data); ok {
+			byType[ev.Type] = data
+		}
+	}
+	var mix [][]byte
+	for _, t := range []Type{TypeArmed, TypeSpawned, TypeTick, TypeTick, TypeTick, TypeTick, TypeTick, TypeExited, TypeCompletionPersisted, TypeFired} {
+		mix = append(mix, byType[t])
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, data := range mix {
+			if _, err := decodeFolded(1, data); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(mix)), "ns/event")
 }
