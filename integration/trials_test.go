@@ -24,8 +24,10 @@ import (
 // separate worker processes), registers a handful of real commands that end with
 // exit codes chosen by the trial (some hostile: floods of control bytes, a tail of
 // 2 MB, a prompt that names the tail thousands of times), injects one fault at a
-// random moment while they run, restarts what it killed, and checks the invariants from outside: no lost
-// exit, no double fire, no task stuck, no process left behind, and a clean audit.
+// random moment while they run (a kill, a crash point, a disk that fills and has
+// room again), restarts what it killed, and checks the invariants from outside: no
+// lost exit, no double fire, no task stuck, no process left behind, and a clean
+// audit.
 //
 // The trial count, the seed and how many trials run at once come from the
 // environment, so a failure can be replayed:
@@ -95,11 +97,12 @@ const (
 	faultEverything      fault = "server-and-workers-sigkill"
 	faultCrash           fault = "crash-point"
 	faultShimKill        fault = "shim-sigkill"
+	faultDiskFull        fault = "disk-full-and-freed"
 )
 
 var allFaults = []fault{
 	faultServerKill, faultServerTerm, faultWorkerKill, faultWorkerTerm, faultWorkerKillTwice,
-	faultWorkerGone, faultEverything, faultCrash, faultShimKill,
+	faultWorkerGone, faultEverything, faultCrash, faultShimKill, faultDiskFull,
 }
 
 // needsWorkers: the fault is to a worker process of its own.
@@ -158,6 +161,7 @@ type trialTask struct {
 	code    int
 	release release
 	onLost  string
+	late    bool // disk-full: registered while the disk is full
 }
 
 type trialPlan struct {
@@ -170,6 +174,8 @@ type trialPlan struct {
 	settle     time.Duration // from there to the fault
 	again      time.Duration // worker-sigkill-twice: from the restart to the second kill
 	shimTarget int           // shim-sigkill: the task whose shim is killed
+	disk       diskPart      // disk-full: the part of the home on a tmpfs
+	full       time.Duration // disk-full: from the "down" commands' end to the disk freed
 	tasks      []trialTask
 }
 
@@ -222,6 +228,8 @@ func planTrial(seed uint64) trialPlan {
 			kind = exitsWithCode
 		}
 		p.tasks[p.shimTarget].kind, p.tasks[p.shimTarget].release = kind, afterRestart
+	case faultDiskFull:
+		p.planDisk(r)
 	}
 	return p
 }
@@ -234,6 +242,9 @@ func (p trialPlan) String() string {
 	}
 	if p.shimTarget >= 0 {
 		fmt.Fprintf(&b, " of task %d", p.shimTarget)
+	}
+	if p.disk != "" {
+		fmt.Fprintf(&b, " of the %s, full for %s", p.disk, p.full)
 	}
 	if p.workers == 0 {
 		b.WriteString("; the server's own worker")
@@ -251,6 +262,9 @@ func (p trialPlan) String() string {
 			fmt.Fprintf(&b, "(%d)", tk.code)
 		}
 		fmt.Fprintf(&b, "/%s/%s", tk.release, tk.onLost)
+		if tk.late {
+			b.WriteString("/late")
+		}
 	}
 	return b.String()
 }
@@ -295,11 +309,18 @@ func runTrial(t *testing.T, seed uint64) {
 			workerEnv = env
 		}
 	}
+	if p.disk != "" {
+		mountTmpfs(t, tr.diskDir(), diskBytes)
+	}
 	tr.startServer(serverEnv)
 	tr.step("server started")
 	nc, _ := connect(t, tr.home)
-	for i := range p.tasks {
-		tr.ids = append(tr.ids, tr.register(nc, i))
+	for i, tk := range p.tasks {
+		id := ""
+		if !tk.late {
+			id = tr.register(nc, i)
+		}
+		tr.ids = append(tr.ids, id)
 	}
 	nc.Close()
 	// Workers come after the tasks: a worker that crashes at its first spawn must
@@ -568,6 +589,8 @@ func (tr *trial) inject() {
 			return true
 		})
 		tr.startWorker(0, nil)
+	case faultDiskFull:
+		tr.fillAndFree()
 	}
 }
 
@@ -745,8 +768,17 @@ func (tr *trial) checkTask(i int, s *taskSummary) error {
 		return fmt.Errorf("%d completion-persisted and %d fired, want one each", s.n[events.TypeCompletionPersisted], s.n[events.TypeFired])
 	}
 	w := s.wakeup
+	if tk.late && tr.plan.runsOnDisk() && w.Status == engine.StatusFailed && noSpace(w.Reason) {
+		// Taken while the disk of its run was full: its run could not be written,
+		// and it failed to start, which is what it says.
+		if s.n[events.TypeSpawned] != 1 || s.n[events.TypeFailed] != 1 || s.n[events.TypeExited] != 0 || len(s.lost) > 0 {
+			return fmt.Errorf("failed to start for a full disk after %d spawned, %d failed, %d exited and %d lost, want one spawned and one failed",
+				s.n[events.TypeSpawned], s.n[events.TypeFailed], s.n[events.TypeExited], len(s.lost))
+		}
+		return nil
+	}
 	if len(s.lost) > 1 || len(s.lost) == 1 && !tr.mayLose(i, s.lost[0]) {
-		return fmt.Errorf("lost %d times (%+v), but the fault can lose it at most once", len(s.lost), s.lost)
+		return fmt.Errorf("lost %d times (%+v); the fault may lose %s", len(s.lost), s.lost, tr.mayLoseWhat())
 	}
 	if tk.kind == hitsDeadline && (tk.onLost == engine.OnLostRespawn || len(s.lost) == 0) {
 		// Its deadline ends it whether a worker takes it in time or not (workers
@@ -799,7 +831,9 @@ func (tr *trial) checkTask(i int, s *taskSummary) error {
 		if err := code(tk.code, ""); err != nil {
 			return err
 		}
-		if len(w.Prompt) > 256<<10 || !strings.HasSuffix(w.Prompt, "cut to fit bgtask's byte budget]") {
+		// Output printed while the disk of its run is full is lost: the prompt may
+		// be short.
+		if len(w.Prompt) > 256<<10 || !tr.plan.runsOnDisk() && !strings.HasSuffix(w.Prompt, "cut to fit bgtask's byte budget]") {
 			return fmt.Errorf("an amplifying prompt of %d bytes ending %q, want one cut to fit the budget", len(w.Prompt), w.Prompt[max(0, len(w.Prompt)-80):])
 		}
 	case killsItself:
@@ -818,6 +852,17 @@ func (tr *trial) checkTask(i int, s *taskSummary) error {
 		}
 	}
 	return nil
+}
+
+// mayLoseWhat says what the trial's fault may make lost, for a failure.
+func (tr *trial) mayLoseWhat() string {
+	switch tr.plan.fault {
+	case faultShimKill:
+		return fmt.Sprintf("task %d once (its shim is killed)", tr.plan.shimTarget)
+	case faultWorkerGone:
+		return "each task of the worker kept away past its lease, once"
+	}
+	return "no task"
 }
 
 // mayLose reports whether the trial's fault can make task i lost: its shim was

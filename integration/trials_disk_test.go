@@ -1,0 +1,260 @@
+package integration
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/bgtask/bgtask/engine"
+)
+
+// The disk-full fault: a part of the bgtask home lives on a small tmpfs, which a
+// ballast file fills while the commands run and which is freed again later; the
+// server is not restarted. What fills decides what breaks: the event store's disk
+// stops every append (the server refuses registrations with 507 and reloads
+// JetStream once there is room), the worker's disk every write of a run's files
+// (the exit file's blocks were taken at the start).
+
+// diskPart is the part of the home on the tmpfs.
+type diskPart string
+
+const (
+	diskHome  diskPart = "home"  // all of it: the event store and the worker's runs
+	diskStore diskPart = "store" // the JetStream store (HOME/jetstream)
+	diskRuns  diskPart = "runs"  // the worker's state directory, its runs in it
+)
+
+// diskBytes is the tmpfs's size: room for the store's streams (the log stream's
+// limit fits 75% of it) and for the runs' output, small enough to fill at once.
+const diskBytes = 96 << 20
+
+// planDisk plans the disk-full fault: the part that fills, how long it stays
+// full, and one or two tasks registered while it is full.
+func (p *trialPlan) planDisk(r *rand.Rand) {
+	p.disk = []diskPart{diskHome, diskStore, diskRuns}[r.IntN(3)]
+	p.full = time.Duration(r.IntN(1500)) * time.Millisecond
+	for range 1 + r.IntN(2) {
+		p.tasks = append(p.tasks, trialTask{
+			kind: allKinds[r.IntN(len(allKinds))], code: 1 + r.IntN(120), late: true,
+			release: []release{whileDown, afterRestart}[r.IntN(2)],
+			onLost:  []string{engine.OnLostFail, engine.OnLostRespawn}[r.IntN(2)],
+		})
+	}
+	if !p.runsOnDisk() {
+		return
+	}
+	// What a command prints while the disk of its run is full is lost, and a
+	// completion line lost is a task that never completes: the commands whose
+	// line completes them print it once the disk has room again.
+	for i, tk := range p.tasks {
+		if tk.kind == splitsItsLine || tk.kind == ignoresTerm {
+			p.tasks[i].release = afterRestart
+		}
+	}
+}
+
+// runsOnDisk: the worker's runs are on the disk that fills.
+func (p trialPlan) runsOnDisk() bool { return p.disk == diskHome || p.disk == diskRuns }
+
+// storeOnDisk: the event store is on the disk that fills.
+func (p trialPlan) storeOnDisk() bool { return p.disk == diskHome || p.disk == diskStore }
+
+// noSpace says a task could not start because the disk of its run was full.
+func noSpace(reason string) bool { return strings.Contains(reason, syscall.ENOSPC.Error()) }
+
+// diskDir is the directory the tmpfs is mounted on.
+func (tr *trial) diskDir() string {
+	switch tr.plan.disk {
+	case diskStore:
+		return filepath.Join(tr.home, "jetstream")
+	case diskRuns:
+		if tr.plan.workers == 0 {
+			return filepath.Join(tr.home, "worker") // the server's own worker
+		}
+		return filepath.Join(tr.home, "workers") // each worker's state directory is in it
+	}
+	return tr.home
+}
+
+// skipUnlessCI skips t for a reason the machine gives, or fails it under CI, whose
+// runner must run every test.
+func skipUnlessCI(t *testing.T, reason string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal(reason + " (CI runs the tests as root)")
+	}
+	t.Skip(reason)
+}
+
+// mountTmpfs mounts a tmpfs of size bytes on dir, made if need be, until the test
+// ends.
+func mountTmpfs(t *testing.T, dir string, size int64) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		skipUnlessCI(t, "a disk that fills is a tmpfs, and mounting one needs root")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d,mode=0700", size)); err != nil {
+		skipUnlessCI(t, "cannot mount a tmpfs: "+err.Error())
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+}
+
+// fillDisk writes a ballast file in dir until its disk has no block left, and
+// returns its path.
+func fillDisk(t *testing.T, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "ballast")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for size := 1 << 20; size >= 4<<10; size /= 16 {
+		block := make([]byte, size)
+		for {
+			_, err := f.Write(block)
+			if errors.Is(err, syscall.ENOSPC) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return path
+}
+
+// registerLate registers task i while the disk may be full. full says the server
+// refused it for the full disk, as it may: it is to be registered again.
+func (tr *trial) registerLate(nc *nats.Conn, i int) (id string, full bool) {
+	t := tr.t
+	t.Helper()
+	id, refusal := tr.request(nc, i)
+	switch {
+	case refusal == nil:
+		return id, false
+	case refusal.Code == 507 && strings.Contains(refusal.Message, "disk is full"):
+		return "", true
+	case tr.plan.tasks[i].kind == amplifies && refusal.Code == 400 && refusal.Field == "prompt":
+		tr.step(fmt.Sprintf("task %d refused for its prompt: %s", i, refusal.Message))
+		return "", false
+	}
+	t.Fatalf("register task %d: %+v", i, *refusal)
+	return "", false
+}
+
+// registerRefused registers task i, refused while the disk was full, as a client
+// would: again until the server takes it. The server has room again once it has
+// reloaded its store, which it does by itself.
+func (tr *trial) registerRefused(nc *nats.Conn, i int) string {
+	t := tr.t
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		id, full := tr.registerLate(nc, i)
+		if !full {
+			return id
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task %d still refused for a full disk 30s after it was freed", i)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// registrationError is the error of a refused registration.
+type registrationError struct {
+	Code    int
+	Field   string
+	Message string
+}
+
+// request sends task i's registration and returns the task's id, or the refusal.
+// An answer is due at once, a refusal included: one that does not come in 10s
+// fails the trial.
+func (tr *trial) request(nc *nats.Conn, i int) (string, *registrationError) {
+	t := tr.t
+	t.Helper()
+	data, err := json.Marshal(tr.spec(i))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := nc.Request("bgtask.register", data, 10*time.Second)
+	if err != nil {
+		t.Fatalf("register task %d: %v", i, err)
+	}
+	var reply struct {
+		ID    string
+		Error *registrationError
+	}
+	if err := json.Unmarshal(msg.Data, &reply); err != nil || reply.ID == "" && reply.Error == nil {
+		t.Fatalf("register task %d: %s", i, msg.Data)
+	}
+	return reply.ID, reply.Error
+}
+
+// storeFailedAWrite reports whether the server's JetStream has logged a write
+// that failed for lack of space.
+func (tr *trial) storeFailedAWrite() bool {
+	for _, line := range strings.Split(tr.server.out.String(), "\n") {
+		if strings.Contains(line, "component=nats") && noSpace(line) {
+			return true
+		}
+	}
+	return false
+}
+
+// fillAndFree is the disk-full fault: every command has started when the disk
+// fills; while it is full, the late tasks are registered and the "down" gates
+// open, their commands ending; after a random pause the ballast goes, and the
+// late tasks refused meanwhile are registered again.
+func (tr *trial) fillAndFree() {
+	t, p := tr.t, tr.plan
+	for i, id := range tr.ids {
+		if id != "" {
+			waitPIDPair(t, tr.path("pids", i))
+		}
+	}
+	ballast := fillDisk(t, tr.diskDir())
+	tr.step(fmt.Sprintf("%s disk full", p.disk))
+	if p.storeOnDisk() {
+		// The server knows its store's disk is full from a write of its JetStream
+		// that failed: the running commands' ticks and output, the workers'
+		// heartbeats.
+		eventually(t, 30*time.Second, "the server's JetStream did not fail a write for the full disk", tr.storeFailedAWrite)
+		tr.step("the store failed a write")
+	}
+	nc, _ := connect(t, tr.home)
+	defer nc.Close()
+	var refused []int
+	for i, tk := range p.tasks {
+		if tk.late {
+			var full bool
+			if tr.ids[i], full = tr.registerLate(nc, i); full {
+				tr.step(fmt.Sprintf("task %d refused for the full disk", i))
+				refused = append(refused, i)
+			}
+		}
+	}
+	tr.openWhileDown(0, 1)
+	time.Sleep(p.full)
+	if err := os.Remove(ballast); err != nil {
+		t.Fatal(err)
+	}
+	tr.step("disk freed")
+	for _, i := range refused {
+		tr.ids[i] = tr.registerRefused(nc, i)
+	}
+}
