@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
 
 	"github.com/bgtask/bgtask/events"
 )
@@ -13,6 +15,9 @@ import (
 type agentSession struct {
 	target string            // the session's inbox: claude-ID or codex-ID
 	origin map[string]string // the runtime and the session's id, for the wake-up's reader
+	// deliver is the push sink that hands the wake-up to the session, for a runtime
+	// whose live session bgtask reaches only that way (Codex).
+	deliver []map[string]any
 }
 
 // sessionVars are the variables an agent runtime sets for the commands its tools run,
@@ -36,7 +41,11 @@ func currentSession(getenv func(string) string, warn io.Writer) (agentSession, b
 			fmt.Fprintf(warn, "bgtask: %s=%q cannot name a target (1-128 letters, digits, '-' or '_'); the wake-up goes to the default target\n", v.name, id)
 			return agentSession{}, false
 		}
-		return agentSession{target: target, origin: map[string]string{"runtime": v.runtime, v.key: id}}, true
+		s := agentSession{target: target, origin: map[string]string{"runtime": v.runtime, v.key: id}}
+		if v.runtime == "codex" {
+			s.deliver = codexDeliverSink(getenv, id)
+		}
+		return s, true
 	}
 	return agentSession{}, false
 }
@@ -51,4 +60,30 @@ func applySession(doc map[string]any, s agentSession) {
 		origin, _ := json.Marshal(s.origin)
 		doc["origin"] = json.RawMessage(origin)
 	}
+	if _, ok := doc["deliver"]; !ok && s.deliver != nil {
+		doc["deliver"] = s.deliver
+	}
+}
+
+// codexDeliverSink is the exec sink that hands a Codex thread's wake-ups to it
+// ('bgtask setup codex deliver'). It runs in the bgtask server's environment, so
+// it names this bgtask, its home and the Codex home of the session, and the codex
+// program if this environment has one on PATH.
+func codexDeliverSink(getenv func(string) string, thread string) []map[string]any {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil
+	}
+	home, err := homeDir("")
+	if err != nil {
+		return nil
+	}
+	argv := []string{exe, "--home", home, "setup", "codex", "deliver", "--thread", thread}
+	if dir := getenv("CODEX_HOME"); dir != "" {
+		argv = append(argv, "--codex-home", dir)
+	}
+	if p, err := exec.LookPath("codex"); err == nil {
+		argv = append(argv, "--codex", p)
+	}
+	return []map[string]any{{"type": "exec", "argv": argv, "timeout": "3m"}}
 }
