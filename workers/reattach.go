@@ -33,133 +33,157 @@ func (w *Worker) reattach(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	log := w.cfg.Base.Logger
 	for _, dir := range dirs {
-		sr, err := intentOf(dir)
-		if errors.Is(err, errNotARun) {
-			_ = os.RemoveAll(dir)
-			continue
-		} else if err != nil {
-			log.Error("a run directory cannot be read: left as it is", "dir", dir, "err", err)
-			continue
-		}
-		state, err := engine.Load(ctx, w.store, sr.TaskID)
-		if err != nil && !errors.Is(err, engine.ErrNotFound) {
+		if err := w.reattachRun(ctx, dir); err != nil {
 			return fmt.Errorf("worker: find run %s again: %w", dir, err)
 		}
-		// The shim of a run whose run.json is written may still be starting (this
-		// worker's previous process died meanwhile): what it does is awaited first.
-		var proc *process
-		perr := errShimNotStarted
-		if readJSON(filepath.Join(dir, runFile), &sr) == nil {
-			// The run's environment is the shim's; a result command runs in it too. A
-			// run started before the environment had a file of its own has the
-			// worker's.
-			env, envErr := shim.ReadEnviron(dir)
-			if envErr != nil {
-				env = w.env()
-			}
-			sr.Env = env
-			proc, perr = awaitShim(w.notify, dir, func() {
-				log.Info("the shim of a run is still starting its command: waiting for it", "task", sr.TaskID)
-			})
-		}
-		if errors.Is(err, engine.ErrNotFound) {
-			// The log does not know the task (another deployment's, or a log that was
-			// reset): nothing will ever record it, so nothing may keep running for it.
-			log.Warn("a run of a task the log does not know: stopping it", "task", sr.TaskID)
-			if perr == nil {
-				proc.stop(w.cfg.KillGrace)
-			}
-			_ = os.RemoveAll(dir)
-			continue
-		}
-		owned := state.Phase == engine.PhaseRunning && state.Worker == w.cfg.ID && state.Epoch == sr.Epoch
-		if !owned {
-			// Cancelled, ended or taken over while this worker was away; or left running
-			// on purpose (its rule matched with keep_running), recorded just before this
-			// worker's previous process died with the directory still there.
-			kept := state.Epoch == sr.Epoch && state.Run != nil && state.Run.KeptRunning
-			switch {
-			case perr == nil && kept:
-				proc.detach()
-				_ = os.RemoveAll(dir)
-			case perr == nil:
-				log.Info("stopping a run that is no longer this worker's", "task", sr.TaskID, "state", state.Phase)
-				w.wg.Add(1)
-				go func() {
-					defer w.wg.Done()
-					proc.stop(w.cfg.KillGrace)
-					_ = os.RemoveAll(dir)
-				}()
-			default:
-				_ = os.RemoveAll(dir)
-			}
-			continue
-		}
-		r := &run{w: w, state: state, cancelled: make(chan struct{})}
-		switch {
-		case errors.Is(perr, errShimNotStarted):
-			// Taken, but the worker stopped before its shim started the command: start
-			// it now.
-			log.Info("starting a task taken before a restart", "task", sr.TaskID)
-			var offsets [2]int64
-			for i, stream := range []string{events.Stdout, events.Stderr} {
-				if offsets[i], err = w.logs.End(ctx, sr.TaskID, stream); err != nil {
-					return fmt.Errorf("worker: find run %s again: %w", dir, err)
-				}
-			}
-			w.resume(ctx, r, offsets, func(offsets *[2]int64) bool { return r.runOnce(ctx, offsets) })
-			continue
-		case errors.Is(perr, errShimDied):
-			log.Error("the shim of a run died while it started the command", "task", sr.TaskID)
-			stopLeftovers(dir, w.cfg.KillGrace)
-			if r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDied}) {
-				_ = os.RemoveAll(dir)
-			}
-			continue
-		case perr != nil:
-			// The command could not start (its start error), or its PIDs cannot be read.
-			if r.recordEnd(ctx, engine.Fail{Reason: perr.Error()}) {
-				_ = os.RemoveAll(dir)
-			}
-			continue
-		}
-		if state.RespawnPending {
-			// Stalled, and to be started again when the worker went away: finish the
-			// stop, then respawn.
-			proc.stop(w.cfg.KillGrace)
-			_ = os.RemoveAll(dir)
-			var offsets [2]int64
-			for i, stream := range []string{events.Stdout, events.Stderr} {
-				if offsets[i], err = w.logs.End(ctx, sr.TaskID, stream); err != nil {
-					return fmt.Errorf("worker: find run %s again: %w", dir, err)
-				}
-			}
-			w.resume(ctx, r, offsets, func(*[2]int64) bool { return true })
-			continue
-		}
-		var offsets, fileOffsets [2]int64
-		for i, stream := range []string{events.Stdout, events.Stderr} {
-			if offsets[i], err = w.logs.End(ctx, sr.TaskID, stream); err != nil {
-				return fmt.Errorf("worker: find run %s again: %w", dir, err)
-			}
-			fileOffsets[i] = max(0, offsets[i]-sr.LogOffsets[i])
-			// A log that fell far behind (NATS was away) while a worker before this one
-			// read and freed the output goes on after what was freed: it is gone.
-			name := []string{shim.StdoutFile, shim.StderrFile}[i]
-			if skip := dataFrom(filepath.Join(dir, name), fileOffsets[i]) - fileOffsets[i]; skip > 0 {
-				fileOffsets[i] += skip
-				offsets[i] += skip
-			}
-		}
-		log.Info("watching a run again", "task", sr.TaskID, "pid", proc.pids.Command.PID)
-		decided := decisionOf(dir, state)
-		w.resume(ctx, r, offsets, func(offsets *[2]int64) bool {
-			return r.watch(ctx, proc, sr, offsets, fileOffsets, false, decided)
-		})
 	}
 	return nil
+}
+
+// reattachRun settles the run in dir, as reattach says.
+func (w *Worker) reattachRun(ctx context.Context, dir string) error {
+	log := w.cfg.Base.Logger
+	sr, err := intentOf(dir)
+	if errors.Is(err, errNotARun) {
+		_ = os.RemoveAll(dir)
+		return nil
+	} else if err != nil {
+		log.Error("a run directory cannot be read: left as it is", "dir", dir, "err", err)
+		return nil
+	}
+	state, err := engine.Load(ctx, w.store, sr.TaskID)
+	if err != nil && !errors.Is(err, engine.ErrNotFound) {
+		return err
+	}
+	proc, perr := w.awaitRun(dir, &sr)
+	if errors.Is(err, engine.ErrNotFound) {
+		// The log does not know the task (another deployment's, or a log that was
+		// reset): nothing will ever record it, so nothing may keep running for it.
+		log.Warn("a run of a task the log does not know: stopping it", "task", sr.TaskID)
+		if perr == nil {
+			proc.stop(w.cfg.KillGrace)
+		}
+		_ = os.RemoveAll(dir)
+		return nil
+	}
+	if owned := state.Phase == engine.PhaseRunning && state.Worker == w.cfg.ID && state.Epoch == sr.Epoch; !owned {
+		w.letGo(dir, state, sr, proc, perr)
+		return nil
+	}
+	r := &run{w: w, state: state, cancelled: make(chan struct{})}
+	switch {
+	case errors.Is(perr, errShimNotStarted):
+		// Taken, but the worker stopped before its shim started the command: start
+		// it now.
+		log.Info("starting a task taken before a restart", "task", sr.TaskID)
+		offsets, err := w.logEnds(ctx, sr.TaskID)
+		if err != nil {
+			return err
+		}
+		w.resume(ctx, r, offsets, func(offsets *[2]int64) bool { return r.runOnce(ctx, offsets) })
+	case errors.Is(perr, errShimDied):
+		log.Error("the shim of a run died while it started the command", "task", sr.TaskID)
+		stopLeftovers(dir, w.cfg.KillGrace)
+		if r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDied}) {
+			_ = os.RemoveAll(dir)
+		}
+	case perr != nil:
+		// The command could not start (its start error), or its PIDs cannot be read.
+		if r.recordEnd(ctx, engine.Fail{Reason: perr.Error()}) {
+			_ = os.RemoveAll(dir)
+		}
+	case state.RespawnPending:
+		// Stalled, and to be started again when the worker went away: finish the
+		// stop, then respawn.
+		proc.stop(w.cfg.KillGrace)
+		_ = os.RemoveAll(dir)
+		offsets, err := w.logEnds(ctx, sr.TaskID)
+		if err != nil {
+			return err
+		}
+		w.resume(ctx, r, offsets, func(*[2]int64) bool { return true })
+	default:
+		return w.watchAgain(ctx, r, dir, sr, proc)
+	}
+	return nil
+}
+
+// awaitRun finds the shim of the run in dir, once it started (or failed to start)
+// the command. The shim of a run whose run.json is written may still be starting
+// (this worker's previous process died meanwhile): what it does is awaited first.
+func (w *Worker) awaitRun(dir string, sr *shimRun) (*process, error) {
+	if readJSON(filepath.Join(dir, runFile), sr) != nil {
+		return nil, errShimNotStarted
+	}
+	// The run's environment is the shim's; a result command runs in it too. A
+	// run started before the environment had a file of its own has the
+	// worker's.
+	env, err := shim.ReadEnviron(dir)
+	if err != nil {
+		env = w.env()
+	}
+	sr.Env = env
+	return awaitShim(w.notify, dir, func() {
+		w.cfg.Base.Logger.Info("the shim of a run is still starting its command: waiting for it", "task", sr.TaskID)
+	})
+}
+
+// letGo lets go of a run that is not this worker's any more: cancelled, ended or
+// taken over while this worker was away; or left running on purpose (its rule
+// matched with keep_running), recorded just before this worker's previous process
+// died with the directory still there.
+func (w *Worker) letGo(dir string, state engine.State, sr shimRun, proc *process, perr error) {
+	kept := state.Epoch == sr.Epoch && state.Run != nil && state.Run.KeptRunning
+	switch {
+	case perr == nil && kept:
+		proc.detach()
+		_ = os.RemoveAll(dir)
+	case perr == nil:
+		w.cfg.Base.Logger.Info("stopping a run that is no longer this worker's", "task", sr.TaskID, "state", state.Phase)
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			proc.stop(w.cfg.KillGrace)
+			_ = os.RemoveAll(dir)
+		}()
+	default:
+		_ = os.RemoveAll(dir)
+	}
+}
+
+// watchAgain watches a run that goes on, from where its log stands.
+func (w *Worker) watchAgain(ctx context.Context, r *run, dir string, sr shimRun, proc *process) error {
+	offsets, err := w.logEnds(ctx, sr.TaskID)
+	if err != nil {
+		return err
+	}
+	var fileOffsets [2]int64
+	for i, name := range []string{shim.StdoutFile, shim.StderrFile} {
+		fileOffsets[i] = max(0, offsets[i]-sr.LogOffsets[i])
+		// A log that fell far behind (NATS was away) while a worker before this one
+		// read and freed the output goes on after what was freed: it is gone.
+		if skip := dataFrom(filepath.Join(dir, name), fileOffsets[i]) - fileOffsets[i]; skip > 0 {
+			fileOffsets[i] += skip
+			offsets[i] += skip
+		}
+	}
+	w.cfg.Base.Logger.Info("watching a run again", "task", sr.TaskID, "pid", proc.pids.Command.PID)
+	decided := decisionOf(dir, r.state)
+	w.resume(ctx, r, offsets, func(offsets *[2]int64) bool {
+		return r.watch(ctx, proc, sr, offsets, fileOffsets, false, decided)
+	})
+	return nil
+}
+
+// logEnds is where the task's stdout and stderr logs end.
+func (w *Worker) logEnds(ctx context.Context, id string) (offsets [2]int64, err error) {
+	for i, stream := range []string{events.Stdout, events.Stderr} {
+		if offsets[i], err = w.logs.End(ctx, id, stream); err != nil {
+			return offsets, err
+		}
+	}
+	return offsets, nil
 }
 
 // resume runs a task found again after a restart, in a slot of its own if one is

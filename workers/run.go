@@ -206,7 +206,7 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 	if at := spec.DeadlineTime(); !at.IsZero() && !time.Now().Before(at) {
 		// Waited past its deadline: starting it now would only stop it half way.
 		now := time.Now().UTC()
-		if r.recordEnd(ctx, events.Exited{NotStarted: true, StoppedBy: events.StoppedByDeadline, StartedAt: now, EndedAt: now}) {
+		if r.recordEnd(ctx, engine.Exit{Run: events.Exited{NotStarted: true, StoppedBy: events.StoppedByDeadline, StartedAt: now, EndedAt: now}}) {
 			_ = os.RemoveAll(w.runDir(id, r.state.Epoch))
 		}
 		return false
@@ -255,143 +255,117 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 // watch lets go of the run and the command goes on, to be watched again after the
 // restart.
 func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2]int64, fileOffsets [2]int64, started bool, decided *stopDecision) (respawn bool) {
-	w, id, log := r.w, r.state.ID, r.w.cfg.Base.Logger
-	spec := r.state.Spec
-	tail := NewTail(max(w.cfg.TailLines, spec.TailLines()), MaxLineBytes)
-	logs := &runLogs{
-		stdout:  w.logs.Writer(id, events.Stdout, offsets[0]),
-		stderr:  w.logs.Writer(id, events.Stderr, offsets[1]),
-		offsets: offsets,
+	x := r.newWatcher(proc, run, offsets, fileOffsets, decided)
+	defer x.stopCopying()
+	if decided != nil {
+		r.w.cfg.Base.Logger.Info("finishing what the worker decided before it restarted", "task", r.state.ID, "stopped_by", decided.StoppedBy)
+		if !decided.KeepRunning {
+			proc.stop(r.w.cfg.KillGrace)
+		}
+		x.end(ctx, decided.StoppedBy, decided.KeepRunning)
+		return false
 	}
-	var lastOutput atomic.Int64
-	lastOutput.Store(time.Now().UnixNano())
-	tailOut, tailErr := tail.Stream(), tail.Stream()
-	stdout := output{writers: []io.Writer{tailOut, logs.stdout}, last: &lastOutput}
-	stderr := output{writers: []io.Writer{tailErr, logs.stderr}, last: &lastOutput}
-	var watch *lineWatch
-	var matched <-chan struct{}
+	return x.follow(ctx, started)
+}
+
+// watcher is one run being watched.
+type watcher struct {
+	r          *run
+	proc       *process
+	run        shimRun
+	spec       engine.Spec
+	tail       *Tail
+	logs       *runLogs
+	lines      *lineWatch   // the completion rule's, nil without one
+	lastOutput atomic.Int64 // when the command last printed, in Unix nanoseconds
+	copyDone   chan struct{}
+	copying    sync.WaitGroup
+}
+
+func (r *run) newWatcher(proc *process, run shimRun, offsets *[2]int64, fileOffsets [2]int64, decided *stopDecision) *watcher {
+	w, id, spec := r.w, r.state.ID, r.state.Spec
+	x := &watcher{
+		r: r, proc: proc, run: run, spec: spec,
+		tail: NewTail(max(w.cfg.TailLines, spec.TailLines()), MaxLineBytes),
+		logs: &runLogs{
+			stdout:  w.logs.Writer(id, events.Stdout, offsets[0]),
+			stderr:  w.logs.Writer(id, events.Stderr, offsets[1]),
+			offsets: offsets,
+		},
+		copyDone: make(chan struct{}),
+	}
+	x.lastOutput.Store(time.Now().UnixNano())
+	tailOut, tailErr := x.tail.Stream(), x.tail.Stream()
+	stdout := output{writers: []io.Writer{tailOut, x.logs.stdout}, last: &x.lastOutput}
+	stderr := output{writers: []io.Writer{tailErr, x.logs.stderr}, last: &x.lastOutput}
 	if m := spec.Matcher(); m != nil {
 		// A match is on disk before the log has its line, so a worker that dies at
 		// any moment finds either the match or, where the log stands, the line again.
-		watch = newLineWatch(m, func(line string) {
+		x.lines = newLineWatch(m, func(line string) {
 			r.saveDecision(proc.dir, stopDecision{StoppedBy: events.StoppedByMatch, MatchedLine: &line, KeepRunning: spec.KeepRunning})
 		})
-		stdout.writers = append([]io.Writer{watch}, stdout.writers...)
-		matched = watch.hit
+		stdout.writers = append([]io.Writer{x.lines}, stdout.writers...)
 		if decided != nil && decided.MatchedLine != nil {
-			watch.matchedBefore(*decided.MatchedLine)
+			x.lines.matchedBefore(*decided.MatchedLine)
 		} else {
-			watch.resume(filepath.Join(proc.dir, shim.StdoutFile), fileOffsets[0])
+			x.lines.resume(filepath.Join(proc.dir, shim.StdoutFile), fileOffsets[0])
 		}
 	}
 	// After a restart, the tail starts with what the run printed before it.
 	_, _ = tailOut.Write(lastData(filepath.Join(proc.dir, shim.StdoutFile), fileOffsets[0], tailRereadBytes))
 	_, _ = tailErr.Write(lastData(filepath.Join(proc.dir, shim.StderrFile), fileOffsets[1], tailRereadBytes))
+	x.copy(fileOffsets, stdout, stderr)
+	return x
+}
 
-	copyDone := make(chan struct{})
-	var copying sync.WaitGroup
+// copy copies what the command prints into its output files, from where the log
+// stands, until stopCopying.
+func (x *watcher) copy(fileOffsets [2]int64, stdout, stderr output) {
 	for i, f := range []struct {
 		name string
 		to   io.Writer
 	}{{shim.StdoutFile, stdout}, {shim.StderrFile, stderr}} {
-		copying.Add(1)
+		x.copying.Add(1)
 		go func() {
-			defer copying.Done()
-			path := filepath.Join(proc.dir, f.name)
-			bound := newBoundOutput(path, fileOffsets[i], f.to, log)
+			defer x.copying.Done()
+			path := filepath.Join(x.proc.dir, f.name)
+			bound := newBoundOutput(path, fileOffsets[i], f.to, x.r.w.cfg.Base.Logger)
 			defer bound.close()
-			copyGrowing(w.notify, path, fileOffsets[i], bound, copyDone)
+			copyGrowing(x.r.w.notify, path, fileOffsets[i], bound, x.copyDone)
 		}()
 	}
-	stopCopying := func() {
-		select {
-		case <-copyDone:
-		default:
-			close(copyDone)
-		}
-		copying.Wait()
-	}
-	defer stopCopying()
+}
 
-	// end records the run's end. stoppedBy names what stopped it, if anything; a
-	// kept run is one whose rule matched with keep_running, still going.
-	end := func(stoppedBy string, kept bool) {
-		var result events.Exited
-		if kept {
-			proc.detach()
-			result = events.Exited{StartedAt: proc.pids.Started, EndedAt: time.Now().UTC(), KeptRunning: true}
-		} else {
-			<-proc.exited
-			result = proc.result
-		}
-		stopCopying() // the output is complete: the command has ended
-		if stoppedBy != "" || result.StoppedBy == "" {
-			result.StoppedBy = stoppedBy
-		} // else the shim stopped it (deadline or stall) while no worker watched
-		if watch != nil {
-			watch.finish()
-			result.MatchedLine, result.Matched = watch.result()
-		}
-		result.Tail = tail.Lines()
-		logs.close(ctx, true)
-		result.OutputBytes, result.OutputDropped = logs.total, logs.dropped
-		if res := spec.Result; res != nil && res.Type == engine.ResultCommand {
-			result.Result, result.ResultBytes, result.ResultError = resultCommand(ctx, *res, run.Env, run.Dir)
-		}
-		engine.CrashPoint(engine.CrashBeforeExitSave)
-		recorded := false
-		switch {
-		case proc.lost:
-			// The shim died without recording the exit: nobody can know how it ended,
-			// and nothing watches the command any more. Stop what is left of it.
-			r.w.cfg.Base.Logger.Error("the shim of a run died without an exit file", "task", id)
-			proc.signalGroup(unix.SIGKILL)
-			stopLeftovers(proc.dir, w.cfg.KillGrace)
-			recorded = r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDied})
-		case proc.failure != "":
-			recorded = r.recordEnd(ctx, engine.Fail{Reason: proc.failure})
-		default:
-			recorded = r.recordEnd(ctx, result)
-		}
-		logs.markEnds(ctx)
-		if recorded {
-			w.finished.remove(proc.dir)
-		} // else the run stays on disk, and the worker's next start records its exit
+func (x *watcher) stopCopying() {
+	select {
+	case <-x.copyDone:
+	default:
+		close(x.copyDone)
 	}
-	stall := func(action string, silent time.Duration) error {
-		return r.record(ctx, engine.Stall{SilentFor: silent.Round(time.Millisecond), Action: action})
-	}
+	x.copying.Wait()
+}
 
-	ticker := time.NewTicker(w.cfg.TickInterval)
+// follow waits for what happens to the run next and does what the spec says, until
+// the run ends, is to be started again (respawn), is no longer the worker's, or the
+// worker stops.
+func (x *watcher) follow(ctx context.Context, started bool) (respawn bool) {
+	log, id := x.r.w.cfg.Base.Logger, x.r.state.ID
+	ticker := time.NewTicker(x.r.w.cfg.TickInterval)
 	defer ticker.Stop()
-	var deadline <-chan time.Time
-	if at := spec.DeadlineTime(); !at.IsZero() {
-		timer := time.NewTimer(time.Until(at))
-		defer timer.Stop()
-		deadline = timer.C
-	}
-	var stallCheck <-chan time.Time
-	stallAfter := spec.StallDuration()
-	if stallAfter > 0 && !r.state.StallNotified {
-		check := time.NewTicker(max(stallAfter/10, 50*time.Millisecond))
-		defer check.Stop()
-		stallCheck = check.C
-	}
-
-	if decided != nil {
-		log.Info("finishing what the worker decided before it restarted", "task", id, "stopped_by", decided.StoppedBy)
-		if !decided.KeepRunning {
-			proc.stop(w.cfg.KillGrace)
-		}
-		end(decided.StoppedBy, decided.KeepRunning)
-		return false
+	deadline, stopDeadline := x.deadline()
+	defer stopDeadline()
+	stallCheck, stopStallCheck := x.stallCheck()
+	defer stopStallCheck()
+	var matched <-chan struct{}
+	if x.lines != nil {
+		matched = x.lines.hit
 	}
 	var err error
 	// The first tick says the command runs, with its PID. A command that has already
 	// ended (a short one often has by now) gets none: its exit says it all, and the
 	// exit is not held up behind one more append.
-	if started && !proc.ended() {
-		err = r.record(ctx, engine.Tick{PID: proc.pids.Command.PID})
+	if started && !x.proc.ended() {
+		err = x.r.record(ctx, engine.Tick{PID: x.proc.pids.Command.PID})
 	}
 	for !errors.Is(err, errFenced) {
 		if err != nil {
@@ -399,89 +373,195 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2
 			log.Warn("event not recorded", "task", id, "err", err)
 		}
 		err = nil
+		var over bool
 		select {
-		case <-proc.exited:
-			end("", false)
+		case <-x.proc.exited:
+			x.end(ctx, "", false)
 			return false
-		case <-proc.commandEnded:
+		case <-x.proc.commandEnded:
 			// Its shim is reaping it and writing the exit file: the output is complete,
 			// and the log's last chunk is flushed meanwhile, not after.
-			stopCopying()
-			logs.close(ctx, true)
-			end("", false)
+			x.stopCopying()
+			x.logs.close(ctx, true)
+			x.end(ctx, "", false)
 			return false
 		case <-matched:
-			if spec.KeepRunning {
-				end(events.StoppedByMatch, true)
-				return false
-			}
-			proc.stop(w.cfg.KillGrace)
-			end(events.StoppedByMatch, false)
+			x.matched(ctx)
 			return false
 		case <-deadline:
-			select {
-			case <-proc.exited: // it ended first (while no worker watched, perhaps)
-				end("", false)
-				return false
-			default:
-			}
-			log.Info("deadline passed: stopping the task", "task", id)
-			r.saveDecision(proc.dir, stopDecision{StoppedBy: events.StoppedByDeadline})
-			proc.stop(w.cfg.KillGrace)
-			end(events.StoppedByDeadline, false)
+			x.deadlinePassed(ctx)
 			return false
 		case now := <-stallCheck:
-			silent := now.Sub(time.Unix(0, lastOutput.Load()))
-			if silent < stallAfter {
-				continue
-			}
-			switch action := r.stallAction(spec); action {
-			case engine.OnStallNotify:
-				stallCheck = nil // told once; the command goes on
-				err = stall(action, silent)
-			case engine.OnStallRespawn:
-				if err = stall(action, silent); err == nil {
-					log.Info("task stalled: starting it again", "task", id, "silent", silent)
-					proc.stop(w.cfg.KillGrace)
-					if ctx.Err() != nil { // the worker is stopping: no new run
-						end(events.StoppedByWorker, false)
-						return false
-					}
-					stopCopying()
-					logs.close(ctx, false)
-					_ = os.RemoveAll(proc.dir)
-					return true
-				}
-			default:
-				if err = stall(engine.OnStallKill, silent); err == nil {
-					log.Info("task stalled: stopping it", "task", id, "silent", silent)
-					r.saveDecision(proc.dir, stopDecision{StoppedBy: events.StoppedByStall})
-					proc.stop(w.cfg.KillGrace)
-					end(events.StoppedByStall, false)
-					return false
-				}
+			if over, respawn, err = x.checkStall(ctx, now, &stallCheck); over {
+				return respawn
 			}
 		case <-ticker.C:
-			err = r.record(ctx, engine.Tick{OutputBytes: tail.Bytes()})
-		case <-r.cancelled:
+			err = x.r.record(ctx, engine.Tick{OutputBytes: x.tail.Bytes()})
+		case <-x.r.cancelled:
 			err = errFenced
 		case <-ctx.Done():
 			// The worker is stopping (an upgrade, a restart): the command goes on under
 			// its shim, and the next start of this worker watches it again.
 			log.Info("worker stopping: leaving the task running", "task", id)
-			proc.detach()
-			stopCopying()
-			logs.close(ctx, false)
+			x.proc.detach()
+			x.stopCopying()
+			x.logs.close(ctx, false)
 			return false
 		}
 	}
-	log.Info("task cancelled or taken over: stopping its process group", "task", id)
-	proc.stop(w.cfg.KillGrace)
-	stopCopying()
-	logs.close(ctx, true)
-	logs.markEnds(ctx)
-	w.finished.remove(proc.dir)
+	x.fenced(ctx)
 	return false
+}
+
+// deadline fires when the spec's deadline passes; never without one.
+func (x *watcher) deadline() (<-chan time.Time, func()) {
+	at := x.spec.DeadlineTime()
+	if at.IsZero() {
+		return nil, func() {}
+	}
+	timer := time.NewTimer(time.Until(at))
+	return timer.C, func() { timer.Stop() }
+}
+
+// stallCheck ticks while a stall is watched for: never without stall_after, nor
+// after this run's one stall notice.
+func (x *watcher) stallCheck() (<-chan time.Time, func()) {
+	stallAfter := x.spec.StallDuration()
+	if stallAfter <= 0 || x.r.state.StallNotified {
+		return nil, func() {}
+	}
+	check := time.NewTicker(max(stallAfter/10, 50*time.Millisecond))
+	return check.C, check.Stop
+}
+
+// matched ends a run whose completion rule matched: stopped, or kept running.
+func (x *watcher) matched(ctx context.Context) {
+	if x.spec.KeepRunning {
+		x.end(ctx, events.StoppedByMatch, true)
+		return
+	}
+	x.proc.stop(x.r.w.cfg.KillGrace)
+	x.end(ctx, events.StoppedByMatch, false)
+}
+
+// deadlinePassed stops the command as timed out, unless it ended first (while no
+// worker watched, perhaps).
+func (x *watcher) deadlinePassed(ctx context.Context) {
+	select {
+	case <-x.proc.exited:
+		x.end(ctx, "", false)
+		return
+	default:
+	}
+	x.r.w.cfg.Base.Logger.Info("deadline passed: stopping the task", "task", x.r.state.ID)
+	x.r.saveDecision(x.proc.dir, stopDecision{StoppedBy: events.StoppedByDeadline})
+	x.proc.stop(x.r.w.cfg.KillGrace)
+	x.end(ctx, events.StoppedByDeadline, false)
+}
+
+// checkStall does what the spec says once the command has printed nothing for
+// stall_after: notify (once, and the run goes on), respawn, or kill. over says the
+// run ended, respawn that it is to be started again; err is a stall not recorded,
+// which is tried again at the next check.
+func (x *watcher) checkStall(ctx context.Context, now time.Time, check *<-chan time.Time) (over, respawn bool, err error) {
+	silent := now.Sub(time.Unix(0, x.lastOutput.Load()))
+	if silent < x.spec.StallDuration() {
+		return false, false, nil
+	}
+	log, id, grace := x.r.w.cfg.Base.Logger, x.r.state.ID, x.r.w.cfg.KillGrace
+	action := x.r.stallAction(x.spec)
+	if action != engine.OnStallNotify && action != engine.OnStallRespawn {
+		action = engine.OnStallKill
+	}
+	if action == engine.OnStallNotify {
+		*check = nil // told once, or tried to: the command goes on
+	}
+	if err := x.r.record(ctx, engine.Stall{SilentFor: silent.Round(time.Millisecond), Action: action}); err != nil {
+		return false, false, err
+	}
+	switch action {
+	case engine.OnStallNotify:
+		return false, false, nil
+	case engine.OnStallRespawn:
+		log.Info("task stalled: starting it again", "task", id, "silent", silent)
+		x.proc.stop(grace)
+		if ctx.Err() != nil { // the worker is stopping: no new run
+			x.end(ctx, events.StoppedByWorker, false)
+			return true, false, nil
+		}
+		x.stopCopying()
+		x.logs.close(ctx, false)
+		_ = os.RemoveAll(x.proc.dir)
+		return true, true, nil
+	}
+	log.Info("task stalled: stopping it", "task", id, "silent", silent)
+	x.r.saveDecision(x.proc.dir, stopDecision{StoppedBy: events.StoppedByStall})
+	x.proc.stop(grace)
+	x.end(ctx, events.StoppedByStall, false)
+	return true, false, nil
+}
+
+// fenced stops a run that is no longer the worker's: cancelled, or taken over.
+func (x *watcher) fenced(ctx context.Context) {
+	x.r.w.cfg.Base.Logger.Info("task cancelled or taken over: stopping its process group", "task", x.r.state.ID)
+	x.proc.stop(x.r.w.cfg.KillGrace)
+	x.stopCopying()
+	x.logs.close(ctx, true)
+	x.logs.markEnds(ctx)
+	x.r.w.finished.remove(x.proc.dir)
+}
+
+// end records the run's end. stoppedBy names what stopped it, if anything; a kept
+// run is one whose rule matched with keep_running, still going.
+func (x *watcher) end(ctx context.Context, stoppedBy string, kept bool) {
+	result := x.result(ctx, stoppedBy, kept)
+	engine.CrashPoint(engine.CrashBeforeExitSave)
+	var recorded bool
+	switch {
+	case x.proc.lost:
+		// The shim died without recording the exit: nobody can know how it ended,
+		// and nothing watches the command any more. Stop what is left of it.
+		x.r.w.cfg.Base.Logger.Error("the shim of a run died without an exit file", "task", x.r.state.ID)
+		x.proc.signalGroup(unix.SIGKILL)
+		stopLeftovers(x.proc.dir, x.r.w.cfg.KillGrace)
+		recorded = x.r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDied})
+	case x.proc.failure != "":
+		recorded = x.r.recordEnd(ctx, engine.Fail{Reason: x.proc.failure})
+	default:
+		recorded = x.r.recordEnd(ctx, engine.Exit{Run: result})
+	}
+	x.logs.markEnds(ctx)
+	if recorded {
+		x.r.w.finished.remove(x.proc.dir)
+	} // else the run stays on disk, and the worker's next start records its exit
+}
+
+// result is how the run ended, once the command has (or, kept, with it running):
+// the exit, its output's tail and totals, the match and the spec's result.
+func (x *watcher) result(ctx context.Context, stoppedBy string, kept bool) events.Exited {
+	var result events.Exited
+	if kept {
+		x.proc.detach()
+		result = events.Exited{StartedAt: x.proc.pids.Started, EndedAt: time.Now().UTC(), KeptRunning: true}
+	} else {
+		<-x.proc.exited
+		result = x.proc.result
+	}
+	x.stopCopying() // the output is complete: the command has ended
+	if stoppedBy != "" || result.StoppedBy == "" {
+		result.StoppedBy = stoppedBy
+	} // else the shim stopped it (deadline or stall) while no worker watched
+	if x.lines != nil {
+		x.lines.finish()
+		result.MatchedLine, result.Matched = x.lines.result()
+	}
+	result.Tail = x.tail.Lines()
+	x.logs.close(ctx, true)
+	result.OutputBytes, result.OutputDropped = x.logs.total, x.logs.dropped
+	if res := x.spec.Result; res != nil && res.Type == engine.ResultCommand {
+		result.Result, result.ResultBytes, result.ResultError = resultCommand(ctx, *res, x.run.Env, x.run.Dir)
+	}
+	return result
 }
 
 // stallAction is what a stall does now: a respawn past the limit becomes a kill.
@@ -493,19 +573,11 @@ func (r *run) stallAction(spec engine.Spec) string {
 	return spec.OnStall
 }
 
-// recordEnd records the end of a run: an exited event, or c if it is another
-// command (a failure to start, a lost run). The end of a run must not be lost to an
+// recordEnd records the end of a run: its exit, a failure to start, or a lost run. The end of a run must not be lost to an
 // outage of NATS: it is tried again until it is recorded, or the run is no longer
 // this worker's (both true), or the worker stops (false: the run's directory keeps
 // what to record, for the worker's next start).
-func (r *run) recordEnd(ctx context.Context, end any) bool {
-	var c engine.Command
-	switch e := end.(type) {
-	case events.Exited:
-		c = engine.Exit{Run: e}
-	case engine.Command:
-		c = e
-	}
+func (r *run) recordEnd(ctx context.Context, c engine.Command) bool {
 	for {
 		err := r.record(ctx, c)
 		if err == nil || errors.Is(err, errFenced) {

@@ -218,14 +218,8 @@ func (w *Worker) ID() string { return w.cfg.ID }
 
 // Start begins taking tasks.
 func (w *Worker) Start(ctx context.Context) error {
-	if w.cfg.StateDir == "" || len(w.cfg.Shim) == 0 {
-		return errors.New("worker: a state directory and a shim command are required")
-	}
-	if err := engine.ValidateLabels("--label", w.cfg.Labels); err != nil {
-		return fmt.Errorf("worker: %w", err)
-	}
-	if w.cfg.Exclusive && len(engine.ExclusiveLabels(w.cfg.Labels)) == 0 {
-		return errors.New("worker: --exclusive: give the labels it is kept for with --label KEY=VALUE (host does not count)")
+	if err := w.checkConfig(); err != nil {
+		return err
 	}
 	lock, err := lockStateDir(w.cfg.StateDir)
 	if err != nil {
@@ -238,22 +232,61 @@ func (w *Worker) Start(ctx context.Context) error {
 			lock.Close() // another worker may have the directory
 		}
 	}()
+	if err := w.open(ctx); err != nil {
+		return err
+	}
+	w.ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	w.notify = newNotifier(w.cfg.Base.Logger)
+	if err := w.reattach(w.ctx); err != nil {
+		return w.abort(err)
+	}
+	for verb, handle := range map[string]nats.MsgHandler{events.VerbOffer: w.onOffer, events.VerbDrain: w.onDrain} {
+		sub, err := w.nc.Subscribe(events.WorkerSubject(w.cfg.ID, verb), handle)
+		if err != nil {
+			return w.abort(fmt.Errorf("worker: subscribe to %s: %w", verb, err))
+		}
+		w.subs = append(w.subs, sub)
+	}
+	w.startLoops(w.ctx)
+	started = true
+	w.cfg.Base.Logger.Info("worker started", "worker", w.cfg.ID, "max_tasks", w.cfg.MaxTasks, "labels", engine.FormatLabels(w.cfg.Labels), "shim", strings.Join(w.cfg.Shim, " "))
+	if w.cfg.Drain {
+		w.Drain()
+	}
+	return nil
+}
+
+func (w *Worker) checkConfig() error {
+	if w.cfg.StateDir == "" || len(w.cfg.Shim) == 0 {
+		return errors.New("worker: a state directory and a shim command are required")
+	}
+	if err := engine.ValidateLabels("--label", w.cfg.Labels); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	if w.cfg.Exclusive && len(engine.ExclusiveLabels(w.cfg.Labels)) == 0 {
+		return errors.New("worker: --exclusive: give the labels it is kept for with --label KEY=VALUE (host does not count)")
+	}
 	if w.cfg.ID != "" && !events.ValidToken(w.cfg.ID) {
 		return fmt.Errorf("worker: id %q: use letters, digits, '-' and '_'", w.cfg.ID)
 	}
+	return nil
+}
+
+// open takes the worker's identity from its state directory, connects to its
+// streams, beats once and hears cancellations.
+func (w *Worker) open(ctx context.Context) error {
+	var err error
 	if w.cfg.ID, err = stableID(w.cfg.StateDir, w.cfg.ID); err != nil {
-		return fmt.Errorf("worker: %w", err)
-	}
-	logs, err := events.ConnectLogs(ctx, w.js)
-	if err != nil {
-		return fmt.Errorf("worker: %w", err)
-	}
-	w.logs = logs
-	if w.liveness, err = events.ConnectLiveness(ctx, w.js); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	if !events.ValidToken(w.cfg.ID) {
 		return fmt.Errorf("worker: id %q: use letters, digits, '-' and '_'", w.cfg.ID)
+	}
+	if w.logs, err = events.ConnectLogs(ctx, w.js); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	if w.liveness, err = events.ConnectLiveness(ctx, w.js); err != nil {
+		return fmt.Errorf("worker: %w", err)
 	}
 	// The first heartbeat comes before the first run is watched again: the runs
 	// this worker left are its own only while its lease holds.
@@ -267,32 +300,23 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: subscribe to cancellations: %w", err)
 	}
 	w.subs = append(w.subs, sub)
-	w.ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	ctx = w.ctx
-	w.notify = newNotifier(w.cfg.Base.Logger)
-	abort := func(err error) error {
-		w.cancel()
-		w.wg.Wait()
-		w.unsubscribe()
-		w.notify.close()
-		w.finished.flush()
-		return err
-	}
-	if err := w.reattach(ctx); err != nil {
-		return abort(err)
-	}
-	for verb, handle := range map[string]nats.MsgHandler{events.VerbOffer: w.onOffer, events.VerbDrain: w.onDrain} {
-		sub, err := w.nc.Subscribe(events.WorkerSubject(w.cfg.ID, verb), handle)
-		if err != nil {
-			return abort(fmt.Errorf("worker: subscribe to %s: %w", verb, err))
-		}
-		w.subs = append(w.subs, sub)
-	}
-	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
-		w.heartbeat(ctx)
-	}()
+	return nil
+}
+
+// abort undoes a start that failed after the worker's context was made.
+func (w *Worker) abort(err error) error {
+	w.cancel()
+	w.wg.Wait()
+	w.unsubscribe()
+	w.notify.close()
+	w.finished.flush()
+	return err
+}
+
+// startLoops starts what runs for the worker's life: the heartbeat, the reaping of
+// shims, and the resolution of the login environment that makes it ready.
+func (w *Worker) startLoops(ctx context.Context) {
+	w.wg.Go(func() { w.heartbeat(ctx) })
 	// Each shim ends after its run's exit is recorded, when the worker may watch it
 	// no more: it is reaped when its end is signalled.
 	ended := make(chan os.Signal, 1)
@@ -308,20 +332,12 @@ func (w *Worker) Start(ctx context.Context) error {
 			}
 		}
 	})
-	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
+	w.wg.Go(func() {
 		// A login shell takes a second or two: take no task before it is resolved,
 		// so tasks go to workers that can start them at once.
 		w.env()
 		w.setState(ctx, events.WorkerReady, events.WorkerStarting)
-	}()
-	started = true
-	w.cfg.Base.Logger.Info("worker started", "worker", w.cfg.ID, "max_tasks", w.cfg.MaxTasks, "labels", engine.FormatLabels(w.cfg.Labels), "shim", strings.Join(w.cfg.Shim, " "))
-	if w.cfg.Drain {
-		w.Drain()
-	}
-	return nil
+	})
 }
 
 // setState moves the worker to a state if it is in one of from, and says so in a
