@@ -130,50 +130,7 @@ func loadWebhookSecret(file, home string) ([]byte, error) {
 	return secret, nil
 }
 
-func targetCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "target",
-		Short: "Say whether a target (an agent, a conversation, a bot) is busy or idle",
-		Long: `A target's state decides when its wake-ups are pushed to the push sinks of their
-specs (deliver: webhook, exec): policy queue (the default) holds them while the
-target is busy and pushes them in order when it is idle again; defer_idle also
-waits for each push to be acknowledged before the next; immediate ignores the
-state. The inbox copy is written when the task fires, whatever the state.
-
-The states live in the JetStream KV bucket ` + events.TargetsBucket + `, one key per
-target, so a runtime can set its own with any NATS client: the value is busy,
-idle, or {"state":"busy","until":"RFC 3339 time"}. A target that never said
-anything is idle.`,
-	}
-	var ttl time.Duration
-	set := func(state string) *cobra.Command {
-		c := &cobra.Command{
-			Use:   state + " NAME",
-			Short: "Mark a target " + state,
-			Args:  cobra.ExactArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				st := events.TargetState{State: state, Since: time.Now().UTC()}
-				if state == events.TargetBusy && ttl > 0 {
-					until := st.Since.Add(ttl)
-					st.Until = &until
-				}
-				if !events.ValidToken(args[0]) {
-					return usageErr("target %q: use 1-128 letters, digits, '-' or '_'", args[0])
-				}
-				return g.withTargets(cmd.Context(), func(ctx context.Context, targets *events.Targets) error {
-					return targets.Set(ctx, args[0], st)
-				})
-			},
-		}
-		g.timeoutFlag(c)
-		if state == events.TargetBusy {
-			c.Long = "Mark a target busy: wake-ups with policy queue or defer_idle are held until it is idle."
-			c.Flags().DurationVar(&ttl, "ttl", 0, "the busy state ends by itself after this long (so a runtime that crashes while busy does not hold its wake-ups forever); 0: until 'target idle'")
-		} else {
-			c.Long = "Mark a target idle: the wake-ups held for it are pushed, in the order they fired."
-		}
-		return c
-	}
+func targetListCmd(g *globals) *cobra.Command {
 	var asJSON bool
 	list := &cobra.Command{
 		Use:   "list",
@@ -217,7 +174,56 @@ anything is idle.`,
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	g.timeoutFlag(list)
-	cmd.AddCommand(set(events.TargetBusy), set(events.TargetIdle), list)
+	return list
+}
+
+const targetLong = `A target's state decides when its wake-ups are pushed to the push sinks of their
+specs (deliver: webhook, exec): policy queue (the default) holds them while the
+target is busy and pushes them in order when it is idle again; defer_idle also
+waits for each push to be acknowledged before the next; immediate ignores the
+state. The inbox copy is written when the task fires, whatever the state.
+
+The states live in the JetStream KV bucket ` + events.TargetsBucket + `, one key per
+target, so a runtime can set its own with any NATS client: the value is busy,
+idle, or {"state":"busy","until":"RFC 3339 time"}. A target that never said
+anything is idle.`
+
+func targetCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "target",
+		Short: "Say whether a target (an agent, a conversation, a bot) is busy or idle",
+		Long:  targetLong,
+	}
+	var ttl time.Duration
+	set := func(state string) *cobra.Command {
+		c := &cobra.Command{
+			Use:   state + " NAME",
+			Short: "Mark a target " + state,
+			Args:  cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				st := events.TargetState{State: state, Since: time.Now().UTC()}
+				if state == events.TargetBusy && ttl > 0 {
+					until := st.Since.Add(ttl)
+					st.Until = &until
+				}
+				if !events.ValidToken(args[0]) {
+					return usageErr("target %q: use 1-128 letters, digits, '-' or '_'", args[0])
+				}
+				return g.withTargets(cmd.Context(), func(ctx context.Context, targets *events.Targets) error {
+					return targets.Set(ctx, args[0], st)
+				})
+			},
+		}
+		g.timeoutFlag(c)
+		if state == events.TargetBusy {
+			c.Long = "Mark a target busy: wake-ups with policy queue or defer_idle are held until it is idle."
+			c.Flags().DurationVar(&ttl, "ttl", 0, "the busy state ends by itself after this long (so a runtime that crashes while busy does not hold its wake-ups forever); 0: until 'target idle'")
+		} else {
+			c.Long = "Mark a target idle: the wake-ups held for it are pushed, in the order they fired."
+		}
+		return c
+	}
+	cmd.AddCommand(set(events.TargetBusy), set(events.TargetIdle), targetListCmd(g))
 	return cmd
 }
 
