@@ -141,22 +141,11 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	if err != nil {
 		return err
 	}
-	home, err := homeDir(g.home)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(home, 0o700); err != nil {
-		return fmt.Errorf("create home: %w", err)
-	}
-	lock, err := lockHome(home)
+	home, lock, ids, err := openHome(g.home)
 	if err != nil {
 		return err
 	}
 	defer lock.Close()
-	ids, err := loadOrCreateIdentities(home)
-	if err != nil {
-		return fmt.Errorf("credentials: %w", err)
-	}
 	// The engine may do anything, so its key is made for this run and never
 	// written down: no command can read it from a file.
 	engineID, err := newCredentials()
@@ -211,6 +200,38 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 		}
 		defer w.Stop() // its commands go on; the next start watches them again
 	}
+	if err := announce(home, ns); err != nil {
+		return err
+	}
+	defer os.Remove(filepath.Join(home, discoveryFile))
+	logger.Info("bgtask server ready", "home", home, "url", ns.ClientURL())
+	<-ctx.Done()
+	logger.Info("bgtask server stopping")
+	return nil
+}
+
+// openHome creates the home (0700) if need be, locks it for this server, and loads
+// the identities kept in it.
+func openHome(dir string) (home string, lock *os.File, ids identities, err error) {
+	if home, err = homeDir(dir); err != nil {
+		return "", nil, ids, err
+	}
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		return "", nil, ids, fmt.Errorf("create home: %w", err)
+	}
+	if lock, err = lockHome(home); err != nil {
+		return "", nil, ids, err
+	}
+	if ids, err = loadOrCreateIdentities(home); err != nil {
+		lock.Close()
+		return "", nil, ids, fmt.Errorf("credentials: %w", err)
+	}
+	return home, lock, ids, nil
+}
+
+// announce tells clients where the server is: its port, kept for the next start,
+// and the discovery file, written last, once everything serves.
+func announce(home string, ns *server.Server) error {
 	if addr, ok := ns.Addr().(*net.TCPAddr); ok {
 		if err := rememberPort(home, addr.Port); err != nil {
 			return fmt.Errorf("write %s: %w", portFile, err)
@@ -219,10 +240,6 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	if err := writeDiscovery(home, discovery{URL: ns.ClientURL(), PID: os.Getpid(), Version: version()}); err != nil {
 		return fmt.Errorf("write discovery file: %w", err)
 	}
-	defer os.Remove(filepath.Join(home, discoveryFile))
-	logger.Info("bgtask server ready", "home", home, "url", ns.ClientURL())
-	<-ctx.Done()
-	logger.Info("bgtask server stopping")
 	return nil
 }
 
