@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -99,6 +100,8 @@ type Projector struct {
 	snapshotDone chan struct{}
 	// replayed is how the state was rebuilt at the start.
 	replayed Replayed
+	// released is the return of the replay's garbage to the system.
+	released sync.WaitGroup
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -168,13 +171,27 @@ func (p *Projector) Start(ctx context.Context) error {
 		p.checkSnapshotDue()
 	}
 	p.mu.Unlock()
+	if replayed.Seqs >= releaseAfter {
+		p.released.Go(releaseMemory)
+	}
 	p.base.Logger.Info("projector ready", "tasks", n, "seq", target,
 		"from_snapshot", replayed.SnapshotSeq, "seqs_replayed", replayed.Seqs)
 	return nil
 }
 
+// releaseAfter is how many events a replay folds before its garbage is handed
+// back to the system once it is done: every event decoded, several times the
+// state it leaves (a replay of 1.4 M events left 2 GiB resident for 200,000
+// finished tasks). The Go runtime would keep it for a heap twice the size of the
+// live one, and give it back over minutes, or never if the server stays idle.
+var releaseAfter uint64 = 100_000
+
+// releaseMemory returns the memory the heap does not use to the system.
+var releaseMemory = debug.FreeOSMemory
+
 // Stop ends following. A snapshot being written is finished first.
 func (p *Projector) Stop() {
+	p.released.Wait()
 	if p.cancel != nil {
 		p.cancel()
 		<-p.done

@@ -1,16 +1,19 @@
 package projections
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"reflect"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/events/eventstest"
 )
 
 // finishedRecords are the events of n tasks that ran a test suite, printed 50
@@ -74,7 +77,7 @@ func liveHeap() uint64 {
 // a summary, not its spec, output tail and wake-up (3.8 KB a task of the bench's
 // when it kept them whole).
 func TestASettledTaskTakesLittleMemory(t *testing.T) {
-	const n = 2000
+	const n = 1000
 	recs := finishedRecords(t, n)
 	p := New(nil, nil, engine.Base{})
 	before := liveHeap()
@@ -140,5 +143,43 @@ func TestAnArchivedTaskIsWholeInItsSummary(t *testing.T) {
 	sum := summarize(&archived, new(interner))
 	if got := sum.state(); !reflect.DeepEqual(got, archived) {
 		t.Fatalf("summary as a state:\n%+v\nthe archived state:\n%+v", got, archived)
+	}
+}
+
+// A replay of many events hands its garbage back once the state is built, and a
+// short one does not pay for a collection.
+func TestALongReplayReleasesItsGarbage(t *testing.T) {
+	srv := eventstest.Run(t)
+	ctx := context.Background()
+	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := finishedRecords(t, 2)
+	lastOf := map[string]uint64{}
+	for _, rec := range recs {
+		if lastOf[rec.TaskID], err = store.Append(ctx, rec.Event, lastOf[rec.TaskID]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last, err := store.LastSeq(ctx)
+	if err != nil || last == 0 {
+		t.Fatal(last, err)
+	}
+	defer func(after uint64, release func()) { releaseAfter, releaseMemory = after, release }(releaseAfter, releaseMemory)
+	for _, c := range []struct {
+		after uint64
+		want  bool
+	}{{last + 1, false}, {last, true}} {
+		var released atomic.Bool
+		releaseAfter, releaseMemory = c.after, func() { released.Store(true) }
+		p := New(store, nil, engine.Base{})
+		if err := p.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		p.Stop()
+		if released.Load() != c.want {
+			t.Errorf("a replay of %d events with the release after %d: released %v, want %v", last, c.after, released.Load(), c.want)
+		}
 	}
 }
