@@ -28,8 +28,18 @@ import (
 // turn of its own that Codex opened from its queue, and the thread's last request
 // must hold each prompt exactly once. The thread's busy/idle state must have
 // followed its turns through the hooks that 'bgtask setup codex' installed.
+//
+// It runs twice: as a user starts Codex, with the TUI's thread in Codex's shared
+// app-server daemon; and with --dangerously-bypass-hook-trust, which keeps the
+// thread in the TUI's own process, where 'codex queue --resume' cannot resume it
+// ("already has an active writer") and the TUI takes the message itself.
 func TestCodexSessionIsWokenByItsTasks(t *testing.T) {
 	codexBin, tmuxBin := codexTools(t)
+	t.Run("daemon", func(t *testing.T) { codexWakeups(t, codexBin, tmuxBin, false) })
+	t.Run("in-process", func(t *testing.T) { codexWakeups(t, codexBin, tmuxBin, true) })
+}
+
+func codexWakeups(t *testing.T, codexBin, tmuxBin string, bypassTrust bool) {
 	root := t.TempDir()
 	home := filepath.Join(root, "bg")
 	userHome := filepath.Join(root, "user")
@@ -77,7 +87,11 @@ trust_level = "trusted"
 	for _, kv := range codexEnv {
 		session += " " + shq(kv)
 	}
-	session += " " + shq(codexBin) + " -C " + shq(proj) + " 'start the tasks'"
+	session += " " + shq(codexBin)
+	if bypassTrust {
+		session += " --dangerously-bypass-hook-trust"
+	}
+	session += " -C " + shq(proj) + " 'start the tasks'"
 	tmux := func(args ...string) (string, error) {
 		out, err := exec.Command(tmuxBin, append([]string{"-S", sock}, args...)...).CombinedOutput()
 		return string(out), err
@@ -110,32 +124,34 @@ trust_level = "trusted"
 		}
 	}()
 
-	// The user trusts the hooks setup installed, once, as Codex asks at the first
-	// start after it.
-	eventually(t, 60*time.Second, "Codex asking to review the new hooks", func() bool {
-		screen, _ := tmux("capture-pane", "-p")
-		return strings.Contains(screen, "Trust all and continue")
-	})
-	keys := func(k string) {
-		if out, err := tmux("send-keys", k); err != nil {
-			t.Fatalf("tmux send-keys: %v: %s", err, out)
+	if !bypassTrust {
+		// The user trusts the hooks setup installed, once, as Codex asks at the first
+		// start after it.
+		eventually(t, 60*time.Second, "Codex asking to review the new hooks", func() bool {
+			screen, _ := tmux("capture-pane", "-p")
+			return strings.Contains(screen, "Trust all and continue")
+		})
+		keys := func(k string) {
+			if out, err := tmux("send-keys", k); err != nil {
+				t.Fatalf("tmux send-keys: %v: %s", err, out)
+			}
 		}
+		// A key that comes while the TUI still discards what was typed before it drew
+		// the question is lost: it is pressed again until the screen shows it.
+		var pressed time.Time
+		eventually(t, 20*time.Second, "the choice to trust the hooks selected", func() bool {
+			screen, _ := tmux("capture-pane", "-p")
+			if strings.Contains(screen, "› 2. Trust all and continue") {
+				return true
+			}
+			if time.Since(pressed) > 500*time.Millisecond {
+				keys("2")
+				pressed = time.Now()
+			}
+			return false
+		})
+		keys("Enter")
 	}
-	// A key that comes while the TUI still discards what was typed before it drew
-	// the question is lost: it is pressed again until the screen shows it.
-	var pressed time.Time
-	eventually(t, 20*time.Second, "the choice to trust the hooks selected", func() bool {
-		screen, _ := tmux("capture-pane", "-p")
-		if strings.Contains(screen, "› 2. Trust all and continue") {
-			return true
-		}
-		if time.Since(pressed) > 500*time.Millisecond {
-			keys("2")
-			pressed = time.Now()
-		}
-		return false
-	})
-	keys("Enter")
 
 	// Turn 1: the model's shell call registers the tasks, and the turn ends.
 	var thread string
