@@ -1,0 +1,399 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/bgtask/bgtask/agents/claudecode"
+	"github.com/bgtask/bgtask/events"
+)
+
+func setupClaudeCodeCmd(g *globals) *cobra.Command {
+	var (
+		scope  string
+		remove bool
+	)
+	cmd := &cobra.Command{
+		Use:   "claude-code",
+		Short: "Install the hooks that wake a running Claude Code session when its tasks end",
+		Long: `Install bgtask's hooks into Claude Code's settings: ~/.claude/settings.json with
+--scope user (the default), .claude/settings.json of the current directory with
+--scope project. Then a task that 'bgtask add' registers from Claude's Bash tool
+goes to the session's target (claude-SESSION_ID), and when it ends the session gets
+one new turn holding the wake-up's prompt, even while it is idle. A session that
+was closed gets its pending wake-ups when it is resumed. The session's turns mark
+its target busy and idle.
+
+The hooks run 'bgtask hook claude-code EVENT'. Running setup again changes nothing;
+the other settings and hooks are kept as they are; --remove takes out exactly
+bgtask's hooks. See docs/claude-code.md.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			sc, err := claudecode.ParseScope(scope)
+			if err != nil {
+				return usageErr("--scope: %v", err)
+			}
+			path, prefix, err := claudeSettings(g, sc)
+			if err != nil {
+				return err
+			}
+			old, err := os.ReadFile(path)
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("read %s: %w", path, err)
+			}
+			var data []byte
+			if remove {
+				data, err = claudecode.Remove(old)
+			} else {
+				data, err = claudecode.Install(old, prefix, sc)
+			}
+			if err != nil {
+				return usageErr("%s: %v; nothing was changed", path, err)
+			}
+			switch {
+			case bytes.Equal(data, old) && remove:
+				fmt.Fprintf(g.stdout, "No bgtask hooks in %s: nothing to remove.\n", path)
+				return nil
+			case bytes.Equal(data, old):
+				fmt.Fprintf(g.stdout, "The bgtask hooks are already in %s.\n", path)
+				return nil
+			}
+			if err := writeSettings(path, data); err != nil {
+				return err
+			}
+			if remove {
+				fmt.Fprintf(g.stdout, "Removed the bgtask hooks from %s.\n", path)
+			} else {
+				fmt.Fprintf(g.stdout, "Installed the bgtask hooks in %s. Claude Code sessions started from now on are woken when their tasks end.\n", path)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&scope, "scope", string(claudecode.ScopeUser), "user: ~/.claude/settings.json; project: .claude/settings.json of the current directory")
+	f.BoolVar(&remove, "remove", false, "take bgtask's hooks out again")
+	return cmd
+}
+
+// claudeSettings is the settings file of a scope, and the command its hooks start
+// bgtask with. The user's hooks name this binary and this home; a project's, which
+// are shared with everyone who works on it, name bgtask on PATH and its default home.
+func claudeSettings(g *globals, scope claudecode.Scope) (path, prefix string, err error) {
+	if scope == claudecode.ScopeProject {
+		dir, err := os.Getwd()
+		if err != nil {
+			return "", "", err
+		}
+		return filepath.Join(dir, ".claude", "settings.json"), "bgtask", nil
+	}
+	userHome, err := os.UserHomeDir()
+	if err != nil {
+		return "", "", fmt.Errorf("no home directory for ~/.claude: %w", err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "", "", fmt.Errorf("find the bgtask binary for the hooks: %w", err)
+	}
+	home, err := homeDir(g.home)
+	if err != nil {
+		return "", "", err
+	}
+	return filepath.Join(userHome, ".claude", "settings.json"), claudeQuote(exe) + " --home " + claudeQuote(home), nil
+}
+
+// claudeQuote quotes s for the shell Claude Code runs a hook's command with.
+func claudeQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// writeSettings replaces a settings file atomically, keeping its mode (0644 for a
+// new one, as Claude Code writes them), so that Claude Code never reads half of it.
+func writeSettings(path string, data []byte) error {
+	mode := fs.FileMode(0o644)
+	if st, err := os.Stat(path); err == nil {
+		mode = st.Mode().Perm()
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// claudeHookInput is what Claude Code writes to a hook's stdin that bgtask reads.
+type claudeHookInput struct {
+	SessionID string `json:"session_id"`
+	Event     string `json:"hook_event_name"`
+}
+
+// claudeHookBound bounds a quick hook's talk with the server: Claude Code waits for
+// it before it goes on.
+const claudeHookBound = 3 * time.Second
+
+func hookClaudeCodeCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "claude-code EVENT",
+		Short: "Claude Code's hooks (installed by 'bgtask setup claude-code')",
+		Long: `Run as one of Claude Code's hooks, reading the hook's JSON on stdin (session_id).
+EVENT is UserPromptSubmit (the session's target claude-SESSION_ID is busy), Stop,
+SessionStart or SessionEnd (it is idle), or wake: wait for the target's next
+wake-ups and hand them to the session (their prompts on stderr, exit status 2, which
+Claude Code's asyncRewake turns into a new turn), acknowledging them only then.
+Only one wake hook waits per session; the others exit at once.
+
+A hook never breaks the session: when no server answers, or the input is not
+understood, it says so on stderr and exits 0.`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			g.stdout = io.Discard // a hook's stdout is read by Claude Code as its answer
+			if len(args) != 1 {
+				fmt.Fprintf(g.stderr, "bgtask hook claude-code: want one EVENT, got %q\n", args)
+				return nil
+			}
+			in := readClaudeHookInput(g.stderr)
+			sid := in.SessionID
+			if sid == "" {
+				sid = os.Getenv("CLAUDE_CODE_SESSION_ID")
+			}
+			s, ok := currentSession(func(string) string { return sid }, g.stderr)
+			if sid == "" || !ok {
+				fmt.Fprintln(g.stderr, "bgtask hook claude-code: no session_id in the hook's input")
+				return nil
+			}
+			switch args[0] {
+			case "UserPromptSubmit":
+				g.setClaudeTarget(cmd.Context(), s.target, events.TargetBusy)
+			case "Stop", "SessionStart", "SessionEnd":
+				g.setClaudeTarget(cmd.Context(), s.target, events.TargetIdle)
+			case claudecode.Wake:
+				return g.claudeWake(cmd.Context(), sid, s.target)
+			default:
+				fmt.Fprintf(g.stderr, "bgtask hook claude-code: event %q: use UserPromptSubmit, Stop, SessionStart, SessionEnd or %s\n", args[0], claudecode.Wake)
+			}
+			return nil
+		},
+	}
+}
+
+// readClaudeHookInput reads the hook's JSON from stdin; what is not there or not
+// understood leaves the fields empty.
+func readClaudeHookInput(warn io.Writer) claudeHookInput {
+	var in claudeHookInput
+	if st, err := os.Stdin.Stat(); err != nil || st.Mode()&fs.ModeCharDevice != 0 {
+		return in // a terminal: run by hand
+	}
+	data, err := io.ReadAll(io.LimitReader(os.Stdin, 1<<20))
+	if err == nil && len(bytes.TrimSpace(data)) > 0 {
+		if err := json.Unmarshal(data, &in); err != nil {
+			fmt.Fprintf(warn, "bgtask hook claude-code: the hook's input is not JSON: %v\n", err)
+		}
+	}
+	return in
+}
+
+// setClaudeTarget records the session's state, within claudeHookBound; a failure is
+// only reported.
+func (g *globals) setClaudeTarget(ctx context.Context, target, state string) {
+	g.timeout = claudeHookBound
+	err := g.withTargets(ctx, func(ctx context.Context, targets *events.Targets) error {
+		return targets.Set(ctx, target, events.TargetState{State: state, Since: time.Now().UTC()})
+	})
+	if err != nil {
+		fmt.Fprintf(g.stderr, "bgtask hook claude-code: target %s %s: %v\n", state, target, err)
+	}
+}
+
+// claudeWake is the waiting hook: it holds the session's lock, waits for wake-ups in
+// the target's inbox, writes their prompts to stderr, acknowledges them and exits 2.
+// It waits through restarts of the server, and ends (exit 0, nothing acknowledged)
+// when Claude Code stops it (SIGTERM at the session's end or the hook's timeout) or
+// the Claude Code process is gone.
+func (g *globals) claudeWake(ctx context.Context, sid, target string) error {
+	// A print-mode session (claude -p) runs asyncRewake hooks in the foreground: a
+	// waiter would hold it until its timeout.
+	if os.Getenv("CLAUDE_CODE_ENTRYPOINT") == "sdk-cli" {
+		return nil
+	}
+	home, err := homeDir(g.home)
+	if err != nil {
+		fmt.Fprintf(g.stderr, "bgtask hook claude-code: %v\n", err)
+		return nil
+	}
+	lock, held, err := lockClaudeSession(home, sid)
+	if err != nil {
+		fmt.Fprintf(g.stderr, "bgtask hook claude-code: %v\n", err)
+		return nil
+	}
+	if !held {
+		return nil // another hook waits for this session
+	}
+	defer lock.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	claudePID, _ := strconv.Atoi(os.Getenv("CLAUDE_PID"))
+	if claudePID > 0 {
+		go func() {
+			for ctx.Err() == nil && processAlive(claudePID) {
+				select {
+				case <-ctx.Done():
+				case <-time.After(500 * time.Millisecond):
+				}
+			}
+			cancel()
+		}()
+	}
+	for ctx.Err() == nil {
+		handed, retry := g.claudeWaitOnce(ctx, target, claudePID)
+		if handed {
+			return &exitError{code: 2}
+		}
+		if !retry || !pause(ctx) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// claudeWaitOnce waits on one connection: handed says wake-ups were handed over,
+// retry that the server may come back.
+func (g *globals) claudeWaitOnce(ctx context.Context, target string, claudePID int) (handed, retry bool) {
+	nc, err := g.connect("bgtask-claude-code-hook")
+	if err != nil {
+		return false, errors.As(err, new(*serverAbsent))
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return false, true
+	}
+	cons, err := events.InboxConsumer(ctx, js, target)
+	if err != nil {
+		return false, true
+	}
+	for ctx.Err() == nil {
+		fctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		batch, err := cons.Fetch(1, jetstream.FetchContext(fctx))
+		var msgs []jetstream.Msg
+		if err == nil {
+			for msg := range batch.Messages() {
+				msgs = append(msgs, msg)
+			}
+			err = batch.Error()
+		}
+		cancel()
+		if len(msgs) == 0 {
+			if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+				return false, true
+			}
+			continue
+		}
+		// Wake-ups that fired together go in the same turn.
+		if more, err := cons.FetchNoWait(15); err == nil {
+			for msg := range more.Messages() {
+				msgs = append(msgs, msg)
+			}
+		}
+		return g.handOver(ctx, msgs, claudePID), true
+	}
+	return false, false
+}
+
+// handOver writes the wake-ups' prompts to stderr for Claude Code and acknowledges
+// them: the exit status 2 that follows makes them the session's next turn. A session
+// that is gone, or ending, gets nothing, and the wake-ups go back to the inbox.
+func (g *globals) handOver(ctx context.Context, msgs []jetstream.Msg, claudePID int) bool {
+	giveBack := func() {
+		for _, m := range msgs {
+			_ = m.Nak()
+		}
+	}
+	var text bytes.Buffer
+	for i, m := range msgs {
+		if i > 0 {
+			text.WriteByte('\n')
+		}
+		var w events.Wakeup
+		if err := json.Unmarshal(m.Data(), &w); err != nil {
+			fmt.Fprintf(&text, "bgtask: an unreadable wake-up in the inbox: %s\n", m.Data())
+			continue
+		}
+		_ = printWakeup(&text, w)
+	}
+	if ctx.Err() != nil || (claudePID > 0 && !processAlive(claudePID)) {
+		giveBack()
+		return false
+	}
+	if _, err := g.stderr.Write(text.Bytes()); err != nil {
+		giveBack()
+		return false
+	}
+	acked := false
+	for _, m := range msgs {
+		// Stderr holds the prompt now: the ack is finished even if the hook is told
+		// to stop meanwhile.
+		actx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if m.DoubleAck(actx) == nil {
+			acked = true
+		}
+		cancel()
+	}
+	return acked
+}
+
+// lockClaudeSession takes the lock that lets one waiting hook run per session. The
+// kernel drops it when the hook ends, however it ends.
+func lockClaudeSession(home, sid string) (*os.File, bool, error) {
+	dir := filepath.Join(home, "claude-sessions")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, false, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, sid+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("lock session %s: %w", sid, err)
+	}
+	return f, true, nil
+}
+
+// processAlive reports whether pid is a live process.
+func processAlive(pid int) bool {
+	return !errors.Is(unix.Kill(pid, 0), unix.ESRCH)
+}
