@@ -1,6 +1,7 @@
 package claudecode
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -65,6 +66,14 @@ func TestInstallKeepsTheirsAndIsIdempotent(t *testing.T) {
 	}
 	if string(twice) != string(once) {
 		t.Fatalf("a second install changed the settings:\n%s\n---\n%s", once, twice)
+	}
+	// Settings the user reformatted, bgtask's hooks in them as installed: untouched.
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, once); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := Install(compact.Bytes(), prefix, ScopeUser); err != nil || string(again) != compact.String() {
+		t.Fatalf("an install over installed hooks rewrote the file (%v):\n%s", err, again)
 	}
 	s := string(once)
 	for _, want := range []string{`"notify-send done && echo <ok>"`, `"./fmt.sh"`, `"A": "1"`, `"allow": [`} {
