@@ -85,6 +85,7 @@ answered, 124 wait: --timeout passed.`,
 		root.AddCommand(c)
 	}
 	root.AddCommand(serverCmd(g), workerCmd(g), waitCmd(g), targetCmd(g), benchCmd(g), shimCmd())
+	root.AddCommand(setupCmd(g), mcpCmd(g), hookCmd(g))
 	cmd, err := root.ExecuteC()
 	return report(err, wantsJSON(cmd, args, err), stdout, stderr)
 }

@@ -1,0 +1,27 @@
+package main
+
+import "github.com/spf13/cobra"
+
+func setupCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "setup",
+		Short: "Install what an agent runtime needs to be woken by bgtask",
+		Long: `Install, in an agent runtime's own configuration, what makes the wake-up of a task
+that a session registered reach that session while it runs, and at its next start
+when it was closed. Each subcommand is idempotent, leaves the runtime's other
+settings alone, and takes out what it installed with --remove.`,
+		Args: cobra.NoArgs,
+	}
+	cmd.AddCommand(setupClaudeCodeCmd(g), setupCodexCmd(g))
+	return cmd
+}
+
+func hookCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "hook",
+		Short: "Run as an agent runtime's hook (installed by 'bgtask setup')",
+		Args:  cobra.NoArgs,
+	}
+	cmd.AddCommand(hookClaudeCodeCmd(g))
+	return cmd
+}
