@@ -233,9 +233,13 @@ func enum(description string, values ...string) map[string]any {
 var idProp = prop("string", "the task's id, as add returned it")
 
 func (m *mcpServer) tools() []mcpTool {
+	return []mcpTool{m.addTool(), m.showTool(), m.listTool(), m.logsTool(), m.cancelTool(), m.waitTool()}
+}
+
+func (m *mcpServer) addTool() mcpTool {
 	yes := true
 	no := false
-	return []mcpTool{{
+	return mcpTool{
 		tool: &mcp.Tool{
 			Name:  "add",
 			Title: "Run a command in the background",
@@ -250,7 +254,12 @@ func (m *mcpServer) tools() []mcpTool {
 			Annotations: &mcp.ToolAnnotations{DestructiveHint: &no, IdempotentHint: true, OpenWorldHint: &yes},
 		},
 		run: m.add,
-	}, {
+	}
+}
+
+func (m *mcpServer) showTool() mcpTool {
+	no := false
+	return mcpTool{
 		tool: &mcp.Tool{
 			Name:        "show",
 			Title:       "Show a task",
@@ -259,7 +268,12 @@ func (m *mcpServer) tools() []mcpTool {
 			Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: &no},
 		},
 		run: m.show,
-	}, {
+	}
+}
+
+func (m *mcpServer) listTool() mcpTool {
+	no := false
+	return mcpTool{
 		tool: &mcp.Tool{
 			Name:  "list",
 			Title: "List tasks",
@@ -273,7 +287,12 @@ func (m *mcpServer) tools() []mcpTool {
 			Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: &no},
 		},
 		run: m.list,
-	}, {
+	}
+}
+
+func (m *mcpServer) logsTool() mcpTool {
+	no := false
+	return mcpTool{
 		tool: &mcp.Tool{
 			Name:  "logs",
 			Title: "Read a task's output",
@@ -288,7 +307,13 @@ func (m *mcpServer) tools() []mcpTool {
 			Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: &no},
 		},
 		run: m.logs,
-	}, {
+	}
+}
+
+func (m *mcpServer) cancelTool() mcpTool {
+	yes := true
+	no := false
+	return mcpTool{
 		tool: &mcp.Tool{
 			Name:        "cancel",
 			Title:       "Cancel a task",
@@ -300,7 +325,12 @@ func (m *mcpServer) tools() []mcpTool {
 			Annotations: &mcp.ToolAnnotations{DestructiveHint: &yes, OpenWorldHint: &no},
 		},
 		run: m.cancel,
-	}, {
+	}
+}
+
+func (m *mcpServer) waitTool() mcpTool {
+	no := false
+	return mcpTool{
 		tool: &mcp.Tool{
 			Name:  "wait",
 			Title: "Wait for a task to end",
@@ -315,7 +345,7 @@ func (m *mcpServer) tools() []mcpTool {
 			Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: &no},
 		},
 		run: m.wait,
-	}}
+	}
 }
 
 func phases() []string {
@@ -587,39 +617,8 @@ func (m *mcpServer) logs(ctx context.Context, _ *mcp.CallToolRequest, args json.
 		if err != nil {
 			return err
 		}
-		var buf []byte
-		// What bgtask dropped of a stream is where its first chunk starts.
-		seen := map[string]bool{}
-		var skipped int64
-		eofs, want := 0, 2
-		if len(streams) > 0 {
-			want = len(streams)
-		}
-		err = logs.Read(ctx, t.ID, streams, false, func(chunk events.LogChunk) error {
-			if !seen[chunk.Stream] {
-				seen[chunk.Stream] = true
-				skipped += chunk.Offset
-			}
-			if chunk.EOF {
-				eofs++
-				return nil
-			}
-			buf = append(buf, chunk.Data...)
-			if over := len(buf) - limit; over > 0 {
-				buf = buf[over:]
-				skipped += int64(over)
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		for len(buf) > 0 && !utf8.RuneStart(buf[0]) { // start at a character
-			buf = buf[1:]
-			skipped++
-		}
-		out = logsOut{ID: t.ID, Output: string(buf), SkippedBytes: skipped, Ended: eofs == want}
-		return nil
+		out, err = lastOutput(ctx, logs, t.ID, streams, limit)
+		return err
 	})
 	if err != nil {
 		return "", nil, err
@@ -635,6 +634,43 @@ func (m *mcpServer) logs(ctx context.Context, _ *mcp.CallToolRequest, args json.
 		}
 	}
 	return text, out, nil
+}
+
+// lastOutput reads the task's output of streams (nil: both) and keeps its last
+// limit bytes, from the start of a character.
+func lastOutput(ctx context.Context, logs *events.Logs, id string, streams []string, limit int) (logsOut, error) {
+	var buf []byte
+	// What bgtask dropped of a stream is where its first chunk starts.
+	seen := map[string]bool{}
+	var skipped int64
+	eofs, want := 0, 2
+	if len(streams) > 0 {
+		want = len(streams)
+	}
+	err := logs.Read(ctx, id, streams, false, func(chunk events.LogChunk) error {
+		if !seen[chunk.Stream] {
+			seen[chunk.Stream] = true
+			skipped += chunk.Offset
+		}
+		if chunk.EOF {
+			eofs++
+			return nil
+		}
+		buf = append(buf, chunk.Data...)
+		if over := len(buf) - limit; over > 0 {
+			buf = buf[over:]
+			skipped += int64(over)
+		}
+		return nil
+	})
+	if err != nil {
+		return logsOut{}, err
+	}
+	for len(buf) > 0 && !utf8.RuneStart(buf[0]) { // start at a character
+		buf = buf[1:]
+		skipped++
+	}
+	return logsOut{ID: id, Output: string(buf), SkippedBytes: skipped, Ended: eofs == want}, nil
 }
 
 func (m *mcpServer) cancel(ctx context.Context, _ *mcp.CallToolRequest, args json.RawMessage) (string, any, error) {
