@@ -3,6 +3,9 @@ package events
 import (
 	"encoding/json"
 	"fmt"
+	"time"
+	"unicode/utf16"
+	"unicode/utf8"
 )
 
 // DecodeRecord decodes one stored event. The record's payload may be a slice of
@@ -131,6 +134,8 @@ func readPayload(t Type, data []byte) (p Payload, ok bool) {
 			spawned.Worker, spawned.Host = string(worker), string(host)
 		}
 		p = &spawned
+	case TypeExited:
+		return readExited(&r)
 	case TypeFired:
 		var fired Fired
 		r.literal(`"subject":`)
@@ -149,6 +154,174 @@ func readPayload(t Type, data []byte) (p Payload, ok bool) {
 		return nil, false
 	}
 	return p, true
+}
+
+// readExited reads an exited payload after its opening brace: its fields in the
+// order json.Marshal writes them, each optional one if it is there.
+func readExited(r *envelopeReader) (Payload, bool) {
+	var e Exited
+	r.literal(`"exit_code":`)
+	e.ExitCode = int(r.signed())
+	if r.has(`,"signal":`) {
+		e.Signal = r.text()
+	}
+	if r.has(`,"tail":[`) {
+		e.Tail = make([]string, 0, 16)
+		for first := true; !r.failed && !r.has(`]`); first = false {
+			if !first {
+				r.literal(`,`)
+			}
+			e.Tail = append(e.Tail, r.text())
+		}
+		if len(e.Tail) == 0 {
+			r.failed = true // json.Marshal leaves an empty tail out
+		}
+	}
+	r.literal(`,"started_at":`)
+	r.time(&e.StartedAt)
+	r.literal(`,"ended_at":`)
+	r.time(&e.EndedAt)
+	e.Matched = r.has(`,"matched":true`)
+	if r.has(`,"matched_line":`) {
+		e.MatchedLine = r.text()
+	}
+	if r.has(`,"stopped_by":`) {
+		e.StoppedBy = r.text()
+	}
+	e.KeptRunning = r.has(`,"kept_running":true`)
+	e.NotStarted = r.has(`,"not_started":true`)
+	if r.has(`,"result":`) {
+		e.Result = r.text()
+	}
+	if r.has(`,"result_bytes":`) {
+		e.ResultBytes = int(r.signed())
+	}
+	if r.has(`,"result_error":`) {
+		e.ResultError = r.text()
+	}
+	if r.has(`,"output_bytes":`) {
+		e.OutputBytes = r.signed()
+	}
+	if r.has(`,"output_dropped":`) {
+		e.OutputDropped = r.signed()
+	}
+	r.literal(`}`)
+	if r.failed || r.at != len(r.data) {
+		return nil, false
+	}
+	return &e, true
+}
+
+// signed reads a JSON integer that may be negative.
+func (r *envelopeReader) signed() int64 {
+	if r.has(`-`) {
+		if r.at < len(r.data) && r.data[r.at] == '0' {
+			r.failed = true // -0: encoding/json reads it, json.Marshal never writes it
+		}
+		return -int64(r.number())
+	}
+	return int64(r.number())
+}
+
+// time reads a quoted time into t.
+func (r *envelopeReader) time(t *time.Time) {
+	q := r.quoted()
+	if !r.failed && t.UnmarshalJSON(q) != nil {
+		r.failed = true
+	}
+}
+
+// text reads a JSON string with the escapes json.Marshal writes for the
+// characters of output lines (a quote, a backslash, a tab, a newline...) and
+// UTF-8 as it is, and \u escapes but of surrogates; anything else, or a string
+// that is not valid UTF-8, fails the read, for encoding/json to decode.
+func (r *envelopeReader) text() string {
+	r.literal(`"`)
+	if r.failed {
+		return ""
+	}
+	start, plain := r.at, true
+	for ; r.at < len(r.data); r.at++ {
+		c := r.data[r.at]
+		if c == '"' {
+			break
+		}
+		if c < 0x20 {
+			r.failed = true
+			return ""
+		}
+		if c == '\\' || c >= 0x80 {
+			plain = false
+			if c == '\\' {
+				r.at++
+			}
+		}
+	}
+	if r.at >= len(r.data) {
+		r.failed = true
+		return ""
+	}
+	raw := r.data[start:r.at]
+	r.literal(`"`)
+	if r.failed {
+		return ""
+	}
+	if plain {
+		return string(raw)
+	}
+	out := make([]byte, 0, len(raw))
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		if c != '\\' {
+			out = append(out, c)
+			continue
+		}
+		i++
+		switch raw[i] {
+		case '"', '\\', '/':
+			out = append(out, raw[i])
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			// json.Marshal writes <, > and & so, and U+2028 and U+2029; a
+			// surrogate is left to encoding/json, which pairs them.
+			var v rune
+			for _, h := range raw[i+1 : min(i+5, len(raw))] {
+				switch {
+				case h >= '0' && h <= '9':
+					v = v<<4 | rune(h-'0')
+				case h >= 'a' && h <= 'f':
+					v = v<<4 | rune(h-'a'+10)
+				case h >= 'A' && h <= 'F':
+					v = v<<4 | rune(h-'A'+10)
+				default:
+					v = -1 << 20
+				}
+			}
+			if i+5 > len(raw) || v < 0 || utf16.IsSurrogate(v) {
+				r.failed = true
+				return ""
+			}
+			out = utf8.AppendRune(out, v)
+			i += 4
+		default:
+			r.failed = true
+			return ""
+		}
+	}
+	if !utf8.Valid(out) {
+		r.failed = true
+		return ""
+	}
+	return string(out)
 }
 
 // has reads s if the data goes on with it, and reports whether it did.

@@ -22,6 +22,9 @@ func decodeCorpus(t testing.TB) [][]byte {
 		&Tick{PID: 4242, OutputBytes: 1 << 40},
 		&Tick{OutputBytes: 0},
 		&Exited{ExitCode: 1, Signal: "SIGKILL", Tail: []string{"ok  \tpkg\t0.1s", `a "quoted" \ line`, "ü\u2028", "\x00bin"}, StartedAt: at, EndedAt: at.Add(time.Minute)},
+		&Exited{ExitCode: -1, Tail: []string{"ok  \tpkg\t0.1s", `a "quoted" \ line/`, "ü <nil> & \u2028\r\b\f", "\x7f"}, StartedAt: at, EndedAt: at.Add(time.Minute),
+			Matched: true, MatchedLine: "PASS", StoppedBy: "match", KeptRunning: true, NotStarted: true, Result: "r\n", ResultBytes: 3, ResultError: "e", OutputBytes: 1 << 40, OutputDropped: 7},
+		&Exited{StartedAt: at, EndedAt: at},
 		&Stalled{SilentFor: "5m", Action: "notify"},
 		&Lost{Worker: "w1", Action: "fail"},
 		&Failed{Reason: "cwd gone"},
@@ -92,6 +95,18 @@ func decodeCorpus(t testing.TB) [][]byte {
 		head + `,"payload":"x"}`,
 		head + `,"payload":}`,
 		head + `,"payload":{"exit_code":1}}}`,
+		head + `,"payload":{"exit_code":-0,"started_at":"2025-03-01T12:00:00Z","ended_at":"2025-03-01T12:00:00Z"}}`,
+		head + `,"payload":{"exit_code":1,"tail":[],"started_at":"2025-03-01T12:00:00Z","ended_at":"2025-03-01T12:00:00Z"}}`,
+		head + `,"payload":{"exit_code":1,"tail":["\ud83d\ude00","\u00e9"],"started_at":"2025-03-01T12:00:00Z","ended_at":"2025-03-01T12:00:00Z"}}`,
+		head + `,"payload":{"exit_code":1,"tail":["\u00e9","\u00G9","\x"],"started_at":"2025-03-01T12:00:00Z","ended_at":"2025-03-01T12:00:00Z"}}`,
+		head + `,"payload":{"exit_code":1,"tail":["\u00e"],"started_at":"2025-03-01T12:00:00Z","ended_at":"2025-03-01T12:00:00Z"}}`,
+		head + `,"payload":{"exit_code":1,"tail":["a\"],"started_at":"2025-03-01T12:00:00Z","ended_at":"2025-03-01T12:00:00Z"}}`,
+		head + `,"payload":{"exit_code":1,"tail":["` + "\xff\xfe" + `"],"started_at":"2025-03-01T12:00:00Z","ended_at":"2025-03-01T12:00:00Z"}}`,
+		head + `,"payload":{"exit_code":1,"tail":["` + "\xff\\t" + `"],"started_at":"2025-03-01T12:00:00Z","ended_at":"2025-03-01T12:00:00Z"}}`,
+		head + `,"payload":{"exit_code":1,"tail":["\u00e9"],"started_at":"2025-03-01T12:00:00Z","ended_at":"2025-03-01T12:00:00Z","matched":false}}`,
+		head + `,"payload":{"exit_code":1,"started_at":"2025-03-01T12:00:00Z","ended_at":"2025-03-01T12:00:00Z","output_bytes":-5}}`,
+		head + `,"payload":{"exit_code":1,"started_at":"2025-03-01T12:00:00Z","ended_at":"2025-03-01T12:00:00Z","signal":"late"}}`,
+		head + `,"payload":{"exit_code":1,"started_at":"yesterday","ended_at":"2025-03-01T12:00:00Z"}}`,
 		head + `,"payload":{"exit_code":1},"payload":{"exit_code":2}}`,
 		head + `,"payload":{"tail":["\ud800"]}}`,
 		head + `,"payload":{"exit_code":1}`,
@@ -142,18 +157,18 @@ func TestFastDecodingAgreesWithEncodingJSON(t *testing.T) {
 	// Every event as bgtask writes it takes the fast way, and so do the payloads
 	// of its spawns, ticks and fires.
 	payloads := 0
-	for _, data := range decodeCorpus(t)[:18] {
+	for _, data := range decodeCorpus(t)[:20] {
 		if ev, ok := readEnvelope(data); ok {
 			if _, ok := readPayload(ev.Type, ev.Payload); ok {
 				payloads++
 			}
 		}
 	}
-	if payloads != 5 {
-		t.Errorf("%d payloads read the fast way, want the 5 spawned, tick and fired ones", payloads)
+	if payloads != 8 {
+		t.Errorf("%d payloads read the fast way, want the 8 spawned, tick, exited and fired ones", payloads)
 	}
-	if fast < 18 {
-		t.Fatalf("%d events read the fast way, want at least the 18 bgtask wrote", fast)
+	if fast < 20 {
+		t.Fatalf("%d events read the fast way, want at least the 20 bgtask wrote", fast)
 	}
 }
 
@@ -170,8 +185,8 @@ func FuzzDecodeRecord(f *testing.F) {
 func BenchmarkDecodeFolded(b *testing.B) {
 	corpus := decodeCorpus(b)
 	byType := map[Type][]byte{}
-	for _, data := range corpus[:18] {
-		if ev, ok := readEnvelope(data); ok {
+	for _, data := range corpus[:20] {
+		if ev, ok := readEnvelope(data); ok && byType[ev.Type] == nil {
 			byType[ev.Type] = data
 		}
 	}
