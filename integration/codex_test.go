@@ -24,7 +24,8 @@ import (
 // Codex's shell tool, 'bgtask add' four times; the turn ends and nobody types
 // anything again. The bgtask server is killed with SIGKILL and restarted while the
 // commands run; then task A ends, and later B and C within the same instant; then
-// the user closes the session and D ends. Each wake-up must reach the thread as a
+// the user closes the session and D ends; then E ends with no sink to hand it
+// over, and the user resumes the session. Each wake-up must reach the thread as a
 // turn of its own that Codex opened from its queue, and the thread's last request
 // must hold each prompt exactly once. The thread's busy/idle state must have
 // followed its turns through the hooks that 'bgtask setup codex' installed.
@@ -83,33 +84,43 @@ trust_level = "trusted"
 	node, _ := exec.LookPath("node")
 	path := strings.Join([]string{filepath.Dir(codexBin), filepath.Dir(node), "/usr/local/bin", "/usr/bin", "/bin"}, ":")
 	sock := filepath.Join(root, "tmux.sock")
-	session := "env -i TERM=xterm-256color LANG=C.UTF-8 PATH=" + shq(path)
-	for _, kv := range codexEnv {
-		session += " " + shq(kv)
-	}
-	session += " " + shq(codexBin)
-	if bypassTrust {
-		session += " --dangerously-bypass-hook-trust"
-	}
-	session += " -C " + shq(proj) + " 'start the tasks'"
 	tmux := func(args ...string) (string, error) {
 		out, err := exec.Command(tmuxBin, append([]string{"-S", sock}, args...)...).CombinedOutput()
 		return string(out), err
 	}
-	if out, err := tmux("new-session", "-d", "-x", "200", "-y", "50", session+"; sleep 600"); err != nil {
-		t.Fatalf("tmux: %v: %s", err, out)
+	startTUI := func(args ...string) {
+		session := "env -i TERM=xterm-256color LANG=C.UTF-8 PATH=" + shq(path)
+		for _, kv := range codexEnv {
+			session += " " + shq(kv)
+		}
+		session += " " + shq(codexBin)
+		if bypassTrust {
+			session += " --dangerously-bypass-hook-trust"
+		}
+		for _, a := range args {
+			session += " " + shq(a)
+		}
+		if out, err := tmux("new-session", "-d", "-x", "200", "-y", "50", session+"; sleep 600"); err != nil {
+			t.Fatalf("tmux: %v: %s", err, out)
+		}
 	}
+	stopDaemon := func() {
+		stop := exec.Command(codexBin, "app-server", "daemon", "stop")
+		stop.Env = append(os.Environ(), codexEnv...)
+		if out, err := stop.CombinedOutput(); err != nil {
+			t.Logf("codex app-server daemon stop: %v: %s", err, out)
+		}
+		// 'daemon stop' leaves the daemon's pid-update-loop running.
+		killProgramsUnder(codexHome)
+	}
+	startTUI("-C", proj, "start the tasks")
 	t.Cleanup(func() {
 		if t.Failed() {
 			screen, _ := tmux("capture-pane", "-p")
 			t.Logf("the Codex screen:\n%s", screen)
 		}
 		_, _ = tmux("kill-server")
-		stop := exec.Command(codexBin, "app-server", "daemon", "stop")
-		stop.Env = append(os.Environ(), codexEnv...)
-		_ = stop.Run()
-		// 'daemon stop' leaves the daemon's pid-update-loop running.
-		killProgramsUnder(codexHome)
+		stopDaemon()
 	})
 
 	var ids []string
@@ -124,6 +135,12 @@ trust_level = "trusted"
 		}
 	}()
 
+	keys := func(k string) {
+		if out, err := tmux("send-keys", k); err != nil {
+			t.Fatalf("tmux send-keys: %v: %s", err, out)
+		}
+	}
+	var pressed time.Time
 	if !bypassTrust {
 		// The user trusts the hooks setup installed, once, as Codex asks at the first
 		// start after it.
@@ -131,14 +148,8 @@ trust_level = "trusted"
 			screen, _ := tmux("capture-pane", "-p")
 			return strings.Contains(screen, "Trust all and continue")
 		})
-		keys := func(k string) {
-			if out, err := tmux("send-keys", k); err != nil {
-				t.Fatalf("tmux send-keys: %v: %s", err, out)
-			}
-		}
 		// A key that comes while the TUI still discards what was typed before it drew
 		// the question is lost: it is pressed again until the screen shows it.
-		var pressed time.Time
 		eventually(t, 20*time.Second, "the choice to trust the hooks selected", func() bool {
 			screen, _ := tmux("capture-pane", "-p")
 			if strings.Contains(screen, "› 2. Trust all and continue") {
@@ -224,6 +235,36 @@ trust_level = "trusted"
 		return model.queuedTurnsWith(thread, prompts[ids[3]]) == 1
 	})
 
+	// A wake-up that nothing handed over (the spec's only sink does nothing) waits
+	// in the inbox. The user resumes the session and types a prompt: Codex runs the
+	// SessionStart hook (source resume) only as that first turn starts, and the hook
+	// hands the wake-up over, for the turn after it.
+	e := add(t, home, "--target", target, "--exec-json", `["true"]`, "--", "echo e-done")
+	prompts[e] = waitFor(t, home, e).Prompt
+	if bypassTrust {
+		// D's turn left the thread in the daemon, and a TUI with an app server of its
+		// own shows "This conversation is open in another app" for it: the user closes
+		// it there, as that screen says.
+		stopDaemon()
+	}
+	startTUI("resume", "-C", proj, thread)
+	pressed = time.Time{}
+	eventually(t, 30*time.Second, "the resumed session taking a prompt", func() bool {
+		screen, _ := tmux("capture-pane", "-p")
+		if strings.Contains(screen, "› go on") {
+			return true
+		}
+		if strings.Contains(screen, "Ask Codex to do anything") && time.Since(pressed) > time.Second {
+			keys("go on")
+			pressed = time.Now()
+		}
+		return false
+	})
+	keys("Enter")
+	eventually(t, 60*time.Second, "the resumed thread's turn for task E", func() bool {
+		return model.queuedTurnsWith(thread, prompts[e]) == 1
+	})
+
 	last := model.lastRequest(thread)
 	for id, prompt := range prompts {
 		if n := strings.Count(strings.Join(last.userTexts, "\n"), prompt); n != 1 {
@@ -234,9 +275,15 @@ trust_level = "trusted"
 		if r.trigger != "user" && r.trigger != "queue" {
 			t.Errorf("a request of the thread opened by %q", r.trigger)
 		}
-		if r.trigger == "user" && r.turn != model.requests(thread)[0].turn {
-			t.Errorf("a second user turn %s: nobody typed anything", r.turn)
+	}
+	userTurns := map[string]bool{}
+	for _, r := range model.requests(thread) {
+		if r.trigger == "user" {
+			userTurns[r.turn] = true
 		}
+	}
+	if len(userTurns) != 2 {
+		t.Errorf("%d user turns, want 2: the first prompt and the one typed after the resume", len(userTurns))
 	}
 }
 
