@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -48,6 +49,12 @@ func (p *trialPlan) planDisk(r *rand.Rand) {
 			release: []release{whileDown, afterRestart}[r.IntN(2)],
 			onLost:  []string{engine.OnLostFail, engine.OnLostRespawn}[r.IntN(2)],
 		})
+	}
+	if p.storeOnDisk() && !slices.ContainsFunc(p.tasks, func(tk trialTask) bool { return !tk.late && tk.kind.gated() && tk.release != beforeFault }) {
+		// A store learns its disk is full from a write that needs a block more: a
+		// running command's ticks (every 200ms) soon need one, a worker's
+		// heartbeats (4 a lease) take minutes.
+		p.tasks[0].kind, p.tasks[0].release = exitsWithCode, afterRestart
 	}
 	if !p.runsOnDisk() {
 		return
@@ -141,7 +148,18 @@ func fillDisk(t *testing.T, dir string) string {
 func (tr *trial) registerLate(nc *nats.Conn, i int) (id string, full bool) {
 	t := tr.t
 	t.Helper()
-	id, refusal := tr.request(nc, i)
+	id, refusal, err := tr.request(nc, i)
+	if err != nil {
+		t.Fatalf("register task %d: %v", i, err)
+	}
+	return tr.answer(i, id, refusal)
+}
+
+// answer reads the answer to task i's registration: its id, or a refusal, which
+// full says is for the full disk.
+func (tr *trial) answer(i int, id string, refusal *registrationError) (string, bool) {
+	t := tr.t
+	t.Helper()
 	switch {
 	case refusal == nil:
 		return id, false
@@ -157,18 +175,30 @@ func (tr *trial) registerLate(nc *nats.Conn, i int) (id string, full bool) {
 
 // registerRefused registers task i, refused while the disk was full, as a client
 // would: again until the server takes it. The server has room again once it has
-// reloaded its store, which it does by itself.
+// reloaded its store, which it does by itself. A registration left unanswered
+// (one that reaches the store as it is reloaded) is sent again: the task's
+// idempotency key makes it one task however many reach the log.
 func (tr *trial) registerRefused(nc *nats.Conn, i int) string {
 	t := tr.t
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(45 * time.Second)
 	for {
-		id, full := tr.registerLate(nc, i)
-		if !full {
+		id, refusal, err := tr.request(nc, i)
+		again := false
+		switch {
+		case errors.Is(err, nats.ErrTimeout):
+			tr.step(fmt.Sprintf("task %d: no answer in %s, registered again", i, answerWithin))
+			again = true
+		case err != nil:
+			t.Fatalf("register task %d: %v", i, err)
+		default:
+			id, again = tr.answer(i, id, refusal)
+		}
+		if !again {
 			return id
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("task %d still refused for a full disk 30s after it was freed", i)
+			t.Fatalf("task %d still not registered %s after the disk was freed", i, 45*time.Second)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -181,19 +211,22 @@ type registrationError struct {
 	Message string
 }
 
-// request sends task i's registration and returns the task's id, or the refusal.
-// An answer is due at once, a refusal included: one that does not come in 10s
-// fails the trial.
-func (tr *trial) request(nc *nats.Conn, i int) (string, *registrationError) {
+// answerWithin is how long a registration's answer may take. An answer is due
+// at once, a refusal for a full disk included.
+const answerWithin = 10 * time.Second
+
+// request sends task i's registration and returns the task's id or the refusal;
+// an error if there was no answer within answerWithin.
+func (tr *trial) request(nc *nats.Conn, i int) (string, *registrationError, error) {
 	t := tr.t
 	t.Helper()
 	data, err := json.Marshal(tr.spec(i))
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg, err := nc.Request("bgtask.register", data, 10*time.Second)
+	msg, err := nc.Request("bgtask.register", data, answerWithin)
 	if err != nil {
-		t.Fatalf("register task %d: %v", i, err)
+		return "", nil, err
 	}
 	var reply struct {
 		ID    string
@@ -202,7 +235,7 @@ func (tr *trial) request(nc *nats.Conn, i int) (string, *registrationError) {
 	if err := json.Unmarshal(msg.Data, &reply); err != nil || reply.ID == "" && reply.Error == nil {
 		t.Fatalf("register task %d: %s", i, msg.Data)
 	}
-	return reply.ID, reply.Error
+	return reply.ID, reply.Error, nil
 }
 
 // storeFailedAWrite reports whether the server's JetStream has logged a write
@@ -231,8 +264,7 @@ func (tr *trial) fillAndFree() {
 	tr.step(fmt.Sprintf("%s disk full", p.disk))
 	if p.storeOnDisk() {
 		// The server knows its store's disk is full from a write of its JetStream
-		// that failed: the running commands' ticks and output, the workers'
-		// heartbeats.
+		// that failed: the running commands' ticks and output soon make one.
 		eventually(t, 30*time.Second, "the server's JetStream did not fail a write for the full disk", tr.storeFailedAWrite)
 		tr.step("the store failed a write")
 	}

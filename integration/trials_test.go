@@ -383,6 +383,9 @@ func (tr *trial) spec(i int) map[string]any {
 	pids := `echo $$ $PPID >> pids.` + n + `; `
 	gate := gate(gateName(i))
 	spec := map[string]any{"cwd": tr.dir, "on_lost": tk.onLost}
+	if tk.late {
+		spec["idempotency_key"] = "late-" + n // registered again until it is answered
+	}
 	switch tk.kind {
 	case exitsWithCode:
 		spec["command"] = pids + `echo start ` + n + `; ` + gate + `echo end ` + n + `; exit ` + strconv.Itoa(tk.code)
