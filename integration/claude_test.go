@@ -41,7 +41,31 @@ type claudeSession struct {
 	dir    string // the project the session runs in
 	model  *claudeModel
 	tmux   []string
+	launch []string // the command line of claude
 	server *proc
+}
+
+// open starts claude, with more arguments, in the tmux session and returns once
+// it shows its prompt.
+func (s *claudeSession) open(args ...string) {
+	s.t.Helper()
+	s.run("new-session", "-d", "-s", "s", "-x", "200", "-y", "50", "-c", s.dir, strings.Join(append(s.launch, args...), " "))
+	eventually(s.t, 60*time.Second, "claude did not show its prompt", func() bool {
+		return strings.Contains(s.screen(), "for shortcuts")
+	})
+}
+
+// close ends the session as its user would, with /exit, and waits for claude to be
+// gone (its tmux session ends with it).
+func (s *claudeSession) close() {
+	s.t.Helper()
+	s.run("send-keys", "-t", "s", "-l", "/exit")
+	s.run("send-keys", "-t", "s", "Enter")
+	eventually(s.t, 30*time.Second, "claude did not exit", func() bool {
+		cmd := exec.Command(s.tmux[0], append(s.tmux[1:], "has-session", "-t", "s")...)
+		cmd.Env = withoutClaudeTMUX(os.Environ())
+		return cmd.Run() != nil
+	})
 }
 
 const claudeTrigger = "GO-TURN-1: start the background work"
@@ -73,20 +97,17 @@ func startClaudeSession(t *testing.T, bashCommand string) *claudeSession {
 
 	sock := fmt.Sprintf("bgtask-claude-%d-%d", os.Getpid(), time.Now().UnixNano())
 	s.tmux = []string{tmux, "-L", sock}
-	launch := strings.Join([]string{"env",
+	s.launch = []string{"env",
 		"HOME=" + user, "BGTASK_HOME=" + s.home, "PATH=" + filepath.Dir(claude) + ":/usr/local/bin:/usr/bin:/bin",
 		"ANTHROPIC_BASE_URL=" + s.model.srv.URL, "ANTHROPIC_API_KEY=anything", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
-		claude, "--permission-mode", "default"}, " ")
-	s.run("new-session", "-d", "-s", "s", "-x", "200", "-y", "50", "-c", s.dir, launch)
+		claude, "--permission-mode", "default"}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("the session's screen:\n%s\nrequests other than /v1/messages: %q", s.screen(), s.model.otherRequests())
 		}
 		_ = exec.Command(s.tmux[0], append(s.tmux[1:], "kill-server")...).Run()
 	})
-	eventually(t, 60*time.Second, "claude did not show its prompt", func() bool {
-		return strings.Contains(s.screen(), "for shortcuts")
-	})
+	s.open()
 	return s
 }
 
@@ -292,5 +313,29 @@ func TestClaudeCodeSessionGetsTwoWakeUpsThatFireTogether(t *testing.T) {
 	makeGates(t, s.dir, 2)
 	ids, target := s.turnOne(2)
 	openGates(t, s.dir, 2)
+	s.awaitWakeUps(target, ids)
+}
+
+// A session that was closed when its task fired gets the wake-up when it is
+// resumed: the session id stays, and the waiter started at SessionStart hands it over.
+func TestClaudeCodeSessionClosedGetsItsWakeUpAtResume(t *testing.T) {
+	s := startClaudeSession(t, bashAdds(1))
+	makeGates(t, s.dir, 1)
+	ids, target := s.turnOne(1)
+	s.close()
+	openGates(t, s.dir, 1)
+	waitFor(t, s.home, ids[0])
+	_, js := connect(t, s.home)
+	eventually(t, 30*time.Second, "the wake-up is not waiting in the inbox", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		cons, err := js.Consumer(ctx, events.InboxStreamName, events.InboxConsumerName(target))
+		if err != nil {
+			return false
+		}
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumPending+uint64(info.NumAckPending) == 1
+	})
+	s.open("--resume", strings.TrimPrefix(target, "claude-"))
 	s.awaitWakeUps(target, ids)
 }
