@@ -44,7 +44,8 @@ func setupCodexCmd(g *globals) *cobra.Command {
 		Long: `Install bgtask's hooks in $CODEX_HOME/hooks.json (default ~/.codex/hooks.json),
 keeping every other hook there: a prompt (typed or queued) marks the thread's
 target codex-THREAD busy, the end of a turn idle, and a resumed session gets
-the wake-ups still pending for it. Codex asks once, at the next session start,
+the wake-ups still pending for it after its first turn (Codex runs the
+SessionStart hook as that turn starts). Codex asks once, at the next session start,
 to review the new hooks: trust them. --remove takes bgtask's hooks out again.
 
 What needs no setup: 'bgtask add' run by Codex's shell tool sees CODEX_THREAD_ID,
