@@ -172,6 +172,13 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			failed = append(failed, sc.name)
 			r.progress("%s: failed: %v", sc.name, err)
 		}
+		for _, row := range s.Rows {
+			line := fmt.Sprintf("%s: %s: %s %s", sc.name, row.Name, num(row.Bgtask.Median), row.Unit)
+			if row.Ratio != nil {
+				line += fmt.Sprintf(" (%s: %s, ratio %s)", row.Against, num(row.Baseline.Median), num(*row.Ratio))
+			}
+			r.progress("%s", line)
+		}
 		rep.Scenarios = append(rep.Scenarios, s)
 		r.releaseShared(sc.name)
 	}

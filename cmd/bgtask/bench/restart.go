@@ -262,6 +262,11 @@ func runGrowth(ctx context.Context, r *runner, s *Scenario) error {
 			return err
 		}
 	}
+	// Archiving takes as long again as the rest: what came before it is shown now.
+	r.progress("growth: %d tasks: %s MiB after %v idle (empty: %s MiB): %s bytes a task; live heaps a task: NATS %d, projector %d",
+		tasks, num(summarize(fullIdle, false).Median), settle, num(summarize(emptyIdle, false).Median),
+		num((summarize(fullIdle, false).Median-summarize(emptyIdle, false).Median)*(1<<20)/float64(tasks)),
+		fig.natsHeap/int64(tasks), fig.projectorHeap/int64(tasks))
 	r.progress("growth: archiving the %d tasks", tasks)
 	took, err := r.archiveAll(ctx, home, tasks)
 	if err != nil {
