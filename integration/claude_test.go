@@ -220,15 +220,21 @@ func wakePrompt(id string) string { return wakeMark + " " + id + " exit 0" }
 
 // awaitWakeUps waits for the session to send the model, unprompted, a request that
 // holds the prompt of each task, and checks that each is there exactly once then and
-// once the inbox is read; it returns how many requests carried a new wake-up.
+// once the inbox is read.
 func (s *claudeSession) awaitWakeUps(target string, ids []string) {
 	s.t.Helper()
-	before := len(s.model.mainRequests())
+	s.awaitWakeUpsSince(len(s.model.mainRequests()), target, ids)
+}
+
+// awaitWakeUpsSince is awaitWakeUps for requests from the before'th on.
+func (s *claudeSession) awaitWakeUpsSince(before int, target string, ids []string) {
+	s.t.Helper()
 	seen := map[string]bool{}
 	eventually(s.t, 90*time.Second, "the session was not woken with every prompt", func() bool {
-		for _, r := range s.model.mainRequests()[before:] {
+		for i, r := range s.model.mainRequests()[before:] {
 			for _, id := range ids {
-				if strings.Contains(r.body, wakePrompt(id)) {
+				if !seen[id] && strings.Contains(r.body, wakePrompt(id)) {
+					s.t.Logf("the wake-up of %s is in request %d of the session", id, before+i+1)
 					if n := strings.Count(r.body, wakePrompt(id)); n != 1 {
 						s.t.Fatalf("the request that woke the session holds the prompt of %s %d times", id, n)
 					}
@@ -261,6 +267,14 @@ func (s *claudeSession) awaitWakeUps(target string, ids []string) {
 		s.t.Errorf("the session's last request holds %d typed prompts, want the one of turn 1", n)
 	}
 	s.t.Logf("%d requests to the model; others: %q", len(reqs), s.model.otherRequests())
+}
+
+// A task that ends while the turn that registered it still runs reaches the
+// session once, in that turn or the next.
+func TestClaudeCodeSessionGetsAWakeUpThatFiresDuringTheTurn(t *testing.T) {
+	s := startClaudeSession(t, bin+` add --json --prompt '`+wakeMark+` {{task_id}} exit {{exit_code}}' -- true && `+bin+` wait --timeout 30s "$(`+bin+` list --json | grep -o '"id": *"[^"]*"' | head -1 | cut -d'"' -f4)" >/dev/null`)
+	ids, target := s.turnOne(1)
+	s.awaitWakeUpsSince(0, target, ids)
 }
 
 // bashAdds is the Bash command of turn 1: n tasks, each waiting on its gate (goI),
