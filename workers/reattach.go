@@ -220,10 +220,13 @@ type stopDecision struct {
 	KeepRunning bool    `json:"keep_running,omitempty"`
 }
 
-func (r *run) saveDecision(dir string, d stopDecision) {
+// saveDecision writes d into the run directory dir of task id. It takes the id, not
+// the run, since it is called from the copy of the output, where the run's state is
+// not to be read.
+func (w *Worker) saveDecision(id, dir string, d stopDecision) {
 	if err := writeJSONAtomic(filepath.Join(dir, decisionFile), d); err != nil {
-		r.w.cfg.Base.Logger.Warn("a decision about a run is not on disk: a restart before its end is recorded may not finish it",
-			"task", r.state.ID, "stopped_by", d.StoppedBy, "err", err)
+		w.cfg.Base.Logger.Warn("a decision about a run is not on disk: a restart before its end is recorded may not finish it",
+			"task", id, "stopped_by", d.StoppedBy, "err", err)
 	}
 }
 

@@ -302,7 +302,7 @@ func (r *run) newWatcher(proc *process, run shimRun, offsets *[2]int64, fileOffs
 		// A match is on disk before the log has its line, so a worker that dies at
 		// any moment finds either the match or, where the log stands, the line again.
 		x.lines = newLineWatch(m, func(line string) {
-			r.saveDecision(proc.dir, stopDecision{StoppedBy: events.StoppedByMatch, MatchedLine: &line, KeepRunning: spec.KeepRunning})
+			w.saveDecision(id, proc.dir, stopDecision{StoppedBy: events.StoppedByMatch, MatchedLine: &line, KeepRunning: spec.KeepRunning})
 		})
 		stdout.writers = append([]io.Writer{x.lines}, stdout.writers...)
 		if decided != nil && decided.MatchedLine != nil {
@@ -454,7 +454,7 @@ func (x *watcher) deadlinePassed(ctx context.Context) {
 	default:
 	}
 	x.r.w.cfg.Base.Logger.Info("deadline passed: stopping the task", "task", x.r.state.ID)
-	x.r.saveDecision(x.proc.dir, stopDecision{StoppedBy: events.StoppedByDeadline})
+	x.r.w.saveDecision(x.r.state.ID, x.proc.dir, stopDecision{StoppedBy: events.StoppedByDeadline})
 	x.proc.stop(x.r.w.cfg.KillGrace)
 	x.end(ctx, events.StoppedByDeadline, false)
 }
@@ -495,7 +495,7 @@ func (x *watcher) checkStall(ctx context.Context, now time.Time, check *<-chan t
 		return true, true, nil
 	}
 	log.Info("task stalled: stopping it", "task", id, "silent", silent)
-	x.r.saveDecision(x.proc.dir, stopDecision{StoppedBy: events.StoppedByStall})
+	x.r.w.saveDecision(x.r.state.ID, x.proc.dir, stopDecision{StoppedBy: events.StoppedByStall})
 	x.proc.stop(grace)
 	x.end(ctx, events.StoppedByStall, false)
 	return true, false, nil
