@@ -100,6 +100,8 @@ func startClaudeSession(t *testing.T, bashCommand string) *claudeSession {
 	s.launch = []string{"env",
 		"HOME=" + user, "BGTASK_HOME=" + s.home, "PATH=" + filepath.Dir(claude) + ":/usr/local/bin:/usr/bin:/bin",
 		"ANTHROPIC_BASE_URL=" + s.model.srv.URL, "ANTHROPIC_API_KEY=anything", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
+		// The hooks' bgtask, built with -race when the tests are, fails on a race.
+		"GORACE='atexit_sleep_ms=0 halt_on_error=1'",
 		claude, "--permission-mode", "default"}
 	t.Cleanup(func() {
 		if t.Failed() {
