@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -78,8 +79,11 @@ bgtask's hooks. See docs/claude-code.md.`,
 			}
 			if remove {
 				fmt.Fprintf(g.stdout, "Removed the bgtask hooks from %s.\n", path)
-			} else {
-				fmt.Fprintf(g.stdout, "Installed the bgtask hooks in %s. Claude Code sessions started from now on are woken when their tasks end.\n", path)
+				return nil
+			}
+			fmt.Fprintf(g.stdout, "Installed the bgtask hooks in %s. Claude Code sessions started from now on are woken when their tasks end.\n", path)
+			if _, err := exec.LookPath("bgtask"); err != nil && sc == claudecode.ScopeProject {
+				fmt.Fprintln(g.stderr, "bgtask: warning: bgtask is not on PATH, and a project's hooks run it from there")
 			}
 			return nil
 		},
@@ -182,14 +186,20 @@ understood, it says so on stderr and exits 0.`,
 				fmt.Fprintf(g.stderr, "bgtask hook claude-code: want one EVENT, got %q\n", args)
 				return nil
 			}
-			in := readClaudeHookInput(g.stderr)
+			// The waiter's stderr is what the session is handed on exit 2: only
+			// prompts go there.
+			warn := g.stderr
+			if args[0] == claudecode.Wake {
+				warn = io.Discard
+			}
+			in := readClaudeHookInput(warn)
 			sid := in.SessionID
 			if sid == "" {
 				sid = os.Getenv("CLAUDE_CODE_SESSION_ID")
 			}
-			s, ok := currentSession(func(string) string { return sid }, g.stderr)
+			s, ok := currentSession(func(string) string { return sid }, warn)
 			if sid == "" || !ok {
-				fmt.Fprintln(g.stderr, "bgtask hook claude-code: no session_id in the hook's input")
+				fmt.Fprintln(warn, "bgtask hook claude-code: no session_id in the hook's input")
 				return nil
 			}
 			switch args[0] {
@@ -215,6 +225,8 @@ func readClaudeHookInput(warn io.Writer) claudeHookInput {
 		return in // a terminal: run by hand
 	}
 	data, err := io.ReadAll(io.LimitReader(os.Stdin, 1<<20))
+	// The rest (a large tool response) is not needed, but Claude Code writes it all.
+	_, _ = io.Copy(io.Discard, os.Stdin)
 	if err == nil && len(bytes.TrimSpace(data)) > 0 {
 		if err := json.Unmarshal(data, &in); err != nil {
 			fmt.Fprintf(warn, "bgtask hook claude-code: the hook's input is not JSON: %v\n", err)
