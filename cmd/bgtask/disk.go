@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"syscall"
 	"time"
 
@@ -132,37 +132,98 @@ const diskRoomBytes = 16 << 20
 // that failed for lack of space.
 type storeAlarm struct {
 	server.Logger
-	full atomic.Bool
+	mu     sync.Mutex
+	full   bool
+	raised chan struct{} // closed when full becomes true
+}
+
+func newStoreAlarm(l server.Logger) *storeAlarm {
+	return &storeAlarm{Logger: l, raised: make(chan struct{})}
 }
 
 func (a *storeAlarm) Errorf(format string, v ...any) {
 	if strings.Contains(fmt.Sprintf(format, v...), syscall.ENOSPC.Error()) {
-		a.full.Store(true)
+		a.raise()
 	}
 	a.Logger.Errorf(format, v...)
+}
+
+func (a *storeAlarm) raise() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.full {
+		a.full = true
+		close(a.raised)
+	}
+}
+
+func (a *storeAlarm) clear() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.full {
+		a.full = false
+		a.raised = make(chan struct{})
+	}
+}
+
+// Full reports whether the store's disk is full.
+func (a *storeAlarm) Full() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.full
+}
+
+// Raised is closed when the disk is next found full (at once if it is).
+func (a *storeAlarm) Raised() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.raised
 }
 
 // watchStoreDisk has the embedded server log through an alarm that notes a write
 // of its store that failed for lack of space.
 func watchStoreDisk(ns *server.Server, logger *slog.Logger) *storeAlarm {
-	alarm := &storeAlarm{Logger: natsLogger{logger.With("component", "nats")}}
+	alarm := newStoreAlarm(natsLogger{logger.With("component", "nats")})
 	ns.SetLoggerV2(alarm, false, false, false)
 	return alarm
 }
 
 // refuseWhenFull is the store of the API's requests: while the store's disk is
 // full, an append fails at once with events.ErrNoSpace, so a registration says
-// why instead of waiting for an answer JetStream does not give.
+// why instead of waiting for an answer JetStream does not give. An append in flight
+// when the disk fills gets no answer either: it too fails with ErrNoSpace as soon
+// as the alarm is raised. Such an append may have been stored all the same; a
+// registration made again with its idempotency key finds that task.
 type refuseWhenFull struct {
 	events.Store
-	full func() bool
+	alarm diskAlarm
+}
+
+// diskAlarm says whether the store's disk is full, and when it fills.
+type diskAlarm interface {
+	Full() bool
+	Raised() <-chan struct{}
 }
 
 func (s refuseWhenFull) Append(ctx context.Context, ev events.Event, expect uint64) (uint64, error) {
-	if s.full() {
+	raised := s.alarm.Raised()
+	if s.alarm.Full() {
 		return 0, events.ErrNoSpace
 	}
-	return s.Store.Append(ctx, ev, expect)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-raised:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	seq, err := s.Store.Append(ctx, ev, expect)
+	if err != nil && s.alarm.Full() {
+		return 0, events.ErrNoSpace
+	}
+	return seq, err
 }
 
 // recoverFullDisk restarts the embedded JetStream once a disk that filled has
@@ -184,7 +245,7 @@ func recoverFullDisk(ctx context.Context, ns *server.Server, alarm *storeAlarm, 
 			return
 		case <-tick.C:
 		}
-		if !alarm.full.Load() {
+		if !alarm.Full() {
 			continue
 		}
 		var st syscall.Statfs_t
@@ -196,7 +257,6 @@ func recoverFullDisk(ctx context.Context, ns *server.Server, alarm *storeAlarm, 
 			continue
 		}
 		logger.Warn("the disk of the event store has room again: reloading JetStream, whose streams fail every write after one failed for lack of space", "dir", cfg.StoreDir)
-		alarm.full.Store(false)
 		told = false
 		if err := ns.ShutdownJetStream(); err != nil {
 			logger.Error("stop JetStream", "err", err)
@@ -206,7 +266,10 @@ func recoverFullDisk(ctx context.Context, ns *server.Server, alarm *storeAlarm, 
 		again.StoreDir = filepath.Dir(cfg.StoreDir)
 		if err := ns.EnableJetStream(&again); err != nil {
 			logger.Error("JetStream not started again", "err", err)
-			alarm.full.Store(true) // tried again at the next tick
+			continue // tried again at the next tick
 		}
+		// Cleared only now: a request made during the reload would reach a stream
+		// still in its failed state, and get no answer.
+		alarm.clear()
 	}
 }

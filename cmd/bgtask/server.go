@@ -185,7 +185,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	node, err := startNode(ctx, nc, base, nodeOptions{
 		writer: "engine@" + hostName(), leaseTTL: o.leaseTTL, replicas: 1,
 		push: o.pushing(secret), denyPrivate: o.denyPrivate, archiveAfter: o.archiveAfter,
-		logBytes: int64(o.logBytes), maxStore: ns.JetStreamConfig().MaxStore, diskFull: alarm.full.Load,
+		logBytes: int64(o.logBytes), maxStore: ns.JetStreamConfig().MaxStore, diskFull: alarm,
 		snapshots: projections.Snapshots{Path: filepath.Join(home, snapshotFile), Every: o.snapshotEvery, Build: buildID()},
 	})
 	if err != nil {
@@ -379,7 +379,7 @@ type nodeOptions struct {
 	denyPrivate bool
 	// diskFull, if set, says the store's disk is full: registrations and cancels
 	// then fail at once, where JetStream would leave their appends unanswered.
-	diskFull func() bool
+	diskFull diskAlarm
 }
 
 func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptions) (*node, error) {
@@ -480,7 +480,7 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptio
 	}
 	var requests events.Store = store
 	if o.diskFull != nil {
-		requests = refuseWhenFull{Store: store, full: o.diskFull}
+		requests = refuseWhenFull{Store: store, alarm: o.diskFull}
 	}
 	svc := engine.NewService(requests, writer, base)
 	svc.ReadArchive(archive)
