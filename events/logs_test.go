@@ -75,6 +75,9 @@ func TestLogWriterKeepsEveryByteInOrder(t *testing.T) {
 		t.Fatalf("stdout total %d dropped %d, want %d and 0", total, dropped, want.Len())
 	}
 	errw.Close(ctx, true)
+	// An end mark with no output left to carry is a message of its own, EndMark's.
+	out.EndMark(ctx)
+	errw.EndMark(ctx)
 
 	r := readAll(t, logs, "t1", false)
 	if got := r.data[events.Stdout].String(); got != want.String() {
