@@ -18,6 +18,7 @@ import (
 
 type addOptions struct {
 	cwd, kind, prompt, target, key, origin string
+	home                                   string // --home, for the delivery sink of a Codex session
 	env                                    []string
 	noCwd, keepRunning, asJSON, anywhere   bool
 	labels                                 []string
@@ -85,6 +86,7 @@ func addCmd(g *globals) *cobra.Command {
 			if dash := cmd.ArgsLenAtDash(); dash > 0 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("unexpected arguments before --: %q", args[:dash])}
 			}
+			o.home = g.home
 			raw, ownKey, err := o.spec(cmd, args)
 			if err != nil {
 				return err
@@ -214,7 +216,7 @@ func (o *addOptions) fields(cmd *cobra.Command, args []string) (map[string]any, 
 		return nil, err
 	}
 	set("policy", "policy", o.policy)
-	if s, ok := currentSession(os.Getenv, cmd.ErrOrStderr()); ok {
+	if s, ok := currentSession(os.Getenv, o.home, cmd.ErrOrStderr()); ok {
 		applySession(doc, s)
 	}
 	if changed("webhook") || changed("exec-json") {

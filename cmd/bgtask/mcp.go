@@ -71,7 +71,7 @@ every --progress-every to a client that asked for them.`,
 			if err != nil {
 				return err
 			}
-			session, inSession := currentSession(os.Getenv, g.stderr)
+			session, inSession := currentSession(os.Getenv, g.home, g.stderr)
 			m := &mcpServer{g: g, cwd: cwd, progressEvery: progressEvery}
 			if inSession {
 				m.session = &session

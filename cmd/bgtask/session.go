@@ -27,10 +27,12 @@ var sessionVars = []struct{ name, runtime, prefix, key string }{
 	{"CODEX_THREAD_ID", "codex", "codex-", "thread_id"},
 }
 
-// currentSession is the agent session of this process's environment, if any. An id
+// currentSession is the agent session of this process's environment, if any; home
+// is the --home given to this command ("": the default), which a Codex session's
+// delivery sink is to use too. An id
 // that cannot name a target is reported on warn and ignored: the task then goes to
 // the default target rather than failing a command that named no target at all.
-func currentSession(getenv func(string) string, warn io.Writer) (agentSession, bool) {
+func currentSession(getenv func(string) string, home string, warn io.Writer) (agentSession, bool) {
 	for _, v := range sessionVars {
 		id := getenv(v.name)
 		if id == "" {
@@ -43,7 +45,7 @@ func currentSession(getenv func(string) string, warn io.Writer) (agentSession, b
 		}
 		s := agentSession{target: target, origin: map[string]string{"runtime": v.runtime, v.key: id}}
 		if v.runtime == "codex" {
-			s.deliver = codexDeliverSink(getenv, id)
+			s.deliver = codexDeliverSink(getenv, home, id)
 		}
 		return s, true
 	}
@@ -69,12 +71,12 @@ func applySession(doc map[string]any, s agentSession) {
 // ('bgtask setup codex deliver'). It runs in the bgtask server's environment, so
 // it names this bgtask, its home and the Codex home of the session, and the codex
 // program if this environment has one on PATH.
-func codexDeliverSink(getenv func(string) string, thread string) []map[string]any {
+func codexDeliverSink(getenv func(string) string, homeFlag, thread string) []map[string]any {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil
 	}
-	home, err := homeDir("")
+	home, err := homeDir(homeFlag)
 	if err != nil {
 		return nil
 	}

@@ -197,7 +197,7 @@ understood, it says so on stderr and exits 0.`,
 			if sid == "" {
 				sid = os.Getenv("CLAUDE_CODE_SESSION_ID")
 			}
-			s, ok := currentSession(func(string) string { return sid }, warn)
+			s, ok := currentSession(func(string) string { return sid }, g.home, warn)
 			if sid == "" || !ok {
 				fmt.Fprintln(warn, "bgtask hook claude-code: no session_id in the hook's input")
 				return nil

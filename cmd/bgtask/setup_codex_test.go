@@ -130,7 +130,7 @@ func TestCodexHooksFollowTheThreadsTurns(t *testing.T) {
 func TestAddInACodexSessionPushesToItsThread(t *testing.T) {
 	home := t.TempDir()
 	t.Setenv("HOME", home)
-	t.Setenv("BGTASK_HOME", home)
+	t.Setenv("BGTASK_HOME", "") // the sink takes add's --home, not the default
 	t.Setenv("CLAUDE_CODE_SESSION_ID", "")
 	t.Setenv("CODEX_HOME", "/somewhere/.codex")
 	startServer(t, home)
