@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -50,20 +49,17 @@ func (p *trialPlan) planDisk(r *rand.Rand) {
 			onLost:  []string{engine.OnLostFail, engine.OnLostRespawn}[r.IntN(2)],
 		})
 	}
-	if p.storeOnDisk() && !slices.ContainsFunc(p.tasks, func(tk trialTask) bool { return !tk.late && tk.kind.gated() && tk.release != beforeFault }) {
-		// A store learns its disk is full from a write that needs a block more: a
-		// running command's ticks (every 200ms) soon need one, a worker's
-		// heartbeats (4 a lease) take minutes.
-		p.tasks[0].kind, p.tasks[0].release = exitsWithCode, afterRestart
-	}
 	if !p.runsOnDisk() {
 		return
 	}
-	// What a command prints while the disk of its run is full is lost, and a
-	// completion line lost is a task that never completes: the commands whose
-	// line completes them print it once the disk has room again.
+	// What a command prints while the disk of its run is full is lost where it
+	// needs a block the output file does not have yet: a command whose completion
+	// line is its first output, printed while the disk is full, never completes.
+	// It prints it once the disk has room again. (A split line's second half goes
+	// on in the page its first half took; a late task's run cannot start before the
+	// disk has room.)
 	for i, tk := range p.tasks {
-		if tk.kind == splitsItsLine || tk.kind == ignoresTerm {
+		if tk.kind == ignoresTerm && tk.release == whileDown && !tk.late {
 			p.tasks[i].release = afterRestart
 		}
 	}
@@ -148,18 +144,7 @@ func fillDisk(t *testing.T, dir string) string {
 func (tr *trial) registerLate(nc *nats.Conn, i int) (id string, full bool) {
 	t := tr.t
 	t.Helper()
-	id, refusal, err := tr.request(nc, i)
-	if err != nil {
-		t.Fatalf("register task %d: %v", i, err)
-	}
-	return tr.answer(i, id, refusal)
-}
-
-// answer reads the answer to task i's registration: its id, or a refusal, which
-// full says is for the full disk.
-func (tr *trial) answer(i int, id string, refusal *registrationError) (string, bool) {
-	t := tr.t
-	t.Helper()
+	id, refusal := tr.request(nc, i)
 	switch {
 	case refusal == nil:
 		return id, false
@@ -175,30 +160,19 @@ func (tr *trial) answer(i int, id string, refusal *registrationError) (string, b
 
 // registerRefused registers task i, refused while the disk was full, as a client
 // would: again until the server takes it. The server has room again once it has
-// reloaded its store, which it does by itself. A registration left unanswered
-// (one that reaches the store as it is reloaded) is sent again: the task's
-// idempotency key makes it one task however many reach the log.
+// reloaded its store, which it does by itself; every registration is answered at
+// once meanwhile, one made during the reload too.
 func (tr *trial) registerRefused(nc *nats.Conn, i int) string {
 	t := tr.t
 	t.Helper()
-	deadline := time.Now().Add(45 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
-		id, refusal, err := tr.request(nc, i)
-		again := false
-		switch {
-		case errors.Is(err, nats.ErrTimeout):
-			tr.step(fmt.Sprintf("task %d: no answer in %s, registered again", i, answerWithin))
-			again = true
-		case err != nil:
-			t.Fatalf("register task %d: %v", i, err)
-		default:
-			id, again = tr.answer(i, id, refusal)
-		}
-		if !again {
+		id, full := tr.registerLate(nc, i)
+		if !full {
 			return id
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("task %d still not registered %s after the disk was freed", i, 45*time.Second)
+			t.Fatalf("task %d still refused for a full disk %s after it was freed", i, 30*time.Second)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -211,22 +185,20 @@ type registrationError struct {
 	Message string
 }
 
-// answerWithin is how long a registration's answer may take. An answer is due
-// at once, a refusal for a full disk included.
-const answerWithin = 10 * time.Second
-
-// request sends task i's registration and returns the task's id or the refusal;
-// an error if there was no answer within answerWithin.
-func (tr *trial) request(nc *nats.Conn, i int) (string, *registrationError, error) {
+// request sends task i's registration and returns the task's id, or the refusal.
+// An answer is due at once, a refusal for a full disk included: one that does not
+// come in 10s fails the trial.
+func (tr *trial) request(nc *nats.Conn, i int) (string, *registrationError) {
 	t := tr.t
 	t.Helper()
 	data, err := json.Marshal(tr.spec(i))
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg, err := nc.Request("bgtask.register", data, answerWithin)
+	start := time.Now()
+	msg, err := nc.Request("bgtask.register", data, 10*time.Second)
 	if err != nil {
-		return "", nil, err
+		t.Fatalf("register task %d: no answer after %s: %v", i, time.Since(start).Round(time.Millisecond), err)
 	}
 	var reply struct {
 		ID    string
@@ -235,18 +207,7 @@ func (tr *trial) request(nc *nats.Conn, i int) (string, *registrationError, erro
 	if err := json.Unmarshal(msg.Data, &reply); err != nil || reply.ID == "" && reply.Error == nil {
 		t.Fatalf("register task %d: %s", i, msg.Data)
 	}
-	return reply.ID, reply.Error, nil
-}
-
-// storeFailedAWrite reports whether the server's JetStream has logged a write
-// that failed for lack of space.
-func (tr *trial) storeFailedAWrite() bool {
-	for _, line := range strings.Split(tr.server.out.String(), "\n") {
-		if strings.Contains(line, "component=nats") && noSpace(line) {
-			return true
-		}
-	}
-	return false
+	return reply.ID, reply.Error
 }
 
 // fillAndFree is the disk-full fault: every command has started when the disk
@@ -262,12 +223,6 @@ func (tr *trial) fillAndFree() {
 	}
 	ballast := fillDisk(t, tr.diskDir())
 	tr.step(fmt.Sprintf("%s disk full", p.disk))
-	if p.storeOnDisk() {
-		// The server knows its store's disk is full from a write of its JetStream
-		// that failed: the running commands' ticks and output soon make one.
-		eventually(t, 30*time.Second, "the server's JetStream did not fail a write for the full disk", tr.storeFailedAWrite)
-		tr.step("the store failed a write")
-	}
 	nc, _ := connect(t, tr.home)
 	defer nc.Close()
 	var refused []int

@@ -384,7 +384,7 @@ func (tr *trial) spec(i int) map[string]any {
 	gate := gate(gateName(i))
 	spec := map[string]any{"cwd": tr.dir, "on_lost": tk.onLost}
 	if tk.late {
-		spec["idempotency_key"] = "late-" + n // registered again until it is answered
+		spec["idempotency_key"] = "late-" + n // a refusal for a full disk may come for a task stored all the same
 	}
 	switch tk.kind {
 	case exitsWithCode:
