@@ -159,23 +159,27 @@ func writeSettings(path string, data []byte) error {
 // claudeHookInput is what Claude Code writes to a hook's stdin that bgtask reads.
 type claudeHookInput struct {
 	SessionID string `json:"session_id"`
-	Event     string `json:"hook_event_name"`
 }
 
 // claudeHookBound bounds a quick hook's talk with the server: Claude Code waits for
 // it before it goes on.
 const claudeHookBound = 3 * time.Second
 
+// claudeBusyTTL ends a session's busy state by itself: a Claude Code killed in a
+// turn runs no Stop hook, and its target would stay busy for good.
+const claudeBusyTTL = 30 * time.Minute
+
 func hookClaudeCodeCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "claude-code EVENT",
 		Short: "Claude Code's hooks (installed by 'bgtask setup claude-code')",
 		Long: `Run as one of Claude Code's hooks, reading the hook's JSON on stdin (session_id).
-EVENT is UserPromptSubmit (the session's target claude-SESSION_ID is busy), Stop,
-SessionStart or SessionEnd (it is idle), or wake: wait for the target's next
-wake-ups and hand them to the session (their prompts on stderr, exit status 2, which
-Claude Code's asyncRewake turns into a new turn), acknowledging them only then.
-Only one wake hook waits per session; the others exit at once.
+EVENT is UserPromptSubmit (the session's target claude-SESSION_ID is busy, for 30
+minutes at most), Stop, SessionStart or SessionEnd (it is idle), or wake: wait for
+the target's next wake-ups and hand them to the session (their prompts on stderr,
+exit status 2, which Claude Code's asyncRewake turns into a new turn),
+acknowledging them only then. Only one wake hook waits per session; the others
+exit at once.
 
 A hook never breaks the session: when no server answers, or the input is not
 understood, it says so on stderr and exits 0.`,
@@ -192,23 +196,26 @@ understood, it says so on stderr and exits 0.`,
 			if args[0] == claudecode.Wake {
 				warn = io.Discard
 			}
-			in := readClaudeHookInput(warn)
-			sid := in.SessionID
+			sid := readClaudeHookInput(warn).SessionID
 			if sid == "" {
 				sid = os.Getenv("CLAUDE_CODE_SESSION_ID")
 			}
-			s, ok := currentSession(func(string) string { return sid }, g.home, warn)
-			if sid == "" || !ok {
+			target := "claude-" + sid
+			switch {
+			case sid == "":
 				fmt.Fprintln(warn, "bgtask hook claude-code: no session_id in the hook's input")
+				return nil
+			case !events.ValidToken(target):
+				fmt.Fprintf(warn, "bgtask hook claude-code: session_id %q cannot name a target (1-128 letters, digits, '-' or '_')\n", sid)
 				return nil
 			}
 			switch args[0] {
 			case "UserPromptSubmit":
-				g.setClaudeTarget(cmd.Context(), s.target, events.TargetBusy)
+				g.setClaudeTarget(cmd.Context(), target, events.TargetBusy)
 			case "Stop", "SessionStart", "SessionEnd":
-				g.setClaudeTarget(cmd.Context(), s.target, events.TargetIdle)
+				g.setClaudeTarget(cmd.Context(), target, events.TargetIdle)
 			case claudecode.Wake:
-				return g.claudeWake(cmd.Context(), sid, s.target)
+				return g.claudeWake(cmd.Context(), sid, target)
 			default:
 				fmt.Fprintf(g.stderr, "bgtask hook claude-code: event %q: use UserPromptSubmit, Stop, SessionStart, SessionEnd or %s\n", args[0], claudecode.Wake)
 			}
@@ -217,20 +224,18 @@ understood, it says so on stderr and exits 0.`,
 	}
 }
 
-// readClaudeHookInput reads the hook's JSON from stdin; what is not there or not
-// understood leaves the fields empty.
+// readClaudeHookInput reads the hook's JSON from stdin, however large (a tool's
+// response may be); what is not there or not understood leaves the fields empty.
 func readClaudeHookInput(warn io.Writer) claudeHookInput {
 	var in claudeHookInput
 	if st, err := os.Stdin.Stat(); err != nil || st.Mode()&fs.ModeCharDevice != 0 {
 		return in // a terminal: run by hand
 	}
-	data, err := io.ReadAll(io.LimitReader(os.Stdin, 1<<20))
-	// The rest (a large tool response) is not needed, but Claude Code writes it all.
+	err := json.NewDecoder(os.Stdin).Decode(&in)
+	// Claude Code writes all of its input; a hook that stops reading could block it.
 	_, _ = io.Copy(io.Discard, os.Stdin)
-	if err == nil && len(bytes.TrimSpace(data)) > 0 {
-		if err := json.Unmarshal(data, &in); err != nil {
-			fmt.Fprintf(warn, "bgtask hook claude-code: the hook's input is not JSON: %v\n", err)
-		}
+	if err != nil && !errors.Is(err, io.EOF) {
+		fmt.Fprintf(warn, "bgtask hook claude-code: the hook's input is not JSON: %v\n", err)
 	}
 	return in
 }
@@ -240,7 +245,12 @@ func readClaudeHookInput(warn io.Writer) claudeHookInput {
 func (g *globals) setClaudeTarget(ctx context.Context, target, state string) {
 	g.timeout = claudeHookBound
 	err := g.withTargets(ctx, func(ctx context.Context, targets *events.Targets) error {
-		return targets.Set(ctx, target, events.TargetState{State: state, Since: time.Now().UTC()})
+		st := events.TargetState{State: state, Since: time.Now().UTC()}
+		if state == events.TargetBusy {
+			until := st.Since.Add(claudeBusyTTL)
+			st.Until = &until
+		}
+		return targets.Set(ctx, target, st)
 	})
 	if err != nil {
 		fmt.Fprintf(g.stderr, "bgtask hook claude-code: target %s %s: %v\n", state, target, err)

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -197,11 +199,39 @@ func TestClaudeHooksMarkTheTargetAndNeverFail(t *testing.T) {
 		return strings.Join(strings.Fields(out), " ")
 	}
 	claudeHook(context.Background(), home, "s3", "UserPromptSubmit")
-	if got := state(); got != "claude-s3 busy" {
-		t.Errorf("after UserPromptSubmit: %q", got)
+	// A Claude Code killed in its turn runs no Stop hook: the busy state ends by itself.
+	states := decode[[]struct {
+		Name, State string
+		Until       *time.Time
+	}](t, bgtask(t, home, "target", "list", "--json").must(t, 0, "target list").stdout)
+	if len(states) != 1 || states[0].Name != "claude-s3" || states[0].State != "busy" || states[0].Until == nil ||
+		time.Until(*states[0].Until) < claudeBusyTTL-time.Minute || time.Until(*states[0].Until) > claudeBusyTTL {
+		t.Errorf("after UserPromptSubmit: %+v; want claude-s3 busy for %v", states, claudeBusyTTL)
 	}
 	claudeHook(context.Background(), home, "s3", "Stop")
 	if got := state(); got != "claude-s3 idle" {
 		t.Errorf("after Stop: %q", got)
+	}
+}
+
+func TestClaudeHookReadsTheSessionOfALargeInput(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "input.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	big := strings.Repeat("x", 3<<20)
+	if _, err := f.WriteString(`{"tool_response": "` + big + `", "session_id": "big"}`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	stdin := os.Stdin
+	os.Stdin = f
+	defer func() { os.Stdin = stdin }()
+	var warn bytes.Buffer
+	if in := readClaudeHookInput(&warn); in.SessionID != "big" || warn.Len() > 0 {
+		t.Fatalf("session %q from an input of %d bytes; warned %q", in.SessionID, len(big), warn.String())
 	}
 }
