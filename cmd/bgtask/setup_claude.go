@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -270,18 +271,18 @@ func (g *globals) claudeWake(ctx context.Context, sid, target string) error {
 	}
 	home, err := homeDir(g.home)
 	if err != nil {
-		fmt.Fprintf(g.stderr, "bgtask hook claude-code: %v\n", err)
 		return nil
 	}
-	lock, held, err := lockClaudeSession(home, sid)
-	if err != nil {
-		fmt.Fprintf(g.stderr, "bgtask hook claude-code: %v\n", err)
+	dir := filepath.Join(home, claudeSessionsDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil
 	}
-	if !held {
-		return nil // another hook waits for this session
+	lock, held, err := lockClaudeSession(dir, sid)
+	if err != nil || !held {
+		return nil // unusable, or another hook waits for this session
 	}
-	defer lock.Close()
+	defer unlockClaudeSession(lock)
+	pruneClaudeSessions(dir, time.Now())
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	claudePID, _ := strconv.Atoi(os.Getenv("CLAUDE_PID"))
@@ -296,8 +297,9 @@ func (g *globals) claudeWake(ctx context.Context, sid, target string) error {
 			cancel()
 		}()
 	}
+	w := &claudeWaiter{g: g, handed: handedFile{path: filepath.Join(dir, sid+".handed")}, claudePID: claudePID}
 	for ctx.Err() == nil {
-		handed, retry := g.claudeWaitOnce(ctx, target, claudePID)
+		handed, retry := w.waitOnce(ctx, target)
 		if handed {
 			return &exitError{code: 2}
 		}
@@ -308,10 +310,29 @@ func (g *globals) claudeWake(ctx context.Context, sid, target string) error {
 	return nil
 }
 
-// claudeWaitOnce waits on one connection: handed says wake-ups were handed over,
-// retry that the server may come back.
-func (g *globals) claudeWaitOnce(ctx context.Context, target string, claudePID int) (handed, retry bool) {
-	nc, err := g.connect("bgtask-claude-code-hook")
+// claudeSessionsDir, in the home, holds each session's lock and handed file.
+const claudeSessionsDir = "claude-sessions"
+
+// claudeAckBound is how long a waiter that wrote its prompts retries their acks:
+// the session's turn waits for its exit, and an ack not made by then is made by the
+// session's next waiter, which the handed file keeps from handing it over again.
+const claudeAckBound = 10 * time.Second
+
+// claudeHandedKeep is how long an entry of a handed file is kept: as long as the
+// inbox keeps a wake-up by default, after which it cannot come back.
+const claudeHandedKeep = 30 * 24 * time.Hour
+
+// claudeWaiter is one session's waiting hook.
+type claudeWaiter struct {
+	g         *globals
+	handed    handedFile
+	claudePID int
+}
+
+// waitOnce waits on one connection: handed says wake-ups were handed over, retry
+// that the server may come back.
+func (w *claudeWaiter) waitOnce(ctx context.Context, target string) (handed, retry bool) {
+	nc, err := w.g.connect("bgtask-claude-code-hook")
 	if err != nil {
 		return false, errors.As(err, new(*serverAbsent))
 	}
@@ -347,72 +368,244 @@ func (g *globals) claudeWaitOnce(ctx context.Context, target string, claudePID i
 				msgs = append(msgs, msg)
 			}
 		}
-		return g.handOver(ctx, msgs, claudePID), true
+		if w.handOver(ctx, msgs) {
+			return true, true
+		}
 	}
 	return false, false
 }
 
 // handOver writes the wake-ups' prompts to stderr for Claude Code and acknowledges
-// them: the exit status 2 that follows makes them the session's next turn. A session
-// that is gone, or ending, gets nothing, and the wake-ups go back to the inbox.
-func (g *globals) handOver(ctx context.Context, msgs []jetstream.Msg, claudePID int) bool {
-	giveBack := func() {
-		for _, m := range msgs {
-			_ = m.Nak()
-		}
-	}
+// them: the exit status 2 that follows makes them the session's next turn. Their
+// keys go to the handed file first, so that one whose ack fails is acknowledged by
+// the session's next waiter without being handed over again. A session that is
+// gone, or ending, gets nothing, and the wake-ups go back to the inbox. Wake-ups an
+// earlier waiter handed over are only acknowledged; handed is false when there were
+// only those.
+func (w *claudeWaiter) handOver(ctx context.Context, msgs []jetstream.Msg) (handed bool) {
+	before, _ := w.handed.read(time.Now())
 	var text bytes.Buffer
-	for i, m := range msgs {
-		if i > 0 {
-			text.WriteByte('\n')
-		}
-		var w events.Wakeup
-		if err := json.Unmarshal(m.Data(), &w); err != nil {
+	var fresh []jetstream.Msg
+	var keys []string
+	for _, m := range msgs {
+		var wk events.Wakeup
+		if err := json.Unmarshal(m.Data(), &wk); err != nil {
+			fresh, keys = append(fresh, m), append(keys, "")
+			if text.Len() > 0 {
+				text.WriteByte('\n')
+			}
 			fmt.Fprintf(&text, "bgtask: an unreadable wake-up in the inbox: %s\n", m.Data())
 			continue
 		}
-		_ = printWakeup(&text, w)
-	}
-	if ctx.Err() != nil || (claudePID > 0 && !processAlive(claudePID)) {
-		giveBack()
-		return false
-	}
-	if _, err := g.stderr.Write(text.Bytes()); err != nil {
-		giveBack()
-		return false
-	}
-	acked := false
-	for _, m := range msgs {
-		// Stderr holds the prompt now: the ack is finished even if the hook is told
-		// to stop meanwhile.
-		actx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if m.DoubleAck(actx) == nil {
-			acked = true
+		key := handedKey(wk)
+		if before[key] {
+			if ackUntil(ctx, m, time.Now().Add(claudeAckBound)) {
+				_ = w.handed.remove(key)
+			}
+			continue
 		}
-		cancel()
+		fresh, keys = append(fresh, m), append(keys, key)
+		if text.Len() > 0 {
+			text.WriteByte('\n')
+		}
+		_ = printWakeup(&text, wk)
 	}
-	return acked
+	if len(fresh) == 0 {
+		return false
+	}
+	giveBack := func(from int) {
+		_ = w.handed.remove(keys[from:]...)
+		for _, m := range fresh[from:] {
+			_ = m.Nak()
+		}
+	}
+	if ctx.Err() != nil || (w.claudePID > 0 && !processAlive(w.claudePID)) {
+		giveBack(0)
+		return false
+	}
+	if err := w.handed.add(keys...); err != nil {
+		giveBack(0)
+		return false
+	}
+	if _, err := w.g.stderr.Write(text.Bytes()); err != nil {
+		giveBack(0)
+		return false
+	}
+	deadline := time.Now().Add(claudeAckBound)
+	for i, m := range fresh {
+		// Claude Code drops the output of a hook it stopped: a wake-up not yet
+		// acknowledged then goes back to be handed over again.
+		if ctx.Err() != nil {
+			giveBack(i)
+			return false
+		}
+		if ackUntil(ctx, m, deadline) {
+			_ = w.handed.remove(keys[i])
+		}
+	}
+	return true
+}
+
+// ackUntil acknowledges m, again and again until it works, ctx ends or the deadline
+// passes.
+func ackUntil(ctx context.Context, m jetstream.Msg, deadline time.Time) bool {
+	for {
+		actx, cancel := context.WithDeadline(ctx, deadline)
+		err := m.DoubleAck(actx)
+		cancel()
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) || !pause(ctx) {
+			return false
+		}
+	}
+}
+
+// handedKey names a wake-up in a handed file: its task, and its notice, as a
+// task's stall notice and its end are two wake-ups.
+func handedKey(w events.Wakeup) string {
+	if w.Notice != "" {
+		return w.ID + "/" + w.Notice
+	}
+	return w.ID
+}
+
+// handedFile lists the wake-ups a session's waiter wrote to stderr and has not
+// acknowledged yet, one "UNIX-SECONDS KEY" a line. It is removed when it is empty.
+type handedFile struct{ path string }
+
+// read is the file's keys not older than claudeHandedKeep at now.
+func (h handedFile) read(now time.Time) (map[string]bool, error) {
+	data, err := os.ReadFile(h.path)
+	if err != nil {
+		return map[string]bool{}, err
+	}
+	keys := map[string]bool{}
+	for line := range strings.Lines(string(data)) {
+		at, key, ok := strings.Cut(strings.TrimSpace(line), " ")
+		sec, err := strconv.ParseInt(at, 10, 64)
+		if ok && err == nil && now.Sub(time.Unix(sec, 0)) < claudeHandedKeep {
+			keys[key] = true
+		}
+	}
+	return keys, nil
+}
+
+// add records keys (empty ones are not recorded) and syncs the file.
+func (h handedFile) add(keys ...string) error {
+	now := time.Now()
+	data, err := os.ReadFile(h.path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	for _, k := range keys {
+		if k != "" {
+			data = fmt.Appendf(data, "%d %s\n", now.Unix(), k)
+		}
+	}
+	return h.write(data, now)
+}
+
+// remove takes keys out of the file, and entries older than claudeHandedKeep.
+func (h handedFile) remove(keys ...string) error {
+	now := time.Now()
+	kept, err := h.read(now)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	data, _ := os.ReadFile(h.path)
+	var out []byte
+	for line := range strings.Lines(string(data)) {
+		_, key, _ := strings.Cut(strings.TrimSpace(line), " ")
+		if kept[key] && !slices.Contains(keys, key) {
+			out = append(out, line...)
+		}
+	}
+	return h.write(out, now)
+}
+
+// write replaces the file with data, synced, or removes it when data is empty.
+func (h handedFile) write(data []byte, now time.Time) error {
+	if len(data) == 0 {
+		err := os.Remove(h.path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	tmp := fmt.Sprintf("%s.%d", h.path, now.UnixNano())
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, h.path)
+}
+
+// pruneClaudeSessions removes the files of sessions that no waiter wrote for
+// claudeHandedKeep: their wake-ups are gone from the inbox, and no waiter runs that
+// long (claudecode.WakeTimeoutSeconds), so no lock among them is held.
+func pruneClaudeSessions(dir string, now time.Time) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if !strings.Contains(e.Name(), ".handed") && !strings.HasSuffix(e.Name(), ".lock") {
+			continue
+		}
+		if info, err := e.Info(); err == nil && now.Sub(info.ModTime()) > claudeHandedKeep {
+			_ = os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
 }
 
 // lockClaudeSession takes the lock that lets one waiting hook run per session. The
-// kernel drops it when the hook ends, however it ends.
-func lockClaudeSession(home, sid string) (*os.File, bool, error) {
-	dir := filepath.Join(home, "claude-sessions")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, false, err
-	}
-	f, err := os.OpenFile(filepath.Join(dir, sid+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, false, err
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, false, nil
+// kernel drops it when the hook ends, however it ends. The file is removed when the
+// waiter is done, so a lock taken on a file that is no longer the one at its path
+// is taken again.
+func lockClaudeSession(dir, sid string) (*os.File, bool, error) {
+	path := filepath.Join(dir, sid+".lock")
+	for {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			return nil, false, err
 		}
-		return nil, false, fmt.Errorf("lock session %s: %w", sid, err)
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, false, nil
+			}
+			return nil, false, fmt.Errorf("lock session %s: %w", sid, err)
+		}
+		held, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return nil, false, err
+		}
+		if now, err := os.Stat(path); err == nil && os.SameFile(held, now) {
+			return f, true, nil
+		}
+		f.Close()
 	}
-	return f, true, nil
+}
+
+// unlockClaudeSession removes the session's lock file and lets the lock go.
+func unlockClaudeSession(f *os.File) {
+	_ = os.Remove(f.Name())
+	f.Close()
 }
 
 // processAlive reports whether pid is a live process.

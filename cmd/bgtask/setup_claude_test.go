@@ -3,12 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -233,5 +236,158 @@ func TestClaudeHookReadsTheSessionOfALargeInput(t *testing.T) {
 	var warn bytes.Buffer
 	if in := readClaudeHookInput(&warn); in.SessionID != "big" || warn.Len() > 0 {
 		t.Fatalf("session %q from an input of %d bytes; warned %q", in.SessionID, len(big), warn.String())
+	}
+}
+
+// claudeWaiterEnv is the environment of a waiting hook of session sid in a live
+// interactive Claude Code (this test process).
+func claudeWaiterEnv(t *testing.T, sid string) {
+	t.Setenv("CLAUDE_CODE_SESSION_ID", sid)
+	t.Setenv("CLAUDE_PID", strconv.Itoa(os.Getpid()))
+	t.Setenv("CLAUDE_CODE_ENTRYPOINT", "cli")
+}
+
+// onWrite is a waiter's stderr that does something once when it is first written.
+type onWrite struct {
+	syncBuffer
+	once sync.Once
+	do   func()
+}
+
+func (w *onWrite) Write(p []byte) (int, error) {
+	n, err := w.syncBuffer.Write(p)
+	w.once.Do(w.do)
+	return n, err
+}
+
+type hookOutcome struct {
+	stderr string
+	code   int
+}
+
+// runWaiter runs the session's waiting hook with stderr, and returns its outcome
+// when it ends.
+func runWaiter(ctx context.Context, t *testing.T, home string, stderr *onWrite) <-chan hookOutcome {
+	done := make(chan hookOutcome, 1)
+	go func() {
+		err := Run(ctx, []string{"--home", home, "hook", "claude-code", "wake"}, io.Discard, stderr)
+		code := 0
+		if exit, ok := err.(*exitError); ok {
+			code = exit.code
+		} else if err != nil {
+			code = -1
+		}
+		done <- hookOutcome{stderr.String(), code}
+	}()
+	return done
+}
+
+func awaitWaiter(t *testing.T, done <-chan hookOutcome, what string) hookOutcome {
+	t.Helper()
+	select {
+	case o := <-done:
+		return o
+	case <-time.After(45 * time.Second):
+		t.Fatalf("%s did not end", what)
+		return hookOutcome{}
+	}
+}
+
+func TestClaudeWakeHookWhoseAckFailsHandsTheWakeUpOverOnce(t *testing.T) {
+	quietHome(t)
+	home := t.TempDir()
+	srv := startServer(t, home)
+	claudeWaiterEnv(t, "s4")
+	id := addTask(t, home, "--target", "claude-s4", "--prompt", "WAKE {{task_id}}", "--", "true")
+	bgtask(t, home, "wait", id).must(t, 0, "wait")
+
+	// The server is gone as soon as the prompt is written: its ack cannot be made.
+	o := awaitWaiter(t, runWaiter(context.Background(), t, home, &onWrite{do: srv.stop}), "the waiter whose server stopped")
+	if o.code != 2 || strings.TrimSpace(o.stderr) != "WAKE "+id {
+		t.Fatalf("the waiter: exit %d, stderr %q; want exit 2 and the prompt once", o.code, o.stderr)
+	}
+	sessions := filepath.Join(home, claudeSessionsDir)
+	if _, err := os.Stat(filepath.Join(sessions, "s4.lock")); err == nil {
+		t.Errorf("the waiter left its lock file")
+	}
+
+	// The next waiter gets the wake-up again, acknowledges it and hands nothing over.
+	startServer(t, home)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	next := runWaiter(ctx, t, home, &onWrite{do: func() {}})
+	eventually(t, 40*time.Second, "the handed wake-up acknowledged", func() bool {
+		p, a := inboxState(t, home, "claude-s4")
+		_, err := os.Stat(filepath.Join(sessions, "s4.handed"))
+		return p == 0 && a == 0 && errors.Is(err, fs.ErrNotExist)
+	})
+	cancel()
+	if o := awaitWaiter(t, next, "the next waiter"); o.code != 0 || o.stderr != "" {
+		t.Fatalf("the next waiter: exit %d, stderr %q; want exit 0, nothing handed over again", o.code, o.stderr)
+	}
+}
+
+func TestClaudeWakeHookStoppedAfterWritingGivesTheWakeUpBack(t *testing.T) {
+	quietHome(t)
+	home := t.TempDir()
+	startServer(t, home)
+	claudeWaiterEnv(t, "s5")
+	id := addTask(t, home, "--target", "claude-s5", "--prompt", "WAKE {{task_id}}", "--", "true")
+	bgtask(t, home, "wait", id).must(t, 0, "wait")
+
+	// Claude Code stops the hook just after it wrote: it drops what the hook wrote.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	o := awaitWaiter(t, runWaiter(ctx, t, home, &onWrite{do: cancel}), "the stopped waiter")
+	if o.code == 2 {
+		t.Fatalf("the stopped waiter exited 2 (stderr %q)", o.stderr)
+	}
+	o = awaitWaiter(t, runWaiter(context.Background(), t, home, &onWrite{do: func() {}}), "the next waiter")
+	if o.code != 2 || strings.TrimSpace(o.stderr) != "WAKE "+id {
+		t.Fatalf("the next waiter: exit %d, stderr %q; want the wake-up handed over again", o.code, o.stderr)
+	}
+	if p, a := inboxState(t, home, "claude-s5"); p != 0 || a != 0 {
+		t.Fatalf("after the hand-over the inbox has %d unread, %d unacknowledged", p, a)
+	}
+}
+
+func TestClaudeSessionFilesArePruned(t *testing.T) {
+	dir := t.TempDir()
+	old := time.Now().Add(-claudeHandedKeep - time.Hour)
+	for _, name := range []string{"gone.handed", "gone.lock", "live.handed", "live.lock"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("1 x\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(name, "gone") {
+			if err := os.Chtimes(filepath.Join(dir, name), old, old); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	pruneClaudeSessions(dir, time.Now())
+	entries, _ := os.ReadDir(dir)
+	var left []string
+	for _, e := range entries {
+		left = append(left, e.Name())
+	}
+	if strings.Join(left, " ") != "live.handed live.lock" {
+		t.Fatalf("after pruning: %v", left)
+	}
+
+	h := handedFile{path: filepath.Join(dir, "s.handed")}
+	if err := h.add("a", "b/stalled"); err != nil {
+		t.Fatal(err)
+	}
+	if keys, _ := h.read(time.Now()); !keys["a"] || !keys["b/stalled"] || len(keys) != 2 {
+		t.Fatalf("handed: %v", keys)
+	}
+	if keys, _ := h.read(time.Now().Add(claudeHandedKeep)); len(keys) != 0 {
+		t.Fatalf("entries older than %v are kept: %v", claudeHandedKeep, keys)
+	}
+	if err := h.remove("a", "b/stalled"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(h.path); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("an empty handed file is kept: %v", err)
 	}
 }
