@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -263,7 +264,7 @@ func (g *globals) setClaudeTarget(ctx context.Context, target, state string) {
 // It waits through restarts of the server, and ends (exit 0, nothing acknowledged)
 // when Claude Code stops it (SIGTERM at the session's end or the hook's timeout) or
 // the Claude Code process is gone.
-func (g *globals) claudeWake(ctx context.Context, sid, target string) error {
+func (g *globals) claudeWake(ctx context.Context, sid, target string) (err error) {
 	// A print-mode session (claude -p) runs asyncRewake hooks in the foreground: a
 	// waiter would hold it until its timeout.
 	if os.Getenv("CLAUDE_CODE_ENTRYPOINT") == "sdk-cli" {
@@ -273,6 +274,7 @@ func (g *globals) claudeWake(ctx context.Context, sid, target string) error {
 	if err != nil {
 		return nil
 	}
+	defer quietPanic(home, &err)
 	dir := filepath.Join(home, claudeSessionsDir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil
@@ -310,6 +312,21 @@ func (g *globals) claudeWake(ctx context.Context, sid, target string) error {
 	return nil
 }
 
+// quietPanic turns a panic of the waiter into exit status 1 with nothing on stderr:
+// Go's own exit status for a panic, 2, would hand its trace to the session as a
+// turn. The trace goes to HOME/claude-sessions/panic.log.
+func quietPanic(home string, err *error) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	if f, ferr := os.OpenFile(filepath.Join(home, claudeSessionsDir, "panic.log"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600); ferr == nil {
+		fmt.Fprintf(f, "%s: bgtask hook claude-code wake: panic: %v\n%s", time.Now().UTC().Format(time.RFC3339), r, debug.Stack())
+		f.Close()
+	}
+	*err = &exitError{code: 1}
+}
+
 // claudeSessionsDir, in the home, holds each session's lock and handed file.
 const claudeSessionsDir = "claude-sessions"
 
@@ -332,7 +349,7 @@ type claudeWaiter struct {
 // waitOnce waits on one connection: handed says wake-ups were handed over, retry
 // that the server may come back.
 func (w *claudeWaiter) waitOnce(ctx context.Context, target string) (handed, retry bool) {
-	nc, err := w.g.connect("bgtask-claude-code-hook")
+	nc, err := w.g.claudeConnect()
 	if err != nil {
 		return false, errors.As(err, new(*serverAbsent))
 	}
@@ -373,6 +390,18 @@ func (w *claudeWaiter) waitOnce(ctx context.Context, target string) (handed, ret
 		}
 	}
 	return false, false
+}
+
+// claudeConnect is the waiter's connection. nats.go's default error handler writes
+// to stderr, which the session would be handed: its errors are dropped. One raised
+// before the handler is replaced could still get there.
+func (g *globals) claudeConnect() (*nats.Conn, error) {
+	nc, err := g.connect("bgtask-claude-code-hook")
+	if err != nil {
+		return nil, err
+	}
+	nc.SetErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
+	return nc, nil
 }
 
 // handOver writes the wake-ups' prompts to stderr for Claude Code and acknowledges

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"golang.org/x/sys/unix"
 
 	"github.com/bgtask/bgtask/events"
@@ -348,6 +349,57 @@ func TestClaudeWakeHookStoppedAfterWritingGivesTheWakeUpBack(t *testing.T) {
 	}
 	if p, a := inboxState(t, home, "claude-s5"); p != 0 || a != 0 {
 		t.Fatalf("after the hand-over the inbox has %d unread, %d unacknowledged", p, a)
+	}
+}
+
+func TestClaudeWakeHookPanicsQuietly(t *testing.T) {
+	home := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(home, claudeSessionsDir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	err := func() (err error) {
+		defer quietPanic(home, &err)
+		panic("boom")
+	}()
+	if exit, ok := err.(*exitError); !ok || exit.code != 1 || exit.err != nil {
+		t.Fatalf("a panic in the waiter: %#v; want exit status 1 and nothing said", err)
+	}
+	if log, _ := os.ReadFile(filepath.Join(home, claudeSessionsDir, "panic.log")); !strings.Contains(string(log), "boom") {
+		t.Errorf("the panic was not logged in the home: %q", log)
+	}
+}
+
+func TestClaudeWakeHookConnectionSaysNothingOnStderr(t *testing.T) {
+	quietHome(t)
+	home := t.TempDir()
+	startServer(t, home)
+	g := &globals{home: home, timeout: 10 * time.Second, ctx: context.Background()}
+	nc, err := g.claudeConnect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
+	errFile, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer errFile.Close()
+	stderr := os.Stderr
+	os.Stderr = errFile
+	defer func() { os.Stderr = stderr }()
+
+	// A subscription the identity may not have is refused asynchronously, which
+	// nats.go reports to the connection's error handler.
+	if _, err := nc.SubscribeSync("bgtask-test.denied"); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+	eventually(t, 10*time.Second, "the subscription refused", func() bool { return nc.LastError() != nil })
+	nc.Close()
+	<-closed // the handlers are called in order: the error's has run
+	if data, _ := os.ReadFile(errFile.Name()); len(data) > 0 {
+		t.Fatalf("the waiter's connection wrote to stderr: %q", data)
 	}
 }
 
