@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -227,6 +228,10 @@ not a running one.
 	return cmd
 }
 
+// codexMaxArg is the most one argument of a program can carry on Linux
+// (MAX_ARG_STRLEN, 32 pages, its terminating NUL included).
+const codexMaxArg = 128 << 10
+
 // codexDelivery hands a thread's pending wake-ups to Codex.
 type codexDelivery struct {
 	thread, codex, codexHome string
@@ -290,8 +295,13 @@ func (o *codexDelivery) run(ctx context.Context, g *globals) error {
 // handOver queues one wake-up's prompt in the thread and acknowledges it.
 func (o *codexDelivery) handOver(ctx context.Context, g *globals, msg jetstream.Msg) error {
 	var w events.Wakeup
-	if err := json.Unmarshal(msg.Data(), &w); err != nil {
-		return fmt.Errorf("unreadable wake-up in the inbox: %w", err)
+	if err := json.Unmarshal(msg.Data(), &w); err != nil || w.ID == "" {
+		// Never readable: it would hold every later wake-up of the thread.
+		fmt.Fprintf(g.stderr, "bgtask: dropped an unreadable wake-up from inbox codex-%s (%v): %.200q\n", o.thread, err, msg.Data())
+		if err := msg.Term(); err != nil {
+			return fmt.Errorf("drop an unreadable wake-up: %w", err)
+		}
+		return nil
 	}
 	if !o.daemonUp {
 		// queue --resume resumes the thread only on a running daemon; without one the
@@ -304,7 +314,7 @@ func (o *codexDelivery) handOver(ctx context.Context, g *globals, msg jetstream.
 		o.daemonUp = true
 	}
 	_ = msg.InProgress()
-	out, err := o.runCodex(ctx, "queue", "--thread", o.thread, "--message", w.Prompt, "--resume")
+	out, err := o.runCodex(ctx, "queue", "--thread", o.thread, "--message="+codexPromptArg(w.Prompt), "--resume")
 	if err != nil {
 		return fmt.Errorf("codex queue --thread %s: %w: %s", o.thread, err, lastLine(out))
 	}
@@ -321,6 +331,23 @@ func (o *codexDelivery) handOver(ctx context.Context, g *globals, msg jetstream.
 	}
 	fmt.Fprintf(g.stdout, "wake-up %s handed to Codex thread %s\n", w.ID, o.thread)
 	return nil
+}
+
+// codexPromptArg is the prompt as one argument "--message=PROMPT" can carry: a
+// longer one is cut, at a character's start, with a line saying so.
+func codexPromptArg(prompt string) string {
+	// A NUL would end the argument: the kernel refuses it.
+	prompt = strings.ReplaceAll(prompt, "\x00", "")
+	room := codexMaxArg - 1 - len("--message=")
+	if len(prompt) <= room {
+		return prompt
+	}
+	marker := fmt.Sprintf("\n[bgtask: prompt cut from %d bytes to what one argument carries; see 'bgtask logs' for the rest]", len(prompt))
+	cut := room - len(marker)
+	for cut > 0 && !utf8.RuneStart(prompt[cut]) {
+		cut--
+	}
+	return prompt[:cut] + marker
 }
 
 // runCodex runs the codex CLI with the Codex home, and without bgtask's per-wake-up

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/bgtask/bgtask/agents/codex"
 	"github.com/bgtask/bgtask/events"
@@ -164,5 +165,133 @@ func TestAddInACodexSessionPushesToItsThread(t *testing.T) {
 	}
 	if got := deliver("CLAUDE_CODE_SESSION_ID", "s1"); len(got) != 0 {
 		t.Errorf("a Claude Code session's task got sinks %+v", got)
+	}
+}
+
+// standInCodex is a `codex` program that parses `queue` as codex 0.169.0 does
+// (clap: an argument after --message that starts with '-' is refused), and
+// appends each message it takes to dir/queued, NUL-terminated. While dir/hold
+// exists it waits after taking one, and says so with dir/holding.
+const standInCodex = `#!/bin/sh
+d=$(dirname "$0")
+case "$1" in
+app-server) exit 0 ;;
+queue) shift ;;
+*) echo "error: unrecognized subcommand '$1'" >&2; exit 2 ;;
+esac
+have=
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--message=*) msg=${1#--message=}; have=1 ;;
+	--message)
+		case "$2" in -*) echo "error: unexpected argument '$2' found" >&2; exit 2 ;; esac
+		msg=$2; have=1; shift ;;
+	--thread) shift ;;
+	--resume) ;;
+	*) echo "error: unexpected argument '$1' found" >&2; exit 2 ;;
+	esac
+	shift
+done
+[ -n "$have" ] || { echo "error: --message <TEXT> is required" >&2; exit 2; }
+printf '%s\0' "$msg" >> "$d/queued"
+if [ -e "$d/hold" ]; then
+	: > "$d/holding"
+	while [ -e "$d/hold" ]; do sleep 0.05; done
+	rm -f "$d/holding"
+fi
+echo "Queued message m1 for thread t."
+`
+
+// codexWorld is a server, a stand-in codex and a thread's inbox.
+type codexWorld struct {
+	home, codex, dir, thread string
+	server                   *testServer
+}
+
+func newCodexWorld(t *testing.T) *codexWorld {
+	t.Helper()
+	t.Setenv("CODEX_THREAD_ID", "")
+	t.Setenv("CLAUDE_CODE_SESSION_ID", "")
+	w := &codexWorld{home: t.TempDir(), dir: t.TempDir(), thread: "019a-t1"}
+	w.codex = filepath.Join(w.dir, "codex")
+	if err := os.WriteFile(w.codex, []byte(standInCodex), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w.server = startServer(t, w.home)
+	return w
+}
+
+// wake adds a task (args: add's flags and command, default `true`) whose
+// wake-up, with prompt, goes to the thread's inbox and nowhere else, and waits
+// for it there.
+func (w *codexWorld) wake(t *testing.T, prompt string, args ...string) {
+	t.Helper()
+	if args == nil {
+		args = []string{"--", "true"}
+	}
+	before := w.inboxed(t)
+	addTask(t, w.home, append([]string{"--target", "codex-" + w.thread, "--prompt", prompt}, args...)...)
+	eventually(t, 30*time.Second, "the wake-up in the inbox", func() bool { return w.inboxed(t) > before })
+}
+
+// inboxed is how many wake-ups the thread's inbox holds, read or not, unacked.
+func (w *codexWorld) inboxed(t *testing.T) int {
+	t.Helper()
+	g := &globals{home: w.home, timeout: 10 * time.Second, ctx: context.Background()}
+	c, js, err := g.streamClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cons, err := events.InboxConsumer(ctx, js, "codex-"+w.thread)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(info.NumPending) + info.NumAckPending
+}
+
+func (w *codexWorld) deliver(t *testing.T) result {
+	t.Helper()
+	return bgtask(t, w.home, "setup", "codex", "deliver", "--thread", w.thread, "--codex", w.codex, "--codex-home", w.dir)
+}
+
+// queued is what the stand-in codex took, in order.
+func (w *codexWorld) queued(t *testing.T) []string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(w.dir, "queued"))
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimSuffix(string(data), "\x00"), "\x00")
+}
+
+func TestCodexDeliverHandsOverPromptsThatLookLikeFlagsOrAreHuge(t *testing.T) {
+	w := newCodexWorld(t)
+	w.wake(t, "--- FAIL: TestX")
+	// 200 lines of 1000 bytes: a prompt more than one argument carries.
+	lines := filepath.Join(w.dir, "lines.awk")
+	if err := os.WriteFile(lines, []byte(`BEGIN { for (i = 0; i < 200; i++) { s = ""; for (j = 0; j < 500; j++) s = s "é"; print s } }`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.wake(t, "{{tail}}\n{{tail}}\n{{tail}}", "--result", "tail:1", "--", "awk", "-f", lines)
+	w.wake(t, "after")
+	r := w.deliver(t).must(t, 0, "deliver")
+	got := w.queued(t)
+	if len(got) != 3 || got[0] != "--- FAIL: TestX" || got[2] != "after" {
+		t.Fatalf("Codex took %d messages %.80q, want the 3 prompts in order\n%s", len(got), got, r.stderr)
+	}
+	line := strings.Repeat("é", 500)
+	if len(got[1]) >= codexMaxArg || len(got[1]) < codexMaxArg-200 || !strings.HasPrefix(got[1], line+"\n"+line) ||
+		!strings.Contains(got[1], "[bgtask: prompt cut from ") || !utf8.ValidString(got[1]) {
+		t.Errorf("the huge prompt was handed as %d bytes ending %q", len(got[1]), got[1][max(0, len(got[1])-120):])
+	}
+	if n := w.inboxed(t); n != 0 {
+		t.Errorf("%d wake-ups left in the inbox", n)
 	}
 }
