@@ -17,10 +17,10 @@
 // history can never both append after it. The stored subject no longer carries the
 // type: a reader takes it from the event's envelope, as Decode does.
 //
-// Last and History read with direct gets on the task's subject, no consumer: a
-// history is one batched request. On a replicated stream Last asks the stream's
-// leader, and History reads until it reaches the event Last saw (ErrIncomplete if
-// the replicas it reads from stay behind).
+// Last and History read with direct gets on the task's subject, no consumer: on
+// one server a history is one batched request. On a replicated stream Last asks
+// the stream's leader, and History reads until it reaches the leader's last event
+// (ErrIncomplete if the replicas it reads from stay behind).
 //
 // Wake-ups are published to a second stream (InboxStreamName) on
 // bgtask.deliver.<target>, with the task id as the message id.
