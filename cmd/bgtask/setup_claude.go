@@ -442,35 +442,42 @@ func (w *claudeWaiter) handOver(ctx context.Context, msgs []jetstream.Msg) (hand
 	if len(fresh) == 0 {
 		return false
 	}
-	giveBack := func(from int) {
-		_ = w.handed.remove(keys[from:]...)
-		for _, m := range fresh[from:] {
-			_ = m.Nak()
+	giveBack := func(acked []bool) {
+		for i, m := range fresh {
+			if !acked[i] {
+				_ = w.handed.remove(keys[i])
+				_ = m.Nak()
+			}
 		}
 	}
+	acked := make([]bool, len(fresh))
 	if ctx.Err() != nil || (w.claudePID > 0 && !processAlive(w.claudePID)) {
-		giveBack(0)
+		giveBack(acked)
 		return false
 	}
 	if err := w.handed.add(keys...); err != nil {
-		giveBack(0)
+		giveBack(acked)
 		return false
 	}
 	if _, err := w.g.stderr.Write(text.Bytes()); err != nil {
-		giveBack(0)
+		giveBack(acked)
 		return false
 	}
 	deadline := time.Now().Add(claudeAckBound)
 	for i, m := range fresh {
-		// Claude Code drops the output of a hook it stopped: a wake-up not yet
-		// acknowledged then goes back to be handed over again.
 		if ctx.Err() != nil {
-			giveBack(i)
-			return false
+			break
 		}
 		if ackUntil(ctx, m, deadline) {
+			acked[i] = true
 			_ = w.handed.remove(keys[i])
 		}
+	}
+	// Claude Code drops the output of a hook it stopped: what is not acknowledged
+	// yet goes back to be handed over again.
+	if ctx.Err() != nil {
+		giveBack(acked)
+		return false
 	}
 	return true
 }

@@ -352,6 +352,33 @@ func TestClaudeWakeHookStoppedAfterWritingGivesTheWakeUpBack(t *testing.T) {
 	}
 }
 
+func TestClaudeWakeHookStoppedWhileItsAckFailsGivesTheWakeUpBack(t *testing.T) {
+	quietHome(t)
+	home := t.TempDir()
+	srv := startServer(t, home)
+	claudeWaiterEnv(t, "s6")
+	id := addTask(t, home, "--target", "claude-s6", "--prompt", "WAKE {{task_id}}", "--", "true")
+	bgtask(t, home, "wait", id).must(t, 0, "wait")
+
+	// The server goes as the prompt is written, and Claude Code stops the hook while
+	// it retries the ack (claudeAckBound): the stop is what counts.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stop := func() {
+		srv.stop()
+		time.AfterFunc(claudeAckBound/10, cancel)
+	}
+	o := awaitWaiter(t, runWaiter(ctx, t, home, &onWrite{do: stop}), "the stopped waiter")
+	if o.code == 2 {
+		t.Fatalf("the stopped waiter exited 2 (stderr %q)", o.stderr)
+	}
+	startServer(t, home)
+	o = awaitWaiter(t, runWaiter(context.Background(), t, home, &onWrite{do: func() {}}), "the next waiter")
+	if o.code != 2 || strings.TrimSpace(o.stderr) != "WAKE "+id {
+		t.Fatalf("the next waiter: exit %d, stderr %q; want the wake-up handed over again", o.code, o.stderr)
+	}
+}
+
 func TestClaudeWakeHookPanicsQuietly(t *testing.T) {
 	home := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(home, claudeSessionsDir), 0o700); err != nil {
