@@ -457,6 +457,7 @@ func (w *claudeWaiter) handOver(ctx context.Context, msgs []jetstream.Msg) (hand
 	}
 	if err := w.handed.add(keys...); err != nil {
 		giveBack(acked)
+		pause(ctx) // the wake-ups are back at once: don't spin on a full disk
 		return false
 	}
 	if _, err := w.g.stderr.Write(text.Bytes()); err != nil {
