@@ -361,6 +361,19 @@ func (p *Projector) wakeWaiters() {
 	}
 }
 
+// Unsettled is every task something may still happen to: all but the settled
+// ones, whose summaries are all the projector keeps. What the engine recovers at
+// its start is among them, so it need not build the state of every task.
+func (p *Projector) Unsettled() []engine.State {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	states := make([]engine.State, 0, len(p.tasks))
+	for _, s := range p.tasks {
+		states = append(states, *s)
+	}
+	return states
+}
+
 // Task implements engine.TaskReader. A settled task's whole state is folded from
 // its history, read from the stream; if that fails, its summary is what is known.
 func (p *Projector) Task(id string) (engine.State, bool) {

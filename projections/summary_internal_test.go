@@ -183,3 +183,24 @@ func TestALongReplayReleasesItsGarbage(t *testing.T) {
 		}
 	}
 }
+
+// What the engine recovers at its start is the unsettled tasks alone: their whole
+// states, and none of the settled ones, which need nothing more.
+func TestUnsettledIsEveryTaskButTheSettledOnes(t *testing.T) {
+	recs := finishedRecords(t, 3)
+	p := New(nil, nil, engine.Base{})
+	for _, rec := range append(append(recs[:6:6], recs[6:10]...), recs[12]) {
+		p.apply(rec, nil)
+	}
+	phases := map[string]engine.Phase{}
+	for _, s := range p.Unsettled() {
+		phases[s.ID] = s.Phase
+		if s.Spec.Prompt == "" {
+			t.Errorf("task %s is not whole: %+v", s.ID, s)
+		}
+	}
+	want := map[string]engine.Phase{recs[6].TaskID: engine.PhaseEnded, recs[12].TaskID: engine.PhaseArmed}
+	if !reflect.DeepEqual(phases, want) {
+		t.Fatalf("unsettled %v, want %v", phases, want)
+	}
+}

@@ -455,10 +455,10 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptio
 		n.projector.Stop()
 		return nil, err
 	}
-	all, _ := n.projector.List(engine.ListQuery{})
-	n.dispatcher.Recover(all)
-	n.timers.Recover(all)
-	n.pusher.Recover(all)
+	unsettled := n.projector.Unsettled()
+	n.dispatcher.Recover(unsettled)
+	n.timers.Recover(unsettled)
+	n.pusher.Recover(unsettled)
 	n.leases.Start(ctx)
 	// The targets' states are read before the first push, so a wake-up for a target
 	// that is busy is held from the start.
