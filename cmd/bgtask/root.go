@@ -157,14 +157,14 @@ func buildID() string {
 // discovery file is in the home directory, with the credentials it generated there.
 // A server that is not there now but may be soon (one that is restarting) is a
 // *serverAbsent; a home where no server ever ran is not.
-func (g *globals) connect(name string) (*nats.Conn, error) {
-	return g.connectAs(name, readCredentials)
+func (g *globals) connect(name string, extra ...nats.Option) (*nats.Conn, error) {
+	return g.connectAs(name, readCredentials, extra...)
 }
 
 // connectAs opens a connection named name: to --nats with the auth flags, else to
 // the home's server as the identity that identity reads from the home.
-func (g *globals) connectAs(name string, identity func(home string) (credentials, error)) (*nats.Conn, error) {
-	opts := []nats.Option{nats.Name(name), nats.Timeout(5 * time.Second), nats.MaxReconnects(-1)}
+func (g *globals) connectAs(name string, identity func(home string) (credentials, error), extra ...nats.Option) (*nats.Conn, error) {
+	opts := append([]nats.Option{nats.Name(name), nats.Timeout(5 * time.Second), nats.MaxReconnects(-1)}, extra...)
 	if g.natsURL != "" {
 		auth, err := g.auth.options()
 		if err != nil {

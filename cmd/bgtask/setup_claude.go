@@ -393,15 +393,9 @@ func (w *claudeWaiter) waitOnce(ctx context.Context, target string) (handed, ret
 }
 
 // claudeConnect is the waiter's connection. nats.go's default error handler writes
-// to stderr, which the session would be handed: its errors are dropped. One raised
-// before the handler is replaced could still get there.
+// to stderr, which the session would be handed: its errors are dropped.
 func (g *globals) claudeConnect() (*nats.Conn, error) {
-	nc, err := g.connect("bgtask-claude-code-hook")
-	if err != nil {
-		return nil, err
-	}
-	nc.SetErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
-	return nc, nil
+	return g.connect("bgtask-claude-code-hook", nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 }
 
 // handOver writes the wake-ups' prompts to stderr for Claude Code and acknowledges
