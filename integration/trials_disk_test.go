@@ -68,9 +68,6 @@ func (p *trialPlan) planDisk(r *rand.Rand) {
 // runsOnDisk: the worker's runs are on the disk that fills.
 func (p trialPlan) runsOnDisk() bool { return p.disk == diskHome || p.disk == diskRuns }
 
-// storeOnDisk: the event store is on the disk that fills.
-func (p trialPlan) storeOnDisk() bool { return p.disk == diskHome || p.disk == diskStore }
-
 // noSpace says a task could not start because the disk of its run was full.
 func noSpace(reason string) bool { return strings.Contains(reason, syscall.ENOSPC.Error()) }
 

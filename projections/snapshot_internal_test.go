@@ -35,7 +35,8 @@ func TestFingerprintFollowsTheStateType(t *testing.T) {
 
 func TestFingerprintRefusesFieldsJSONDoesNotCarry(t *testing.T) {
 	type unexported struct {
-		ID    string `json:"id"`
+		ID string `json:"id"`
+		//lint:ignore U1000 the test needs an unexported field, which is never read
 		cache []byte
 	}
 	type skipped struct {
