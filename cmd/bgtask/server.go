@@ -382,24 +382,32 @@ type nodeOptions struct {
 	diskFull diskAlarm
 }
 
-func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptions) (*node, error) {
-	writer, replicas := o.writer, o.replicas
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
-	log := base.WithDefaults().Logger
-	store, err := retryStart(ctx, log, func() (*events.JetStreamStore, error) {
+// streams are what an engine reads and writes.
+type streams struct {
+	store    *events.JetStreamStore
+	inbox    *events.JetStreamInbox
+	liveness *events.Liveness
+	targets  *events.Targets
+	archive  *events.Archive
+}
+
+// openStreams opens (creating them if need be) the engine's streams and buckets,
+// retrying while JetStream is not ready, and sizes the log stream to the store.
+func openStreams(ctx context.Context, js jetstream.JetStream, o nodeOptions, log *slog.Logger) (streams, error) {
+	replicas := o.replicas
+	var st streams
+	var err error
+	st.store, err = retryStart(ctx, log, func() (*events.JetStreamStore, error) {
 		return events.OpenStore(ctx, js, events.StreamConfig{Replicas: replicas})
 	})
 	if err != nil {
-		return nil, err
+		return streams{}, err
 	}
-	inbox, err := retryStart(ctx, log, func() (*events.JetStreamInbox, error) {
+	st.inbox, err = retryStart(ctx, log, func() (*events.JetStreamInbox, error) {
 		return events.OpenInbox(ctx, js, events.InboxConfig{Replicas: replicas})
 	})
 	if err != nil {
-		return nil, err
+		return streams{}, err
 	}
 	maxStore := o.maxStore
 	if maxStore <= 0 {
@@ -413,26 +421,40 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptio
 		}
 		return logs, err
 	}); err != nil {
-		return nil, err
+		return streams{}, err
 	}
-	liveness, err := retryStart(ctx, log, func() (*events.Liveness, error) {
+	st.liveness, err = retryStart(ctx, log, func() (*events.Liveness, error) {
 		return events.OpenLiveness(ctx, js, o.leaseTTL, replicas)
 	})
 	if err != nil {
-		return nil, err
+		return streams{}, err
 	}
-	targets, err := retryStart(ctx, log, func() (*events.Targets, error) {
+	st.targets, err = retryStart(ctx, log, func() (*events.Targets, error) {
 		return events.OpenTargets(ctx, js, replicas)
 	})
 	if err != nil {
-		return nil, err
+		return streams{}, err
 	}
-	archive, err := retryStart(ctx, log, func() (*events.Archive, error) {
+	st.archive, err = retryStart(ctx, log, func() (*events.Archive, error) {
 		return events.OpenArchive(ctx, js, replicas)
 	})
 	if err != nil {
+		return streams{}, err
+	}
+	return st, nil
+}
+
+func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptions) (*node, error) {
+	writer := o.writer
+	js, err := jetstream.New(nc)
+	if err != nil {
 		return nil, err
 	}
+	st, err := openStreams(ctx, js, o, base.WithDefaults().Logger)
+	if err != nil {
+		return nil, err
+	}
+	store, inbox, liveness, targets, archive := st.store, st.inbox, st.liveness, st.targets, st.archive
 	n := &node{}
 	n.projector = projections.New(store, func(s engine.State) {
 		n.dispatcher.Notify(s)
