@@ -269,7 +269,18 @@ func (r *envelopeReader) text() string {
 	if plain {
 		return string(raw)
 	}
-	out := make([]byte, 0, len(raw))
+	out, ok := unescape(raw)
+	if !ok {
+		r.failed = true
+		return ""
+	}
+	return string(out)
+}
+
+// unescape decodes the escapes of a JSON string's raw text as text reads them; ok
+// is false for one it leaves to encoding/json, or text that is not UTF-8.
+func unescape(raw []byte) (out []byte, ok bool) {
+	out = make([]byte, 0, len(raw))
 	for i := 0; i < len(raw); i++ {
 		c := raw[i]
 		if c != '\\' {
@@ -293,35 +304,38 @@ func (r *envelopeReader) text() string {
 		case 'u':
 			// json.Marshal writes <, > and & so, and U+2028 and U+2029; a
 			// surrogate is left to encoding/json, which pairs them.
-			var v rune
-			for _, h := range raw[i+1 : min(i+5, len(raw))] {
-				switch {
-				case h >= '0' && h <= '9':
-					v = v<<4 | rune(h-'0')
-				case h >= 'a' && h <= 'f':
-					v = v<<4 | rune(h-'a'+10)
-				case h >= 'A' && h <= 'F':
-					v = v<<4 | rune(h-'A'+10)
-				default:
-					v = -1 << 20
-				}
-			}
-			if i+5 > len(raw) || v < 0 || utf16.IsSurrogate(v) {
-				r.failed = true
-				return ""
+			v, ok := hexRune(raw[i+1:])
+			if !ok || utf16.IsSurrogate(v) {
+				return nil, false
 			}
 			out = utf8.AppendRune(out, v)
 			i += 4
 		default:
-			r.failed = true
-			return ""
+			return nil, false
 		}
 	}
-	if !utf8.Valid(out) {
-		r.failed = true
-		return ""
+	return out, utf8.Valid(out)
+}
+
+// hexRune is the rune of the four hex digits b starts with.
+func hexRune(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
 	}
-	return string(out)
+	var v rune
+	for _, h := range b[:4] {
+		switch {
+		case h >= '0' && h <= '9':
+			v = v<<4 | rune(h-'0')
+		case h >= 'a' && h <= 'f':
+			v = v<<4 | rune(h-'a'+10)
+		case h >= 'A' && h <= 'F':
+			v = v<<4 | rune(h-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return v, true
 }
 
 // has reads s if the data goes on with it, and reports whether it did.
