@@ -66,13 +66,7 @@ func (r *runner) sequentialTasks(ctx context.Context, mode string, alsoStart ...
 	}
 	spec := srv.spec(startCommand, target)
 	res := &seqResult{}
-	type task struct {
-		id      string
-		called  time.Time
-		arrived arrival
-		printed time.Time
-	}
-	var tasks []task
+	var tasks []seqTask
 	n := r.size.sequential
 	for round := range r.repeats {
 		k := share(n, r.repeats, round)
@@ -93,23 +87,12 @@ func (r *runner) sequentialTasks(ctx context.Context, mode string, alsoStart ...
 			if err != nil {
 				return nil, fmt.Errorf("task %s: %w", reg.ID, err)
 			}
-			tasks = append(tasks, task{id: reg.ID, called: called, arrived: a, printed: printed})
+			tasks = append(tasks, seqTask{id: reg.ID, called: called, arrived: a, printed: printed})
 			res.start = append(res.start, ms(printed.Sub(called)))
 			res.wake = append(res.wake, ms(a.at.Sub(*a.wakeup.EndedAt)))
 		}
-		for range k {
-			d, err := execStart(ctx)
-			if err != nil {
-				return nil, err
-			}
-			res.baseStart = append(res.baseStart, ms(d))
-		}
-		for range k {
-			d, err := rawChain(ctx, raw.js[0], chain)
-			if err != nil {
-				return nil, err
-			}
-			res.baseWake = append(res.baseWake, ms(d))
+		if err := res.baselines(ctx, k, raw.js[0], chain); err != nil {
+			return nil, err
 		}
 	}
 
@@ -120,6 +103,44 @@ func (r *runner) sequentialTasks(ctx context.Context, mode string, alsoStart ...
 	if err != nil {
 		return nil, err
 	}
+	if res.stages, err = stagesOf(tasks, times); err != nil {
+		return nil, err
+	}
+	r.samples[mode] = res
+	return res, nil
+}
+
+// seqTask is one task of the sequential run: when it was registered, when its
+// wake-up arrived, when its command printed its start.
+type seqTask struct {
+	id      string
+	called  time.Time
+	arrived arrival
+	printed time.Time
+}
+
+// baselines runs k of each baseline: a plain process start and the raw chain of
+// JetStream appends a wake-up takes.
+func (res *seqResult) baselines(ctx context.Context, k int, js jetstream.JetStream, chain [3][]byte) error {
+	for range k {
+		d, err := execStart(ctx)
+		if err != nil {
+			return err
+		}
+		res.baseStart = append(res.baseStart, ms(d))
+	}
+	for range k {
+		d, err := rawChain(ctx, js, chain)
+		if err != nil {
+			return err
+		}
+		res.baseWake = append(res.baseWake, ms(d))
+	}
+	return nil
+}
+
+// stagesOf is where the tasks' time went, from the times of their events.
+func stagesOf(tasks []seqTask, times map[string]map[events.Type]time.Time) ([]stage, error) {
 	names := []string{
 		"start: register → spawned (worker takes the task)",
 		"start: spawned → command printed (shim starts it)",
@@ -144,11 +165,11 @@ func (r *runner) sequentialTasks(ctx context.Context, mode string, alsoStart ...
 			samples[i] = append(samples[i], ms(d))
 		}
 	}
+	stages := make([]stage, len(names))
 	for i, name := range names {
-		res.stages = append(res.stages, stage{name: name, samples: samples[i]})
+		stages[i] = stage{name: name, samples: samples[i]}
 	}
-	r.samples[mode] = res
-	return res, nil
+	return stages, nil
 }
 
 // eventTimes reads the whole event stream once and returns, for each task, the

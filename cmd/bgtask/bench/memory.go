@@ -94,74 +94,28 @@ func runMemory(ctx context.Context, r *runner, s *Scenario) error {
 		return err
 	}
 	r.progress("memory: %d tasks registered; waiting for all to run", n)
-	// Every task's first tick comes when its command has started, with its PID. A
-	// worker that cannot start them all in time is measured with those it runs.
-	limit := max(time.Minute, time.Duration(n)*300*time.Millisecond)
-	for last := time.Now(); log.tasks() < n && time.Since(start) < limit; {
-		if worker.exited() {
-			return worker.failure("exited")
-		}
-		if time.Since(last) > 10*time.Second {
-			r.progress("memory: %d of %d running", log.tasks(), n)
-			last = time.Now()
-		}
-		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
-			return err
-		}
-	}
-	running, allRunning := log.tasks(), time.Since(start)
-	if running < n {
-		s.note("only %d of %d tasks were running %v after their registration; measured with those", running, n, limit)
+	running, allRunning, err := awaitTicking(ctx, r, s, worker, log, n, start)
+	if err != nil {
+		return err
 	}
 	window := time.Duration(r.size.watchTicks)*tick + tick/2
 	r.progress("memory: %d running after %.1f s; watching their ticks for %v", running, allRunning.Seconds(), window)
-	cpu0, err := cpuTime(worker.pid())
+	from, to, cpu, err := cpuDuring(ctx, worker.pid(), window)
 	if err != nil {
 		return err
 	}
-	from := time.Now()
-	if err := sleepCtx(ctx, window); err != nil {
-		return err
-	}
-	to := time.Now()
-	cpu1, err := cpuTime(worker.pid())
-	if err != nil {
-		return err
-	}
-
 	wm, err := readMem(worker.pid())
 	if err != nil {
 		return err
 	}
-	var shimRSS, shimPSS, cmdRSS []float64
-	var shimSum int64
-	for pid, argv := range marked(srv.home) {
-		m, err := readMem(pid)
-		if err != nil {
-			continue // ended since
-		}
-		switch {
-		case len(argv) > 0 && filepath.Base(argv[0]) == "bgtask-shim", len(argv) > 1 && argv[1] == "shim":
-			shimRSS, shimPSS = append(shimRSS, mib(m.RSS)), append(shimPSS, mib(m.PSS))
-			shimSum += m.RSS
-		case len(argv) > 0 && filepath.Base(argv[0]) == "sleep":
-			cmdRSS = append(cmdRSS, mib(m.RSS))
-		}
-	}
+	shimRSS, shimPSS, cmdRSS, shimSum := shimsAndCommands(srv.home)
 	gaps := log.gaps(from, to)
-	var gapSecs []float64
-	late := 0
-	for _, g := range gaps {
-		gapSecs = append(gapSecs, g.Seconds())
-		if g > tick+tick/4 {
-			late++
-		}
-	}
+	gapSecs, late := secondsAndLate(gaps, tick)
 	total := wm.RSS + shimSum
 	s.add("tasks running, each ticking", "tasks", summarize([]float64{float64(len(gaps))}, false))
 	s.add("registration → all of them running", "s", summarize([]float64{allRunning.Seconds()}, false))
 	s.add("longest wait for a tick, per task", "s", summarize(gapSecs, true))
-	s.add("worker CPU while they run (sleep, no output)", "% of a core", summarize([]float64{100 * (cpu1 - cpu0).Seconds() / to.Sub(from).Seconds()}, false))
+	s.add("worker CPU while they run (sleep, no output)", "% of a core", summarize([]float64{100 * cpu.Seconds() / to.Sub(from).Seconds()}, false))
 	s.add("worker RSS", "MiB", summarize([]float64{mib(wm.RSS)}, false))
 	s.add("shim RSS, per shim", "MiB", summarize(shimRSS, true))
 	s.add("shim PSS (shared pages divided), per shim", "MiB", summarize(shimPSS, true))
@@ -176,4 +130,74 @@ func runMemory(ctx context.Context, r *runner, s *Scenario) error {
 	}
 	s.target("≤ 2 MiB of shim RSS per running task", perShim <= 2, "%s MiB", num(perShim))
 	return nil
+}
+
+// awaitTicking waits until each of the n tasks registered at start has ticked
+// once: its command has started, with its PID. A worker that cannot start them all
+// in time is measured with those it runs, and the scenario says so.
+func awaitTicking(ctx context.Context, r *runner, s *Scenario, worker *proc, log *tickLog, n int, start time.Time) (running int, took time.Duration, err error) {
+	limit := max(time.Minute, time.Duration(n)*300*time.Millisecond)
+	for last := time.Now(); log.tasks() < n && time.Since(start) < limit; {
+		if worker.exited() {
+			return 0, 0, worker.failure("exited")
+		}
+		if time.Since(last) > 10*time.Second {
+			r.progress("memory: %d of %d running", log.tasks(), n)
+			last = time.Now()
+		}
+		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+			return 0, 0, err
+		}
+	}
+	running, took = log.tasks(), time.Since(start)
+	if running < n {
+		s.note("only %d of %d tasks were running %v after their registration; measured with those", running, n, limit)
+	}
+	return running, took, nil
+}
+
+// cpuDuring is the CPU time process pid takes in the window that starts now.
+func cpuDuring(ctx context.Context, pid int, window time.Duration) (from, to time.Time, cpu time.Duration, err error) {
+	cpu0, err := cpuTime(pid)
+	if err != nil {
+		return from, to, 0, err
+	}
+	from = time.Now()
+	if err := sleepCtx(ctx, window); err != nil {
+		return from, to, 0, err
+	}
+	to = time.Now()
+	cpu1, err := cpuTime(pid)
+	return from, to, cpu1 - cpu0, err
+}
+
+// shimsAndCommands are the memory figures of the shims and commands of home, in
+// MiB, and the shims' RSS summed in bytes.
+func shimsAndCommands(home string) (shimRSS, shimPSS, cmdRSS []float64, shimSum int64) {
+	for pid, argv := range marked(home) {
+		m, err := readMem(pid)
+		if err != nil {
+			continue // ended since
+		}
+		switch {
+		case len(argv) > 0 && filepath.Base(argv[0]) == "bgtask-shim", len(argv) > 1 && argv[1] == "shim":
+			shimRSS, shimPSS = append(shimRSS, mib(m.RSS)), append(shimPSS, mib(m.PSS))
+			shimSum += m.RSS
+		case len(argv) > 0 && filepath.Base(argv[0]) == "sleep":
+			cmdRSS = append(cmdRSS, mib(m.RSS))
+		}
+	}
+	return shimRSS, shimPSS, cmdRSS, shimSum
+}
+
+// secondsAndLate are the tasks' longest gaps in seconds, and how many were over
+// 1.25 ticks.
+func secondsAndLate(gaps map[string]time.Duration, tick time.Duration) (secs []float64, late int) {
+	for _, g := range gaps {
+		secs = append(secs, g.Seconds())
+		if g > tick+tick/4 {
+			late++
+		}
+	}
+	return secs, late
 }

@@ -55,33 +55,12 @@ func runRestart(ctx context.Context, r *runner, s *Scenario) error {
 	if err != nil {
 		return err
 	}
-	// A restart rebuilds NATS's dedupe state of the events of its last two
-	// minutes. A generated stream has all of its events in them; a real one, but
-	// right after a burst, has few. At full size the restarts are measured once
-	// the generated events are past the window (the first start is not).
-	if !r.opts.Quick {
-		wait := time.Until(generated.Add(events.DefaultDuplicates + 5*time.Second))
-		s.param("restarts_from", "the stream's events older than NATS's dedupe window ("+events.DefaultDuplicates.String()+")")
-		if wait > 0 {
-			r.progress("restart: waiting %v until the generated events are past NATS's dedupe window", wait.Round(time.Second))
-			if err := sleepCtx(ctx, wait); err != nil {
-				return err
-			}
-		}
+	if err := r.awaitDedupeWindow(ctx, s, generated); err != nil {
+		return err
 	}
-	var ready, raw, rss []float64
-	for i := range r.repeats {
-		r.progress("restart: repeat %d of %d, from the snapshot", i+1, r.repeats)
-		d, mem, err := r.restartServer(ctx, home, tasks, r.size.snapshotEvery, func(srv *server) error {
-			d, err := rawRead(ctx, srv.js, count)
-			raw = append(raw, d.Seconds())
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		ready = append(ready, d.Seconds())
-		rss = append(rss, mib(mem.RSS))
+	ready, raw, rss, err := r.restartsFromSnapshot(ctx, home, tasks, count)
+	if err != nil {
+		return err
 	}
 	rawRead := summarize(raw, false)
 	readyRow := s.compare("server start → serving every task, from its snapshot", "s", summarize(ready, false),
@@ -103,6 +82,45 @@ func runRestart(ctx context.Context, r *runner, s *Scenario) error {
 	s.target("ready in < 10 s", readyRow.Bgtask.Median < 10, "%s s (the first start, with no snapshot: %s s, %s)",
 		num(readyRow.Bgtask.Median), num(cold.Seconds()), coldRatio)
 	return nil
+}
+
+// awaitDedupeWindow waits, at full size, until the events generated are past
+// NATS's dedupe window.
+func (r *runner) awaitDedupeWindow(ctx context.Context, s *Scenario, generated time.Time) error {
+	// A restart rebuilds NATS's dedupe state of the events of its last two
+	// minutes. A generated stream has all of its events in them; a real one, but
+	// right after a burst, has few. At full size the restarts are measured once
+	// the generated events are past the window (the first start is not).
+	if !r.opts.Quick {
+		wait := time.Until(generated.Add(events.DefaultDuplicates + 5*time.Second))
+		s.param("restarts_from", "the stream's events older than NATS's dedupe window ("+events.DefaultDuplicates.String()+")")
+		if wait > 0 {
+			r.progress("restart: waiting %v until the generated events are past NATS's dedupe window", wait.Round(time.Second))
+			if err := sleepCtx(ctx, wait); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// restartsFromSnapshot restarts the server of home r.repeats times, each from its
+// snapshot, and measures its time to ready, a raw read of the stream, and its RSS.
+func (r *runner) restartsFromSnapshot(ctx context.Context, home string, tasks, count int) (ready, raw, rss []float64, err error) {
+	for i := range r.repeats {
+		r.progress("restart: repeat %d of %d, from the snapshot", i+1, r.repeats)
+		d, mem, err := r.restartServer(ctx, home, tasks, r.size.snapshotEvery, func(srv *server) error {
+			d, err := rawRead(ctx, srv.js, count)
+			raw = append(raw, d.Seconds())
+			return err
+		})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		ready = append(ready, d.Seconds())
+		rss = append(rss, mib(mem.RSS))
+	}
+	return ready, raw, rss, nil
 }
 
 // awaitSnapshot waits until the server of home has written a snapshot of its
@@ -207,34 +225,14 @@ func rawRead(ctx context.Context, js jetstream.JetStream, count int) (time.Durat
 
 func runGrowth(ctx context.Context, r *runner, s *Scenario) error {
 	tasks, settle := r.size.growthTasks, r.size.settle
-	// measure restarts a server on home and reads its memory when it is ready and
-	// after settle, once it has given back what the replay's garbage took.
-	measure := func(home string, tasks int, ready, idle, peak *[]float64) error {
-		var settled memInfo
-		// No snapshots: the memory of the stream and of a replay of it, as in
-		// the rounds before them, without a snapshot's write in the idle time.
-		_, mem, err := r.restartServer(ctx, home, tasks, 0, func(srv *server) error {
-			if err := sleepCtx(ctx, settle); err != nil {
-				return err
-			}
-			var err error
-			settled, err = readMem(srv.pid())
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		*ready, *idle, *peak = append(*ready, mib(mem.RSS)), append(*idle, mib(settled.RSS)), append(*peak, mib(settled.HWM))
-		return nil
-	}
-	var empty, emptyIdle, emptyPeak []float64
+	var empty memSamples
 	for i := range r.repeats {
 		r.progress("growth: empty server, repeat %d of %d", i+1, r.repeats)
 		home, err := r.newHome("growth-empty")
 		if err != nil {
 			return err
 		}
-		if err := measure(home, 0, &empty, &emptyIdle, &emptyPeak); err != nil {
+		if err := r.measureMem(ctx, home, 0, settle, &empty); err != nil {
 			return err
 		}
 	}
@@ -255,31 +253,31 @@ func runGrowth(ctx context.Context, r *runner, s *Scenario) error {
 	if err != nil {
 		return err
 	}
-	var full, fullIdle, fullPeak []float64
+	var full memSamples
 	for i := range r.repeats {
 		r.progress("growth: server with %d tasks, repeat %d of %d", tasks, i+1, r.repeats)
-		if err := measure(home, tasks, &full, &fullIdle, &fullPeak); err != nil {
+		if err := r.measureMem(ctx, home, tasks, settle, &full); err != nil {
 			return err
 		}
 	}
 	// Archiving takes as long again as the rest: what came before it is shown now.
 	r.progress("growth: %d tasks: %s MiB after %v idle (empty: %s MiB): %s bytes a task; live heaps a task: NATS %d, projector %d",
-		tasks, num(summarize(fullIdle, false).Median), settle, num(summarize(emptyIdle, false).Median),
-		num((summarize(fullIdle, false).Median-summarize(emptyIdle, false).Median)*(1<<20)/float64(tasks)),
+		tasks, num(summarize(full.idle, false).Median), settle, num(summarize(empty.idle, false).Median),
+		num((summarize(full.idle, false).Median-summarize(empty.idle, false).Median)*(1<<20)/float64(tasks)),
 		fig.natsHeap/int64(tasks), fig.projectorHeap/int64(tasks))
 	r.progress("growth: archiving the %d tasks", tasks)
 	took, err := r.archiveAll(ctx, home, tasks)
 	if err != nil {
 		return err
 	}
-	var archived, archivedIdle, archivedPeak []float64
+	var archived memSamples
 	for i := range r.repeats {
 		r.progress("growth: server with %d archived tasks, repeat %d of %d", tasks, i+1, r.repeats)
-		if err := measure(home, tasks, &archived, &archivedIdle, &archivedPeak); err != nil {
+		if err := r.measureMem(ctx, home, tasks, settle, &archived); err != nil {
 			return err
 		}
 	}
-	idle := summarize(emptyIdle, false)
+	idle := summarize(empty.idle, false)
 	perTask := func(idleRSS []float64) []float64 {
 		var out []float64
 		for _, v := range idleRSS {
@@ -287,17 +285,42 @@ func runGrowth(ctx context.Context, r *runner, s *Scenario) error {
 		}
 		return out
 	}
-	s.compare("server RSS when ready", "MiB", summarize(full, false), "empty server", summarize(empty, false))
-	s.compare("server RSS after "+settle.String()+" idle", "MiB", summarize(fullIdle, false), "empty server", idle)
-	s.compare("server peak RSS (VmHWM)", "MiB", summarize(fullPeak, false), "empty server", summarize(emptyPeak, false))
-	s.add("idle RSS per finished task, over the empty server's", "bytes", summarize(perTask(fullIdle), false))
+	s.compare("server RSS when ready", "MiB", summarize(full.ready, false), "empty server", summarize(empty.ready, false))
+	s.compare("server RSS after "+settle.String()+" idle", "MiB", summarize(full.idle, false), "empty server", idle)
+	s.compare("server peak RSS (VmHWM)", "MiB", summarize(full.peak, false), "empty server", summarize(empty.peak, false))
+	s.add("idle RSS per finished task, over the empty server's", "bytes", summarize(perTask(full.idle), false))
 	s.add("  of which: NATS live heap holding the streams (in the bench's process)", "bytes", summarize([]float64{float64(fig.natsHeap) / float64(tasks)}, false))
 	s.add("  of which: projector live heap (in the bench's process)", "bytes", summarize([]float64{float64(fig.projectorHeap) / float64(tasks)}, false))
-	s.compare("after archiving: server RSS after "+settle.String()+" idle", "MiB", summarize(archivedIdle, false), "before archiving", summarize(fullIdle, false))
-	s.compare("after archiving: server peak RSS (VmHWM)", "MiB", summarize(archivedPeak, false), "before archiving", summarize(fullPeak, false))
-	s.add("after archiving: idle RSS per finished task, over the empty server's", "bytes", summarize(perTask(archivedIdle), false))
+	s.compare("after archiving: server RSS after "+settle.String()+" idle", "MiB", summarize(archived.idle, false), "before archiving", summarize(full.idle, false))
+	s.compare("after archiving: server peak RSS (VmHWM)", "MiB", summarize(archived.peak, false), "before archiving", summarize(full.peak, false))
+	s.add("after archiving: idle RSS per finished task, over the empty server's", "bytes", summarize(perTask(archived.idle), false))
 	s.add("archiving rate (a server archiving every finished task, from when it is ready)", "tasks/s", summarize([]float64{float64(tasks) / took.Seconds()}, false))
-	s.note("archiving (server --archive-after, 7 days by default) leaves each task one event and a summary in " + events.StreamName + ", its history gzipped in " + events.ArchiveStreamName + " (README, Retention)")
+	s.note("archiving (server --archive-after, 7 days by default) leaves each task one event and a summary in " + events.StreamName + ", its history gzipped in " + events.ArchiveStreamName + " (docs/operations.md, Retention)")
+	return nil
+}
+
+// memSamples are a server's RSS when ready, after the settle time idle, and at its
+// peak, in MiB, one per restart.
+type memSamples struct{ ready, idle, peak []float64 }
+
+// measureMem restarts a server on home and reads its memory when it is ready and
+// after settle, once it has given back what the replay's garbage took. No
+// snapshots: the memory of the stream and of a replay of it, without a snapshot's
+// write in the idle time.
+func (r *runner) measureMem(ctx context.Context, home string, tasks int, settle time.Duration, m *memSamples) error {
+	var settled memInfo
+	_, mem, err := r.restartServer(ctx, home, tasks, 0, func(srv *server) error {
+		if err := sleepCtx(ctx, settle); err != nil {
+			return err
+		}
+		var err error
+		settled, err = readMem(srv.pid())
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	m.ready, m.idle, m.peak = append(m.ready, mib(mem.RSS)), append(m.idle, mib(settled.RSS)), append(m.peak, mib(settled.HWM))
 	return nil
 }
 
