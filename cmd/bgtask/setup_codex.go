@@ -8,10 +8,13 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -201,14 +204,19 @@ func codexDeliverCmd(g *globals) *cobra.Command {
 		Use:   "deliver --thread ID",
 		Short: "Hand the pending wake-ups of a Codex thread to Codex, each as a new turn",
 		Long: `Read the inbox of target codex-ID and hand each wake-up's prompt to the thread
-with 'codex queue --thread ID --message PROMPT --resume' (starting Codex's
-app-server daemon first if it is not running), acknowledging each only after
-Codex took it. The running session gets a new turn with the prompt; a closed one
-is resumed in the daemon. A wake-up Codex did not take stays in the inbox and
-the command exits 1, so that the exec sink that runs it tries again. A thread
-that a live 'codex exec' process holds takes the message from the queue and
-drops it as the process exits (openai/codex#41060): wake a closed exec thread,
-not a running one.
+with 'codex queue --thread ID --message=PROMPT --resume' (starting Codex's
+app-server daemon first if it is not running), one at a time and in order,
+acknowledging each only after Codex took it. The running session gets a new
+turn with the prompt; a closed one is resumed in the daemon. A prompt longer
+than one argument carries (128 KiB) is cut, with a line saying so.
+
+One deliver of a thread runs at XX A wake-up Codex took is
+recorded in the home's codex/ID.handed before it is acknowledged, and is never
+queued again; one whose 'codex queue' was cut short is queued again (at least
+once). A wake-up Codex did not take stays in the inbox and the command exits 1,
+so that the exec sink that runs it tries again. A thread that a live 'codex
+exec' process holds takes the message from the queue and drops it as the
+process exits (openai/codex#41060): wake a closed exec thread, not a running one.
 
 'bgtask add' in a Codex session adds this as the task's exec sink.`,
 		Args: cobra.NoArgs,
@@ -232,10 +240,15 @@ not a running one.
 // (MAX_ARG_STRLEN, 32 pages, its terminating NUL included).
 const codexMaxArg = 128 << 10
 
+// codexProgressEvery is how often a wake-up being handed over is told to the
+// inbox as in progress: well within its ack wait, so no other reader gets it.
+const codexProgressEvery = 3 * time.Second
+
 // codexDelivery hands a thread's pending wake-ups to Codex.
 type codexDelivery struct {
 	thread, codex, codexHome string
 	daemonUp                 bool
+	handed                   *handedLog
 }
 
 func (o *codexDelivery) run(ctx context.Context, g *globals) error {
@@ -245,6 +258,20 @@ func (o *codexDelivery) run(ctx context.Context, g *globals) error {
 	}
 	o.codexHome = home
 	if o.codex, err = findCodex(o.codex, home); err != nil {
+		return err
+	}
+	dir, err := codexStateDir(g)
+	if err != nil {
+		return err
+	}
+	// One deliver at a time per thread: a second one waits, then reads what is
+	// left, so a run that finds nothing knows its wake-up was handed over.
+	unlock, err := lockThread(ctx, filepath.Join(dir, o.thread+".lock"))
+	if err != nil {
+		return fmt.Errorf("wait for the other deliver of thread %s: %w", o.thread, err)
+	}
+	defer unlock()
+	if o.handed, err = openHandedLog(filepath.Join(dir, o.thread+".handed")); err != nil {
 		return err
 	}
 	c, js, err := g.streamClient()
@@ -258,7 +285,9 @@ func (o *codexDelivery) run(ctx context.Context, g *globals) error {
 		return err
 	}
 	for {
-		batch, err := cons.FetchNoWait(16)
+		// One at a time: a message fetched is pending for this reader only, and each
+		// is kept in progress while it is handed over.
+		batch, err := cons.FetchNoWait(1)
 		if consumerNotPlacedYet(ctx, err) {
 			continue
 		}
@@ -266,20 +295,11 @@ func (o *codexDelivery) run(ctx context.Context, g *globals) error {
 			return fmt.Errorf("read inbox %s: %w", target, err)
 		}
 		n := 0
-		var failed error
 		for msg := range batch.Messages() {
 			n++
-			if failed != nil {
-				// Handed over in order: a later one waits for the one that failed.
-				_ = msg.Nak()
-				continue
+			if err := o.handOver(ctx, g, msg); err != nil {
+				return err
 			}
-			if failed = o.handOver(ctx, g, msg); failed != nil {
-				_ = msg.Nak()
-			}
-		}
-		if failed != nil {
-			return failed
 		}
 		if err := batch.Error(); n == 0 && consumerNotPlacedYet(ctx, err) {
 			continue
@@ -287,12 +307,13 @@ func (o *codexDelivery) run(ctx context.Context, g *globals) error {
 			return fmt.Errorf("read inbox %s: %w", target, err)
 		}
 		if n == 0 {
-			return nil
+			return ctx.Err()
 		}
 	}
 }
 
-// handOver queues one wake-up's prompt in the thread and acknowledges it.
+// handOver queues one wake-up's prompt in the thread and acknowledges it. A
+// wake-up the log marks handed is only acknowledged: Codex has it already.
 func (o *codexDelivery) handOver(ctx context.Context, g *globals, msg jetstream.Msg) error {
 	var w events.Wakeup
 	if err := json.Unmarshal(msg.Data(), &w); err != nil || w.ID == "" {
@@ -303,20 +324,36 @@ func (o *codexDelivery) handOver(ctx context.Context, g *globals, msg jetstream.
 		}
 		return nil
 	}
+	if o.handed.state(w.ID) == handedDone {
+		return o.ack(ctx, g, msg, w.ID)
+	}
+	stop := keepInProgress(msg)
+	defer stop()
 	if !o.daemonUp {
 		// queue --resume resumes the thread only on a running daemon; without one the
 		// message would wait for the next 'codex resume'. Starting a running one is a
-		// no-op.
-		_ = msg.InProgress()
+		// no-op; the daemon detaches itself (a session of its own), so the exec sink's
+		// timeout, which kills this process group, does not reach it.
 		if out, err := o.runCodex(ctx, "app-server", "daemon", "start"); err != nil {
+			_ = msg.Nak()
 			return fmt.Errorf("start Codex's app-server daemon: %w: %s", err, lastLine(out))
 		}
 		o.daemonUp = true
 	}
-	_ = msg.InProgress()
+	// Recorded before Codex may have it: a run killed while queue runs leaves
+	// "handing", and the next run queues it again (at least once).
+	if err := o.handed.set(w.ID, handedHanding); err != nil {
+		_ = msg.Nak()
+		return err
+	}
 	out, err := o.runCodex(ctx, "queue", "--thread", o.thread, "--message="+codexPromptArg(w.Prompt), "--resume")
 	if err != nil {
+		_ = msg.Nak()
 		return fmt.Errorf("codex queue --thread %s: %w: %s", o.thread, err, lastLine(out))
+	}
+	// Codex has it: from here on it is never queued again, only acknowledged.
+	if err := o.handed.set(w.ID, handedDone); err != nil {
+		return err
 	}
 	switch codex.ParseQueueOutput(out) {
 	case codex.QueuedNotResumed:
@@ -326,11 +363,52 @@ func (o *codexDelivery) handOver(ctx context.Context, g *globals, msg jetstream.
 		// turn: a TUI runs it, a `codex exec` about to exit drops it (#41060).
 		fmt.Fprintf(g.stderr, "bgtask: thread %s is open in a Codex process of its own, which takes wake-up %s from Codex's queue (a 'codex exec' drops it: openai/codex#41060)\n", o.thread, w.ID)
 	}
-	if err := msg.DoubleAck(ctx); err != nil {
-		return fmt.Errorf("acknowledge wake-up %s (Codex has it): %w", w.ID, err)
+	return o.ack(ctx, g, msg, w.ID)
+}
+
+// ack acknowledges a wake-up Codex has, trying again: left unacknowledged it is
+// redelivered after the ack wait, and the next run acknowledges it then.
+func (o *codexDelivery) ack(ctx context.Context, g *globals, msg jetstream.Msg, id string) error {
+	var err error
+	for range 3 {
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err = msg.DoubleAck(actx)
+		cancel()
+		if err == nil {
+			fmt.Fprintf(g.stdout, "wake-up %s handed to Codex thread %s\n", id, o.thread)
+			return o.handed.set(id, "")
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("acknowledge wake-up %s (Codex has it): %w", id, err)
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
-	fmt.Fprintf(g.stdout, "wake-up %s handed to Codex thread %s\n", w.ID, o.thread)
-	return nil
+	return fmt.Errorf("acknowledge wake-up %s (Codex has it; the next deliver acknowledges it): %w", id, err)
+}
+
+// keepInProgress tells the inbox, until stop, that msg is being handed over.
+func keepInProgress(msg jetstream.Msg) (stop func()) {
+	_ = msg.InProgress()
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(codexProgressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				_ = msg.InProgress()
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(done); <-finished })
+	}
 }
 
 // codexPromptArg is the prompt as one argument "--message=PROMPT" can carry: a
@@ -348,6 +426,118 @@ func codexPromptArg(prompt string) string {
 		cut--
 	}
 	return prompt[:cut] + marker
+}
+
+// codexStateDir is where deliver keeps its per-thread files: under the bgtask home.
+func codexStateDir(g *globals) (string, error) {
+	home, err := homeDir(g.home)
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(home, "codex")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+// lockThread takes an exclusive flock on path, waiting for it until ctx ends.
+func lockThread(ctx context.Context, path string) (unlock func(), err error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+const (
+	handedHanding = "handing" // codex queue was started: Codex may have it
+	handedDone    = "handed"  // codex queue exited 0: Codex has it
+)
+
+// handedLog is the file of a thread's wake-ups handed to Codex and not yet known
+// acknowledged, one "STATE ID" a line. Each change is on disk before the step it
+// records: a run that dies anywhere leaves it true.
+type handedLog struct {
+	path string
+	ids  map[string]string
+}
+
+func openHandedLog(path string) (*handedLog, error) {
+	l := &handedLog{path: path, ids: map[string]string{}}
+	data, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if state, id, ok := strings.Cut(line, " "); ok && (state == handedHanding || state == handedDone) {
+			l.ids[id] = state
+		}
+	}
+	return l, nil
+}
+
+func (l *handedLog) state(id string) string { return l.ids[id] }
+
+// set records id's state ("" forgets it: acknowledged) and syncs the file.
+func (l *handedLog) set(id, state string) error {
+	if state == "" {
+		delete(l.ids, id)
+	} else {
+		l.ids[id] = state
+	}
+	var b strings.Builder
+	for _, id := range slices.Sorted(maps.Keys(l.ids)) {
+		fmt.Fprintf(&b, "%s %s\n", l.ids[id], id)
+	}
+	if err := writeSynced(l.path, []byte(b.String())); err != nil {
+		return fmt.Errorf("record wake-up %s as %q in %s: %w", id, state, l.path, err)
+	}
+	return nil
+}
+
+// writeSynced replaces path with data, 0600, on disk when it returns.
+func writeSynced(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // runCodex runs the codex CLI with the Codex home, and without bgtask's per-wake-up

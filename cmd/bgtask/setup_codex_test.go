@@ -295,3 +295,83 @@ func TestCodexDeliverHandsOverPromptsThatLookLikeFlagsOrAreHuge(t *testing.T) {
 		t.Errorf("%d wake-ups left in the inbox", n)
 	}
 }
+
+func TestCodexDeliverNeverQueuesAHandedWakeupAgain(t *testing.T) {
+	w := newCodexWorld(t)
+	w.wake(t, "only once")
+	hold := filepath.Join(w.dir, "hold")
+	if err := os.WriteFile(hold, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan result, 1)
+	go func() { done <- w.deliver(t) }()
+	eventually(t, 30*time.Second, "codex queue running", func() bool {
+		_, err := os.Stat(filepath.Join(w.dir, "holding"))
+		return err == nil
+	})
+	// Codex took it; the server goes away before the acknowledgement.
+	w.server.stop()
+	os.Remove(hold)
+	if r := <-done; r.code == 0 {
+		t.Fatalf("deliver acknowledged with the server down: %+v", r)
+	}
+	handed, err := os.ReadFile(filepath.Join(w.home, "codex", w.thread+".handed"))
+	if err != nil || !strings.HasPrefix(string(handed), "handed ") {
+		t.Fatalf("the handed file: %q %v", handed, err)
+	}
+	if st, _ := os.Stat(filepath.Join(w.home, "codex", w.thread+".handed")); st.Mode().Perm() != 0o600 {
+		t.Errorf("the handed file's mode is %v", st.Mode().Perm())
+	}
+	w.server = startServer(t, w.home)
+	// Redelivered after the ack wait: acknowledged, not queued again.
+	eventually(t, 60*time.Second, "the inbox empty", func() bool {
+		w.deliver(t).must(t, 0, "deliver after the restart")
+		return w.inboxed(t) == 0
+	})
+	if got := w.queued(t); len(got) != 1 {
+		t.Errorf("Codex took %q, want it once", got)
+	}
+	if handed, _ := os.ReadFile(filepath.Join(w.home, "codex", w.thread+".handed")); len(handed) != 0 {
+		t.Errorf("the handed file still has %q after the acknowledgement", handed)
+	}
+}
+
+func TestCodexDeliverRunsOneAtATimePerThread(t *testing.T) {
+	w := newCodexWorld(t)
+	w.wake(t, "first")
+	w.wake(t, "second")
+	hold := filepath.Join(w.dir, "hold")
+	if err := os.WriteFile(hold, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan result, 1)
+	go func() { first <- w.deliver(t) }()
+	eventually(t, 30*time.Second, "codex queue running", func() bool {
+		_, err := os.Stat(filepath.Join(w.dir, "holding"))
+		return err == nil
+	})
+	type ended struct {
+		r      result
+		queued []string
+	}
+	second := make(chan ended, 1)
+	go func() {
+		r := w.deliver(t)
+		second <- ended{r, w.queued(t)}
+	}()
+	// The second run waits for the first: ending now, it would leave its
+	// wake-up with the first and be counted delivered.
+	select {
+	case e := <-second:
+		t.Fatalf("a second deliver ended while the first handed over: %+v, Codex had %q", e.r, e.queued)
+	case <-time.After(2 * time.Second):
+	}
+	os.Remove(hold)
+	first1 := <-first
+	first1.must(t, 0, "first deliver")
+	e := <-second
+	e.r.must(t, 0, "second deliver")
+	if !slices.Equal(e.queued, []string{"first", "second"}) {
+		t.Errorf("Codex took %q", e.queued)
+	}
+}
