@@ -133,6 +133,12 @@ trust_level = "trusted"
 				t.Logf("task %s: push attempt %d ok=%v %s: %s", id, r.Attempt, r.OK, r.Error, r.Output)
 			}
 		}
+		// What the deliver that the SessionStart hook starts did.
+		logs, _ := filepath.Glob(filepath.Join(home, "codex", "*.log"))
+		for _, name := range logs {
+			data, _ := os.ReadFile(name)
+			t.Logf("%s:\n%s", name, data)
+		}
 	}()
 
 	keys := func(k string) {

@@ -210,7 +210,8 @@ acknowledging each only after Codex took it. The running session gets a new
 turn with the prompt; a closed one is resumed in the daemon. A prompt longer
 than one argument carries (128 KiB) is cut, with a line saying so.
 
-One deliver of a thread runs at XX A wake-up Codex took is
+One deliver of a thread runs at a time (a lock under the bgtask home; a second
+waits, then reads what is left), for at most 2 minutes. A wake-up Codex took is
 recorded in the home's codex/ID.handed before it is acknowledged, and is never
 queued again; one whose 'codex queue' was cut short is queued again (at least
 once). A wake-up Codex did not take stays in the inbox and the command exits 1,
@@ -236,6 +237,11 @@ process exits (openai/codex#41060): wake a closed exec thread, not a running one
 	return cmd
 }
 
+// codexDeliverDeadline bounds one deliver run, the wait for the thread's lock
+// included: it ends by itself before the exec sink's timeout (3m) would kill it
+// in the middle of a handover, and a detached run (SessionStart) ends at all.
+var codexDeliverDeadline = 2 * time.Minute
+
 // codexMaxArg is the most one argument of a program can carry on Linux
 // (MAX_ARG_STRLEN, 32 pages, its terminating NUL included).
 const codexMaxArg = 128 << 10
@@ -252,6 +258,8 @@ type codexDelivery struct {
 }
 
 func (o *codexDelivery) run(ctx context.Context, g *globals) error {
+	ctx, cancel := context.WithTimeout(ctx, codexDeliverDeadline)
+	defer cancel()
 	home, err := codexHomeDir(o.codexHome)
 	if err != nil {
 		return err
@@ -646,7 +654,19 @@ func spawnCodexDeliver(g *globals, thread string) error {
 	if err != nil {
 		return err
 	}
+	dir, err := codexStateDir(g)
+	if err != nil {
+		return err
+	}
+	// Nobody reads its output: what it did goes to a file of the thread's.
+	logFile, err := os.OpenFile(filepath.Join(dir, thread+".log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	fmt.Fprintf(logFile, "%s SessionStart: deliver --thread %s\n", time.Now().UTC().Format(time.RFC3339), thread)
 	cmd := exec.Command(exe, "--home", home, "setup", "codex", "deliver", "--thread", thread)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return err

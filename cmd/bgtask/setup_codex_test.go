@@ -375,3 +375,41 @@ func TestCodexDeliverRunsOneAtATimePerThread(t *testing.T) {
 		t.Errorf("Codex took %q", e.queued)
 	}
 }
+
+func TestCodexDeliverIsBoundedAndItsDetachedRunLogs(t *testing.T) {
+	w := newCodexWorld(t)
+	old := codexDeliverDeadline
+	codexDeliverDeadline = time.Second
+	t.Cleanup(func() { codexDeliverDeadline = old })
+	dir := filepath.Join(w.home, "codex")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	unlock, err := lockThread(context.Background(), filepath.Join(dir, w.thread+".lock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	r := w.deliver(t)
+	unlock()
+	if r.code == 0 || time.Since(start) > 10*time.Second || !strings.Contains(r.stderr, "other deliver") {
+		t.Errorf("deliver behind a lock never let go: exit %d after %v: %s", r.code, time.Since(start), r.stderr)
+	}
+
+	// SessionStart's run, detached, writes what it did to the thread's log.
+	t.Setenv(mcpRunMain, "1")
+	t.Setenv("PATH", t.TempDir())
+	t.Setenv("CODEX_HOME", t.TempDir())
+	g := &globals{home: w.home, stdout: io.Discard, stderr: io.Discard, ctx: context.Background(), timeout: time.Second}
+	if err := spawnCodexDeliver(g, "019a-t2"); err != nil {
+		t.Fatal(err)
+	}
+	log := filepath.Join(dir, "019a-t2.log")
+	eventually(t, 30*time.Second, "the detached deliver's error in its log", func() bool {
+		data, _ := os.ReadFile(log)
+		return strings.Contains(string(data), "no codex program")
+	})
+	if st, _ := os.Stat(log); st.Mode().Perm() != 0o600 {
+		t.Errorf("the log's mode is %v", st.Mode().Perm())
+	}
+}
