@@ -82,6 +82,13 @@ type Compactor interface {
 	Compact(ctx context.Context, taskID string) error
 }
 
+// SettledLister lists the settled tasks that finished by cutoff: fired with every
+// push sink done, or cancelled, and not archived yet. It need not build the state
+// of any other task.
+type SettledLister interface {
+	Settled(cutoff time.Time) []State
+}
+
 // Archiver moves tasks finished longer than a while ago out of the event stream,
 // whose per-task index is the server's memory: the history goes into the archive,
 // an archived event that points at it is appended, and the task's other events are
@@ -92,7 +99,7 @@ type Archiver struct {
 	store   HistoryStore
 	compact Compactor
 	archive ArchiveStore
-	tasks   TaskLister
+	tasks   SettledLister
 	writer  string
 	after   time.Duration
 
@@ -101,7 +108,7 @@ type Archiver struct {
 }
 
 // NewArchiver returns an archiver of tasks finished longer than after ago.
-func NewArchiver(store HistoryStore, compact Compactor, archive ArchiveStore, tasks TaskLister, writer string, after time.Duration, base Base) *Archiver {
+func NewArchiver(store HistoryStore, compact Compactor, archive ArchiveStore, tasks SettledLister, writer string, after time.Duration, base Base) *Archiver {
 	return &Archiver{base: base.WithDefaults(), store: store, compact: compact, archive: archive, tasks: tasks, writer: writer, after: after}
 }
 
@@ -143,8 +150,8 @@ const archiveParallel = 8
 
 // Sweep archives every task due and returns how many it archived.
 func (a *Archiver) Sweep(ctx context.Context) (int, error) {
-	all, _ := a.tasks.List(ListQuery{})
 	cutoff := a.base.Now().Add(-a.after)
+	all := a.tasks.Settled(cutoff)
 	var archived atomic.Int64
 	slots := make(chan struct{}, archiveParallel)
 	var wg sync.WaitGroup

@@ -374,6 +374,21 @@ func (p *Projector) Unsettled() []engine.State {
 	return states
 }
 
+// Settled implements engine.SettledLister: the settled tasks, not archived, that
+// finished by cutoff, each built from its summary.
+func (p *Projector) Settled(cutoff time.Time) []engine.State {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	var states []engine.State
+	for _, sum := range p.summaries {
+		if sum.Phase == engine.PhaseArchived || sum.finishedAt().After(cutoff) {
+			continue
+		}
+		states = append(states, sum.state())
+	}
+	return states
+}
+
 // Task implements engine.TaskReader. A settled task's whole state is folded from
 // its history, read from the stream; if that fails, its summary is what is known.
 func (p *Projector) Task(id string) (engine.State, bool) {

@@ -85,6 +85,17 @@ func summarize(s *engine.State, in *interner) summary {
 
 // state is the summary as a state: the whole state of an archived task, the
 // list entry of any other.
+// finishedAt is when the task's last step happened, as engine.State says.
+func (sum *summary) finishedAt() time.Time {
+	switch {
+	case !sum.FiredAt.IsZero():
+		return sum.FiredAt
+	case !sum.EndedAt.IsZero():
+		return sum.EndedAt
+	}
+	return sum.ArmedAt
+}
+
 func (sum *summary) state() engine.State {
 	s := engine.State{
 		ID: sum.ID, Phase: sum.Phase, Status: sum.Status, Seq: sum.Seq, Epoch: sum.Epoch,

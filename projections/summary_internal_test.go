@@ -204,3 +204,29 @@ func TestUnsettledIsEveryTaskButTheSettledOnes(t *testing.T) {
 		t.Fatalf("unsettled %v, want %v", phases, want)
 	}
 }
+
+// What the archiver is given is the settled tasks that finished by the cutoff, and
+// no other: not one still open, not one finished after it, not one archived.
+func TestSettledIsWhatFinishedByTheCutoff(t *testing.T) {
+	recs := finishedRecords(t, 4) // task i fires i seconds after the first
+	p := New(nil, nil, engine.Base{})
+	for _, rec := range append(recs[:18:18], recs[18:22]...) { // the fourth only ends
+		p.apply(rec, nil)
+	}
+	var first engine.State
+	for _, rec := range recs[:6] {
+		first, _ = engine.Apply(first, rec)
+	}
+	ev, err := engine.Decide(first, engine.Archive{Seq: 1}, engine.Meta{Writer: "engine", Now: first.FiredAt.Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.apply(events.Record{Seq: 100, Event: ev}, nil)
+	var ids []string
+	for _, s := range p.Settled(first.FiredAt.Add(time.Second)) {
+		ids = append(ids, s.ID)
+	}
+	if want := []string{recs[6].TaskID}; !reflect.DeepEqual(ids, want) {
+		t.Fatalf("settled by the cutoff: %v, want only the second task %v", ids, want)
+	}
+}
