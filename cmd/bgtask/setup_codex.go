@@ -626,6 +626,11 @@ func codexHook(ctx context.Context, g *globals, stdin io.Reader) error {
 	case "UserPromptSubmit":
 		until := st.Since.Add(codexBusyTTL)
 		st.State, st.Until = events.TargetBusy, &until
+		// A resume of a thread the daemon still holds runs no SessionStart: what its
+		// inbox holds is handed over from the user's first prompt, for the turn after.
+		if err := spawnCodexDeliver(g, in.SessionID, in.Event); err != nil {
+			return err
+		}
 	case "Stop":
 	case "SessionStart":
 		// Only a resumed thread can have wake-ups pending; a new one has no inbox yet.
@@ -634,7 +639,7 @@ func codexHook(ctx context.Context, g *globals, stdin io.Reader) error {
 		}
 		// Handed over by a process of its own: the session is still starting, and the
 		// turns the wake-ups open come after it.
-		if err := spawnCodexDeliver(g, in.SessionID); err != nil {
+		if err := spawnCodexDeliver(g, in.SessionID, in.Event); err != nil {
 			return err
 		}
 	default:
@@ -645,7 +650,9 @@ func codexHook(ctx context.Context, g *globals, stdin io.Reader) error {
 	})
 }
 
-func spawnCodexDeliver(g *globals, thread string) error {
+// spawnCodexDeliver hands the thread what its inbox holds, in a process of its own
+// (the hook that asks for it, from event, must not wait for Codex).
+func spawnCodexDeliver(g *globals, thread, event string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -664,7 +671,7 @@ func spawnCodexDeliver(g *globals, thread string) error {
 		return err
 	}
 	defer logFile.Close()
-	fmt.Fprintf(logFile, "%s SessionStart: deliver --thread %s\n", time.Now().UTC().Format(time.RFC3339), thread)
+	fmt.Fprintf(logFile, "%s %s: deliver --thread %s\n", time.Now().UTC().Format(time.RFC3339), event, thread)
 	cmd := exec.Command(exe, "--home", home, "setup", "codex", "deliver", "--thread", thread)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

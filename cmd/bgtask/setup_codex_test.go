@@ -401,7 +401,7 @@ func TestCodexDeliverIsBoundedAndItsDetachedRunLogs(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	t.Setenv("CODEX_HOME", t.TempDir())
 	g := &globals{home: w.home, stdout: io.Discard, stderr: io.Discard, ctx: context.Background(), timeout: time.Second}
-	if err := spawnCodexDeliver(g, "019a-t2"); err != nil {
+	if err := spawnCodexDeliver(g, "019a-t2", "SessionStart"); err != nil {
 		t.Fatal(err)
 	}
 	log := filepath.Join(dir, "019a-t2.log")
@@ -412,4 +412,15 @@ func TestCodexDeliverIsBoundedAndItsDetachedRunLogs(t *testing.T) {
 	if st, _ := os.Stat(log); st.Mode().Perm() != 0o600 {
 		t.Errorf("the log's mode is %v", st.Mode().Perm())
 	}
+
+	// A resume of a thread the daemon holds runs no SessionStart: the user's prompt
+	// hands over what is pending.
+	g.timeout = 10 * time.Second
+	if err := codexHook(context.Background(), g, strings.NewReader(`{"session_id":"019a-t3","hook_event_name":"UserPromptSubmit"}`)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "a deliver started by the user's prompt", func() bool {
+		data, _ := os.ReadFile(filepath.Join(dir, "019a-t3.log"))
+		return strings.Contains(string(data), "UserPromptSubmit: deliver --thread 019a-t3")
+	})
 }
