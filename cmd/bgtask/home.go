@@ -239,19 +239,25 @@ func rememberedPort(home string) int {
 	return port
 }
 
-// writeFileAtomic writes a file readable by its owner only: a temp file, fsync,
-// rename, so a reader never sees half of it.
+// writeFileAtomic writes a file readable by its owner only, ending in a newline.
 func writeFileAtomic(path string, data []byte) error {
+	return replaceFile(path, append(data, '\n'), 0o600)
+}
+
+// replaceFile replaces path with data, with mode: a temp file beside it, fsync,
+// rename, fsync of the directory, so a reader sees the old file or the new one,
+// never half of one, and the new one is on disk when it returns.
+func replaceFile(path string, data []byte, mode fs.FileMode) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(0o600); err != nil {
+	if err := tmp.Chmod(mode); err != nil {
 		tmp.Close()
 		return err
 	}
-	if _, err := tmp.Write(append(data, '\n')); err != nil {
+	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
 		return err
 	}
@@ -262,7 +268,15 @@ func writeFileAtomic(path string, data []byte) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), path)
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // lockHome takes the home's exclusive lock, held for the server's life. The kernel

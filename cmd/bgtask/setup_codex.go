@@ -120,7 +120,7 @@ func installCodexHooks(g *globals, path, command string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	if err := writeConfigFile(path, data, mode); err != nil {
+	if err := replaceFile(path, data, mode); err != nil {
 		return err
 	}
 	fmt.Fprintf(g.stdout, "installed bgtask's hooks (%s) in %s\nThe next Codex session asks you to review them: trust them, or the thread's busy/idle state is not followed.\n",
@@ -146,7 +146,7 @@ func removeCodexHooks(g *globals, path string) error {
 	if empty {
 		err = os.Remove(path)
 	} else {
-		err = writeConfigFile(path, data, mode)
+		err = replaceFile(path, data, mode)
 	}
 	if err != nil {
 		return err
@@ -169,28 +169,6 @@ func readConfigFile(path string) ([]byte, fs.FileMode, error) {
 		return nil, 0, err
 	}
 	return data, st.Mode().Perm(), nil
-}
-
-// writeConfigFile replaces path with data: a reader (Codex starting a session)
-// sees the old file or the new one, never half of one.
-func writeConfigFile(path string, data []byte, mode fs.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
 
 // shellQuote quotes s for the POSIX shell Codex runs a hook's command with.
@@ -513,39 +491,10 @@ func (l *handedLog) set(id, state string) error {
 	for _, id := range slices.Sorted(maps.Keys(l.ids)) {
 		fmt.Fprintf(&b, "%s %s\n", l.ids[id], id)
 	}
-	if err := writeSynced(l.path, []byte(b.String())); err != nil {
+	if err := replaceFile(l.path, []byte(b.String()), 0o600); err != nil {
 		return fmt.Errorf("record wake-up %s as %q in %s: %w", id, state, l.path, err)
 	}
 	return nil
-}
-
-// writeSynced replaces path with data, 0600, on disk when it returns.
-func writeSynced(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // runCodex runs the codex CLI with the Codex home, and without bgtask's per-wake-up
