@@ -76,11 +76,7 @@ func (g *globals) printLogs(ctx context.Context, id string, o logsOptions) error
 	if err != nil {
 		return err
 	}
-	js, err := c.jetstream()
-	if err != nil {
-		return err
-	}
-	logs, err := events.ConnectLogs(ctx, js)
+	logs, err := c.logs(ctx)
 	if err != nil {
 		return err
 	}
@@ -103,6 +99,15 @@ func (g *globals) printLogs(ctx context.Context, id string, o logsOptions) error
 		return nil // interrupted
 	}
 	return err
+}
+
+// logs reads the tasks' output, through the client's connection.
+func (c *client) logs(ctx context.Context) (*events.Logs, error) {
+	js, err := c.jetstream()
+	if err != nil {
+		return nil, err
+	}
+	return events.ConnectLogs(ctx, js)
 }
 
 // stopAfterTheEnd stops the reading a little after the task has ended, whatever the

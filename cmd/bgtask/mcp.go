@@ -609,11 +609,7 @@ func (m *mcpServer) logs(ctx context.Context, _ *mcp.CallToolRequest, args json.
 		if err != nil {
 			return err
 		}
-		js, err := c.jetstream()
-		if err != nil {
-			return err
-		}
-		logs, err := events.ConnectLogs(ctx, js)
+		logs, err := c.logs(ctx)
 		if err != nil {
 			return err
 		}
