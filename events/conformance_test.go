@@ -106,6 +106,7 @@ func TestStoreConformance(t *testing.T) {
 				{"DedupeWindowEdges", conformDedupeWindow},
 				{"CompactionAndArchive", conformCompactionAndArchive},
 				{"OneStoredSubjectPerTask", conformOneSubjectPerTask},
+				{"LastSeqIsTheLastEventStored", conformLastSeqIsTheLastEventStored},
 			} {
 				t.Run(c.name, func(t *testing.T) { c.run(t, top) })
 			}
@@ -437,6 +438,34 @@ func assertHistory(t *testing.T, s *events.JetStreamStore, task string, want ...
 	for i := 1; i < len(h); i++ {
 		if h[i].Seq <= h[i-1].Seq {
 			t.Fatalf("history of %s out of order at %d", task, i)
+		}
+	}
+}
+
+// LastSeq is the sequence of the last event stored, not the stream's last
+// sequence: a write that fails for lack of space takes a sequence and stores
+// nothing, as a last message deleted leaves it.
+func conformLastSeqIsTheLastEventStored(t *testing.T, top *topology) {
+	ctx := context.Background()
+	task := newTask(t)
+	first, err := top.stores[0].Append(ctx, armed(t, task), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := top.stores[0].Append(ctx, mustEvent(t, task, &events.Spawned{Worker: "w"}), first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := top.js[0].Stream(ctx, events.StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.DeleteMsg(ctx, second); err != nil {
+		t.Fatal(err)
+	}
+	for i, st := range top.stores {
+		if got, err := st.LastSeq(ctx); err != nil || got != first {
+			t.Fatalf("LastSeq through store %d with the last message gone: %d, %v; want %d", i, got, err, first)
 		}
 	}
 }

@@ -222,13 +222,19 @@ func (s *JetStreamStore) HistoryOf(ctx context.Context, taskID string, n int) ([
 // to reach the last event another replica showed.
 const historyCatchUp = 2 * time.Second
 
-// LastSeq implements Store.
+// LastSeq implements Store. It is the sequence of the last event stored, read
+// from the stream's leader, not the stream's own last sequence: a write that fails
+// for lack of space takes a sequence and stores nothing, and a replay that waited
+// for that sequence waited for ever.
 func (s *JetStreamStore) LastSeq(ctx context.Context) (uint64, error) {
-	info, err := s.stream.Info(ctx)
-	if err != nil {
-		return 0, err
+	raw, err := leaderLast(ctx, s.js.Conn(), StreamName, SubjectPrefix+".>")
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
 	}
-	return info.State.LastSeq, nil
+	if err != nil {
+		return 0, fmt.Errorf("read the last event: %w", err)
+	}
+	return raw.Sequence, nil
 }
 
 // Identity is the stream's name and creation time: a stream deleted and created

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -157,15 +156,6 @@ func (a *storeAlarm) raise() {
 	}
 }
 
-func (a *storeAlarm) clear() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.full {
-		a.full = false
-		a.raised = make(chan struct{})
-	}
-}
-
 // Full reports whether the store's disk is full.
 func (a *storeAlarm) Full() bool {
 	a.mu.Lock()
@@ -226,50 +216,33 @@ func (s refuseWhenFull) Append(ctx context.Context, ev events.Event, expect uint
 	return seq, err
 }
 
-// recoverFullDisk restarts the embedded JetStream once a disk that filled has
-// room again, until ctx is done. A stream whose write failed for lack of space
-// keeps failing every write after it, whatever room there is later, until it is
-// loaded again from disk: without this, the running server's events stayed
-// unwritten, its tasks running, until it was restarted.
-func recoverFullDisk(ctx context.Context, ns *server.Server, alarm *storeAlarm, logger *slog.Logger) {
-	cfg := ns.JetStreamConfig()
-	if cfg == nil {
-		return
-	}
-	told := false
-	tick := time.NewTicker(500 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		if !alarm.Full() {
-			continue
-		}
-		var st syscall.Statfs_t
-		if err := syscall.Statfs(cfg.StoreDir, &st); err != nil || int64(st.Bavail)*st.Bsize < diskRoomBytes {
+// awaitRoom returns a channel closed once the store's disk, found full by alarm,
+// has room again; the watch ends with ctx.
+func awaitRoom(ctx context.Context, dir string, alarm *storeAlarm, logger *slog.Logger) <-chan struct{} {
+	hasRoom := make(chan struct{})
+	go func() {
+		told := false
+		tick := time.NewTicker(500 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if !alarm.Full() {
+				continue
+			}
+			var st syscall.Statfs_t
+			if err := syscall.Statfs(dir, &st); err == nil && int64(st.Bavail)*st.Bsize >= diskRoomBytes {
+				close(hasRoom)
+				return
+			}
 			if !told {
-				logger.Error("the disk of the event store is full: no event is recorded until it has room again", "dir", cfg.StoreDir)
+				logger.Error("the disk of the event store is full: no event is recorded until it has room again", "dir", dir)
 				told = true
 			}
-			continue
 		}
-		logger.Warn("the disk of the event store has room again: reloading JetStream, whose streams fail every write after one failed for lack of space", "dir", cfg.StoreDir)
-		told = false
-		if err := ns.ShutdownJetStream(); err != nil {
-			logger.Error("stop JetStream", "err", err)
-		}
-		again := *cfg
-		// EnableJetStream puts its own directory under the one it is given.
-		again.StoreDir = filepath.Dir(cfg.StoreDir)
-		if err := ns.EnableJetStream(&again); err != nil {
-			logger.Error("JetStream not started again", "err", err)
-			continue // tried again at the next tick
-		}
-		// Cleared only now: a request made during the reload would reach a stream
-		// still in its failed state, and get no answer.
-		alarm.clear()
-	}
+	}()
+	return hasRoom
 }

@@ -7,9 +7,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/bgtask/bgtask/engine/api"
+	"github.com/bgtask/bgtask/events"
 )
 
 // mountTmpfs mounts a tmpfs of size bytes for the test: a small disk. It needs
@@ -145,5 +151,59 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 		if time.Now().After(deadline) {
 			t.Fatalf("not %s within %s", what, timeout)
 		}
+	}
+}
+
+// Clients keep asking over the network while the store's disk fills and has room
+// again, three times over: each time the server loads its store again under their
+// requests, and then answers them and records a registration. Loading JetStream
+// again on its own, with clients connected, was a data race in nats-server.
+func TestClientsAskingWhileTheDiskFillsAndFreesAreAnsweredAfter(t *testing.T) {
+	disk := mountTmpfs(t, 100<<20)
+	home := filepath.Join(disk, "home")
+	srv := startServer(t, home)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		nc := connectAs(t, home, filepath.Join(home, clientSeedFile), nil)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				_, _ = nc.RequestWithContext(ctx, api.SubjectList, []byte(`{"limit":10}`))
+				_, _ = js.Stream(ctx, events.StreamName)
+				cancel()
+			}
+		})
+	}
+	defer func() { close(stop); wg.Wait() }()
+	for round := 1; round <= 3; round++ {
+		filled := fill(t, disk)
+		// A write to the full disk is what raises the alarm.
+		bgtask(t, home, "add", "--json", "--", "true")
+		eventually(t, 30*time.Second, "the full disk noticed", func() bool {
+			return strings.Count(srv.out.String(), "disk of the event store is full") >= round
+		})
+		if err := os.Remove(filled); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 30*time.Second, "a registration taken again", func() bool {
+			return bgtask(t, home, "add", "--json", "--", "true").code == 0
+		})
+	}
+	id := addTask(t, home, "--", "exit 4")
+	r := bgtask(t, home, "wait", id, "--json", "--timeout", "60s")
+	if got := decode[struct {
+		ExitCode *int `json:"exit_code"`
+	}](t, r.stdout).ExitCode; got == nil || *got != 4 {
+		t.Fatalf("wait: %s %s, want exit code 4\n%s", r.stdout, r.stderr, srv.out.String())
 	}
 }

@@ -159,55 +159,98 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	if o.sync != "always" && o.sync != "interval" {
 		return usageErr("--sync %q: want always or interval", o.sync)
 	}
-	ns, err := startNATS(home, host, port, engineID, ids, o.sync == "always", logger)
+	secret, err := loadWebhookSecret(o.delivery.secretFile, home)
 	if err != nil {
 		return err
+	}
+	e := &embeddedServer{home: home, host: host, port: port, engineID: engineID, ids: ids, secret: secret, o: o, logger: logger}
+	defer os.Remove(filepath.Join(home, discoveryFile))
+	for {
+		roomAgain, err := e.serve(ctx)
+		if err != nil || !roomAgain {
+			return err
+		}
+		// A stream whose write failed for lack of space fails every write after it,
+		// whatever room there is later, until it is loaded again from disk. JetStream
+		// is not stopped and started alone: nats-server races with the clients it
+		// serves meanwhile.
+		logger.Warn("the disk of the event store has room again: restarting the embedded NATS server and the engine to load the streams again", "dir", filepath.Join(home, storeDir))
+	}
+}
+
+// embeddedServer is a server on embedded NATS, run again from the same home when a disk
+// that filled has room again.
+type embeddedServer struct {
+	home     string
+	host     string
+	port     int // the port the last run listened on, once it has
+	maxStore int64
+	engineID credentials
+	ids      identities
+	secret   []byte
+	o        serverOptions
+	logger   *slog.Logger
+}
+
+// serve runs NATS, the engine and the worker until ctx is done, or until the
+// store's disk has filled and has room again (roomAgain).
+func (e *embeddedServer) serve(ctx context.Context) (roomAgain bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ns, err := startNATS(e.home, e.host, e.port, e.maxStore, e.engineID, e.ids, e.o.sync == "always", e.logger)
+	if err != nil {
+		return false, err
 	}
 	defer func() {
 		ns.Shutdown()
 		ns.WaitForShutdown()
 	}()
-	alarm := watchStoreDisk(ns, logger)
-	go recoverFullDisk(ctx, ns, alarm, logger)
-	nc, err := connectInProcess(ns, engineID, "bgtask-engine")
+	// Every run stores at most what the first found it could: 75% of a disk
+	// measured just after it had room again would leave too little for the streams.
+	e.maxStore = ns.JetStreamConfig().MaxStore
+	alarm := watchStoreDisk(ns, e.logger)
+	hasRoom := awaitRoom(ctx, ns.JetStreamConfig().StoreDir, alarm, e.logger)
+	nc, err := connectInProcess(ns, e.engineID, "bgtask-engine")
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer nc.Close()
-
-	base := engine.Base{Logger: logger}
-	secret, err := loadWebhookSecret(o.delivery.secretFile, home)
-	if err != nil {
-		return err
-	}
+	base := engine.Base{Logger: e.logger}
+	o := e.o
 	// One engine per home: its id is the same across restarts, so a push it
 	// claimed before a crash is known to be dead when it starts again.
 	node, err := startNode(ctx, nc, base, nodeOptions{
 		writer: "engine@" + hostName(), leaseTTL: o.leaseTTL, replicas: 1,
-		push: o.pushing(secret), denyPrivate: o.denyPrivate, archiveAfter: o.archiveAfter,
-		logBytes: int64(o.logBytes), maxStore: ns.JetStreamConfig().MaxStore, diskFull: alarm,
-		snapshots: projections.Snapshots{Path: filepath.Join(home, snapshotFile), Every: o.snapshotEvery, Build: buildID()},
+		push: o.pushing(e.secret), denyPrivate: o.denyPrivate, archiveAfter: o.archiveAfter,
+		logBytes: int64(o.logBytes), maxStore: e.maxStore, diskFull: alarm,
+		snapshots: projections.Snapshots{Path: filepath.Join(e.home, snapshotFile), Every: o.snapshotEvery, Build: buildID()},
 	})
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer node.stop()
 	if !o.noWorker {
-		o.worker.stateDir = filepath.Join(home, "worker")
-		w, err := startWorker(ctx, ns, ids.worker, o.worker, base)
+		o.worker.stateDir = filepath.Join(e.home, "worker")
+		w, err := startWorker(ctx, ns, e.ids.worker, o.worker, base)
 		if err != nil {
-			return err
+			return false, err
 		}
 		defer w.Stop() // its commands go on; the next start watches them again
 	}
-	if err := announce(home, ns); err != nil {
-		return err
+	if err := announce(e.home, ns); err != nil {
+		return false, err
 	}
-	defer os.Remove(filepath.Join(home, discoveryFile))
-	logger.Info("bgtask server ready", "home", home, "url", ns.ClientURL())
-	<-ctx.Done()
-	logger.Info("bgtask server stopping")
-	return nil
+	if addr, ok := ns.Addr().(*net.TCPAddr); ok {
+		e.port = addr.Port // where the clients reconnect
+	}
+	e.logger.Info("bgtask server ready", "home", e.home, "url", ns.ClientURL())
+	select {
+	case <-hasRoom:
+		return true, nil
+	case <-ctx.Done():
+		e.logger.Info("bgtask server stopping")
+		return false, nil
+	}
 }
 
 // openHome creates the home (0700) if need be, locks it for this server, and loads
@@ -609,7 +652,7 @@ func portFree(host string, port int) bool {
 
 // startNATS starts the embedded server with its three users: the engine, the
 // workers and the clients, each with its permissions (permissions.go).
-func startNATS(home, host string, port int, engine credentials, ids identities, syncAlways bool, logger *slog.Logger) (*server.Server, error) {
+func startNATS(home, host string, port int, maxStore int64, engine credentials, ids identities, syncAlways bool, logger *slog.Logger) (*server.Server, error) {
 	var users []*server.NkeyUser
 	for _, u := range []struct {
 		creds credentials
@@ -627,9 +670,11 @@ func startNATS(home, host string, port int, engine credentials, ids identities, 
 		Port:       port,
 		JetStream:  true,
 		StoreDir:   filepath.Join(home, storeDir),
-		Nkeys:      users,
-		SyncAlways: syncAlways,
-		NoSigs:     true,
+		// 0: 75% of the free disk.
+		JetStreamMaxStore: maxStore,
+		Nkeys:             users,
+		SyncAlways:        syncAlways,
+		NoSigs:            true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS: %w", err)
