@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/secretenv"
 )
 
 const envMarker = "\x00__BGTASK_LOGIN_ENV__\x00"
@@ -24,7 +26,7 @@ const loginEnvTimeout = 10 * time.Second
 // start, so a worker resolves it once and runs every command with `bash -c` in it.
 // Profile scripts may print; the marker separates their output from the
 // environment. The shell starts from this process's environment without bgtask's
-// credentials (SecretEnv), and none are in what it returns, whoever set them.
+// credentials (secretenv.Names), and none are in what it returns, whoever set them.
 //
 // The shell runs in a process group of its own, so that killing the worker's group
 // does not kill a profile script midway. Profile scripts take locks (pyenv's
@@ -35,7 +37,7 @@ func LoginEnv(ctx context.Context) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, loginEnvTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-lc", `printf '\0__BGTASK_LOGIN_ENV__\0'; exec env -0`)
-	cmd.Env = WithoutSecrets(os.Environ())
+	cmd.Env = secretenv.Without(os.Environ())
 	cmd.Stdin = nil
 	cmd.Stderr = nil
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -57,7 +59,7 @@ func LoginEnv(ctx context.Context) ([]string, error) {
 	for _, kv := range strings.Split(string(envBlock), "\x00") {
 		name, _, ok := strings.Cut(kv, "=")
 		// The shell's own bookkeeping is not part of the environment a command sees.
-		if !ok || name == "" || name == "_" || name == "SHLVL" || name == "PWD" || name == "OLDPWD" || slices.Contains(SecretEnv, name) {
+		if !ok || name == "" || name == "_" || name == "SHLVL" || name == "PWD" || name == "OLDPWD" || slices.Contains(secretenv.Names, name) {
 			continue
 		}
 		env = append(env, kv)

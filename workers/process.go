@@ -19,6 +19,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/secretenv"
 	"github.com/bgtask/bgtask/workers/shim"
 )
 
@@ -148,14 +149,14 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 }
 
 // ShimEnviron is the shim's own environment: the worker's without its
-// credentials (SecretEnv; the command may read its shim's environment), with one
+// credentials (secretenv.Names; the command may read its shim's environment), with one
 // Go scheduler thread (GOMAXPROCS=1). A shim waits, one goroutine at a time; with GOMAXPROCS
 // unset, the Go runtime of every shim start reads the cgroup's CPU limit, sets up
 // a scheduler for each CPU and starts a goroutine that follows the limit, which
 // is a tenth or so of a shim's start. The command's environment is the run's
 // environ file, not this.
 func ShimEnviron(env []string) []string {
-	env = slices.DeleteFunc(WithoutSecrets(env), func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") })
+	env = slices.DeleteFunc(secretenv.Without(env), func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") })
 	return append(env, "GOMAXPROCS=1")
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/internal/secretenv"
 	"github.com/bgtask/bgtask/workers"
 )
 
@@ -21,7 +22,7 @@ func TestCommandsGetNoneOfBgtasksCredentials(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	env := os.Environ()
-	for _, name := range workers.SecretEnv {
+	for _, name := range secretenv.Names {
 		env = append(env, name+"="+leaked)
 	}
 	b.startWorker(t, workers.Config{Env: env})
@@ -47,7 +48,7 @@ func TestCommandsGetNoneOfBgtasksCredentials(t *testing.T) {
 func TestTheLoginEnvironmentHoldsNoneOfBgtasksCredentials(t *testing.T) {
 	home := t.TempDir()
 	t.Setenv("HOME", home)
-	for _, name := range workers.SecretEnv {
+	for _, name := range secretenv.Names {
 		t.Setenv(name, leaked)
 	}
 	profile := "export BGTASK_PROFILE_VAR=set\nexport BGTASK_CLIENT_PASSWORD=" + leaked + "-in-profile\n" +

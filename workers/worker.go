@@ -27,6 +27,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/secretenv"
 )
 
 // Config configures a worker.
@@ -201,12 +202,12 @@ func New(nc *nats.Conn, js jetstream.JetStream, store events.Store, cfg Config) 
 	}
 	w.env = sync.OnceValue(func() []string {
 		if cfg.Env != nil {
-			return WithoutSecrets(cfg.Env)
+			return secretenv.Without(cfg.Env)
 		}
 		env, err := LoginEnv(context.Background())
 		if err != nil {
 			cfg.Base.Logger.Warn("using the worker's own environment", "err", err)
-			return WithoutSecrets(os.Environ())
+			return secretenv.Without(os.Environ())
 		}
 		return env
 	})

@@ -16,7 +16,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
-	"github.com/bgtask/bgtask/workers"
+	"github.com/bgtask/bgtask/internal/secretenv"
 )
 
 // execWaitDelay bounds the wait for a program's output after it exited or was
@@ -32,7 +32,7 @@ func runExec(ctx context.Context, argv []string, w events.Wakeup, attempt int) e
 	out := &tailBuffer{max: maxOutput}
 	cmd.Stdout, cmd.Stderr = out, out
 	// The server's environment, but not the credentials bgtask runs with.
-	cmd.Env = append(workers.WithoutSecrets(os.Environ()), Env(w, attempt)...)
+	cmd.Env = append(secretenv.Without(os.Environ()), Env(w, attempt)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = execWaitDelay
