@@ -44,6 +44,10 @@ type Tick struct {
 	OutputBytes int64
 }
 
+// spawnClockSlack is how far a worker's clock may be behind the engine's that
+// offered it a delayed start.
+const spawnClockSlack = time.Second
+
 // Exit records how the command ended.
 type Exit struct{ Run events.Exited }
 
@@ -105,6 +109,12 @@ func (c Spawn) decide(s State, m Meta) (events.Payload, uint64, error) {
 		return nil, 0, phaseError(s)
 	} else if err != nil {
 		return nil, 0, err
+	}
+	switch at := s.NotBefore(); {
+	case s.Spec.IsTimer():
+		return nil, 0, fmt.Errorf("%w: task %s is a timer, with no command", ErrWrongPhase, s.ID)
+	case m.Now.Add(spawnClockSlack).Before(at):
+		return nil, 0, fmt.Errorf("%w: task %s starts at %s", ErrWrongPhase, s.ID, at.UTC().Format(time.RFC3339Nano))
 	}
 	return &events.Spawned{Worker: m.Writer, Host: c.Host}, s.Epoch + 1, nil
 }
@@ -228,6 +238,10 @@ func (s State) wakeup() events.Wakeup {
 		Command: s.Spec.CommandLine(),
 		Target:  s.Spec.Target,
 		Origin:  s.Spec.Origin,
+		LateBy:  s.LateBy,
+	}
+	if len(s.Attempts) > 0 {
+		w.Attempts = s.Attempts
 	}
 	if r := s.Run; r != nil {
 		started, ended := r.StartedAt, r.EndedAt

@@ -15,7 +15,7 @@ import (
 // Placeholders a prompt template may use, besides {{origin.<key>}}. An exec sink's
 // argv may also use {{prompt}}, the rendered prompt itself.
 var (
-	placeholders     = []string{"result", "exit_code", "status", "reason", "task_id", "kind", "command", "tail", "duration"}
+	placeholders     = []string{"result", "exit_code", "status", "reason", "task_id", "kind", "command", "tail", "duration", "late_by"}
 	argvPlaceholders = append([]string{"prompt"}, placeholders...)
 )
 
@@ -266,12 +266,16 @@ func promptVars(w events.Wakeup, kind string) map[string]string {
 	return map[string]string{
 		"result": w.Result, "exit_code": exit, "status": w.Status, "reason": w.Reason,
 		"task_id": w.ID, "kind": kind, "command": w.Command, "tail": tail, "duration": duration,
+		"late_by": w.LateBy,
 	}
 }
 
 // defaultPrompt is used when a spec has none: enough for a reader who has forgotten
 // the task to know what ran, how it ended and what it printed last.
 func defaultPrompt(w events.Wakeup, vars map[string]string) []part {
+	if w.Command == "" {
+		return timerPrompt(w)
+	}
 	parts := []part{lit("Background task %s %s", w.ID, w.Status)}
 	if w.ExitCode != nil {
 		signal := ""
@@ -287,6 +291,9 @@ func defaultPrompt(w events.Wakeup, vars map[string]string) []part {
 	if w.Reason != "" {
 		parts = append(parts, lit("Reason: "), placeholder("reason"), lit("\n"))
 	}
+	if len(w.Attempts) > 0 {
+		parts = append(parts, lit("That was attempt %d; the earlier ones: %s.\n", len(w.Attempts)+1, attemptList(w.Attempts)))
+	}
 	if len(w.Tail) > 0 {
 		parts = append(parts, lit("Last %d lines of output:\n", len(w.Tail)), placeholder("tail"), lit("\n"))
 	} else {
@@ -298,4 +305,25 @@ func defaultPrompt(w events.Wakeup, vars map[string]string) []part {
 // noticePrompt is the prompt of a stall notice of a spec without a template.
 func noticePrompt(w events.Wakeup) []part {
 	return []part{lit("Background task %s %s: ", w.ID, w.Status), placeholder("reason"), lit(".\nCommand: "), placeholder("command"), lit("\n")}
+}
+
+// timerPrompt is the prompt of a timer whose spec has none.
+func timerPrompt(w events.Wakeup) []part {
+	late := ""
+	if d, err := time.ParseDuration(w.LateBy); err == nil && d >= time.Second {
+		late = " (late by " + w.LateBy + ")"
+	}
+	return []part{lit("Timer %s is due%s.\n", w.ID, late)}
+}
+
+// attemptList says how each earlier attempt ended: "failed (exit code 3), lost".
+func attemptList(attempts []events.Attempt) string {
+	out := make([]string, len(attempts))
+	for i, a := range attempts {
+		out[i] = a.Status
+		if a.ExitCode != nil {
+			out[i] += fmt.Sprintf(" (exit code %d)", *a.ExitCode)
+		}
+	}
+	return strings.Join(out, ", ")
 }

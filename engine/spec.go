@@ -73,6 +73,15 @@ type Spec struct {
 	Deliver []Sink `json:"deliver,omitempty"`
 	// Placement limits which workers may take the task (default: any worker).
 	Placement *Placement `json:"placement,omitempty"`
+
+	// StartAt is when the command starts, or, for a spec with no command (a timer),
+	// when the task fires: a duration from registration or an RFC 3339 time; the
+	// engine stores it as a time.
+	StartAt string `json:"start_at,omitempty"`
+	// Retry runs the command again after an attempt that ends in one of its statuses.
+	Retry *Retry `json:"retry,omitempty"`
+	// RerunOf names the task this one runs again.
+	RerunOf string `json:"rerun_of,omitempty"`
 }
 
 // ParseSpec decodes and validates a spec registered now.
@@ -101,6 +110,9 @@ func ParseSpecAt(data []byte, now time.Time) (Spec, error) {
 		return Spec{}, fieldErr("spec", "unexpected data after the JSON object")
 	}
 	if err := s.Validate(); err != nil {
+		return Spec{}, err
+	}
+	if err := s.validateTiming(now); err != nil {
 		return Spec{}, err
 	}
 	if err := s.validateWatch(now); err != nil {
@@ -209,8 +221,8 @@ func jsonKind(goKind string) string {
 // Validate checks a spec and fills in defaults.
 func (s *Spec) Validate() error {
 	switch {
-	case strings.TrimSpace(s.Command) == "" && len(s.Argv) == 0:
-		return fieldErr("command", "required: give a shell command or argv")
+	case strings.TrimSpace(s.Command) == "" && len(s.Argv) == 0 && s.StartAt == "":
+		return fieldErr("command", "required: give a shell command or argv (or only start_at, for a timer)")
 	case s.Command != "" && len(s.Argv) > 0:
 		return fieldErr("argv", "give command or argv, not both")
 	case len(s.Argv) > 0 && s.Argv[0] == "":

@@ -92,6 +92,12 @@ type State struct {
 	// ArchivedFrom the phase it was archived in.
 	ArchiveSeq   uint64      `json:"archive_seq,omitempty"`
 	ArchivedFrom Phase       `json:"archived_from,omitempty"`
+	// LateBy is how long after its time a timer fired or a delayed command started.
+	LateBy string `json:"late_by,omitempty"`
+	// Attempts are the ended runs of a task with retries, and RetryAt the time of
+	// the next, while it waits for it.
+	Attempts []events.Attempt `json:"attempts,omitempty"`
+	RetryAt  *time.Time       `json:"retry_at,omitempty"`
 	LastType     events.Type `json:"last_event"`
 	Events       int         `json:"events"`
 }
@@ -166,6 +172,10 @@ func apply(s State, rec events.Record) (State, error) {
 		return archivedState(rec.TaskID, p), nil
 	case *events.Lost:
 		return s.lost(rec, p)
+	case *events.Due:
+		return s.due(rec, p)
+	case *events.RetryScheduled:
+		return s.retryScheduled(p)
 	case *events.Cancelled:
 		if s.Phase != PhaseArmed && s.Phase != PhaseRunning {
 			return s, ErrWrongPhase
@@ -196,8 +206,11 @@ func (s State) spawned(rec events.Record, p *events.Spawned) (State, error) {
 	if rec.Epoch != s.Epoch+1 {
 		return s, fmt.Errorf("spawn epoch %d after epoch %d", rec.Epoch, s.Epoch)
 	}
+	if start := s.Spec.StartTime(); s.Epoch == 0 && !start.IsZero() {
+		s.LateBy = max(at.Sub(start), 0).Round(time.Millisecond).String()
+	}
 	s.Phase, s.Epoch, s.Worker, s.Host, s.SpawnedAt = PhaseRunning, rec.Epoch, rec.Writer, p.Host, &at
-	s.RespawnPending, s.Stall = false, nil
+	s.RespawnPending, s.Stall, s.RetryAt = false, nil, nil
 	return s, nil
 }
 

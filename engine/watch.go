@@ -112,7 +112,17 @@ func (s *Spec) validateWatch(now time.Time) error {
 		}
 	}
 	if s.Deadline != "" {
-		at, err := parseDeadline(s.Deadline, now)
+		// A relative deadline counts from the start: a delayed command gets all of it.
+		from := now
+		if start := s.StartTime(); start.After(now) {
+			from = start
+		}
+		if s.Retry != nil && s.Retry.Deadline == "" {
+			if d, err := time.ParseDuration(s.Deadline); err == nil {
+				s.Retry.Deadline = d.String() // each attempt has as long
+			}
+		}
+		at, err := parseFutureTime(s.Deadline, from, "deadline")
 		if err != nil {
 			return fieldErr("deadline", "%v", err)
 		}
@@ -224,9 +234,9 @@ func parsePositiveDuration(v string) (time.Duration, error) {
 // it as Unix nanoseconds in an int64, which end in April 2262.
 var maxDeadline = time.Unix(0, math.MaxInt64).UTC()
 
-// parseDeadline reads a duration from now or an RFC 3339 time; it must be ahead,
+// parseFutureTime reads a duration from now or an RFC 3339 time; it must be ahead,
 // and no later than maxDeadline.
-func parseDeadline(v string, now time.Time) (time.Time, error) {
+func parseFutureTime(v string, now time.Time, field string) (time.Time, error) {
 	at, err := time.Parse(time.RFC3339Nano, v)
 	if d, derr := time.ParseDuration(v); derr == nil {
 		if d < minTimer {
@@ -240,8 +250,8 @@ func parseDeadline(v string, now time.Time) (time.Time, error) {
 	case !at.After(now):
 		return time.Time{}, fmt.Errorf("%s is in the past", v)
 	case at.After(maxDeadline):
-		return time.Time{}, fmt.Errorf("%s is after %s, the latest deadline bgtask can hold; leave deadline out for none",
-			v, maxDeadline.Format(time.RFC3339))
+		return time.Time{}, fmt.Errorf("%s is after %s, the latest time bgtask can hold; leave %s out for none",
+			v, maxDeadline.Format(time.RFC3339), field)
 	}
 	return at, nil
 }

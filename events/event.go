@@ -27,6 +27,9 @@ const (
 	TypeCancelled           Type = "cancelled"
 	TypeLost                Type = "lost"
 	TypeFailed              Type = "failed"
+	// A timer came due; a failed attempt of a command with retries was armed again.
+	TypeDue            Type = "due"
+	TypeRetryScheduled Type = "retry-scheduled"
 	// A push sink's delivery of a fired wake-up: the claim of an attempt, its
 	// result, and the give-up after the last failed attempt.
 	TypeDeliveryAttempt Type = "delivery-attempt"
@@ -138,6 +141,10 @@ func newPayload(t Type) Payload {
 		return &DeliveryFailed{}
 	case TypeArchived:
 		return &Archived{}
+	case TypeDue:
+		return &Due{}
+	case TypeRetryScheduled:
+		return &RetryScheduled{}
 	}
 	return nil
 }
@@ -149,6 +156,7 @@ func knownType(name []byte) Type {
 		TypeTick, TypeArmed, TypeSpawned, TypeExited, TypeCompletionPersisted, TypeFired,
 		TypeStalled, TypeLost, TypeFailed, TypeCancelled,
 		TypeDeliveryAttempt, TypeDeliveryResult, TypeDeliveryFailed, TypeArchived,
+		TypeDue, TypeRetryScheduled,
 	} {
 		if string(name) == string(t) {
 			return t
@@ -260,6 +268,31 @@ type Cancelled struct {
 	Reason string `json:"reason,omitempty"`
 }
 
+// Due records that a timer's time came: the task succeeds, LateBy after the time
+// it was set for (a server that was down, or a machine that slept, fires it late).
+type Due struct {
+	LateBy string `json:"late_by"`
+}
+
+// RetryScheduled arms a task again after an attempt that ended in one of its
+// retry statuses: the attempt's outcome is kept, and the next one starts at At,
+// with Deadline (when the task has one) as its own deadline.
+type RetryScheduled struct {
+	Attempt  Attempt   `json:"attempt"`
+	At       time.Time `json:"at"`
+	Deadline string    `json:"deadline,omitempty"`
+}
+
+// Attempt is how one run of a task with retries ended.
+type Attempt struct {
+	Epoch    uint64 `json:"epoch"`
+	Status   string `json:"status"`
+	ExitCode *int   `json:"exit_code,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+func (*Due) EventType() Type                 { return TypeDue }
+func (*RetryScheduled) EventType() Type      { return TypeRetryScheduled }
 func (*Armed) EventType() Type               { return TypeArmed }
 func (*Spawned) EventType() Type             { return TypeSpawned }
 func (*Tick) EventType() Type                { return TypeTick }
@@ -293,4 +326,8 @@ type Wakeup struct {
 	Origin    json.RawMessage `json:"origin,omitempty"`
 	StartedAt *time.Time      `json:"started_at,omitempty"`
 	EndedAt   *time.Time      `json:"ended_at,omitempty"`
+	// LateBy is how long after its time a timer fired, or a delayed command started.
+	LateBy string `json:"late_by,omitempty"`
+	// Attempts are the runs before the last of a task with retries.
+	Attempts []Attempt `json:"attempts,omitempty"`
 }

@@ -24,6 +24,8 @@ const (
 	RuleInboxUnfired   = "inbox-without-fire"     // a wake-up for a task that can never fire
 	RuleOwnerGone      = "owner-gone"             // a running task whose worker's lease expired
 	RuleStuck          = "stuck"                  // a task in a phase for longer than the engine allows
+	RuleTimerTwice     = "timer-due-twice"        // a timer that came due again
+	RuleRetryPastCount = "retry-past-count"       // a retry its rule's count does not allow
 )
 
 // DefaultStuckAfter is the slack past what the engine promises before a task is
@@ -145,6 +147,10 @@ func (a *Audit) Add(rec events.Record, decodeErr error) {
 		rule = RuleFiredTwice
 	case rec.Type == events.TypeFired:
 		rule = RuleFiredEarly
+	case rec.Type == events.TypeDue && prev.Phase != engine.PhaseArmed:
+		rule = RuleTimerTwice
+	case rec.Type == events.TypeRetryScheduled && prev.Spec.Retry != nil && len(prev.Attempts) >= prev.Spec.Retry.Max:
+		rule = RuleRetryPastCount
 	}
 	a.violate(Violation{TaskID: rec.TaskID, Seq: rec.Seq, Rule: rule, Detail: err.Error()})
 }

@@ -134,6 +134,22 @@ func TestAuditFindsEachBrokenInvariant(t *testing.T) {
 			h.fired("t")
 			return []string{"t", "t.stalled", "t.stalled"}
 		}, projections.RuleInboxDuplicate},
+		{"a timer due twice", func(h *history) []string {
+			s := h.do(engine.State{ID: "t"}, engine.Arm{Spec: engine.Spec{StartAt: time.Now().Add(-time.Second).Format(time.RFC3339Nano), Target: "default"}}, "engine")
+			s = h.do(s, engine.ComeDue{}, "engine")
+			forged(h, s, "engine", 0, &events.Due{LateBy: "0s"})
+			return nil
+		}, projections.RuleTimerTwice},
+		{"a retry past its count", func(h *history) []string {
+			s := h.do(engine.State{ID: "t"}, engine.Arm{Spec: engine.Spec{Command: "false", Target: "default",
+				Retry: &engine.Retry{Max: 1, Backoff: "1ms", MaxBackoff: "1ms", On: []string{engine.StatusFailed}}}}, "engine")
+			s = h.do(h.do(s, engine.Spawn{}, "w1"), engine.Exit{Run: events.Exited{ExitCode: 1}}, "w1")
+			s = h.do(s, engine.RetryLater{}, "engine")
+			h.now = s.RetryAt.Add(time.Millisecond)
+			s = h.do(h.do(s, engine.Spawn{}, "w1"), engine.Exit{Run: events.Exited{ExitCode: 1}}, "w1")
+			forged(h, s, "engine", 2, &events.RetryScheduled{At: time.Now()})
+			return nil
+		}, projections.RuleRetryPastCount},
 		{"wake-up of a cancelled task", func(h *history) []string {
 			h.do(h.task("t"), engine.Cancel{}, "engine")
 			return []string{"t"}
