@@ -79,7 +79,7 @@ func (b *boundOutput) close() {
 }
 
 // dataFrom is where the output file at path has data again at or after offset:
-// offset itself, unless a worker before this one freed the part it starts in.
+// offset itself, unless a previous process of this worker freed the part it starts in.
 func dataFrom(path string, offset int64) int64 {
 	f, err := os.Open(path)
 	if err != nil {

@@ -3,7 +3,6 @@ package workers_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -143,40 +142,30 @@ func TestATaskPastItsDeadlineIsNotStarted(t *testing.T) {
 }
 
 // A worker that dies after appending spawned and before starting the command
-// leaves only the run's intent on disk, its directory (or, from a worker before
-// this one, the directory with task.json in it); its next start runs the command.
+// leaves only the run's intent on disk, its directory; its next start runs the
+// command.
 func TestATaskTakenButNotStartedBeforeARestartIsStarted(t *testing.T) {
 	t.Parallel()
-	for _, intentFile := range []bool{false, true} {
-		t.Run(fmt.Sprintf("task.json %v", intentFile), func(t *testing.T) {
-			t.Parallel()
-			b := setup(t)
-			state := t.TempDir()
-			dir := t.TempDir()
-			id := b.arm(t, engine.Spec{Command: "echo ran", Cwd: dir})
-			// What the dead worker did: its intent, then its spawn.
-			runDir := filepath.Join(state, "runs", id+"-1")
-			if err := os.MkdirAll(runDir, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			if intentFile {
-				if err := os.WriteFile(filepath.Join(runDir, "task.json"), []byte(`{"task_id":"`+id+`","epoch":1}`), 0o600); err != nil {
-					t.Fatal(err)
-				}
-			}
-			b.spawnAs(t, id, "stable")
-
-			b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
-			end := b.waitFor(t, id, 20*time.Second, "ended", ended)
-			if end.Status != engine.StatusSucceeded || !slices.Equal(end.Run.Tail, []string{"ran"}) || end.Epoch != 1 {
-				t.Fatalf("ended %s at epoch %d with tail %q, want succeeded at epoch 1 with [ran]", end.Status, end.Epoch, end.Run.Tail)
-			}
-			eventually(t, 10*time.Second, "the run directory was not removed", func() bool {
-				_, err := os.Stat(runDir)
-				return errors.Is(err, os.ErrNotExist)
-			})
-		})
+	b := setup(t)
+	state := t.TempDir()
+	dir := t.TempDir()
+	id := b.arm(t, engine.Spec{Command: "echo ran", Cwd: dir})
+	// What the dead worker did: its intent, then its spawn.
+	runDir := filepath.Join(state, "runs", id+"-1")
+	if err := os.MkdirAll(runDir, 0o700); err != nil {
+		t.Fatal(err)
 	}
+	b.spawnAs(t, id, "stable")
+
+	b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
+	end := b.waitFor(t, id, 20*time.Second, "ended", ended)
+	if end.Status != engine.StatusSucceeded || !slices.Equal(end.Run.Tail, []string{"ran"}) || end.Epoch != 1 {
+		t.Fatalf("ended %s at epoch %d with tail %q, want succeeded at epoch 1 with [ran]", end.Status, end.Epoch, end.Run.Tail)
+	}
+	eventually(t, 10*time.Second, "the run directory was not removed", func() bool {
+		_, err := os.Stat(runDir)
+		return errors.Is(err, os.ErrNotExist)
+	})
 }
 
 // A run directory whose task never got its spawn (the worker died between the

@@ -1,11 +1,10 @@
 package workers
 
-// A worker used to look for each run's exit file every 25 ms and at each quiet
-// output file every 20 ms: a command's end waited half a poll on average before
-// anyone saw it, and idle runs woke the worker all the time for nothing. The kernel
-// can say when a file in a run directory changes (inotify) and when a shim ends
-// (pidfd): the worker reacts to the event and sleeps otherwise (the bench's "exit
-// record → exited" went from ~20 ms to ~5 ms, most of it now the log's flush).
+// A worker waits for the files of its runs: each run's exit file, and each quiet
+// output file. Polling them would delay every command's end by half a poll and wake
+// the worker all the time for idle runs; the kernel can say when a file in a run
+// directory changes (inotify) and when a shim ends (pidfd), so the worker reacts to
+// the event and sleeps otherwise.
 //
 // One inotify instance serves the whole worker: the per-user limit on instances
 // (fs.inotify.max_user_instances, 128 by default) allows none per run. A run costs
@@ -18,7 +17,7 @@ package workers
 // inotify does not fire (a network filesystem written from another host), and for
 // a pidfd the kernel is too old to give. When the kernel drops events
 // (IN_Q_OVERFLOW) every waiter looks again. A waiter that has no watch (no inotify,
-// the watch limit reached, the notifier closed) polls as the worker used to.
+// the watch limit reached, the notifier closed) polls every unwatchedPoll.
 
 import (
 	"bytes"
@@ -37,8 +36,8 @@ import (
 const (
 	// safetyPoll is how often a waiter looks at a watched file with no event. Each
 	// run has three waiters (its exit and its two output files), each look a few
-	// system calls: every second, a worker watching 1,000 sleeping runs used a
-	// quarter of a core for looks that found nothing.
+	// system calls: looking every second, a worker watching 1,000 sleeping runs
+	// would spend a quarter of a core on looks that find nothing.
 	safetyPoll = 10 * time.Second
 	// unwatchedPoll is how often it looks when the file cannot be watched.
 	unwatchedPoll = 20 * time.Millisecond

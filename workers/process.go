@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -271,13 +270,10 @@ func awaitShim(n *notifier, dir string, waiting func()) (*process, error) {
 	}
 }
 
-// shimAlive reports whether a shim of the run in dir holds its start lock: the
-// directory, or the lock file of a run that a worker before this one started.
+// shimAlive reports whether a shim of the run in dir holds its start lock, the
+// directory.
 func shimAlive(dir string) bool {
-	f, err := os.Open(filepath.Join(dir, shim.StartLockFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		f, err = os.Open(dir)
-	}
+	f, err := os.Open(dir)
 	if err != nil {
 		return false
 	}

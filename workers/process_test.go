@@ -277,51 +277,28 @@ func TestARunDirectoryIsItsStartLock(t *testing.T) {
 	b.waitFor(t, id, 20*time.Second, "ended", ended)
 }
 
-// A run that a worker before this one started has its start lock in a file of its
-// own, which its shim holds; the run's directory is the lock of the runs started
-// now.
+// A shim is alive, as a worker that died while it started can tell, while
+// something holds its run directory locked.
 func TestShimAliveReadsTheStartLock(t *testing.T) {
 	t.Parallel()
-	lock := func(t *testing.T, path string) (unlock func()) {
-		t.Helper()
-		f, err := os.Open(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-			t.Fatal(err)
-		}
-		return func() { f.Close() }
+	dir := t.TempDir()
+	if workers.ShimAlive(dir) {
+		t.Fatal("alive before anything holds the lock")
 	}
-	t.Run("the directory", func(t *testing.T) {
-		dir := t.TempDir()
-		if workers.ShimAlive(dir) {
-			t.Fatal("alive before anything holds the lock")
-		}
-		unlock := lock(t, dir)
-		if !workers.ShimAlive(dir) {
-			t.Fatal("not alive while the directory is locked")
-		}
-		unlock()
-		if workers.ShimAlive(dir) {
-			t.Fatal("alive after the lock was let go")
-		}
-	})
-	t.Run("the lock file of an earlier worker", func(t *testing.T) {
-		dir := t.TempDir()
-		file := filepath.Join(dir, "start.lock")
-		if err := os.WriteFile(file, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		unlock := lock(t, file)
-		if !workers.ShimAlive(dir) {
-			t.Fatal("not alive while the start.lock file is locked")
-		}
-		unlock()
-		if workers.ShimAlive(dir) {
-			t.Fatal("alive after the lock was let go")
-		}
-	})
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	if !workers.ShimAlive(dir) {
+		t.Fatal("not alive while the directory is locked")
+	}
+	f.Close()
+	if workers.ShimAlive(dir) {
+		t.Fatal("alive after the lock was let go")
+	}
 }
 
 // A shim runs with one Go scheduler thread (GOMAXPROCS=1 in its own environment),

@@ -44,12 +44,9 @@ func (w *Worker) reattach(ctx context.Context) error {
 // reattachRun settles the run in dir, as reattach says.
 func (w *Worker) reattachRun(ctx context.Context, dir string) error {
 	log := w.cfg.Base.Logger
-	sr, err := intentOf(dir)
-	if errors.Is(err, errNotARun) {
+	sr, ok := intentOf(dir)
+	if !ok { // not made by a worker for a run
 		_ = os.RemoveAll(dir)
-		return nil
-	} else if err != nil {
-		log.Error("a run directory cannot be read: left as it is", "dir", dir, "err", err)
 		return nil
 	}
 	state, err := engine.Load(ctx, w.store, sr.TaskID)
@@ -116,12 +113,12 @@ func (w *Worker) awaitRun(dir string, sr *shimRun) (*process, error) {
 	if readJSON(filepath.Join(dir, runFile), sr) != nil {
 		return nil, errShimNotStarted
 	}
-	// The run's environment is the shim's; a result command runs in it too. A
-	// run started before the environment had a file of its own has the
-	// worker's.
+	// The run's environment is the shim's; a result command runs in it too. It was
+	// written before run.json: a directory without it is damaged, as one whose PIDs
+	// cannot be read.
 	env, err := shim.ReadEnviron(dir)
 	if err != nil {
-		env = w.env()
+		return nil, fmt.Errorf("run %s: %w", dir, err)
 	}
 	sr.Env = env
 	return awaitShim(w.notify, dir, func() {
@@ -161,8 +158,8 @@ func (w *Worker) watchAgain(ctx context.Context, r *run, dir string, sr shimRun,
 	var fileOffsets [2]int64
 	for i, name := range []string{shim.StdoutFile, shim.StderrFile} {
 		fileOffsets[i] = max(0, offsets[i]-sr.LogOffsets[i])
-		// A log that fell far behind (NATS was away) while a worker before this one
-		// read and freed the output goes on after what was freed: it is gone.
+		// A log that fell far behind (NATS was away) while a previous process of this
+		// worker read and freed the output goes on after what was freed: it is gone.
 		if skip := dataFrom(filepath.Join(dir, name), fileOffsets[i]) - fileOffsets[i]; skip > 0 {
 			fileOffsets[i] += skip
 			offsets[i] += skip
@@ -243,18 +240,13 @@ func decisionOf(dir string, state engine.State) *stopDecision {
 	return nil
 }
 
-// A run's directory is its intent: made (and made durable) before the spawn is
-// appended, so no task can be taken without a trace on disk, and named for the task
-// and the epoch of the run (runDir). Workers before this one wrote the name in
-// intentFile too, and a run directory without it was one left before its intent
-// was written; such a directory now stands for an intent whose spawn may not be in
-// the log, which reattach settles like any other (it stops what is not the
-// worker's).
-const intentFile = "task.json"
-
-// writeIntent makes the directory of a run. It fails with fs.ErrExist if the run's
-// directory exists: then this worker holds the run already (a redelivered armed
-// event must not clobber it).
+// writeIntent makes the directory of a run, its intent: made (and made durable)
+// before the spawn is appended, so no task can be taken without a trace on disk,
+// and named for the task and the epoch of the run (runDir). A directory with
+// nothing in it stands for an intent whose spawn may not be in the log, which
+// reattach settles like any other (it stops what is not the worker's). It fails
+// with fs.ErrExist if the run's directory exists: then this worker holds the run
+// already (a redelivered armed event must not clobber it).
 func writeIntent(dir string) error {
 	runs := filepath.Dir(dir)
 	if err := os.MkdirAll(runs, 0o700); err != nil {
@@ -270,27 +262,19 @@ func writeIntent(dir string) error {
 	return shim.SyncDir(runs)
 }
 
-// errNotARun: a directory in runs that no worker made for a run.
-var errNotARun = errors.New("not a run directory")
-
-// intentOf reads which task and epoch a run directory is for: from its name, or
-// from the intent file a worker before this one wrote.
-func intentOf(dir string) (shimRun, error) {
-	var sr shimRun
-	err := readJSON(filepath.Join(dir, intentFile), &sr)
-	if !errors.Is(err, fs.ErrNotExist) {
-		return sr, err
-	}
+// intentOf reads which task and epoch a run directory is for, from its name; ok
+// is false for a directory no worker made for a run.
+func intentOf(dir string) (sr shimRun, ok bool) {
 	name := filepath.Base(dir)
 	i := strings.LastIndexByte(name, '-')
 	if i < 0 {
-		return sr, errNotARun
+		return sr, false
 	}
 	epoch, err := strconv.ParseUint(name[i+1:], 10, 64)
 	if err != nil || !events.ValidToken(name[:i]) {
-		return sr, errNotARun
+		return sr, false
 	}
-	return shimRun{TaskID: name[:i], Epoch: epoch}, nil
+	return shimRun{TaskID: name[:i], Epoch: epoch}, true
 }
 
 // ErrStateDirInUse: another worker process holds the state directory.

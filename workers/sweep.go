@@ -9,10 +9,9 @@ import (
 // sweepDelay is how long the directory of a run watched to its end stays before it
 // is removed. Removing a run's directory unlinks seven files and the directory,
 // metadata that the file system's journal commits with the next fsync on the disk:
-// removed at once, they rode on the fsyncs of the very wake-up that the end sets
-// off (completion-persisted, the inbox), whose median was 0.02–0.59 ms longer for
-// it with fsync always (BENCHMARKS.md). A tenth of a second is past that wake-up,
-// and batches the runs that end meanwhile into one commit.
+// removed at once, they would ride on the fsyncs of the very wake-up that the end
+// sets off (completion-persisted, the inbox) and delay it. A tenth of a second is
+// past that wake-up, and batches the runs that end meanwhile into one commit.
 const sweepDelay = 100 * time.Millisecond
 
 // sweeper removes the directories of finished runs, a while after their end and

@@ -18,9 +18,9 @@
 // One shim lives per running task and starts with every task, so its size is
 // what a running task costs, and its start part of every task's: the package
 // calls the kernel through package syscall alone, without os, time, strconv or
-// the reflection-based packages. A Go program's text is resident whole in each of
-// its processes here, and those packages took the shim from 1.84 to 2.30 MiB of
-// RSS, and a run of `true` under it from 13 to 15 ms of wall time (BENCHMARKS.md).
+// the reflection-based packages: a Go program's text is resident whole in each of
+// its processes here, and those packages would add about a quarter to a shim's RSS
+// and to the time a short command takes under it.
 // It runs as its own small binary, bgtask-shim, or as `bgtask shim` where that is
 // missing.
 package shim
@@ -33,13 +33,12 @@ import (
 
 // The files of a run directory the shim reads or writes.
 const (
-	EnvironFile   = "environ"
-	StdoutFile    = "stdout"
-	StderrFile    = "stderr"
-	StartLockFile = "start.lock"
-	StartingFile  = "starting"
-	PIDFile       = "pid.json"
-	ExitFile      = "exit.json"
+	EnvironFile  = "environ"
+	StdoutFile   = "stdout"
+	StderrFile   = "stderr"
+	StartingFile = "starting"
+	PIDFile      = "pid.json"
+	ExitFile     = "exit.json"
 )
 
 // StartLockFD is the descriptor of the run's start lock in a shim: the run
@@ -47,8 +46,6 @@ const (
 // down, and the shim keeps open for as long as it lives: whoever finds the lock
 // free knows that no shim of the run is alive, or ever will be, so a worker that
 // died while its shim started can tell a shim still starting from one gone.
-// Workers before this one locked a file of its own in the directory,
-// StartLockFile, which the shims they started hold.
 const StartLockFD = 3
 
 // Why the shim stopped a command, in Exit.StoppedBy.
