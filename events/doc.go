@@ -14,7 +14,7 @@
 // A task's whole history is that one subject, in order; every append is
 // conditional on the last sequence of that subject. That compare-and-swap is the
 // one mechanism that gives single ownership: two writers that read the same
-// history can never both append after it. The stored subject no longer carries the
+// history can never both append after it. The stored subject does not carry the
 // type: a reader takes it from the event's envelope, as Decode does.
 //
 // Last and History read with direct gets on the task's subject, no consumer: on
