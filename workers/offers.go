@@ -46,7 +46,7 @@ func (w *Worker) onOffer(m *nats.Msg) {
 	w.mu.Unlock()
 	go func() {
 		defer w.wg.Done()
-		reply, r, offsets := w.take(w.ctx, o.TaskID)
+		reply, r, logAt := w.take(w.ctx, o.TaskID)
 		respond(m, reply)
 		if r == nil {
 			<-w.slots
@@ -55,7 +55,7 @@ func (w *Worker) onOffer(m *nats.Msg) {
 		}
 		engine.CrashPoint(engine.CrashAfterSpawn)
 		defer func() { <-w.slots }()
-		r.execute(w.ctx, offsets, func(offsets *[2]int64) bool { return r.runOnce(w.ctx, offsets) })
+		r.execute(w.ctx, logAt, func(logAt *offsets) bool { return r.runOnce(w.ctx, logAt) })
 	}()
 }
 
@@ -66,9 +66,9 @@ func respond(m *nats.Msg, reply any) {
 
 // take tries to become the owner of an armed task. It returns the run it now owns
 // (nil if it does not) and where the task's log stands.
-func (w *Worker) take(ctx context.Context, id string) (events.OfferReply, *run, [2]int64) {
+func (w *Worker) take(ctx context.Context, id string) (events.OfferReply, *run, offsets) {
 	log := w.cfg.Base.Logger
-	var offsets [2]int64
+	var logAt offsets
 	defer func() {
 		w.mu.Lock()
 		delete(w.taking, id)
@@ -77,46 +77,44 @@ func (w *Worker) take(ctx context.Context, id string) (events.OfferReply, *run, 
 	armed, err := engine.Load(ctx, w.store, id)
 	switch {
 	case errors.Is(err, engine.ErrNotFound):
-		return events.OfferReply{Reason: events.DeclineTaken}, nil, offsets
+		return events.OfferReply{Reason: events.DeclineTaken}, nil, logAt
 	case err != nil:
 		log.Warn("worker: cannot read an offered task", "task", id, "err", err)
-		return events.OfferReply{Reason: events.DeclineError}, nil, offsets
+		return events.OfferReply{Reason: events.DeclineError}, nil, logAt
 	case armed.Phase != engine.PhaseArmed:
-		return events.OfferReply{Reason: events.DeclineTaken}, nil, offsets
+		return events.OfferReply{Reason: events.DeclineTaken}, nil, logAt
 	case !armed.Spec.Placement.Admits(w.cfg.Labels, w.cfg.Exclusive):
-		return events.OfferReply{Reason: events.DeclineLabels}, nil, offsets
+		return events.OfferReply{Reason: events.DeclineLabels}, nil, logAt
 	}
 	if armed.Epoch > 0 {
 		// Armed again after its worker was lost: the log goes on after the earlier
 		// runs' output.
-		for i, stream := range []string{events.Stdout, events.Stderr} {
-			if offsets[i], err = w.logs.End(ctx, id, stream); err != nil {
-				return events.OfferReply{Reason: events.DeclineError}, nil, offsets
-			}
+		if logAt, err = w.logEnds(ctx, id); err != nil {
+			return events.OfferReply{Reason: events.DeclineError}, nil, logAt
 		}
 	}
 	// The run's directory is made before the spawn is appended: a worker that dies
 	// between the two finds the task again when it restarts.
 	dir := w.runDir(id, armed.Epoch+1)
 	if err := writeIntent(dir); errors.Is(err, fs.ErrExist) {
-		return events.OfferReply{Reason: events.DeclineTaken}, nil, offsets // taken before a restart, and held
+		return events.OfferReply{Reason: events.DeclineTaken}, nil, logAt // taken before a restart, and held
 	} else if err != nil {
 		log.Error("worker: cannot write its state directory", "err", err)
-		return events.OfferReply{Reason: events.DeclineError}, nil, offsets
+		return events.OfferReply{Reason: events.DeclineError}, nil, logAt
 	}
 	r := &run{w: w, state: armed, cancelled: make(chan struct{})}
 	switch held, err := r.claim(ctx); {
 	case held:
 		w.hold(r)
-		return events.OfferReply{Taken: true}, r, offsets
+		return events.OfferReply{Taken: true}, r, logAt
 	case err == nil:
 		_ = os.RemoveAll(dir)
-		return events.OfferReply{Reason: events.DeclineTaken}, nil, offsets // another worker took it, or it was cancelled first
+		return events.OfferReply{Reason: events.DeclineTaken}, nil, logAt // another worker took it, or it was cancelled first
 	default:
 		// Stopping with the spawn's outcome unknown: the run's directory stays, and
 		// the next start of this worker learns from the log whether it holds the task.
 		log.Warn("worker: stopping before its take of a task was settled", "task", id, "err", err)
-		return events.OfferReply{Reason: events.DeclineError}, nil, offsets
+		return events.OfferReply{Reason: events.DeclineError}, nil, logAt
 	}
 }
 

@@ -74,11 +74,11 @@ func (w *Worker) reattachRun(ctx context.Context, dir string) error {
 		// Taken, but the worker stopped before its shim started the command: start
 		// it now.
 		log.Info("starting a task taken before a restart", "task", sr.TaskID)
-		offsets, err := w.logEnds(ctx, sr.TaskID)
+		logAt, err := w.logEnds(ctx, sr.TaskID)
 		if err != nil {
 			return err
 		}
-		w.resume(ctx, r, offsets, func(offsets *[2]int64) bool { return r.runOnce(ctx, offsets) })
+		w.resume(ctx, r, logAt, func(logAt *offsets) bool { return r.runOnce(ctx, logAt) })
 	case errors.Is(perr, errShimDied):
 		log.Error("the shim of a run died while it started the command", "task", sr.TaskID)
 		stopLeftovers(dir, w.cfg.KillGrace)
@@ -95,11 +95,11 @@ func (w *Worker) reattachRun(ctx context.Context, dir string) error {
 		// stop, then respawn.
 		proc.stop(w.cfg.KillGrace)
 		_ = os.RemoveAll(dir)
-		offsets, err := w.logEnds(ctx, sr.TaskID)
+		logAt, err := w.logEnds(ctx, sr.TaskID)
 		if err != nil {
 			return err
 		}
-		w.resume(ctx, r, offsets, func(*[2]int64) bool { return true })
+		w.resume(ctx, r, logAt, func(*offsets) bool { return true })
 	default:
 		return w.watchAgain(ctx, r, dir, sr, proc)
 	}
@@ -151,41 +151,44 @@ func (w *Worker) letGo(dir string, state engine.State, sr shimRun, proc *process
 
 // watchAgain watches a run that goes on, from where its log stands.
 func (w *Worker) watchAgain(ctx context.Context, r *run, dir string, sr shimRun, proc *process) error {
-	offsets, err := w.logEnds(ctx, sr.TaskID)
+	logAt, err := w.logEnds(ctx, sr.TaskID)
 	if err != nil {
 		return err
 	}
-	var fileOffsets [2]int64
-	for i, name := range []string{shim.StdoutFile, shim.StderrFile} {
-		fileOffsets[i] = max(0, offsets[i]-sr.LogOffsets[i])
-		// A log that fell far behind (NATS was away) while a previous process of this
-		// worker read and freed the output goes on after what was freed: it is gone.
-		if skip := dataFrom(filepath.Join(dir, name), fileOffsets[i]) - fileOffsets[i]; skip > 0 {
-			fileOffsets[i] += skip
-			offsets[i] += skip
-		}
-	}
+	var fileAt offsets
+	fileAt.stdout, logAt.stdout = resumeAt(filepath.Join(dir, shim.StdoutFile), logAt.stdout, sr.LogOffsets.stdout)
+	fileAt.stderr, logAt.stderr = resumeAt(filepath.Join(dir, shim.StderrFile), logAt.stderr, sr.LogOffsets.stderr)
 	w.cfg.Base.Logger.Info("watching a run again", "task", sr.TaskID, "pid", proc.pids.Command.PID)
 	decided := decisionOf(dir, r.state)
-	w.resume(ctx, r, offsets, func(offsets *[2]int64) bool {
-		return r.watch(ctx, proc, sr, offsets, fileOffsets, false, decided)
+	w.resume(ctx, r, logAt, func(logAt *offsets) bool {
+		return r.watch(ctx, proc, sr, logAt, fileAt, false, decided)
 	})
 	return nil
 }
 
+// resumeAt is where in the output file at path the log of a run found again goes
+// on, and where its log stream then stands: the stream stands at logAt, and stood
+// at started when the run began. A log that fell far behind (NATS was away) while
+// a previous process of this worker read and freed the output goes on after what
+// was freed: it is gone.
+func resumeAt(path string, logAt, started int64) (fileAt, newLogAt int64) {
+	fileAt = max(0, logAt-started)
+	skip := max(0, dataFrom(path, fileAt)-fileAt)
+	return fileAt + skip, logAt + skip
+}
+
 // logEnds is where the task's stdout and stderr logs end.
-func (w *Worker) logEnds(ctx context.Context, id string) (offsets [2]int64, err error) {
-	for i, stream := range []string{events.Stdout, events.Stderr} {
-		if offsets[i], err = w.logs.End(ctx, id, stream); err != nil {
-			return offsets, err
-		}
+func (w *Worker) logEnds(ctx context.Context, id string) (logAt offsets, err error) {
+	if logAt.stdout, err = w.logs.End(ctx, id, events.Stdout); err != nil {
+		return logAt, err
 	}
-	return offsets, nil
+	logAt.stderr, err = w.logs.End(ctx, id, events.Stderr)
+	return logAt, err
 }
 
 // resume runs a task found again after a restart, in a slot of its own if one is
 // free: more runs than capacity (it was lowered) still need watching.
-func (w *Worker) resume(ctx context.Context, r *run, offsets [2]int64, first func(*[2]int64) bool) {
+func (w *Worker) resume(ctx context.Context, r *run, logAt offsets, first func(*offsets) bool) {
 	w.hold(r) // now, not when the goroutine runs: a drain must count this run
 	slot := false
 	select {
@@ -199,7 +202,7 @@ func (w *Worker) resume(ctx context.Context, r *run, offsets [2]int64, first fun
 		if slot {
 			defer func() { <-w.slots }()
 		}
-		r.execute(ctx, offsets, first)
+		r.execute(ctx, logAt, first)
 	}()
 }
 

@@ -100,11 +100,11 @@ func (r *run) resync(ctx context.Context) bool {
 // execute runs the command of a task the worker holds, to its end: once,
 // or again after each stall the spec says to respawn on.
 // first is the first run: a new one (runOnce), or one found again after a restart.
-// offsets is where the task's log stands, so a respawned run's log goes on after it.
-func (r *run) execute(ctx context.Context, offsets [2]int64, first func(*[2]int64) bool) {
+// logAt is where the task's log stands, so a respawned run's log goes on after it.
+func (r *run) execute(ctx context.Context, logAt offsets, first func(*offsets) bool) {
 	w, id := r.w, r.state.ID
 	defer w.release(id) // held by whoever started the run
-	for respawn := first(&offsets); respawn; respawn = r.runOnce(ctx, &offsets) {
+	for respawn := first(&logAt); respawn; respawn = r.runOnce(ctx, &logAt) {
 		dir := w.runDir(id, r.state.Epoch+1)
 		if err := writeIntent(dir); err != nil {
 			w.cfg.Base.Logger.Error("respawn not started", "task", id, "err", err)
@@ -159,7 +159,7 @@ func (r *run) claim(ctx context.Context) (held bool, err error) {
 // runLogs are the two log writers of a run.
 type runLogs struct {
 	stdout, stderr *events.LogWriter
-	offsets        *[2]int64
+	logAt          *offsets // where the streams stand once closed
 	closed         bool
 	total, dropped int64
 }
@@ -170,12 +170,13 @@ func (l *runLogs) close(ctx context.Context, final bool) {
 	}
 	l.closed = true
 	// The two streams flush side by side: the exit waits for both.
-	var totals, dropped [2]int64
-	l.sideBySide(ctx, func(ctx context.Context, i int, w *events.LogWriter) {
-		totals[i], dropped[i] = w.Close(ctx, final)
-	})
-	*l.offsets = totals
-	l.total, l.dropped = totals[0]+totals[1], dropped[0]+dropped[1]
+	var ends offsets
+	var droppedOut, droppedErr int64
+	l.sideBySide(ctx,
+		func(ctx context.Context) { ends.stdout, droppedOut = l.stdout.Close(ctx, final) },
+		func(ctx context.Context) { ends.stderr, droppedErr = l.stderr.Close(ctx, final) })
+	*l.logAt = ends
+	l.total, l.dropped = ends.stdout+ends.stderr, droppedOut+droppedErr
 }
 
 // markEnds publishes the end marks that close left to be messages of their own
@@ -184,23 +185,23 @@ func (l *runLogs) close(ctx context.Context, final bool) {
 // worker that dies in between leaves them out, as a worker that dies before its
 // exit does: followers of the log stop a little after the task ended.
 func (l *runLogs) markEnds(ctx context.Context) {
-	l.sideBySide(ctx, func(ctx context.Context, _ int, w *events.LogWriter) { w.EndMark(ctx) })
+	l.sideBySide(ctx, l.stdout.EndMark, l.stderr.EndMark)
 }
 
-// sideBySide runs f on the stdout (0) and stderr (1) writers at once, for at most
-// appendTimeout, even if the worker is stopping.
-func (l *runLogs) sideBySide(ctx context.Context, f func(ctx context.Context, i int, w *events.LogWriter)) {
+// sideBySide runs stdout and stderr, each the work of one stream's writer, at
+// once, for at most appendTimeout, even if the worker is stopping.
+func (l *runLogs) sideBySide(ctx context.Context, stdout, stderr func(context.Context)) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendTimeout)
 	defer cancel()
 	var stderrDone sync.WaitGroup
-	stderrDone.Go(func() { f(ctx, 1, l.stderr) })
-	f(ctx, 0, l.stdout)
+	stderrDone.Go(func() { stderr(ctx) })
+	stdout(ctx)
 	stderrDone.Wait()
 }
 
 // runOnce starts the command once, watches it and records how the run ended. It
 // reports whether the run stalled and is to be started again.
-func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
+func (r *run) runOnce(ctx context.Context, logAt *offsets) (respawn bool) {
 	w, id, log := r.w, r.state.ID, r.w.cfg.Base.Logger
 	spec := r.state.Spec
 	if at := spec.DeadlineTime(); !at.IsZero() && !time.Now().Before(at) {
@@ -217,7 +218,7 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 	}
 	dir := w.runDir(id, r.state.Epoch)
 	run := shimRun{
-		TaskID: id, Epoch: r.state.Epoch, Dir: cwd, LogOffsets: *offsets,
+		TaskID: id, Epoch: r.state.Epoch, Dir: cwd, LogOffsets: *logAt,
 		Env:      mergeEnv(w.env(), spec.Env, "BGTASK_TASK_ID="+id, runMarker(dir)),
 		Deadline: spec.DeadlineTime(), KillGrace: w.cfg.KillGrace,
 	}
@@ -243,19 +244,19 @@ func (r *run) runOnce(ctx context.Context, offsets *[2]int64) (respawn bool) {
 		return false
 	}
 	log.Info("task started", "task", id, "pid", proc.pids.Command.PID, "command", spec.CommandLine())
-	return r.watch(ctx, proc, run, offsets, [2]int64{}, true, nil)
+	return r.watch(ctx, proc, run, logAt, offsets{}, true, nil)
 }
 
 // watch follows a run to its end: its output into the tail, the log and the
-// completion rule, its ticks, stall and deadline, and its exit. fileOffsets is
-// where in the output files the log stands (0 for a new run); started says whether
-// the run's first tick is still to be written; decided is what a previous process
-// of this worker decided to do with the run (stop it for a rule, or leave it
-// running after a match) and did not record before it died. When the worker stops,
-// watch lets go of the run and the command goes on, to be watched again after the
-// restart.
-func (r *run) watch(ctx context.Context, proc *process, run shimRun, offsets *[2]int64, fileOffsets [2]int64, started bool, decided *stopDecision) (respawn bool) {
-	x := r.newWatcher(proc, run, offsets, fileOffsets, decided)
+// completion rule, its ticks, stall and deadline, and its exit. logAt is where the
+// task's log stands, and fileAt where it stands in the output files (0 for a new
+// run); started says whether the run's first tick is still to be written; decided
+// is what a previous process of this worker decided to do with the run (stop it
+// for a rule, or leave it running after a match) and did not record before it
+// died. When the worker stops, watch lets go of the run and the command goes on,
+// to be watched again after the restart.
+func (r *run) watch(ctx context.Context, proc *process, run shimRun, logAt *offsets, fileAt offsets, started bool, decided *stopDecision) (respawn bool) {
+	x := r.newWatcher(proc, run, logAt, fileAt, decided)
 	defer x.stopCopying()
 	if decided != nil {
 		r.w.cfg.Base.Logger.Info("finishing what the worker decided before it restarted", "task", r.state.ID, "stopped_by", decided.StoppedBy)
@@ -282,15 +283,15 @@ type watcher struct {
 	copying    sync.WaitGroup
 }
 
-func (r *run) newWatcher(proc *process, run shimRun, offsets *[2]int64, fileOffsets [2]int64, decided *stopDecision) *watcher {
+func (r *run) newWatcher(proc *process, run shimRun, logAt *offsets, fileAt offsets, decided *stopDecision) *watcher {
 	w, id, spec := r.w, r.state.ID, r.state.Spec
 	x := &watcher{
 		r: r, proc: proc, run: run, spec: spec,
 		tail: NewTail(max(w.cfg.TailLines, spec.TailLines()), MaxLineBytes),
 		logs: &runLogs{
-			stdout:  w.logs.Writer(id, events.Stdout, offsets[0]),
-			stderr:  w.logs.Writer(id, events.Stderr, offsets[1]),
-			offsets: offsets,
+			stdout: w.logs.Writer(id, events.Stdout, logAt.stdout),
+			stderr: w.logs.Writer(id, events.Stderr, logAt.stderr),
+			logAt:  logAt,
 		},
 		copyDone: make(chan struct{}),
 	}
@@ -308,30 +309,31 @@ func (r *run) newWatcher(proc *process, run shimRun, offsets *[2]int64, fileOffs
 		if decided != nil && decided.MatchedLine != nil {
 			x.lines.matchedBefore(*decided.MatchedLine)
 		} else {
-			x.lines.resume(filepath.Join(proc.dir, shim.StdoutFile), fileOffsets[0])
+			x.lines.resume(filepath.Join(proc.dir, shim.StdoutFile), fileAt.stdout)
 		}
 	}
 	// After a restart, the tail starts with what the run printed before it.
-	_, _ = tailOut.Write(lastData(filepath.Join(proc.dir, shim.StdoutFile), fileOffsets[0], tailRereadBytes))
-	_, _ = tailErr.Write(lastData(filepath.Join(proc.dir, shim.StderrFile), fileOffsets[1], tailRereadBytes))
-	x.copy(fileOffsets, stdout, stderr)
+	_, _ = tailOut.Write(lastData(filepath.Join(proc.dir, shim.StdoutFile), fileAt.stdout, tailRereadBytes))
+	_, _ = tailErr.Write(lastData(filepath.Join(proc.dir, shim.StderrFile), fileAt.stderr, tailRereadBytes))
+	x.copy(fileAt, stdout, stderr)
 	return x
 }
 
-// copy copies what the command prints into its output files, from where the log
-// stands, until stopCopying.
-func (x *watcher) copy(fileOffsets [2]int64, stdout, stderr output) {
-	for i, f := range []struct {
+// copy copies what the command prints into its output files, from fileAt, where
+// the log stands in them, until stopCopying.
+func (x *watcher) copy(fileAt offsets, stdout, stderr output) {
+	for _, f := range []struct {
 		name string
+		from int64
 		to   io.Writer
-	}{{shim.StdoutFile, stdout}, {shim.StderrFile, stderr}} {
+	}{{shim.StdoutFile, fileAt.stdout, stdout}, {shim.StderrFile, fileAt.stderr, stderr}} {
 		x.copying.Add(1)
 		go func() {
 			defer x.copying.Done()
 			path := filepath.Join(x.proc.dir, f.name)
-			bound := newBoundOutput(path, fileOffsets[i], f.to, x.r.w.cfg.Base.Logger)
+			bound := newBoundOutput(path, f.from, f.to, x.r.w.cfg.Base.Logger)
 			defer bound.close()
-			copyGrowing(x.r.w.notify, path, fileOffsets[i], bound, x.copyDone)
+			copyGrowing(x.r.w.notify, path, f.from, bound, x.copyDone)
 		}()
 	}
 }

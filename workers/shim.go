@@ -22,7 +22,7 @@ type shimRun struct {
 	Env    []string `json:"-"` // in the shim's environ file
 	Dir    string   `json:"dir"`
 	// LogOffsets is where the task's log streams stood when this run started.
-	LogOffsets [2]int64      `json:"log_offsets"`
+	LogOffsets offsets       `json:"log_offsets"`
 	Deadline   time.Time     `json:"deadline,omitempty"`
 	StallAfter time.Duration `json:"stall_after,omitempty"`
 	KillGrace  time.Duration `json:"kill_grace,omitempty"`
