@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -17,11 +16,6 @@ import (
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/workers/shim"
 )
-
-// runDir is where the shim of one run of a task keeps its files.
-func (w *Worker) runDir(taskID string, epoch uint64) string {
-	return filepath.Join(w.cfg.StateDir, "runs", taskID+"-"+strconv.FormatUint(epoch, 10))
-}
 
 // reattach finds the runs a previous process of this worker left in its state
 // directory and watches them again: a run still going resumes its ticks and its
@@ -206,20 +200,6 @@ func (w *Worker) resume(ctx context.Context, r *run, logAt offsets, first func(*
 	}()
 }
 
-// decisionFile keeps what the worker decided to do with a run before it acted.
-const decisionFile = "stop.json"
-
-// stopDecision is what a worker decided to do with a run, written before it acts:
-// stop the command for a rule (a match, the deadline, a stall), or leave it running
-// after a match. A worker that dies before the end is recorded (during the kill
-// grace, say) finishes the same decision when it starts again, rather than watch
-// again a command whose matched line is behind where the log stands.
-type stopDecision struct {
-	StoppedBy   string  `json:"stopped_by"`
-	MatchedLine *string `json:"matched_line,omitempty"`
-	KeepRunning bool    `json:"keep_running,omitempty"`
-}
-
 // saveDecision writes d into the run directory dir of task id. It takes the id, not
 // the run, since it is called from the copy of the output, where the run's state is
 // not to be read.
@@ -241,43 +221,6 @@ func decisionOf(dir string, state engine.State) *stopDecision {
 		return &stopDecision{StoppedBy: events.StoppedByStall}
 	}
 	return nil
-}
-
-// writeIntent makes the directory of a run, its intent: made (and made durable)
-// before the spawn is appended, so no task can be taken without a trace on disk,
-// and named for the task and the epoch of the run (runDir). A directory with
-// nothing in it stands for an intent whose spawn may not be in the log, which
-// reattach settles like any other (it stops what is not the worker's). It fails
-// with fs.ErrExist if the run's directory exists: then this worker holds the run
-// already (a redelivered armed event must not clobber it).
-func writeIntent(dir string) error {
-	runs := filepath.Dir(dir)
-	if err := os.MkdirAll(runs, 0o700); err != nil {
-		return err
-	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return err
-	}
-	// The new directory, then its entry in runs: both on disk before the spawn.
-	if err := shim.SyncDir(dir); err != nil {
-		return err
-	}
-	return shim.SyncDir(runs)
-}
-
-// intentOf reads which task and epoch a run directory is for, from its name; ok
-// is false for a directory no worker made for a run.
-func intentOf(dir string) (sr shimRun, ok bool) {
-	name := filepath.Base(dir)
-	i := strings.LastIndexByte(name, '-')
-	if i < 0 {
-		return sr, false
-	}
-	epoch, err := strconv.ParseUint(name[i+1:], 10, 64)
-	if err != nil || !events.ValidToken(name[:i]) {
-		return sr, false
-	}
-	return shimRun{TaskID: name[:i], Epoch: epoch}, true
 }
 
 // ErrStateDirInUse: another worker process holds the state directory.
