@@ -4,9 +4,9 @@
 // process group with stdout and stderr going straight to files (nothing copies
 // them, so nothing can block the command), enforces the deadline and the stall
 // kill, reaps the command, and writes the exit file atomically. Everything it
-// knows is in its arguments and its run directory (its files are named below). Who writes
-// each file of a run directory, when, and what a reader may take from it is told
-// in one place, at the top of workers/rundir.go.
+// knows is in its arguments and its run directory, whose files are named below.
+// Who writes each of them, when, and what a reader may take from it is told in
+// one place, at the top of workers/rundir.go.
 //
 // The worker starts the shim directly in a new session and reaps it when it ends.
 // One shim lives per running task and starts with every task, so its size is
