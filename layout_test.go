@@ -32,7 +32,7 @@ var layout = map[string]rule{
 	"events":             {tests: []string{"events/eventstest"}},
 	"events/eventstest":  {},
 	"internal/secretenv": {},
-	"engine":             {imports: []string{"events"}, tests: []string{"engine/sinks", "events/eventstest", "projections"}},
+	"engine":             {imports: []string{"events"}, tests: []string{"engine/api", "engine/sinks", "events/eventstest", "projections"}},
 	"engine/api":         {imports: []string{"engine", "events"}, tests: []string{"events/eventstest", "projections"}},
 	"engine/sinks":       {imports: []string{"engine", "events", "internal/secretenv"}},
 	"projections":        {imports: []string{"engine", "events"}, tests: []string{"events/eventstest"}},
