@@ -149,14 +149,11 @@ func (w *Worker) watchAgain(ctx context.Context, r *run, dir string, sr shimRun,
 	if err != nil {
 		return err
 	}
-	var fileAt offsets
-	fileAt.stdout, logAt.stdout = resumeAt(filepath.Join(dir, shim.StdoutFile), logAt.stdout, sr.LogOffsets.stdout)
-	fileAt.stderr, logAt.stderr = resumeAt(filepath.Join(dir, shim.StderrFile), logAt.stderr, sr.LogOffsets.stderr)
+	again := &foundAgain{decided: decisionOf(dir, r.state)}
+	again.fileAt.stdout, logAt.stdout = resumeAt(filepath.Join(dir, shim.StdoutFile), logAt.stdout, sr.LogOffsets.stdout)
+	again.fileAt.stderr, logAt.stderr = resumeAt(filepath.Join(dir, shim.StderrFile), logAt.stderr, sr.LogOffsets.stderr)
 	w.cfg.Base.Logger.Info("watching a run again", "task", sr.TaskID, "pid", proc.pids.Command.PID)
-	decided := decisionOf(dir, r.state)
-	w.resume(ctx, r, logAt, func(logAt *offsets) bool {
-		return r.watch(ctx, proc, sr, logAt, fileAt, false, decided)
-	})
+	w.resume(ctx, r, logAt, func(logAt *offsets) bool { return r.watch(ctx, proc, sr, logAt, again) })
 	return nil
 }
 

@@ -244,18 +244,29 @@ func (r *run) runOnce(ctx context.Context, logAt *offsets) (respawn bool) {
 		return false
 	}
 	log.Info("task started", "task", id, "pid", proc.pids.Command.PID, "command", spec.CommandLine())
-	return r.watch(ctx, proc, run, logAt, offsets{}, true, nil)
+	return r.watch(ctx, proc, run, logAt, nil)
+}
+
+// foundAgain is what a worker finds of a run its previous process watched.
+type foundAgain struct {
+	fileAt offsets // where the log stands in the run's output files
+	// decided is what the previous process decided to do with the run (stop it for
+	// a rule, or leave it running after a match) and did not record before it
+	// died; nil if nothing.
+	decided *stopDecision
 }
 
 // watch follows a run to its end: its output into the tail, the log and the
 // completion rule, its ticks, stall and deadline, and its exit. logAt is where the
-// task's log stands, and fileAt where it stands in the output files (0 for a new
-// run); started says whether the run's first tick is still to be written; decided
-// is what a previous process of this worker decided to do with the run (stop it
-// for a rule, or leave it running after a match) and did not record before it
-// died. When the worker stops, watch lets go of the run and the command goes on,
-// to be watched again after the restart.
-func (r *run) watch(ctx context.Context, proc *process, run shimRun, logAt *offsets, fileAt offsets, started bool, decided *stopDecision) (respawn bool) {
+// task's log stands; again is nil for a run just started, whose first tick is
+// still to be written. When the worker stops, watch lets go of the run and the
+// command goes on, to be watched again after the restart.
+func (r *run) watch(ctx context.Context, proc *process, run shimRun, logAt *offsets, again *foundAgain) (respawn bool) {
+	var fileAt offsets
+	var decided *stopDecision
+	if again != nil {
+		fileAt, decided = again.fileAt, again.decided
+	}
 	x := r.newWatcher(proc, run, logAt, fileAt, decided)
 	defer x.stopCopying()
 	if decided != nil {
@@ -266,7 +277,7 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, logAt *offs
 		x.end(ctx, decided.StoppedBy, decided.KeepRunning)
 		return false
 	}
-	return x.follow(ctx, started)
+	return x.follow(ctx, again == nil)
 }
 
 // watcher is one run being watched.
