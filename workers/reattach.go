@@ -108,11 +108,12 @@ func (w *Worker) awaitRun(dir string, sr *shimRun) (*process, error) {
 		return nil, errShimNotStarted
 	}
 	// The run's environment is the shim's; a result command runs in it too. It was
-	// written before run.json: a directory without it is damaged, as one whose PIDs
-	// cannot be read.
+	// written before run.json: without it (a damaged directory) the run is watched
+	// as any, and only its result command, if it has one, fails.
 	env, err := shim.ReadEnviron(dir)
 	if err != nil {
-		return nil, fmt.Errorf("run %s: %w", dir, err)
+		w.cfg.Base.Logger.Warn("the environment of a run cannot be read: its result command will not run", "task", sr.TaskID, "err", err)
+		env = nil
 	}
 	sr.Env = env
 	return awaitShim(w.notify, dir, func() {
