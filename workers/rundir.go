@@ -16,7 +16,9 @@ package workers
 //	                 log and the completion rule, and frees the blocks no restart
 //	                 reads again (boundOutput): a reader may find a hole where
 //	                 old output was.
-//	environ          the command's environment, by the worker, before run.json.
+//	environ          the command's environment, by the worker, before run.json
+//	                 (so not renamed: nothing reads it before run.json is there);
+//	                 the shim's command and the run's result command run in it.
 //	run.json         shimRun, by the worker, atomically and durably, last: a run
 //	                 without it never had its shim started (errShimNotStarted).
 //	exit.json.tmp    the shim, before the command starts: the exit file's blocks,
