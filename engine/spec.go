@@ -82,6 +82,8 @@ type Spec struct {
 	Retry *Retry `json:"retry,omitempty"`
 	// RerunOf names the task this one runs again.
 	RerunOf string `json:"rerun_of,omitempty"`
+	// Occurrence names the slot of a schedule that registered the task.
+	Occurrence *Occurrence `json:"occurrence,omitempty"`
 }
 
 // ParseSpec decodes and validates a spec registered now.

@@ -44,6 +44,14 @@ const (
 	maxAttemptReason = 256
 )
 
+// Occurrence is the slot of a schedule a task runs for: a schedule registers one
+// task per slot, under an idempotency key made of both, so a slot runs once
+// however many engines run the schedule.
+type Occurrence struct {
+	Schedule string    `json:"schedule"`
+	Slot     time.Time `json:"slot"`
+}
+
 // IsTimer reports whether the spec has no command: it fires at its start_at.
 func (s Spec) IsTimer() bool { return s.Command == "" && len(s.Argv) == 0 }
 
@@ -70,6 +78,9 @@ func (s *Spec) validateTiming(now time.Time) error {
 	}
 	if s.RerunOf != "" && !events.ValidToken(s.RerunOf) {
 		return fieldErr("rerun_of", "%q is not a task id", s.RerunOf)
+	}
+	if o := s.Occurrence; o != nil && (!events.ValidToken(o.Schedule) || o.Slot.IsZero()) {
+		return fieldErr("occurrence", "want the name of a schedule and the time of its slot")
 	}
 	return s.Retry.validate()
 }
