@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
@@ -30,6 +31,9 @@ type addOptions struct {
 	specFile                               string
 	policy                                 string
 	webhooks, execs                        []string
+	delay, at                              string
+	retry                                  int
+	retryBackoff, retryOn                  string
 }
 
 const addLong = `Register a command. The words after -- are joined with spaces into one shell
@@ -63,6 +67,16 @@ placement is {"labels": {"host": "THIS-HOST"}}. --label KEY=VALUE places it on
 workers with those labels instead, --anywhere on any worker. A task that no live
 worker can take stays armed; 'bgtask show ID' says what it waits for.
 
+Time: --delay D or --at TIME starts the command later; with no command at all
+the task is a timer, which fires once at that time with status succeeded and
+kind timer (a reminder: --prompt says what it says). One that comes due while
+the server is down fires as soon as it is back, and its wake-up says how late
+(late_by). --retry N runs a command that ends failed, timed_out, stalled or lost
+(--retry-on picks) again, up to N more times, waiting --retry-backoff between
+attempts (doubling, with jitter); the caller is woken once, after the last, and
+the wake-up lists the attempts. A relative --deadline counts from the start, and
+with --retry bounds each attempt.
+
 --spec reads a whole JSON spec (docs/api.md has its fields); flags given too override it.`
 
 const addExample = `  bgtask add -- make test
@@ -73,6 +87,9 @@ const addExample = `  bgtask add -- make test
   bgtask add --target agent-7 --webhook https://hooks.example.com/bgtask -- make release
   bgtask add --exec-json '["claude","-p","--resume","SESSION"]' --policy defer_idle -- make test
   bgtask add --label pool=gpu --no-cwd -- ./train.sh
+  bgtask add --delay 20m --prompt 'Check whether the deploy finished'
+  bgtask add --at 09:00 -- ./nightly-report.sh
+  bgtask add --retry 3 --retry-backoff 10s,5m --retry-on failed,lost -- ./flaky-upload.sh
   id=$(bgtask add --json -- 'sleep 5; echo done' | jq -r .id)`
 
 func addCmd(g *globals) *cobra.Command {
@@ -133,6 +150,11 @@ func (o *addOptions) register(f *pflag.FlagSet) {
 	f.StringArrayVar(&o.execs, "exec-json", nil, `run this argv, a JSON array like '["notify","{{task_id}}"]', with the prompt on stdin (repeatable)`)
 	f.StringArrayVar(&o.labels, "label", nil, "KEY=VALUE a worker must have to take the task (repeatable; replaces the default host placement)")
 	f.BoolVar(&o.anywhere, "anywhere", false, "any worker may take the task, whatever host registered it")
+	f.StringVar(&o.delay, "delay", "", "start the command this long from now (90s, 2h); with no command, a timer that fires then")
+	f.StringVar(&o.at, "at", "", "start the command at this time: RFC 3339, or HH:MM[:SS] local (the next one); with no command, a timer")
+	f.IntVar(&o.retry, "retry", 0, "run a command whose attempt ends in a --retry-on status again, up to this many more times")
+	f.StringVar(&o.retryBackoff, "retry-backoff", "", "INITIAL[,MAX]: the wait before the first retry (default 1s), doubled for each next up to MAX (default 5m), with jitter")
+	f.StringVar(&o.retryOn, "retry-on", "", "the statuses retried, comma separated (default: failed,timed_out,stalled,lost)")
 	f.StringVar(&o.specFile, "spec", "", "a whole JSON spec from a file ('-' for stdin); flags given too override it")
 	f.BoolVar(&o.asJSON, "json", false, "print {\"id\": ...} as JSON")
 }
@@ -189,11 +211,17 @@ func (o *addOptions) fields(cmd *cobra.Command, args []string) (map[string]any, 
 		doc["command"] = strings.Join(args, " ")
 		delete(doc, "argv")
 	}
-	if err := o.setCwd(doc, changed); err != nil {
+	if err := o.setTiming(doc, changed, time.Now()); err != nil {
 		return nil, err
 	}
-	if err := o.placement(cmd, doc); err != nil {
-		return nil, err
+	if doc["command"] != nil || doc["argv"] != nil {
+		// A timer runs nothing, so it has no directory and no host.
+		if err := o.setCwd(doc, changed); err != nil {
+			return nil, err
+		}
+		if err := o.placement(cmd, doc); err != nil {
+			return nil, err
+		}
 	}
 	set("kind", "kind", o.kind)
 	set("prompt", "prompt", o.prompt)
@@ -288,6 +316,64 @@ func (o *addOptions) setWatch(doc map[string]any, changed func(string) bool) err
 		doc["result"] = r
 	}
 	return nil
+}
+
+// setTiming sets the start and the retry rule given as flags.
+func (o *addOptions) setTiming(doc map[string]any, changed func(string) bool, now time.Time) error {
+	switch {
+	case changed("delay") && changed("at"):
+		return usageErr("--delay and --at: give one")
+	case changed("delay"):
+		if d, err := time.ParseDuration(o.delay); err != nil || d <= 0 {
+			return usageErr("--delay %q: want a duration ahead, such as 90s or 2h", o.delay)
+		}
+		doc["start_at"] = o.delay
+	case changed("at"):
+		at, err := parseAt(o.at, now)
+		if err != nil {
+			return err
+		}
+		doc["start_at"] = at.Format(time.RFC3339Nano)
+	}
+	if !changed("retry") {
+		if changed("retry-backoff") || changed("retry-on") {
+			return usageErr("--retry-backoff and --retry-on go with --retry N")
+		}
+		return nil
+	}
+	retry := map[string]any{"max": o.retry}
+	if o.retryBackoff != "" {
+		initial, most, _ := strings.Cut(o.retryBackoff, ",")
+		retry["backoff"] = initial
+		if most != "" {
+			retry["max_backoff"] = most
+		}
+	}
+	if o.retryOn != "" {
+		retry["on"] = strings.Split(o.retryOn, ",")
+	}
+	doc["retry"] = retry
+	return nil
+}
+
+// parseAt reads --at: an RFC 3339 time, or a local time of day (HH:MM or
+// HH:MM:SS), the next one after now.
+func parseAt(v string, now time.Time) (time.Time, error) {
+	if at, err := time.Parse(time.RFC3339, v); err == nil {
+		return at, nil
+	}
+	for _, layout := range []string{"15:04", "15:04:05"} {
+		clock, err := time.ParseInLocation(layout, v, now.Location())
+		if err != nil {
+			continue
+		}
+		at := time.Date(now.Year(), now.Month(), now.Day(), clock.Hour(), clock.Minute(), clock.Second(), 0, now.Location())
+		if !at.After(now) {
+			at = at.AddDate(0, 0, 1)
+		}
+		return at, nil
+	}
+	return time.Time{}, usageErr("--at %q: want an RFC 3339 time (2026-12-24T18:00:00+01:00) or a local time of day (18:00)", v)
 }
 
 // sinks are the push sinks of --webhook and --exec-json; they replace a --spec's.

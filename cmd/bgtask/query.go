@@ -134,6 +134,7 @@ func printTask(w io.Writer, t api.TaskView) error {
 		row("respawns", fmt.Sprint(t.Respawns))
 	}
 	row("deadline", t.Spec.Deadline)
+	timingRows(row, t)
 	row("fired", stamp(t.FiredAt))
 	if t.ArchiveSeq != 0 {
 		row("archived", fmt.Sprintf("its history is in %s at seq %d", events.ArchiveStreamName, t.ArchiveSeq))
@@ -244,6 +245,22 @@ func cancelCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&reason, "reason", "", "why, kept in the task's history")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the cancelled task as JSON")
 	return cmd
+}
+
+// timingRows are the rows of a task's start, retries and rerun.
+func timingRows(row func(k, v string), t api.TaskView) {
+	row("start at", t.Spec.StartAt)
+	row("late by", t.LateBy)
+	if r := t.Spec.Retry; r != nil {
+		row("retries", fmt.Sprintf("%d of %d used (on %s, backoff %s up to %s)", len(t.Attempts), r.Max, strings.Join(r.On, ","), r.Backoff, r.MaxBackoff))
+	}
+	for i, a := range t.Attempts {
+		row(fmt.Sprintf("attempt %d", i+1), a.Status+" (exit code "+exitString(a.ExitCode)+") "+a.Reason)
+	}
+	if t.RetryAt != nil {
+		row("next attempt", stamp(t.RetryAt))
+	}
+	row("rerun of", t.Spec.RerunOf)
 }
 
 func dash(s string) string {
