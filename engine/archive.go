@@ -103,8 +103,7 @@ type Archiver struct {
 	writer  string
 	after   time.Duration
 
-	cancel  context.CancelFunc
-	stopped sync.WaitGroup
+	run lifecycle
 }
 
 // NewArchiver returns an archiver of tasks finished longer than after ago.
@@ -112,13 +111,21 @@ func NewArchiver(store HistoryStore, compact Compactor, archive ArchiveStore, ta
 	return &Archiver{base: base.WithDefaults(), store: store, compact: compact, archive: archive, tasks: tasks, writer: writer, after: after}
 }
 
-// Start archives every interval until Stop.
-func (a *Archiver) Start(ctx context.Context, interval time.Duration) {
-	ctx, a.cancel = context.WithCancel(ctx)
-	a.stopped.Add(1)
-	go func() {
-		defer a.stopped.Done()
-		ticker := time.NewTicker(interval)
+// sweepEvery is how often the archiver looks for tasks due: a tenth of the time
+// they stay, between a second and ten minutes.
+func (a *Archiver) sweepEvery() time.Duration {
+	return min(max(a.after/10, time.Second), 10*time.Minute)
+}
+
+// Start sweeps at once and then every sweepEvery until Stop. An archiver of
+// tasks finished 0 ago archives nothing: its Start starts nothing.
+func (a *Archiver) Start(ctx context.Context) error {
+	ctx, err := a.run.begin(ctx)
+	if err != nil || a.after <= 0 {
+		return err
+	}
+	a.run.goroutine(func() {
+		ticker := time.NewTicker(a.sweepEvery())
 		defer ticker.Stop()
 		for {
 			if n, err := a.Sweep(ctx); err != nil && ctx.Err() == nil {
@@ -132,16 +139,12 @@ func (a *Archiver) Start(ctx context.Context, interval time.Duration) {
 			case <-ticker.C:
 			}
 		}
-	}()
+	})
+	return nil
 }
 
 // Stop ends the sweeps.
-func (a *Archiver) Stop() {
-	if a.cancel != nil {
-		a.cancel()
-	}
-	a.stopped.Wait()
-}
+func (a *Archiver) Stop() { a.run.end() }
 
 // archiveParallel is how many tasks a sweep archives at once: each is a history
 // read and three JetStream writes, which wait on the network and the store's

@@ -40,8 +40,7 @@ type Dispatcher struct {
 	busy    map[string]bool // tasks a loop works on: no second loop takes them
 	notices map[string]bool // tasks with a stall notice to deliver
 	wake    chan struct{}
-	cancel  context.CancelFunc
-	stopped sync.WaitGroup
+	run     lifecycle
 }
 
 // NewDispatcher returns a dispatcher with workers parallel deliveries.
@@ -129,27 +128,21 @@ func (d *Dispatcher) signal() {
 	}
 }
 
-// Start runs the delivery loops until Stop.
+// Start runs the delivery loops until Stop (the Component contract).
 func (d *Dispatcher) Start(ctx context.Context) error {
-	ctx, d.cancel = context.WithCancel(ctx)
+	ctx, err := d.run.begin(ctx)
+	if err != nil {
+		return err
+	}
 	for range d.workers {
-		d.stopped.Add(1)
-		go func() {
-			defer d.stopped.Done()
-			d.loop(ctx)
-		}()
+		d.run.goroutine(func() { d.loop(ctx) })
 	}
 	return nil
 }
 
 // Stop ends the loops; a delivery in progress is abandoned at its next step and
 // finished by whoever recovers the task.
-func (d *Dispatcher) Stop() {
-	if d.cancel != nil {
-		d.cancel()
-	}
-	d.stopped.Wait()
-}
+func (d *Dispatcher) Stop() { d.run.end() }
 
 func (d *Dispatcher) loop(ctx context.Context) {
 	for {

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/bgtask/bgtask/events"
@@ -30,8 +29,7 @@ type Leases struct {
 	tasks    TaskLister
 	liveness Liveness
 	writer   string
-	cancel   context.CancelFunc
-	done     sync.WaitGroup
+	run      lifecycle
 }
 
 // NewLeases returns the lease checker of an engine.
@@ -41,12 +39,13 @@ func NewLeases(store events.Store, tasks TaskLister, liveness Liveness, writer s
 
 // Start checks the leases every quarter TTL until Stop. The first check waits one
 // TTL: after a restart of the engine, workers need that long to beat again.
-func (l *Leases) Start(ctx context.Context) {
-	ctx, l.cancel = context.WithCancel(context.WithoutCancel(ctx))
+func (l *Leases) Start(ctx context.Context) error {
+	ctx, err := l.run.begin(ctx)
+	if err != nil {
+		return err
+	}
 	ttl := l.liveness.TTL()
-	l.done.Add(1)
-	go func() {
-		defer l.done.Done()
+	l.run.goroutine(func() {
 		wait := ttl
 		for {
 			select {
@@ -59,16 +58,12 @@ func (l *Leases) Start(ctx context.Context) {
 				l.base.Logger.Warn("lease check failed", "err", err)
 			}
 		}
-	}()
+	})
+	return nil
 }
 
 // Stop ends the checks.
-func (l *Leases) Stop() {
-	if l.cancel != nil {
-		l.cancel()
-		l.done.Wait()
-	}
-}
+func (l *Leases) Stop() { l.run.end() }
 
 // Check appends lost for each running task whose worker's lease is gone.
 func (l *Leases) Check(ctx context.Context) error {

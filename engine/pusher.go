@@ -47,9 +47,9 @@ type Pusher struct {
 	// reader has caught up with it, the task is not planned from a stale state.
 	appended map[string]uint64
 	wake     chan struct{}
-	ctx      context.Context
-	cancel   context.CancelFunc
-	stopped  sync.WaitGroup
+	// ctx is what the work runs under, from Start until Stop.
+	ctx context.Context
+	run lifecycle
 }
 
 // NewPusher returns the pusher of engine me. retryBase 0 means DefaultRetryBase.
@@ -57,11 +57,10 @@ func NewPusher(store events.Store, tasks TaskReader, runner SinkRunner, me Engin
 	if retryBase <= 0 {
 		retryBase = DefaultRetryBase
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	return &Pusher{
 		base: base.WithDefaults(), store: store, tasks: tasks, runner: runner, me: me, retryBase: retryBase,
 		pending: map[string]bool{}, targets: map[string]events.TargetState{}, running: map[Push]bool{},
-		appended: map[string]uint64{}, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
+		appended: map[string]uint64{}, wake: make(chan struct{}, 1),
 	}
 }
 
@@ -98,12 +97,15 @@ func (p *Pusher) signal() {
 	}
 }
 
-// Start runs the pusher until Stop. Call it once the targets' states are known,
+// Start runs the pusher until Stop. Start it once the targets' states are known,
 // or a wake-up held for a busy target could go out before its state is read.
-func (p *Pusher) Start() {
-	p.stopped.Add(1)
-	go func() {
-		defer p.stopped.Done()
+func (p *Pusher) Start(ctx context.Context) error {
+	ctx, err := p.run.begin(ctx)
+	if err != nil {
+		return err
+	}
+	p.ctx = ctx
+	p.run.goroutine(func() {
 		timer := time.NewTimer(time.Hour)
 		defer timer.Stop()
 		for {
@@ -113,21 +115,19 @@ func (p *Pusher) Start() {
 				timer.Reset(max(next.Sub(p.base.Now()), time.Millisecond))
 			}
 			select {
-			case <-p.ctx.Done():
+			case <-ctx.Done():
 				return
 			case <-p.wake:
 			case <-timer.C:
 			}
 		}
-	}()
+	})
+	return nil
 }
 
 // Stop ends the pusher. Attempts in flight are abandoned unrecorded; the next
 // start of this engine claims them again.
-func (p *Pusher) Stop() {
-	p.cancel()
-	p.stopped.Wait()
-}
+func (p *Pusher) Stop() { p.run.end() }
 
 // plan starts what the policies allow now and returns when to look again.
 func (p *Pusher) plan() time.Time {
@@ -203,9 +203,7 @@ func (p *Pusher) launch(pushes []Push, giveUp bool, tasks []State) {
 		p.mu.Unlock()
 		p.signal()
 	}
-	p.stopped.Add(1)
-	go func() {
-		defer p.stopped.Done()
+	p.run.goroutine(func() {
 		for i, push := range starting {
 			s := states[i]
 			if p.ctx.Err() != nil {
@@ -222,14 +220,12 @@ func (p *Pusher) launch(pushes []Push, giveUp bool, tasks []State) {
 				done(push)
 				continue
 			}
-			p.stopped.Add(1)
-			go func() {
-				defer p.stopped.Done()
+			p.run.goroutine(func() {
 				p.attempt(s, push)
 				done(push)
-			}()
+			})
 		}
-	}()
+	})
 }
 
 // appendTo appends the event of command c to task s and returns the task's new state.

@@ -76,7 +76,9 @@ func startReplica(t *testing.T, store *events.JetStreamStore, me engine.Engine) 
 	}
 	all, _ := proj.List(engine.ListQuery{})
 	pusher.Recover(all)
-	pusher.Start()
+	if err := pusher.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		proj.Stop()
 		pusher.Stop()

@@ -54,9 +54,8 @@ type Scheduler struct {
 	fleet []Candidate
 	turns *Turns
 
-	kick   chan struct{}
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	kick chan struct{}
+	run  lifecycle
 }
 
 type fleetEntry struct {
@@ -86,28 +85,22 @@ func NewScheduler(tasks TaskLister, feed WorkerFeed, offer OfferFunc, base Base)
 // following changes and placing tasks until Stop. Once it returns, every armed
 // task the reader knew of has been offered or has a reason to wait.
 func (s *Scheduler) Start(ctx context.Context) error {
-	ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	ctx, err := s.run.begin(ctx)
+	if err != nil {
+		return err
+	}
 	w, err := s.watch(ctx)
 	if err != nil {
-		s.cancel()
+		s.run.end()
 		return err
 	}
 	s.pass(ctx)
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.loop(ctx, w)
-	}()
+	s.run.goroutine(func() { s.loop(ctx, w) })
 	return nil
 }
 
 // Stop ends placing tasks and waits for the offers in flight.
-func (s *Scheduler) Stop() {
-	if s.cancel != nil {
-		s.cancel()
-		s.wg.Wait()
-	}
-}
+func (s *Scheduler) Stop() { s.run.end() }
 
 // workerWatch is one watch of the heartbeats, stopped by its cancel.
 type workerWatch struct {
@@ -294,11 +287,7 @@ func (s *Scheduler) pass(ctx context.Context) {
 	s.mu.Unlock()
 
 	for _, o := range offers {
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.send(ctx, o.task, o.worker)
-		}()
+		s.run.goroutine(func() { s.send(ctx, o.task, o.worker) })
 	}
 }
 

@@ -19,25 +19,41 @@ type Timers struct {
 
 	mu      sync.Mutex
 	pending map[string]*time.Timer
+	// ctx is what expiries run under, from Start until Stop.
 	ctx     context.Context
-	cancel  context.CancelFunc
+	run     lifecycle
 	running sync.WaitGroup
 }
 
 // NewTimers returns the deadline timers of an engine.
 func NewTimers(store events.Store, tasks TaskReader, writer string, base Base) *Timers {
-	ctx, cancel := context.WithCancel(context.Background())
 	return &Timers{
 		base: base.WithDefaults(), store: store, tasks: tasks, writer: writer,
-		pending: map[string]*time.Timer{}, ctx: ctx, cancel: cancel,
+		pending: map[string]*time.Timer{},
 	}
 }
+
+// Start lets Notify and Recover set timers, until Stop: start the timers before
+// the reader that notifies them, for what they hear of before is dropped.
+func (t *Timers) Start(ctx context.Context) error {
+	ctx, err := t.run.begin(ctx)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	t.ctx = ctx
+	t.mu.Unlock()
+	return nil
+}
+
+// off reports whether the timers are not started or stopped. Call it with t.mu held.
+func (t *Timers) off() bool { return t.ctx == nil || t.ctx.Err() != nil }
 
 // Notify is called with every task state the projector applies live.
 func (t *Timers) Notify(s State) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.ctx.Err() != nil {
+	if t.off() {
 		return
 	}
 	at := s.Spec.DeadlineTime()
@@ -64,8 +80,8 @@ func (t *Timers) Recover(states []State) {
 
 // Stop cancels every timer and waits for an expiry in progress.
 func (t *Timers) Stop() {
+	t.run.end()
 	t.mu.Lock()
-	t.cancel()
 	for id, timer := range t.pending {
 		timer.Stop()
 		delete(t.pending, id)
@@ -76,7 +92,7 @@ func (t *Timers) Stop() {
 
 func (t *Timers) expire(id string) {
 	t.mu.Lock()
-	if t.ctx.Err() != nil {
+	if t.off() {
 		t.mu.Unlock()
 		return
 	}

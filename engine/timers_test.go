@@ -36,6 +36,9 @@ func TestTimersEndATaskNoWorkerTookBeforeItsDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	timers := engine.NewTimers(store, storeReader{store}, "engine", engine.Base{})
+	if err := timers.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
 	defer timers.Stop()
 	var armed []engine.State
 	for _, id := range []string{late, taken} {

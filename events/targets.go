@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -121,64 +122,104 @@ func (t *Targets) List(ctx context.Context) (map[string]TargetState, error) {
 	return states, nil
 }
 
-// Watch calls fn with every target's current state, returns once it has, and goes
-// on calling fn with each change until stop is called. A value that does not parse
-// is passed to bad and counts as idle.
-func (t *Targets) Watch(ctx context.Context, fn func(name string, st TargetState), bad func(name string, err error)) (stop func(), err error) {
-	ctx, cancel := context.WithCancel(ctx)
-	w, err := t.kv.WatchAll(ctx)
+// TargetWatch follows the targets' states. It has the lifecycle of every
+// long-running part of an engine (engine.Component): Start calls fn with every
+// target's current state and returns once it has; fn then hears of each change
+// until Stop. A value that does not parse is passed to bad and counts as idle.
+type TargetWatch struct {
+	kv  jetstream.KeyValue
+	fn  func(name string, st TargetState)
+	bad func(name string, err error)
+
+	mu      sync.Mutex
+	started bool
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// Watch returns a watch of the targets' states that calls fn; Start starts it.
+func (t *Targets) Watch(fn func(name string, st TargetState), bad func(name string, err error)) *TargetWatch {
+	return &TargetWatch{kv: t.kv, fn: fn, bad: bad}
+}
+
+// Start passes every target's current state to fn, and returns once it has.
+func (w *TargetWatch) Start(ctx context.Context) error {
+	w.mu.Lock()
+	started := w.started
+	w.started = true
+	w.mu.Unlock()
+	if started {
+		return errors.New("the watch of the targets' states is started already")
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	kw, err := w.kv.WatchAll(ctx)
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("watch bucket %s: %w", TargetsBucket, err)
-	}
-	pass := func(entry jetstream.KeyValueEntry) {
-		st := TargetState{State: TargetIdle}
-		if entry.Operation() == jetstream.KeyValuePut {
-			parsed, err := ParseTargetState(entry.Value())
-			if err != nil {
-				bad(entry.Key(), err)
-			} else {
-				st = parsed
-			}
-		}
-		fn(entry.Key(), st)
+		return fmt.Errorf("watch bucket %s: %w", TargetsBucket, err)
 	}
 	// WatchAll sends every current value, then a nil entry, then the changes.
 	for synced := false; !synced; {
 		select {
 		case <-ctx.Done():
 			cancel()
-			_ = w.Stop()
-			return nil, ctx.Err()
-		case entry, ok := <-w.Updates():
+			_ = kw.Stop()
+			return ctx.Err()
+		case entry, ok := <-kw.Updates():
 			switch {
 			case !ok:
 				cancel()
-				return nil, fmt.Errorf("watch bucket %s: closed", TargetsBucket)
+				return fmt.Errorf("watch bucket %s: closed", TargetsBucket)
 			case entry == nil:
 				synced = true
 			default:
-				pass(entry)
+				w.pass(entry)
 			}
 		}
 	}
 	done := make(chan struct{})
+	w.mu.Lock()
+	w.cancel, w.done = cancel, done
+	w.mu.Unlock()
 	go func() {
 		defer close(done)
-		defer func() { _ = w.Stop() }()
+		defer func() { _ = kw.Stop() }()
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case entry, ok := <-w.Updates():
+			case entry, ok := <-kw.Updates():
 				if !ok {
 					return
 				}
 				if entry != nil {
-					pass(entry)
+					w.pass(entry)
 				}
 			}
 		}
 	}()
-	return func() { cancel(); <-done }, nil
+	return nil
+}
+
+func (w *TargetWatch) pass(entry jetstream.KeyValueEntry) {
+	st := TargetState{State: TargetIdle}
+	if entry.Operation() == jetstream.KeyValuePut {
+		parsed, err := ParseTargetState(entry.Value())
+		if err != nil {
+			w.bad(entry.Key(), err)
+		} else {
+			st = parsed
+		}
+	}
+	w.fn(entry.Key(), st)
+}
+
+// Stop ends the watch; it is safe before Start and twice.
+func (w *TargetWatch) Stop() {
+	w.mu.Lock()
+	cancel, done := w.cancel, w.done
+	w.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
 }

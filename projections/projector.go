@@ -136,8 +136,12 @@ func New(log Log, notify func(engine.State), base engine.Base) *Projector {
 func (p *Projector) UseSnapshots(s Snapshots) { p.snapshots = s }
 
 // Start replays the stream up to its current end and returns once the state is
-// complete; it keeps following new events until Stop.
+// complete; it keeps following new events until Stop (the engine.Component
+// contract).
 func (p *Projector) Start(ctx context.Context) error {
+	if p.cancel != nil {
+		return engine.ErrStarted
+	}
 	target, err := p.log.LastSeq(ctx)
 	if err != nil {
 		return fmt.Errorf("projector: %w", err)
@@ -189,7 +193,8 @@ var releaseAfter uint64 = 100_000
 // releaseMemory returns the memory the heap does not use to the system.
 var releaseMemory = debug.FreeOSMemory
 
-// Stop ends following. A snapshot being written is finished first.
+// Stop ends following. A snapshot being written is finished first. It is safe
+// before Start and twice.
 func (p *Projector) Stop() {
 	p.released.Wait()
 	if p.cancel != nil {

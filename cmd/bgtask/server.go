@@ -403,7 +403,7 @@ type node struct {
 	leases     *engine.Leases
 	pusher     *engine.Pusher
 	archiver   *engine.Archiver
-	targets    func() // stops the watch of the targets' states
+	targets    *events.TargetWatch
 	scheduler  *engine.Scheduler
 	api        *api.Server
 }
@@ -509,11 +509,15 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptio
 	n.pusher = engine.NewPusher(store, n.projector, o.push.runner, engine.Engine{Writer: writer, Instance: uuid.NewString()}, o.push.retryBase, base)
 	n.dispatcher = engine.NewDispatcher(store, inbox, n.projector, writer, 4, base)
 	n.timers = engine.NewTimers(store, n.projector, writer, base)
+	if err := n.timers.Start(ctx); err != nil {
+		return nil, err
+	}
 	n.leases = engine.NewLeases(store, n.projector, liveness, writer, base)
 	n.scheduler = engine.NewScheduler(n.projector, liveness, func(ctx context.Context, worker string, o events.Offer) (events.OfferReply, error) {
 		return events.OfferTask(ctx, nc, worker, o)
 	}, base)
 	if err := n.projector.Start(ctx); err != nil {
+		n.timers.Stop()
 		return nil, err
 	}
 	if err := n.dispatcher.Start(ctx); err != nil {
@@ -524,20 +528,27 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptio
 	n.dispatcher.Recover(unsettled)
 	n.timers.Recover(unsettled)
 	n.pusher.Recover(unsettled)
-	n.leases.Start(ctx)
-	// The targets' states are read before the first push, so a wake-up for a target
-	// that is busy is held from the start.
-	n.targets, err = targets.Watch(ctx, n.pusher.TargetChanged, func(name string, err error) {
-		base.Logger.Warn("unreadable target state counts as idle", "target", name, "err", err)
-	})
-	if err != nil {
+	if err := n.leases.Start(ctx); err != nil {
 		n.stopEngine()
 		return nil, err
 	}
-	n.pusher.Start()
+	// The targets' states are read before the first push, so a wake-up for a target
+	// that is busy is held from the start.
+	n.targets = targets.Watch(n.pusher.TargetChanged, func(name string, err error) {
+		base.Logger.Warn("unreadable target state counts as idle", "target", name, "err", err)
+	})
+	if err := n.targets.Start(ctx); err != nil {
+		n.stopEngine()
+		return nil, err
+	}
+	if err := n.pusher.Start(ctx); err != nil {
+		n.stopEngine()
+		return nil, err
+	}
 	n.archiver = engine.NewArchiver(store, store, archive, n.projector, writer, o.archiveAfter, base)
-	if o.archiveAfter > 0 {
-		n.archiver.Start(ctx, min(max(o.archiveAfter/10, time.Second), 10*time.Minute))
+	if err := n.archiver.Start(ctx); err != nil {
+		n.stopEngine()
+		return nil, err
 	}
 	if err := n.scheduler.Start(ctx); err != nil {
 		n.stopEngine()
@@ -553,8 +564,8 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptio
 		svc.DenyPrivateWebhooks()
 	}
 	svc.DeclareBearers(o.push.bearers)
-	n.api, err = api.Serve(nc, svc, n.projector, n.scheduler, store, archive, version(), base)
-	if err != nil {
+	n.api = api.New(nc, svc, n.projector, n.scheduler, store, archive, version(), base)
+	if err := n.api.Start(ctx); err != nil {
 		n.stopEngine()
 		return nil, err
 	}
@@ -562,7 +573,7 @@ func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptio
 }
 
 func (n *node) stop() {
-	_ = n.api.Stop()
+	n.api.Stop()
 	n.stopEngine()
 }
 
@@ -573,7 +584,7 @@ func (n *node) stopEngine() {
 	n.leases.Stop()
 	n.projector.Stop() // first: no notification may reach a stopped dispatcher or timer
 	if n.targets != nil {
-		n.targets()
+		n.targets.Stop()
 	}
 	n.pusher.Stop()
 	n.scheduler.Stop()

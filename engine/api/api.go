@@ -157,13 +157,15 @@ type Server struct {
 	store   events.Store
 	archive Archive
 	base    engine.Base
-	micro   micro.Service
+	version string
+	micro   micro.Service // while it serves
 	nc      *nats.Conn
 
 	// slots bounds the registrations in flight; running counts them, and once
 	// stopping is set no more are handed to goroutines of their own.
 	slots    chan struct{}
 	mu       sync.Mutex
+	started  bool
 	stopping bool
 	running  sync.WaitGroup
 }
@@ -177,22 +179,32 @@ const maxRegistering = 32
 // requestTimeout bounds the handling of one request.
 const requestTimeout = 30 * time.Second
 
-// Serve starts the micro service on nc. Endpoints share a queue group, so several
-// engines can serve one deployment.
-func Serve(nc *nats.Conn, svc *engine.Service, queries Queries, fleet Fleet, store events.Store, archive Archive, version string, base engine.Base) (*Server, error) {
-	s := &Server{
-		svc: svc, queries: queries, fleet: fleet, store: store, archive: archive, base: base.WithDefaults(),
-		nc: nc, slots: make(chan struct{}, maxRegistering),
+// New returns the server of the API on nc; Start serves it.
+func New(nc *nats.Conn, svc *engine.Service, queries Queries, fleet Fleet, store events.Store, archive Archive, version string, base engine.Base) *Server {
+	return &Server{
+		svc: svc, queries: queries, fleet: fleet, store: store, archive: archive, version: version,
+		base: base.WithDefaults(), nc: nc, slots: make(chan struct{}, maxRegistering),
 	}
-	m, err := micro.AddService(nc, micro.Config{
+}
+
+// Start adds the micro service and its endpoints, which share a queue group, so
+// several engines can serve one deployment (the engine.Component contract).
+func (s *Server) Start(ctx context.Context) error {
+	s.mu.Lock()
+	started := s.started
+	s.started = true
+	s.mu.Unlock()
+	if started {
+		return engine.ErrStarted
+	}
+	m, err := micro.AddService(s.nc, micro.Config{
 		Name:        ServiceName,
-		Version:     version,
+		Version:     s.version,
 		Description: "bgtask: durable supervisor for background work",
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	s.micro = m
 	endpoints := []struct {
 		name, subject string
 		handle        func(context.Context, []byte) (any, error)
@@ -208,7 +220,7 @@ func Serve(nc *nats.Conn, svc *engine.Service, queries Queries, fleet Fleet, sto
 	}
 	for _, ep := range endpoints {
 		handle, concurrent := ep.handle, ep.concurrent
-		err := m.AddEndpoint(ep.name, micro.ContextHandler(context.Background(), func(ctx context.Context, req micro.Request) {
+		err := m.AddEndpoint(ep.name, micro.ContextHandler(context.WithoutCancel(ctx), func(ctx context.Context, req micro.Request) {
 			if concurrent && s.dispatch(ctx, req, handle) {
 				return
 			}
@@ -218,21 +230,31 @@ func Serve(nc *nats.Conn, svc *engine.Service, queries Queries, fleet Fleet, sto
 		}), micro.WithEndpointSubject(ep.subject))
 		if err != nil {
 			_ = m.Stop()
-			return nil, err
+			return err
 		}
 	}
-	return s, nil
+	s.mu.Lock()
+	s.micro = m
+	s.mu.Unlock()
+	return nil
 }
 
 // Stop stops serving, and returns once every request handed to a goroutine of its
 // own is answered.
-func (s *Server) Stop() error {
-	err := s.micro.Stop()
+func (s *Server) Stop() {
+	s.mu.Lock()
+	m := s.micro
+	s.micro = nil
+	s.mu.Unlock()
+	if m != nil {
+		if err := m.Stop(); err != nil {
+			s.base.Logger.Warn("API service not stopped cleanly", "err", err)
+		}
+	}
 	s.mu.Lock()
 	s.stopping = true
 	s.mu.Unlock()
 	s.running.Wait()
-	return err
 }
 
 func (s *Server) respond(ctx context.Context, req micro.Request, handle func(context.Context, []byte) (any, error)) {

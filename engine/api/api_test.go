@@ -53,15 +53,11 @@ func serveWith(t *testing.T, wrap func(events.Store) events.Store, configure ...
 	}
 	t.Cleanup(proj.Stop)
 	nc, _ := srv.Connect(t)
-	s, err := api.Serve(nc, engine.NewService(wrap(store), "engine-1", engine.Base{}), proj, noFleet{}, store, nil, "0.0.0-test", engine.Base{})
-	if err != nil {
+	s := api.New(nc, engine.NewService(wrap(store), "engine-1", engine.Base{}), proj, noFleet{}, store, nil, "0.0.0-test", engine.Base{})
+	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := s.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	t.Cleanup(s.Stop)
 	// Once the server has the service's subscriptions, every client finds it.
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
