@@ -62,6 +62,7 @@ var scenarios = []scenario{
 	{"memory", "concurrency and memory: concurrently running `sleep` commands on one worker, RSS of the worker and its shims, ticks on time", runMemory},
 	{"loginenv", "login environment: starting a task in the user's login environment the worker's way, against `bash -lc true` per task", runLoginEnv},
 	{"growth", "stream growth: server memory with many finished tasks in the stream, against an empty server", runGrowth},
+	{"timers", "timers: server memory and start with pending timers, against an empty server; how late a burst of timers due in one second fires, against time.AfterFunc", runTimers},
 }
 
 // Names lists the scenarios, in the order they run.
@@ -91,6 +92,8 @@ type sizes struct {
 	growthTasks   int           // finished tasks in the growth scenario's stream
 	growthTicks   int           // ticks per task there
 	settle        time.Duration // how long a server idles before its memory is read again
+	timers        int           // pending timers in the timers scenario
+	timerBurst    int           // timers due in the same second there
 }
 
 var (
@@ -100,6 +103,7 @@ var (
 		concurrent: 1000, tick: 10 * time.Second, watchTicks: 2,
 		loginShells: 9, loginTasks: 300,
 		growthTasks: 200_000, growthTicks: 2, settle: 30 * time.Second,
+		timers: 10_000, timerBurst: 1000,
 	}
 	quickSizes = sizes{
 		registers: 200, sequential: 20, throughput: 30,
@@ -107,6 +111,7 @@ var (
 		concurrent: 20, tick: time.Second, watchTicks: 2,
 		loginShells: 1, loginTasks: 20,
 		growthTasks: 2000, growthTicks: 2, settle: 2 * time.Second,
+		timers: 500, timerBurst: 100,
 	}
 )
 
