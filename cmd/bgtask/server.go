@@ -13,14 +13,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/bgtask/bgtask/engine"
-	"github.com/bgtask/bgtask/engine/api"
+	"github.com/bgtask/bgtask/engine/node"
 	"github.com/bgtask/bgtask/engine/sinks"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/projections"
@@ -219,7 +218,7 @@ func (e *embeddedServer) serve(ctx context.Context) (roomAgain bool, err error) 
 	o := e.o
 	// One engine per home: its id is the same across restarts, so a push it
 	// claimed before a crash is known to be dead when it starts again.
-	node, err := startNode(ctx, nc, base, nodeOptions{
+	eng, err := startEngine(ctx, nc, base, engineOptions{
 		writer: "engine@" + hostName(), leaseTTL: o.leaseTTL, replicas: 1,
 		push: o.pushing(e.secret), denyPrivate: o.denyPrivate, archiveAfter: o.archiveAfter,
 		logBytes: int64(o.logBytes), maxStore: e.maxStore, diskFull: alarm,
@@ -228,7 +227,7 @@ func (e *embeddedServer) serve(ctx context.Context) (roomAgain bool, err error) 
 	if err != nil {
 		return false, err
 	}
-	defer node.stop()
+	defer eng.Stop()
 	if !o.noWorker {
 		o.worker.stateDir = filepath.Join(e.home, "worker")
 		w, err := startWorker(ctx, ns, e.ids.worker, o.worker, base)
@@ -332,7 +331,7 @@ func runExternal(ctx context.Context, g *globals, o serverOptions) error {
 	}
 	// Replicas may share a host: each engine process has an id of its own, so no
 	// replica takes another's push in flight for one of its own dead ones.
-	node, err := startNode(ctx, nc, base, nodeOptions{
+	eng, err := startEngine(ctx, nc, base, engineOptions{
 		writer: fmt.Sprintf("engine@%s/%d", hostName(), os.Getpid()), leaseTTL: o.leaseTTL, replicas: o.replicas,
 		push: o.pushing(secret), denyPrivate: o.denyPrivate, archiveAfter: o.archiveAfter,
 		logBytes: int64(o.logBytes), snapshots: snapshots,
@@ -340,7 +339,7 @@ func runExternal(ctx context.Context, g *globals, o serverOptions) error {
 	if err != nil {
 		return err
 	}
-	defer node.stop()
+	defer eng.Stop()
 	if !o.noWorker {
 		o.worker.stateDir = filepath.Join(home, "worker")
 		wnc, err := g.connect("bgtask-worker")
@@ -371,16 +370,13 @@ func redactURL(urls string) string {
 	return strings.Join(out, ",")
 }
 
-// startTimeout bounds how long a server retries creating its streams.
-const startTimeout = 2 * time.Minute
-
 // retryStart retries one step of the start: on a cluster, a stream is not created
 // (or found, or a heartbeat not written) while a leader is elected, while another
 // engine creates the same stream, or while the cluster is too busy to answer in
-// time, and all of that passes. A step that still fails after startTimeout fails the start, with
-// every attempt's error logged.
+// time, and all of that passes. A step that still fails after node.StartTimeout
+// fails the start, with every attempt's error logged.
 func retryStart[T any](ctx context.Context, log *slog.Logger, step func() (T, error)) (T, error) {
-	deadline := time.Now().Add(startTimeout)
+	deadline := time.Now().Add(node.StartTimeout)
 	for {
 		v, err := step()
 		if err == nil || ctx.Err() != nil || time.Now().After(deadline) || errors.As(err, new(*exitError)) {
@@ -395,21 +391,8 @@ func retryStart[T any](ctx context.Context, log *slog.Logger, step func() (T, er
 	}
 }
 
-// node is the engine side of a deployment: projector, dispatcher and API.
-type node struct {
-	projector  *projections.Projector
-	dispatcher *engine.Dispatcher
-	timers     *engine.Timers
-	leases     *engine.Leases
-	pusher     *engine.Pusher
-	archiver   *engine.Archiver
-	targets    *events.TargetWatch
-	scheduler  *engine.Scheduler
-	api        *api.Server
-}
-
-// nodeOptions are what an engine is started with.
-type nodeOptions struct {
+// engineOptions are what the server's flags and home say of its engine.
+type engineOptions struct {
 	writer       string
 	leaseTTL     time.Duration
 	replicas     int
@@ -425,171 +408,50 @@ type nodeOptions struct {
 	diskFull diskAlarm
 }
 
-// streams are what an engine reads and writes.
-type streams struct {
-	store    *events.JetStreamStore
-	inbox    *events.JetStreamInbox
-	liveness *events.Liveness
-	targets  *events.Targets
-	archive  *events.Archive
-}
-
-// openStreams opens (creating them if need be) the engine's streams and buckets,
-// retrying while JetStream is not ready, and sizes the log stream to the store.
-func openStreams(ctx context.Context, js jetstream.JetStream, o nodeOptions, log *slog.Logger) (streams, error) {
-	replicas := o.replicas
-	var st streams
-	var err error
-	st.store, err = retryStart(ctx, log, func() (*events.JetStreamStore, error) {
-		return events.OpenStore(ctx, js, events.StreamConfig{Replicas: replicas})
-	})
-	if err != nil {
-		return streams{}, err
+// startEngine creates the log stream, sized to the store, which workers and
+// clients write and read and the engine does not, and starts the engine.
+func startEngine(ctx context.Context, nc *nats.Conn, base engine.Base, o engineOptions) (*node.Node, error) {
+	if err := openLogs(ctx, nc, o, base.WithDefaults().Logger); err != nil {
+		return nil, err
 	}
-	st.inbox, err = retryStart(ctx, log, func() (*events.JetStreamInbox, error) {
-		return events.OpenInbox(ctx, js, events.InboxConfig{Replicas: replicas})
-	})
-	if err != nil {
-		return streams{}, err
+	cfg := node.Config{
+		Conn: nc, Writer: o.writer, LeaseTTL: o.leaseTTL, Replicas: o.replicas,
+		Sinks: o.push.runner, RetryBase: o.push.retryBase, Bearers: o.push.bearers,
+		DenyPrivateWebhooks: o.denyPrivate, ArchiveAfter: o.archiveAfter, Snapshots: o.snapshots,
+		Version: version(), Base: base,
 	}
-	maxStore := o.maxStore
-	if maxStore <= 0 {
-		maxStore = accountMaxStore(ctx, js, replicas)
+	if alarm := o.diskFull; alarm != nil {
+		cfg.Requests = func(s events.Store) events.Store { return refuseWhenFull{Store: s, alarm: alarm} }
 	}
-	logBytes := logStreamBytes(o.logBytes, maxStore)
-	if _, err := retryStart(ctx, log, func() (*events.Logs, error) {
-		logs, err := events.OpenLogs(ctx, js, events.LogConfig{Replicas: replicas, MaxBytes: logBytes})
-		if tooBig := errStreamTooBig(err, events.LogStreamName, logBytes, maxStore); tooBig != nil {
-			return nil, tooBig
-		}
-		return logs, err
-	}); err != nil {
-		return streams{}, err
-	}
-	st.liveness, err = retryStart(ctx, log, func() (*events.Liveness, error) {
-		return events.OpenLiveness(ctx, js, o.leaseTTL, replicas)
-	})
-	if err != nil {
-		return streams{}, err
-	}
-	st.targets, err = retryStart(ctx, log, func() (*events.Targets, error) {
-		return events.OpenTargets(ctx, js, replicas)
-	})
-	if err != nil {
-		return streams{}, err
-	}
-	st.archive, err = retryStart(ctx, log, func() (*events.Archive, error) {
-		return events.OpenArchive(ctx, js, replicas)
-	})
-	if err != nil {
-		return streams{}, err
-	}
-	return st, nil
-}
-
-func startNode(ctx context.Context, nc *nats.Conn, base engine.Base, o nodeOptions) (*node, error) {
-	writer := o.writer
-	js, err := jetstream.New(nc)
+	n, err := node.New(cfg)
 	if err != nil {
 		return nil, err
 	}
-	st, err := openStreams(ctx, js, o, base.WithDefaults().Logger)
-	if err != nil {
-		return nil, err
-	}
-	store, inbox, liveness, targets, archive := st.store, st.inbox, st.liveness, st.targets, st.archive
-	n := &node{}
-	n.projector = projections.New(store, func(s engine.State) {
-		n.dispatcher.Notify(s)
-		n.timers.Notify(s)
-		n.pusher.Notify(s)
-		n.scheduler.Notify(s)
-	}, base)
-	n.projector.UseSnapshots(o.snapshots)
-	n.pusher = engine.NewPusher(store, n.projector, o.push.runner, engine.Engine{Writer: writer, Instance: uuid.NewString()}, o.push.retryBase, base)
-	n.dispatcher = engine.NewDispatcher(store, inbox, n.projector, writer, 4, base)
-	n.timers = engine.NewTimers(store, n.projector, writer, base)
-	if err := n.timers.Start(ctx); err != nil {
-		return nil, err
-	}
-	n.leases = engine.NewLeases(store, n.projector, liveness, writer, base)
-	n.scheduler = engine.NewScheduler(n.projector, liveness, func(ctx context.Context, worker string, o events.Offer) (events.OfferReply, error) {
-		return events.OfferTask(ctx, nc, worker, o)
-	}, base)
-	if err := n.projector.Start(ctx); err != nil {
-		n.timers.Stop()
-		return nil, err
-	}
-	if err := n.dispatcher.Start(ctx); err != nil {
-		n.projector.Stop()
-		return nil, err
-	}
-	unsettled := n.projector.Unsettled()
-	n.dispatcher.Recover(unsettled)
-	n.timers.Recover(unsettled)
-	n.pusher.Recover(unsettled)
-	if err := n.leases.Start(ctx); err != nil {
-		n.stopEngine()
-		return nil, err
-	}
-	// The targets' states are read before the first push, so a wake-up for a target
-	// that is busy is held from the start.
-	n.targets = targets.Watch(n.pusher.TargetChanged, func(name string, err error) {
-		base.Logger.Warn("unreadable target state counts as idle", "target", name, "err", err)
-	})
-	if err := n.targets.Start(ctx); err != nil {
-		n.stopEngine()
-		return nil, err
-	}
-	if err := n.pusher.Start(ctx); err != nil {
-		n.stopEngine()
-		return nil, err
-	}
-	n.archiver = engine.NewArchiver(store, store, archive, n.projector, writer, o.archiveAfter, base)
-	if err := n.archiver.Start(ctx); err != nil {
-		n.stopEngine()
-		return nil, err
-	}
-	if err := n.scheduler.Start(ctx); err != nil {
-		n.stopEngine()
-		return nil, err
-	}
-	var requests events.Store = store
-	if o.diskFull != nil {
-		requests = refuseWhenFull{Store: store, alarm: o.diskFull}
-	}
-	svc := engine.NewService(requests, writer, base)
-	svc.ReadArchive(archive)
-	if o.denyPrivate {
-		svc.DenyPrivateWebhooks()
-	}
-	svc.DeclareBearers(o.push.bearers)
-	n.api = api.New(nc, svc, n.projector, n.scheduler, store, archive, version(), base)
-	if err := n.api.Start(ctx); err != nil {
-		n.stopEngine()
+	if err := n.Start(ctx); err != nil {
 		return nil, err
 	}
 	return n, nil
 }
 
-func (n *node) stop() {
-	n.api.Stop()
-	n.stopEngine()
-}
-
-func (n *node) stopEngine() {
-	if n.archiver != nil {
-		n.archiver.Stop()
+// openLogs creates (or finds) the log stream, retrying while JetStream is not ready.
+func openLogs(ctx context.Context, nc *nats.Conn, o engineOptions, log *slog.Logger) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
 	}
-	n.leases.Stop()
-	n.projector.Stop() // first: no notification may reach a stopped dispatcher or timer
-	if n.targets != nil {
-		n.targets.Stop()
+	maxStore := o.maxStore
+	if maxStore <= 0 {
+		maxStore = accountMaxStore(ctx, js, o.replicas)
 	}
-	n.pusher.Stop()
-	n.scheduler.Stop()
-	n.timers.Stop()
-	n.dispatcher.Stop()
+	logBytes := logStreamBytes(o.logBytes, maxStore)
+	_, err = retryStart(ctx, log, func() (*events.Logs, error) {
+		logs, err := events.OpenLogs(ctx, js, events.LogConfig{Replicas: o.replicas, MaxBytes: logBytes})
+		if tooBig := errStreamTooBig(err, events.LogStreamName, logBytes, maxStore); tooBig != nil {
+			return nil, tooBig
+		}
+		return logs, err
+	})
+	return err
 }
 
 // startWorker runs the server's own worker on a connection of its own, as a worker
