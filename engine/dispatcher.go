@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -227,6 +228,9 @@ func (d *Dispatcher) Complete(ctx context.Context, id string) error {
 		switch s.Phase {
 		case PhaseEnded:
 			c = PersistCompletion{}
+			if s.Retryable() {
+				c = RetryLater{Jitter: rand.Float64()}
+			}
 		case PhasePersisted:
 			var since time.Time
 			if recheck && s.PersistedAt != nil {
@@ -265,6 +269,10 @@ func (d *Dispatcher) Complete(ctx context.Context, id string) error {
 		}
 		if s.Phase == PhaseFired {
 			d.base.Logger.Info("fired", "task", id, "status", s.Status, "inbox_seq", s.InboxSeq)
+		}
+		if s.RetryAt != nil && s.Phase == PhaseArmed {
+			a := s.Attempts[len(s.Attempts)-1]
+			d.base.Logger.Info("attempt ended, retrying", "task", id, "attempt", len(s.Attempts), "status", a.Status, "at", s.RetryAt)
 		}
 	}
 }

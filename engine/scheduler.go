@@ -53,6 +53,8 @@ type Scheduler struct {
 	// offers it made: Waiting tells from it why a task waits.
 	fleet []Candidate
 	turns *Turns
+	// due makes a pass when the next delayed start or retry comes due.
+	due *time.Timer
 
 	kick chan struct{}
 	run  lifecycle
@@ -268,11 +270,18 @@ func (s *Scheduler) pass(ctx context.Context) {
 		worker string
 	}
 	var offers []offer
+	var next time.Time // the earliest start of a task not yet due
 	for _, t := range FairOrder(armed, s.turns) {
 		if free == 0 {
 			break
 		}
-		if s.inflight[t.ID] != "" || s.taken[t.ID] != "" {
+		if s.inflight[t.ID] != "" || s.taken[t.ID] != "" || t.Spec.IsTimer() {
+			continue
+		}
+		if at := t.NotBefore(); at.After(now) {
+			if next.IsZero() || at.Before(next) {
+				next = at
+			}
 			continue
 		}
 		w, _ := Choose(t, cands)
@@ -284,6 +293,7 @@ func (s *Scheduler) pass(ctx context.Context) {
 		s.inflight[t.ID] = w
 		offers = append(offers, offer{t, w})
 	}
+	s.wakeAt(next)
 	s.mu.Unlock()
 
 	for _, o := range offers {
@@ -322,6 +332,18 @@ func (s *Scheduler) send(ctx context.Context, task State, workerID string) {
 	// a worker whose own count disagrees with the log for a moment is not flooded.
 }
 
+// wakeAt has a pass made at the start of the next task not yet due (zero: none),
+// not at the periodic pass after it. Its mutex is held.
+func (s *Scheduler) wakeAt(at time.Time) {
+	if s.due != nil {
+		s.due.Stop()
+		s.due = nil
+	}
+	if !at.IsZero() {
+		s.due = time.AfterFunc(time.Until(at), s.signal)
+	}
+}
+
 // Waiting says why an armed task has not started, as of the last placement pass:
 // what Choose says of it on the fleet that pass left.
 func (s *Scheduler) Waiting(st State) string {
@@ -335,6 +357,12 @@ func (s *Scheduler) Waiting(st State) string {
 	}
 	if s.taken[st.ID] != "" {
 		return ""
+	}
+	switch at := st.NotBefore(); {
+	case st.Spec.IsTimer():
+		return "a timer: fires at " + st.Spec.StartAt
+	case at.After(s.base.Now()):
+		return "starts at " + at.UTC().Format(time.RFC3339)
 	}
 	_, why := Choose(st, s.fleet)
 	return why

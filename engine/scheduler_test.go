@@ -136,3 +136,29 @@ func TestSchedulerOffersTheOldestTaskAndSaysWhyTheOthersWait(t *testing.T) {
 		t.Errorf("Waiting of a running task = %q, want none", got)
 	}
 }
+
+// A delayed start is offered at its time, not before, and a timer never: a task
+// offered early would only be declined, one at its time needs no periodic pass.
+func TestSchedulerOffersADelayedStartAtItsTimeAndNeverATimer(t *testing.T) {
+	t.Parallel()
+	start := time.Now().Add(1500 * time.Millisecond)
+	delayed := armedTask("delayed", t0, nil)
+	delayed.Spec.StartAt = start.Format(time.RFC3339Nano)
+	timer := engine.State{ID: "timer", Phase: engine.PhaseArmed, ArmedAt: t0,
+		Spec: engine.Spec{StartAt: time.Now().Add(-time.Second).Format(time.RFC3339Nano), Target: engine.DefaultTarget}}
+	tasks := &taskList{tasks: []engine.State{timer, delayed}}
+	w := events.WorkerInfo{ID: "w1", State: events.WorkerReady, MaxTasks: 4}
+	s, offers := startScheduler(t, tasks, fleet{workers: []events.WorkerInfo{w}})
+	if got := s.Waiting(delayed); got != "starts at "+start.UTC().Format(time.RFC3339) {
+		t.Errorf("Waiting(delayed) = %q", got)
+	}
+	o := <-offers
+	if late := time.Since(start); o.TaskID != "delayed" || late < 0 {
+		t.Fatalf("offered %s %v after its start, want the delayed task at its start", o.TaskID, late)
+	}
+	select {
+	case o := <-offers:
+		t.Fatalf("offered %s too", o.TaskID)
+	default:
+	}
+}

@@ -9,8 +9,9 @@ import (
 	"github.com/bgtask/bgtask/events"
 )
 
-// Timers ends a task whose deadline passes while it still waits for a worker: the
-// worker enforces the deadline of a run, the engine that of a task no one runs.
+// Timers ends a task whose deadline passes while it still waits for a worker (the
+// worker enforces the deadline of a run, the engine that of a task no one runs),
+// and fires a timer when its time comes.
 type Timers struct {
 	base   Base
 	store  events.Store
@@ -56,8 +57,8 @@ func (t *Timers) Notify(s State) {
 	if t.off() {
 		return
 	}
-	at := s.Spec.DeadlineTime()
-	if s.Phase != PhaseArmed || at.IsZero() {
+	at, _ := timerOf(s)
+	if at.IsZero() {
 		if timer := t.pending[s.ID]; timer != nil {
 			timer.Stop()
 			delete(t.pending, s.ID)
@@ -105,20 +106,25 @@ func (t *Timers) expire(id string) {
 	defer cancel()
 	for attempt := 0; attempt < 10; attempt++ {
 		s, ok := t.tasks.Task(id)
-		if !ok || s.Phase != PhaseArmed {
+		at, c := timerOf(s)
+		if !ok || at.IsZero() {
 			return // taken, cancelled or gone
 		}
-		ev, err := Decide(s, Expire{}, Meta{Writer: t.writer, Now: t.base.Now()})
+		now := t.base.Now()
+		if now.Before(at) {
+			now = at // the timer ran on the monotonic clock; the wall clock lags it
+		}
+		ev, err := Decide(s, c, Meta{Writer: t.writer, Now: now})
 		if err != nil {
 			return
 		}
 		_, err = t.store.Append(ctx, ev, s.Seq)
 		if err == nil {
-			t.base.Logger.Info("deadline passed before a worker took the task", "task", id)
+			t.base.Logger.Info(timerDone(c), "task", id)
 			return
 		}
 		if !errors.Is(err, events.ErrConflict) {
-			t.base.Logger.Warn("deadline not recorded, retrying", "task", id, "err", err)
+			t.base.Logger.Warn("timer not recorded, retrying", "task", id, "err", err)
 		}
 		// A conflict: the reader is behind the log; look again shortly.
 		select {
@@ -127,4 +133,23 @@ func (t *Timers) expire(id string) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// timerOf is the engine's timer of an armed task: when a timer fires, or when its
+// deadline ends a task no worker took; zero for none.
+func timerOf(s State) (time.Time, Command) {
+	switch {
+	case s.Phase != PhaseArmed:
+		return time.Time{}, nil
+	case s.Spec.IsTimer():
+		return s.Spec.StartTime(), ComeDue{}
+	}
+	return s.Spec.DeadlineTime(), Expire{}
+}
+
+func timerDone(c Command) string {
+	if _, ok := c.(ComeDue); ok {
+		return "timer fired"
+	}
+	return "deadline passed before a worker took the task"
 }

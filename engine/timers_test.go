@@ -83,3 +83,50 @@ func TestTimersEndATaskNoWorkerTookBeforeItsDeadline(t *testing.T) {
 		t.Fatalf("the task a worker took is %s, want running", s.Phase)
 	}
 }
+
+// A timer fires at its time, once.
+func TestTimersFireATimerAtItsTime(t *testing.T) {
+	t.Parallel()
+	srv := eventstest.Run(t)
+	ctx := context.Background()
+	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := engine.NewService(store, "engine", engine.Base{})
+	id, _, err := svc.Register(ctx, []byte(`{"start_at":"300ms"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	armed, err := engine.Load(ctx, store, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	timers := engine.NewTimers(store, storeReader{store}, "engine", engine.Base{})
+	if err := timers.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	timers.Notify(armed)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s, err := engine.Load(ctx, store, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Phase == engine.PhaseEnded {
+			if s.Status != engine.StatusSucceeded || s.EndedAt.Before(armed.Spec.StartTime()) {
+				t.Fatalf("timer ended %s at %s, want succeeded at %s or after", s.Status, s.EndedAt, armed.Spec.StartAt)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timer still %s long after its time", s.Phase)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	timers.Stop() // waits for a fire in progress
+	h, err := store.History(ctx, id)
+	if err != nil || len(h) != 2 || h[1].Type != events.TypeDue {
+		t.Fatalf("history: %d events, %v; want armed and one due", len(h), err)
+	}
+}
