@@ -1,0 +1,177 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/projections"
+)
+
+// scheduleBundle is the store, a projector and the schedules bucket on one server.
+type scheduleBundle struct {
+	*bundle
+	proj      *projections.Projector
+	schedules *events.Schedules
+	svc       *engine.Service
+
+	mu      sync.Mutex
+	created map[string]int // by idempotency key: registrations that armed a task
+}
+
+func setupSchedules(t *testing.T) *scheduleBundle {
+	t.Helper()
+	b := &scheduleBundle{bundle: setup(t), created: map[string]int{}}
+	ctx := context.Background()
+	var err error
+	if b.schedules, err = events.OpenSchedules(ctx, b.srv.JS, 1); err != nil {
+		t.Fatal(err)
+	}
+	b.proj = projections.New(b.store, nil, engine.Base{})
+	if err := b.proj.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.proj.Stop)
+	b.svc = engine.NewService(b.store, engineWriter, engine.Base{})
+	return b
+}
+
+// register is Service.Register, counting the tasks it arms by key.
+func (b *scheduleBundle) register(ctx context.Context, raw []byte) (string, bool, error) {
+	id, created, err := b.svc.Register(ctx, raw)
+	if created {
+		var spec engine.Spec
+		_ = json.Unmarshal(raw, &spec)
+		b.mu.Lock()
+		b.created[spec.IdempotencyKey]++
+		b.mu.Unlock()
+	}
+	return id, created, err
+}
+
+func (b *scheduleBundle) runner(t *testing.T) *engine.ScheduleRunner {
+	t.Helper()
+	r := engine.NewScheduleRunner(b.schedules, b.register, b.proj, b.svc.Cancel, engine.Base{})
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Stop)
+	return r
+}
+
+func (b *scheduleBundle) add(t *testing.T, s engine.Schedule) engine.Schedule {
+	t.Helper()
+	s.Spec = json.RawMessage(`{"command":"echo tick"}`)
+	s, err := engine.AddSchedule(context.Background(), b.schedules, s, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (b *scheduleBundle) stored(t *testing.T, name string) engine.Schedule {
+	t.Helper()
+	e, err := b.schedules.Get(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := engine.DecodeSchedule(e.Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// Two engines run one schedule: every slot is registered, each once.
+func TestTwoScheduleRunnersRegisterEverySlotOnce(t *testing.T) {
+	b := setupSchedules(t)
+	b.runner(t)
+	b.runner(t)
+	s := b.add(t, engine.Schedule{Name: "tick", Every: "1s", Overlap: engine.OverlapAllow, CatchUp: engine.CatchUpAll})
+	waitUntil(t, "five slots", func() bool { return b.stored(t, "tick").After.Sub(s.CreatedAt) >= 5*time.Second })
+	ctx := context.Background()
+	if _, err := engine.PauseSchedule(ctx, b.schedules, "tick", true, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	last := b.stored(t, "tick")
+	slots, n := s.SlotsBetween(s.CreatedAt, last.After, engine.MaxCatchUp)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, slot := range slots {
+		if k := engine.OccurrenceKey("tick", slot); b.created[k] != 1 {
+			t.Errorf("slot %s registered %d times", slot, b.created[k])
+		}
+	}
+	if len(b.created) != n {
+		t.Errorf("%d occurrences registered for %d slots: %v", len(b.created), n, b.created)
+	}
+	waitUntil(t, "the projection", func() bool { return len(b.proj.Occurrences("tick", 0)) >= n })
+}
+
+// With overlap skip, a slot is skipped while the previous occurrence runs (no
+// worker takes it here), and runs once it is over.
+func TestScheduleOverlapSkipWaitsForThePrevious(t *testing.T) {
+	b := setupSchedules(t)
+	b.runner(t)
+	b.add(t, engine.Schedule{Name: "slow", Every: "1s"})
+	waitUntil(t, "a first occurrence", func() bool { return b.stored(t, "slow").LastID != "" })
+	first := b.stored(t, "slow")
+	waitUntil(t, "two skipped slots", func() bool { return b.stored(t, "slow").After.Sub(first.LastSlot) >= 2*time.Second })
+	if got := b.stored(t, "slow"); got.LastID != first.LastID {
+		t.Fatalf("a second occurrence while the first is armed: %s", got.LastID)
+	}
+	if _, err := b.svc.Cancel(context.Background(), first.LastID, "done"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the next occurrence", func() bool { return b.stored(t, "slow").LastID != first.LastID })
+	if occ := b.proj.Occurrences("slow", 0); len(occ) < 1 {
+		t.Fatalf("occurrences: %v", occ)
+	}
+}
+
+// With overlap cancel_previous, the next slot cancels the previous occurrence.
+func TestScheduleOverlapCancelPrevious(t *testing.T) {
+	b := setupSchedules(t)
+	b.runner(t)
+	b.add(t, engine.Schedule{Name: "latest", Every: "1s", Overlap: engine.OverlapCancelPrevious})
+	waitUntil(t, "a first occurrence", func() bool { return b.stored(t, "latest").LastID != "" })
+	first := b.stored(t, "latest").LastID
+	waitUntil(t, "the first cancelled", func() bool {
+		st, ok := b.proj.Task(first)
+		return ok && st.Phase == engine.PhaseCancelled
+	})
+}
+
+// A trigger registers an occurrence now; a paused schedule registers none.
+func TestScheduleTriggerAndPause(t *testing.T) {
+	b := setupSchedules(t)
+	ctx := context.Background()
+	b.add(t, engine.Schedule{Name: "manual", Cron: "0 0 1 1 *"})
+	if _, err := engine.PauseSchedule(ctx, b.schedules, "manual", true, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	id, err := engine.TriggerSchedule(ctx, b.schedules, b.register, "manual", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := b.stored(t, "manual"); got.LastID != id || !got.Paused {
+		t.Fatalf("after trigger: %+v", got)
+	}
+	waitUntil(t, "the occurrence", func() bool {
+		occ := b.proj.Occurrences("manual", 0)
+		return len(occ) == 1 && occ[0].ID == id
+	})
+}
