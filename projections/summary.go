@@ -43,6 +43,8 @@ type summary struct {
 	// Run is how the command ended, if it ran: a list shows its exit code.
 	Run      runEnd `json:"run,omitempty"`
 	ExitCode int    `json:"exit_code,omitempty"`
+	// Occurrence is the schedule slot the task ran for: a schedule's show lists them.
+	Occurrence *engine.Occurrence `json:"occurrence,omitempty"`
 }
 
 // runEnd is how a settled task's run ended, as far as its list entry shows.
@@ -63,6 +65,7 @@ func summarize(s *engine.State, in *interner) summary {
 		Kind: in.get(s.Spec.Kind), Target: in.get(s.Spec.Target), Status: in.get(s.Status),
 		Phase: s.Phase, ArchivedFrom: s.ArchivedFrom, LastType: s.LastType,
 		Seq: s.Seq, Epoch: s.Epoch, ArchiveSeq: s.ArchiveSeq, Events: s.Events,
+		Occurrence: s.Spec.Occurrence,
 	}
 	if s.EndedAt != nil {
 		sum.EndedAt = *s.EndedAt
@@ -99,7 +102,7 @@ func (sum *summary) finishedAt() time.Time {
 func (sum *summary) state() engine.State {
 	s := engine.State{
 		ID: sum.ID, Phase: sum.Phase, Status: sum.Status, Seq: sum.Seq, Epoch: sum.Epoch,
-		Spec:    engine.Spec{Command: sum.Command, Kind: sum.Kind, Target: sum.Target},
+		Spec:    engine.Spec{Command: sum.Command, Kind: sum.Kind, Target: sum.Target, Occurrence: sum.Occurrence},
 		ArmedAt: sum.ArmedAt, ArchiveSeq: sum.ArchiveSeq, ArchivedFrom: sum.ArchivedFrom,
 		LastType: sum.LastType, Events: sum.Events,
 	}
