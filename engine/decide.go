@@ -105,6 +105,9 @@ func (c Arm) decide(s State, _ Meta) (events.Payload, uint64, error) {
 }
 
 func (c Spawn) decide(s State, m Meta) (events.Payload, uint64, error) {
+	if s.Paused {
+		return nil, 0, fmt.Errorf("%w: task %s is paused", ErrWrongPhase, s.ID)
+	}
 	if err := s.canSpawn(m.Writer); errors.Is(err, ErrWrongPhase) {
 		return nil, 0, phaseError(s)
 	} else if err != nil {

@@ -275,7 +275,7 @@ func (s *Scheduler) pass(ctx context.Context) {
 		if free == 0 {
 			break
 		}
-		if s.inflight[t.ID] != "" || s.taken[t.ID] != "" || t.Spec.IsTimer() {
+		if s.inflight[t.ID] != "" || s.taken[t.ID] != "" || t.Spec.IsTimer() || t.Paused {
 			continue
 		}
 		if at := t.NotBefore(); at.After(now) {
@@ -359,6 +359,8 @@ func (s *Scheduler) Waiting(st State) string {
 		return ""
 	}
 	switch at := st.NotBefore(); {
+	case st.Paused:
+		return "paused: 'bgtask resume " + st.ID + "' lets it go on"
 	case st.Spec.IsTimer():
 		return "a timer: fires at " + st.Spec.StartAt
 	case at.After(s.base.Now()):

@@ -153,6 +153,16 @@ func (s *Service) Cancel(ctx context.Context, id, reason string) (State, error) 
 	return s.update(ctx, id, Cancel{Reason: reason})
 }
 
+// Pause holds a task that has not started.
+func (s *Service) Pause(ctx context.Context, id string) (State, error) {
+	return s.update(ctx, id, Pause{})
+}
+
+// Resume lets a paused task go on.
+func (s *Service) Resume(ctx context.Context, id string) (State, error) {
+	return s.update(ctx, id, Resume{})
+}
+
 // update decides c on the task's current state and appends the result, deciding
 // again on the new state if another writer got there first.
 func (s *Service) update(ctx context.Context, id string, c Command) (State, error) {

@@ -98,6 +98,8 @@ type State struct {
 	// the next, while it waits for it.
 	Attempts []events.Attempt `json:"attempts,omitempty"`
 	RetryAt  *time.Time       `json:"retry_at,omitempty"`
+	// Paused: an armed task held until it is resumed.
+	Paused bool `json:"paused,omitempty"`
 	LastType     events.Type `json:"last_event"`
 	Events       int         `json:"events"`
 }
@@ -176,6 +178,13 @@ func apply(s State, rec events.Record) (State, error) {
 		return s.due(rec, p)
 	case *events.RetryScheduled:
 		return s.retryScheduled(p)
+	case *events.Paused, *events.Resumed:
+		pause := rec.Type == events.TypePaused
+		if s.Phase != PhaseArmed || s.Paused == pause {
+			return s, ErrWrongPhase
+		}
+		s.Paused = pause
+		return s, nil
 	case *events.Cancelled:
 		if s.Phase != PhaseArmed && s.Phase != PhaseRunning {
 			return s, ErrWrongPhase
@@ -355,6 +364,8 @@ func outcome(s State, run *events.Exited) (status, reason string) {
 // stalled run its own worker starts again.
 func (s State) canSpawn(writer string) error {
 	switch {
+	case s.Phase == PhaseArmed && s.Paused:
+		return ErrWrongPhase
 	case s.Phase == PhaseArmed:
 		return nil
 	case s.Phase == PhaseRunning && s.RespawnPending && s.Worker == writer:

@@ -141,6 +141,8 @@ func timerOf(s State) (time.Time, Command) {
 	switch {
 	case s.Phase != PhaseArmed:
 		return time.Time{}, nil
+	case s.Spec.IsTimer() && s.Paused:
+		return time.Time{}, nil
 	case s.Spec.IsTimer():
 		return s.Spec.StartTime(), ComeDue{}
 	}

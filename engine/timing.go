@@ -185,6 +185,9 @@ func (ComeDue) decide(s State, m Meta) (events.Payload, uint64, error) {
 	if s.Phase != PhaseArmed || !s.Spec.IsTimer() {
 		return nil, 0, phaseError(s)
 	}
+	if s.Paused {
+		return nil, 0, fmt.Errorf("%w: timer %s is paused", ErrWrongPhase, s.ID)
+	}
 	at := s.Spec.StartTime()
 	if m.Now.Before(at) {
 		return nil, 0, fmt.Errorf("%w: timer %s is due at %s", ErrWrongPhase, s.ID, s.Spec.StartAt)
@@ -222,7 +225,7 @@ func (s State) attempt() events.Attempt {
 // due is a timer that fired: it succeeds.
 func (s State) due(rec events.Record, p *events.Due) (State, error) {
 	at := rec.Time
-	if s.Phase != PhaseArmed || !s.Spec.IsTimer() {
+	if s.Phase != PhaseArmed || !s.Spec.IsTimer() || s.Paused {
 		return s, ErrWrongPhase
 	}
 	s.Phase, s.Status, s.EndedAt, s.LateBy = PhaseEnded, StatusSucceeded, &at, p.LateBy
@@ -283,4 +286,33 @@ func since(from time.Time, v string) string {
 		return ""
 	}
 	return at.Sub(from).String()
+}
+
+// Pause holds a task that has not started yet: a delayed start, a retry waiting
+// for its time, a timer, or a task waiting for a worker.
+type Pause struct{}
+
+func (Pause) decide(s State, _ Meta) (events.Payload, uint64, error) {
+	switch {
+	case s.Phase == "":
+		return nil, 0, ErrNotFound
+	case s.Phase != PhaseArmed:
+		return nil, 0, fmt.Errorf("%w: task %s is %s; only a task that has not started can be paused", ErrWrongPhase, s.ID, s.Phase)
+	case s.Paused:
+		return nil, 0, fmt.Errorf("%w: task %s is paused already", ErrWrongPhase, s.ID)
+	}
+	return &events.Paused{}, s.Epoch, nil
+}
+
+// Resume lets a paused task go on.
+type Resume struct{}
+
+func (Resume) decide(s State, _ Meta) (events.Payload, uint64, error) {
+	switch {
+	case s.Phase == "":
+		return nil, 0, ErrNotFound
+	case !s.Paused:
+		return nil, 0, fmt.Errorf("%w: task %s is not paused", ErrWrongPhase, s.ID)
+	}
+	return &events.Resumed{}, s.Epoch, nil
 }

@@ -221,3 +221,39 @@ func TestARerunKeepsTheSpecAndItsTimesFromRegistration(t *testing.T) {
 		t.Fatalf("registered again: start %s, deadline %s", again.StartAt, again.Deadline)
 	}
 }
+
+// A paused task is neither started nor fired until it is resumed; one that has
+// started cannot be paused.
+func TestAPausedTaskWaitsUntilItIsResumed(t *testing.T) {
+	t.Parallel()
+	timer := specAt(t, `{"start_at":"1s"}`)
+	f := newFold(t, taskID, timer)
+	f.do(engineWriter, engine.Arm{Spec: timer})
+	f.do(engineWriter, engine.Pause{})
+	later := engine.Meta{Writer: engineWriter, Now: t0.Add(time.Hour)}
+	if _, err := engine.Decide(f.state, engine.ComeDue{}, later); !errors.Is(err, engine.ErrWrongPhase) {
+		t.Fatalf("a paused timer came due: %v", err)
+	}
+	if _, err := engine.Decide(f.state, engine.Pause{}, later); !errors.Is(err, engine.ErrWrongPhase) {
+		t.Fatalf("paused twice: %v", err)
+	}
+	f.do(engineWriter, engine.Resume{})
+	f.now = t0.Add(time.Hour)
+	f.do(engineWriter, engine.ComeDue{})
+
+	g := build(t, engine.PhaseArmed)
+	g.do(engineWriter, engine.Pause{})
+	if _, err := engine.Decide(g.state, engine.Spawn{}, engine.Meta{Writer: workerA, Now: g.now}); !errors.Is(err, engine.ErrWrongPhase) {
+		t.Fatalf("a paused task spawned: %v", err)
+	}
+	g.do(engineWriter, engine.Resume{})
+	g.do(workerA, engine.Spawn{})
+	if _, err := engine.Decide(g.state, engine.Pause{}, engine.Meta{Writer: engineWriter, Now: g.now}); !errors.Is(err, engine.ErrWrongPhase) {
+		t.Fatalf("a running task paused: %v", err)
+	}
+	for _, h := range [][]events.Record{f.history, g.history} {
+		if _, problems := engine.Replay(h); len(problems) > 0 {
+			t.Fatalf("replay: %v", problems)
+		}
+	}
+}

@@ -30,6 +30,9 @@ const (
 	// A timer came due; a failed attempt of a command with retries was armed again.
 	TypeDue            Type = "due"
 	TypeRetryScheduled Type = "retry-scheduled"
+	// A task not started yet is held, and let go again.
+	TypePaused  Type = "paused"
+	TypeResumed Type = "resumed"
 	// A push sink's delivery of a fired wake-up: the claim of an attempt, its
 	// result, and the give-up after the last failed attempt.
 	TypeDeliveryAttempt Type = "delivery-attempt"
@@ -145,6 +148,10 @@ func newPayload(t Type) Payload {
 		return &Due{}
 	case TypeRetryScheduled:
 		return &RetryScheduled{}
+	case TypePaused:
+		return &Paused{}
+	case TypeResumed:
+		return &Resumed{}
 	}
 	return nil
 }
@@ -156,7 +163,7 @@ func knownType(name []byte) Type {
 		TypeTick, TypeArmed, TypeSpawned, TypeExited, TypeCompletionPersisted, TypeFired,
 		TypeStalled, TypeLost, TypeFailed, TypeCancelled,
 		TypeDeliveryAttempt, TypeDeliveryResult, TypeDeliveryFailed, TypeArchived,
-		TypeDue, TypeRetryScheduled,
+		TypeDue, TypeRetryScheduled, TypePaused, TypeResumed,
 	} {
 		if string(name) == string(t) {
 			return t
@@ -291,6 +298,16 @@ type Attempt struct {
 	Reason   string `json:"reason,omitempty"`
 }
 
+// Paused holds a task that has not started: no worker takes it, and a timer does
+// not fire, until Resumed.
+type Paused struct{}
+
+// Resumed lets a paused task go on: a start or a timer whose time passed meanwhile
+// happens at once.
+type Resumed struct{}
+
+func (*Paused) EventType() Type              { return TypePaused }
+func (*Resumed) EventType() Type             { return TypeResumed }
 func (*Due) EventType() Type                 { return TypeDue }
 func (*RetryScheduled) EventType() Type      { return TypeRetryScheduled }
 func (*Armed) EventType() Type               { return TypeArmed }
