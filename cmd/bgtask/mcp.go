@@ -247,6 +247,8 @@ func (m *mcpServer) addTool() mcpTool {
 				"When it ends, its wake-up (status, exit code, output tail, the rendered prompt) goes to the target's inbox" +
 				" and wakes the agent session that registered it, exactly once, even across restarts of bgtask. " +
 				"Give command (a shell string) or argv; every other argument is a field of the task's spec. " +
+				"With start_at and no command it is a durable reminder (a timer): it wakes the session once at that time, even after a restart, " +
+				"with the prompt you give. " +
 				"The engine validates the spec and a refusal names the field. " +
 				"Default cwd: the MCP server's working directory, which runs the task on this host (cwd \"\" runs it in the worker's home," +
 				" placement {} on any worker).",
@@ -405,6 +407,13 @@ func (m *mcpServer) specSchema() map[string]any {
 		"placement": map[string]any{"type": "object", "description": "which workers may take the task: {\"labels\": {KEY: VALUE}}; {} for any (default with a cwd: this host)", "properties": map[string]any{
 			"labels": with(stringMap, "labels a worker must have"),
 		}},
+		"start_at": prop("string", "start the command after this long (20m) or at this RFC 3339 time; with no command, a timer that wakes the caller then"),
+		"retry": map[string]any{"type": "object", "description": "run an attempt that ended in one of on again, with backoff; one wake-up after the last", "properties": map[string]any{
+			"max":         prop("integer", "how many more attempts, 1 to 100"),
+			"backoff":     prop("string", "the wait before the first retry (default 1s), doubled for each next"),
+			"max_backoff": prop("string", "the longest wait (default 5m)"),
+			"on":          with(stringList, "statuses retried (default: failed, timed_out, stalled, lost)"),
+		}, "required": []string{"max"}},
 	})
 }
 
@@ -472,6 +481,9 @@ func (m *mcpServer) add(ctx context.Context, _ *mcp.CallToolRequest, args json.R
 // names no placement this host's, as `bgtask add` does: a directory here means
 // nothing on another machine. A relative cwd is taken from the server's.
 func (m *mcpServer) defaultCwd(doc map[string]any) error {
+	if doc["command"] == nil && doc["argv"] == nil {
+		return nil // a timer runs nothing: no directory, no host
+	}
 	raw, given := doc["cwd"].(json.RawMessage)
 	var cwd string
 	switch {

@@ -277,6 +277,28 @@ func TestMCPRegistersAndWaits(t *testing.T) {
 	}
 }
 
+// A reminder from an agent is an add with start_at and no command: a timer,
+// with no directory and no host, that wakes it once at its time.
+func TestMCPSetsADurableReminder(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("CLAUDE_CODE_SESSION_ID", "")
+	t.Setenv("CODEX_THREAD_ID", "")
+	startServer(t, home)
+	p := startMCP(t, home, t.TempDir())
+	reg := ok[struct {
+		ID string `json:"id"`
+	}](t, "add", p.call(t, "add", map[string]any{"start_at": "1s", "prompt": "check the deploy"}))
+	task := ok[mcpTask](t, "show", p.call(t, "show", map[string]any{"id": reg.ID}))
+	if task.Spec.Cwd != "" || task.Spec.Placement != nil || task.Spec.Kind != engine.KindTimer {
+		t.Errorf("the reminder's spec: cwd %q placement %v kind %q; want a timer with neither", task.Spec.Cwd, task.Spec.Placement, task.Spec.Kind)
+	}
+	w := ok[mcpWait](t, "wait", p.call(t, "wait", map[string]any{"id": reg.ID}))
+	if !w.Ended || w.Wakeup == nil || w.Wakeup.Status != engine.StatusSucceeded || w.Wakeup.Prompt != "check the deploy" {
+		t.Errorf("wait: %+v %+v", w, w.Wakeup)
+	}
+}
+
 func TestMCPRefusesABadSpecNamingTheField(t *testing.T) {
 	home := t.TempDir()
 	t.Setenv("HOME", home)
