@@ -92,6 +92,8 @@ var (
 			Allow: append([]string{
 				api.SubjectRegister, api.SubjectCancel, api.SubjectGet, api.SubjectList,
 				api.SubjectHistory, api.SubjectWorkers,
+				api.SubjectScheduleAdd, api.SubjectScheduleList, api.SubjectScheduleShow, api.SubjectSchedulePause,
+				api.SubjectScheduleResume, api.SubjectScheduleDelete, api.SubjectScheduleTrigger,
 				events.WorkerSubject("*", events.VerbDrain),
 				"$SRV.>", // the micro service's discovery: nats micro ls, info, stats
 				// Acknowledging the inbox (`inbox`), and a target's state (`target busy|idle`).
