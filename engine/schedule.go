@@ -126,6 +126,14 @@ func (s *Schedule) validateSpec() error {
 			return fieldErr("spec."+f, "set by the schedule for each occurrence")
 		}
 	}
+	for _, f := range []string{"start_at", "deadline"} {
+		var v string
+		if raw, ok := fields[f]; ok && json.Unmarshal(raw, &v) == nil {
+			if _, err := time.ParseDuration(v); err != nil {
+				return fieldErr("spec."+f, "%q: give a duration from each slot; one time would be past for all the slots after it", v)
+			}
+		}
+	}
 	raw, err := s.OccurrenceSpec(time.Unix(0, 0).UTC())
 	if err != nil {
 		return fieldErr("spec", "%v", err)

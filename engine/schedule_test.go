@@ -47,6 +47,7 @@ func TestScheduleValidateNamesTheField(t *testing.T) {
 		{engine.Schedule{Name: "a", Every: "1m"}, "spec"},
 		{engine.Schedule{Name: "a", Every: "1m", Spec: json.RawMessage(`{"command":"x","idempotency_key":"k"}`)}, "spec.idempotency_key"},
 		{engine.Schedule{Name: "a", Every: "1m", Spec: json.RawMessage(`{"command":"x","cwd":"relative"}`)}, "spec.cwd"},
+		{engine.Schedule{Name: "a", Every: "1m", Spec: json.RawMessage(`{"command":"x","start_at":"2099-01-01T00:00:00Z"}`)}, "spec.start_at"},
 	} {
 		err := c.s.Validate()
 		var fe *engine.FieldError
@@ -54,6 +55,7 @@ func TestScheduleValidateNamesTheField(t *testing.T) {
 			t.Errorf("%+v: got %v, want an error naming %s", c.s, err, c.field)
 		}
 	}
+	sched(t, engine.Schedule{Every: "1m", Spec: json.RawMessage(`{"command":"x","start_at":"90s","deadline":"10m"}`)})
 	s := sched(t, engine.Schedule{Cron: "@hourly"})
 	if s.Overlap != engine.OverlapSkip || s.CatchUp != engine.CatchUpLatest {
 		t.Errorf("defaults: overlap %q catch_up %q", s.Overlap, s.CatchUp)
