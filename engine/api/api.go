@@ -246,10 +246,12 @@ func (s *Server) Stop() {
 	m := s.micro
 	s.micro = nil
 	s.mu.Unlock()
-	if m != nil {
-		if err := m.Stop(); err != nil {
-			s.base.Logger.Warn("API service not stopped cleanly", "err", err)
-		}
+	if m == nil { // not started, or stopped already
+		s.running.Wait()
+		return
+	}
+	if err := m.Stop(); err != nil {
+		s.base.Logger.Warn("API service not stopped cleanly", "err", err)
 	}
 	s.mu.Lock()
 	s.stopping = true

@@ -602,3 +602,46 @@ func TestReadersReadWhatRegistrationAccepts(t *testing.T) {
 		t.Fatalf("list: %d tasks, %v; want %d", len(reply.Tasks), err, len(ids))
 	}
 }
+
+// A server stopped before it started serves, once started, as one never stopped:
+// its registrations still wait for their appends together.
+func TestAServerStoppedBeforeItsStartServesRegistrationsTogether(t *testing.T) {
+	t.Parallel()
+	const n = 4
+	srv := eventstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proj := projections.New(store, nil, engine.Base{})
+	if err := proj.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proj.Stop)
+	meeting := &meetingStore{Store: store, arrived: make(chan struct{}, n), met: make(chan struct{}), n: n}
+	nc, _ := srv.Connect(t)
+	s := api.New(nc, engine.NewService(meeting, "engine-1", engine.Base{}), proj, noFleet{}, store, nil, "0.0.0-test", engine.Base{})
+	s.Stop()
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	client := api.NewClient(srv.Conn)
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			_, err := client.Register(ctx, []byte(`{"command":"true"}`))
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
