@@ -157,7 +157,7 @@ func allocated(f func()) uint64 {
 // cut where it reaches the budget, so persisting its wake-up allocates a few
 // times the budget, not the prompt.
 func TestAnAmplifyingPromptRendersWithinTheBudget(t *testing.T) {
-	t.Parallel()
+	// Not parallel: the allocation it measures is the whole process's.
 	spec := mustSpec(t, `{"command":"x","prompt":"`+strings.Repeat("{{tail}}", 8000)+`"}`)
 	run := exitRun(0, "")
 	run.Tail = longLines(50, 2000, 'y')
@@ -189,7 +189,7 @@ func TestAnAmplifyingPromptRendersWithinTheBudget(t *testing.T) {
 // TestAnExecArgvRepeatingThePromptIsBounded: each argument of an exec sink stays
 // under Linux's limit, and all of them under a megabyte.
 func TestAnExecArgvRepeatingThePromptIsBounded(t *testing.T) {
-	t.Parallel()
+	// Not parallel: the allocation it measures is the whole process's.
 	w := events.Wakeup{ID: taskID, Status: engine.StatusSucceeded, Prompt: strings.Repeat("p", 200<<10), Tail: longLines(50, 2000, 't')}
 	argv := []string{"notify", "--id", "{{task_id}}"}
 	for range 1000 {

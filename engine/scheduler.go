@@ -220,42 +220,9 @@ func (s *Scheduler) Notify(st State) {
 func (s *Scheduler) pass(ctx context.Context) {
 	running, _ := s.tasks.List(ListQuery{Phase: PhaseRunning})
 	now := s.base.Now()
-	ttl := s.feed.TTL()
 
 	s.mu.Lock()
-	load := map[string]int{}
-	for _, r := range running {
-		load[r.Worker]++
-	}
-	for id, w := range s.taken {
-		if st, ok := s.tasks.Task(id); !ok || st.Phase != PhaseArmed {
-			delete(s.taken, id) // its spawn was applied before the answer came
-			continue
-		}
-		load[w]++
-	}
-	for _, w := range s.inflight {
-		load[w]++
-	}
-	var cands []Candidate
-	index := map[string]int{}
-	free := 0
-	for _, id := range slices.Sorted(maps.Keys(s.workers)) {
-		e := s.workers[id]
-		if now.Sub(e.at) > ttl {
-			delete(s.workers, id) // its heartbeat expired with its lease
-			continue
-		}
-		index[id] = len(cands)
-		c := Candidate{
-			ID: id, Labels: e.info.Labels, MaxTasks: e.info.MaxTasks, Load: load[id],
-			Accepting: e.info.State == events.WorkerReady && !e.unreachable, Exclusive: e.info.Exclusive,
-		}
-		if c.Accepting && c.Load < c.MaxTasks {
-			free += c.MaxTasks - c.Load
-		}
-		cands = append(cands, c)
-	}
+	cands, index, free := s.candidates(running, now)
 	s.fleet = cands
 	if free == 0 {
 		// The turns of targets gone idle meanwhile are forgotten by the next pass
@@ -299,6 +266,46 @@ func (s *Scheduler) pass(ctx context.Context) {
 	for _, o := range offers {
 		s.run.goroutine(func() { s.send(ctx, o.task, o.worker) })
 	}
+}
+
+// candidates are the live workers with their loads (the running tasks, the
+// tasks taken whose spawn is not applied yet, the offers in flight), by id, and
+// how many free slots they have in all. Workers whose heartbeat expired are
+// forgotten. Its mutex is held.
+func (s *Scheduler) candidates(running []State, now time.Time) (cands []Candidate, index map[string]int, free int) {
+	load := map[string]int{}
+	for _, r := range running {
+		load[r.Worker]++
+	}
+	for id, w := range s.taken {
+		if st, ok := s.tasks.Task(id); !ok || st.Phase != PhaseArmed {
+			delete(s.taken, id) // its spawn was applied before the answer came
+			continue
+		}
+		load[w]++
+	}
+	for _, w := range s.inflight {
+		load[w]++
+	}
+	index = map[string]int{}
+	ttl := s.feed.TTL()
+	for _, id := range slices.Sorted(maps.Keys(s.workers)) {
+		e := s.workers[id]
+		if now.Sub(e.at) > ttl {
+			delete(s.workers, id) // its heartbeat expired with its lease
+			continue
+		}
+		index[id] = len(cands)
+		c := Candidate{
+			ID: id, Labels: e.info.Labels, MaxTasks: e.info.MaxTasks, Load: load[id],
+			Accepting: e.info.State == events.WorkerReady && !e.unreachable, Exclusive: e.info.Exclusive,
+		}
+		if c.Accepting && c.Load < c.MaxTasks {
+			free += c.MaxTasks - c.Load
+		}
+		cands = append(cands, c)
+	}
+	return cands, index, free
 }
 
 func (s *Scheduler) send(ctx context.Context, task State, workerID string) {

@@ -90,8 +90,8 @@ type State struct {
 	RespawnPending bool `json:"respawn_pending,omitempty"`
 	// ArchiveSeq is where an archived task's history is in the archive, and
 	// ArchivedFrom the phase it was archived in.
-	ArchiveSeq   uint64      `json:"archive_seq,omitempty"`
-	ArchivedFrom Phase       `json:"archived_from,omitempty"`
+	ArchiveSeq   uint64 `json:"archive_seq,omitempty"`
+	ArchivedFrom Phase  `json:"archived_from,omitempty"`
 	// LateBy is how long after its time a timer fired or a delayed command started.
 	LateBy string `json:"late_by,omitempty"`
 	// Attempts are the ended runs of a task with retries, and RetryAt the time of
@@ -99,9 +99,9 @@ type State struct {
 	Attempts []events.Attempt `json:"attempts,omitempty"`
 	RetryAt  *time.Time       `json:"retry_at,omitempty"`
 	// Paused: an armed task held until it is resumed.
-	Paused bool `json:"paused,omitempty"`
-	LastType     events.Type `json:"last_event"`
-	Events       int         `json:"events"`
+	Paused   bool        `json:"paused,omitempty"`
+	LastType events.Type `json:"last_event"`
+	Events   int         `json:"events"`
 }
 
 // TransitionError is an event that does not fit the task's state. It is reported,
