@@ -40,9 +40,9 @@ type Snapshots struct {
 	Path string
 	// Every is how many events may be applied after the last snapshot before the
 	// next one is written; never fewer than there are tasks, so that the writes
-	// cost a bounded share of the work: writing one of 100,000 finished tasks took
-	// 2.2-3.3 s here, replaying their 1,000,000 events 12-18 s (bgtask bench
-	// --scenario restart).
+	// cost a bounded share of the work: a snapshot takes a small part of the time
+	// a replay of the events it stands for does (bgtask bench --scenario restart
+	// measures both).
 	Every uint64
 	// Build names the build of bgtask: a snapshot of another is not read, for its
 	// fold of the events may differ.
@@ -185,9 +185,9 @@ func (p *Projector) Start(ctx context.Context) error {
 
 // releaseAfter is how many events a replay folds before its garbage is handed
 // back to the system once it is done: every event decoded, several times the
-// state it leaves (a replay of 1.4 M events left 2 GiB resident for 200,000
-// finished tasks). The Go runtime would keep it for a heap twice the size of the
-// live one, and give it back over minutes, or never if the server stays idle.
+// state it leaves (gigabytes for a replay of a million events). The Go runtime
+// would keep it for a heap twice the size of the live one, and give it back over
+// minutes, or never if the server stays idle.
 var releaseAfter uint64 = 100_000
 
 // releaseMemory returns the memory the heap does not use to the system.
