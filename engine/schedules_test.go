@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -95,30 +96,53 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// Two engines run one schedule: every slot is registered, each once.
+// Two engines run one schedule: every slot is registered, each once, and a
+// pause holds.
 func TestTwoScheduleRunnersRegisterEverySlotOnce(t *testing.T) {
 	b := setupSchedules(t)
 	b.runner(t)
 	b.runner(t)
 	s := b.add(t, engine.Schedule{Name: "tick", Every: "1s", Overlap: engine.OverlapAllow, CatchUp: engine.CatchUpAll})
 	waitUntil(t, "five slots", func() bool { return b.stored(t, "tick").After.Sub(s.CreatedAt) >= 5*time.Second })
-	ctx := context.Background()
-	if _, err := engine.PauseSchedule(ctx, b.schedules, "tick", true, time.Now()); err != nil {
+	pausedAt := time.Now()
+	if _, err := engine.PauseSchedule(context.Background(), b.schedules, "tick", true, pausedAt); err != nil {
 		t.Fatal(err)
 	}
-	last := b.stored(t, "tick")
-	slots, n := s.SlotsBetween(s.CreatedAt, last.After, engine.MaxCatchUp)
+	time.Sleep(2 * time.Second) // slots that must not be registered
+	if got := b.stored(t, "tick"); !got.Paused {
+		t.Fatal("a runner unpaused the schedule, writing back what it read before")
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	var last time.Time
+	for key := range b.created {
+		slot, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(key, "schedule/tick/"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = maxTime(last, slot)
+	}
+	// A runner may have been registering a slot as the pause came: one at most.
+	if last.After(pausedAt.Add(time.Second)) {
+		t.Errorf("slot %s registered after the pause at %s", last, pausedAt)
+	}
+	slots, n := s.SlotsBetween(s.CreatedAt, last, engine.MaxCatchUp)
 	for _, slot := range slots {
 		if k := engine.OccurrenceKey("tick", slot); b.created[k] != 1 {
 			t.Errorf("slot %s registered %d times", slot, b.created[k])
 		}
 	}
-	if len(b.created) != n {
+	if len(b.created) != n || n < 5 {
 		t.Errorf("%d occurrences registered for %d slots: %v", len(b.created), n, b.created)
 	}
 	waitUntil(t, "the projection", func() bool { return len(b.proj.Occurrences("tick", 0)) >= n })
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // With overlap skip, a slot is skipped while the previous occurrence runs (no
@@ -174,4 +198,45 @@ func TestScheduleTriggerAndPause(t *testing.T) {
 		occ := b.proj.Occurrences("manual", 0)
 		return len(occ) == 1 && occ[0].ID == id
 	})
+}
+
+// pausingStore pauses the schedule between the runner's read and its update,
+// once: as a client's pause racing an engine would.
+type pausingStore struct {
+	*events.Schedules
+	once sync.Once
+}
+
+func (p *pausingStore) Update(ctx context.Context, name string, value []byte, rev uint64) (uint64, error) {
+	p.once.Do(func() {
+		if _, err := engine.PauseSchedule(ctx, p.Schedules, name, true, time.Now()); err != nil {
+			panic(err)
+		}
+	})
+	return p.Schedules.Update(ctx, name, value, rev)
+}
+
+// A runner's advance is conditional on what it read: a pause made meanwhile stands.
+func TestScheduleRunnerKeepsAChangeMadeMeanwhile(t *testing.T) {
+	b := setupSchedules(t)
+	b.add(t, engine.Schedule{Name: "raced", Every: "1s", Overlap: engine.OverlapAllow})
+	r := engine.NewScheduleRunner(&pausingStore{Schedules: b.schedules}, b.register, b.proj, b.svc.Cancel, engine.Base{})
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop()
+	waitUntil(t, "the first slot's occurrence", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.created) > 0
+	})
+	time.Sleep(2 * time.Second) // slots that must not be registered
+	if got := b.stored(t, "raced"); !got.Paused {
+		t.Fatalf("the runner undid the pause made while it registered: %+v", got)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.created) != 1 {
+		t.Fatalf("%d occurrences after the pause, want the one in flight", len(b.created))
+	}
 }
