@@ -57,6 +57,10 @@ var (
 		events.TaskSubject("*", events.TypeCompletionPersisted),
 		events.TaskSubject("*", events.TypeFired),
 		events.TaskSubject("*", events.TypeCancelled),
+		events.TaskSubject("*", events.TypeDue),
+		events.TaskSubject("*", events.TypeRetryScheduled),
+		events.TaskSubject("*", events.TypePaused),
+		events.TaskSubject("*", events.TypeResumed),
 	}
 
 	workerPermissions = &server.Permissions{

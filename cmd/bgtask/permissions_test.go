@@ -236,7 +236,8 @@ func TestTheWorkerIdentityAppendsARunsEventsButNoOutcome(t *testing.T) {
 			t.Errorf("the worker identity cannot append %s: %v", typ, err)
 		}
 	}
-	for _, typ := range []events.Type{events.TypeCancelled, events.TypeCompletionPersisted, events.TypeFired, events.TypeArmed} {
+	for _, typ := range []events.Type{events.TypeCancelled, events.TypeCompletionPersisted, events.TypeFired, events.TypeArmed,
+		events.TypeDue, events.TypeRetryScheduled, events.TypePaused, events.TypeResumed} {
 		refused(t, nc, violations, events.TaskSubject(task, typ))
 	}
 	refused(t, nc, violations, "bgtask.register")
