@@ -161,6 +161,9 @@ type Server struct {
 	micro   micro.Service // while it serves
 	nc      *nats.Conn
 
+	// schedules serves the schedule endpoints (ServeSchedules).
+	schedules *scheduling
+
 	// slots bounds the registrations in flight; running counts them, and once
 	// stopping is set no more are handed to goroutines of their own.
 	slots    chan struct{}
@@ -217,6 +220,15 @@ func (s *Server) Start(ctx context.Context) error {
 		{"list", SubjectList, s.list, false},
 		{"history", SubjectHistory, s.history, false},
 		{"workers", SubjectWorkers, s.workers, false},
+		{"pause", SubjectPause, s.pause, false},
+		{"resume", SubjectResume, s.resume, false},
+		{"schedule_add", SubjectScheduleAdd, s.scheduleAdd, false},
+		{"schedule_list", SubjectScheduleList, s.scheduleList, false},
+		{"schedule_show", SubjectScheduleShow, s.scheduleShow, false},
+		{"schedule_pause", SubjectSchedulePause, s.schedulePause, false},
+		{"schedule_resume", SubjectScheduleResume, s.scheduleResume, false},
+		{"schedule_delete", SubjectScheduleDelete, s.scheduleDelete, false},
+		{"schedule_trigger", SubjectScheduleTrigger, s.scheduleTrigger, true},
 	}
 	for _, ep := range endpoints {
 		handle, concurrent := ep.handle, ep.concurrent
