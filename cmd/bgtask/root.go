@@ -80,12 +80,13 @@ answered, 124 wait: --timeout passed.`,
 	})
 	// The client commands wait for the server up to their --timeout; wait's bounds
 	// the wait for the task too, and target's subcommands have their own.
-	for _, c := range []*cobra.Command{addCmd(g), rerunCmd(g), listCmd(g), showCmd(g), historyCmd(g), logsCmd(g), cancelCmd(g), inboxCmd(g), auditCmd(g), workersCmd(g)} {
+	for _, c := range []*cobra.Command{addCmd(g), rerunCmd(g), pauseCmd(g), resumeCmd(g), listCmd(g), showCmd(g), historyCmd(g), logsCmd(g), cancelCmd(g), inboxCmd(g), auditCmd(g), workersCmd(g)} {
 		g.timeoutFlag(c)
 		root.AddCommand(c)
 	}
 	root.AddCommand(serverCmd(g), workerCmd(g), waitCmd(g), targetCmd(g), benchCmd(g), shimCmd())
 	root.AddCommand(setupCmd(g), mcpCmd(g), hookCmd(g))
+	root.AddCommand(scheduleCmd(g))
 	cmd, err := root.ExecuteC()
 	return report(err, wantsJSON(cmd, args, err), stdout, stderr)
 }
