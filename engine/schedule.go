@@ -196,13 +196,56 @@ func (s *Schedule) cronTimes() (func(time.Time) time.Time, error) {
 	spec := parsed.(*cron.SpecSchedule)
 	spec.Location = loc
 	return func(t time.Time) time.Time {
+		from := t
 		for {
 			t = spec.Next(t)
+			if gap := skippedSlot(spec, from.In(loc), t); !gap.IsZero() {
+				return gap.UTC()
+			}
 			if t.IsZero() || !repeatedWallClock(t.In(loc)) {
 				return t.UTC()
 			}
 		}
 	}, nil
+}
+
+// skippedSlot is the instant the clocks jumped forward (spring-forward to
+// daylight saving time) between from and next, if the wall clock times they
+// skipped hold a slot: such a slot runs when the clocks jump, rather than not at
+// all that day. Zero if there is none.
+func skippedSlot(spec *cron.SpecSchedule, from, next time.Time) time.Time {
+	until := next.In(from.Location())
+	if next.IsZero() {
+		until = from.AddDate(5, 0, 0)
+	}
+	for a := from; a.Before(until); {
+		b := a.Add(24 * time.Hour)
+		if b.After(until) {
+			b = until
+		}
+		_, before := a.Zone()
+		if _, after := b.Zone(); before < after {
+			// The jump is in (a, b]: find its second.
+			lo, hi := a, b
+			for hi.Sub(lo) > time.Second {
+				mid := lo.Add(hi.Sub(lo) / 2)
+				if _, off := mid.Zone(); off == before {
+					lo = mid
+				} else {
+					hi = mid
+				}
+			}
+			fixed := *spec
+			fixed.Location = time.FixedZone("", before)
+			wall := hi.Truncate(time.Second).In(fixed.Location)
+			end := wall.Add(time.Duration(after-before) * time.Second)
+			if m := fixed.Next(wall.Add(-time.Second)); !m.IsZero() && m.Before(end) && hi.After(from) && hi.Before(until) {
+				return hi.Truncate(time.Second)
+			}
+		}
+		a = b
+	}
+	return time.Time{}
 }
 
 // repeatedWallClock reports whether t's wall clock was shown before, at an

@@ -82,11 +82,17 @@ func TestScheduleCronInItsZoneAcrossDST(t *testing.T) {
 	}
 	s := sched(t, engine.Schedule{Cron: "30 2 * * *", TZ: "America/New_York"})
 	// Spring forward, 2026-03-08: 02:00 EST becomes 03:00 EDT, so 02:30 is no time
-	// of that day there: that day has no slot.
+	// of that day there: that day's slot is when the clocks jump, 03:00 EDT.
 	from := time.Date(2026, 3, 6, 12, 0, 0, 0, ny)
-	want := []time.Time{time.Date(2026, 3, 7, 2, 30, 0, 0, ny), time.Date(2026, 3, 9, 2, 30, 0, 0, ny)}
-	if got := s.Next(from, 2); !slicesEqualTimes(got, want) {
+	want := []time.Time{time.Date(2026, 3, 7, 2, 30, 0, 0, ny), time.Date(2026, 3, 8, 7, 0, 0, 0, time.UTC), time.Date(2026, 3, 9, 2, 30, 0, 0, ny)}
+	if got := s.Next(from, 3); !slicesEqualTimes(got, want) {
 		t.Errorf("spring forward: %v, want %v", got, want)
+	}
+	// A slot outside the skipped hour is not moved, and 03:30 still runs.
+	s = sched(t, engine.Schedule{Cron: "30 1,3 * * *", TZ: "America/New_York"})
+	want = []time.Time{time.Date(2026, 3, 8, 1, 30, 0, 0, ny), time.Date(2026, 3, 8, 3, 30, 0, 0, ny)}
+	if got := s.Next(time.Date(2026, 3, 8, 0, 0, 0, 0, ny), 2); !slicesEqualTimes(got, want) {
+		t.Errorf("around the skipped hour: %v, want %v", got, want)
 	}
 	// Fall back, 2026-11-01: 01:30 is shown twice (EDT, then EST); it runs once.
 	s = sched(t, engine.Schedule{Cron: "30 1 * * *", TZ: "America/New_York"})

@@ -26,8 +26,9 @@ ends, allow runs it alongside, cancel_previous cancels the previous and runs it.
 --catch-up says what happens to slots missed while no engine ran: latest
 (default) runs the latest of them once, late; none skips them (only a slot at
 most 30s late runs); all runs every one (at most 100). In a zone with daylight
-saving time, a slot the clocks skip (02:30 on the spring-forward day) does not
-run that day, and one they show twice (01:30 on the fall-back day) runs once.
+saving time, a slot the clocks skip (02:30 on the spring-forward day) runs when
+they jump (03:00), and one they show twice (01:30 on the fall-back day) runs
+once, at the first.
 A paused schedule registers nothing; resumed, it counts its slots from then.`
 
 func scheduleCmd(g *globals) *cobra.Command {
