@@ -95,7 +95,7 @@ var (
 		Publish: &server.SubjectPermission{
 			Allow: append([]string{
 				api.SubjectRegister, api.SubjectCancel, api.SubjectGet, api.SubjectList,
-				api.SubjectHistory, api.SubjectWorkers,
+				api.SubjectHistory, api.SubjectWorkers, api.SubjectPause, api.SubjectResume,
 				api.SubjectScheduleAdd, api.SubjectScheduleList, api.SubjectScheduleShow, api.SubjectSchedulePause,
 				api.SubjectScheduleResume, api.SubjectScheduleDelete, api.SubjectScheduleTrigger,
 				events.WorkerSubject("*", events.VerbDrain),

@@ -1,8 +1,8 @@
 // Package node is the composition root of an engine: it opens the engine's
 // streams and buckets, wires every long-running part (projector, dispatcher,
-// timers, leases, pusher, targets watch, archiver, scheduler and API), says in
-// one place who reacts to an applied event, and starts the parts in order and
-// stops them in reverse. `bgtask server` and the tests that need an engine make
+// timers, leases, pusher, targets watch, archiver, scheduler, schedule runner
+// and API), says in one place who reacts to an applied event, and starts the
+// parts in order and stops them in reverse. `bgtask server` and the tests that need an engine make
 // one the same way: New(Config), Start, Stop.
 package node
 
@@ -98,6 +98,7 @@ type Node struct {
 	targets    *events.TargetWatch
 	archiver   *engine.Archiver
 	scheduler  *engine.Scheduler
+	schedules  *engine.ScheduleRunner
 	api        *api.Server
 
 	mu      sync.Mutex
@@ -137,7 +138,7 @@ func (n *Node) applied(s engine.State) {
 //     push, so a wake-up for a busy target is held from the start;
 //  3. projector: it replays the stream; then the work a previous run left
 //     (deliveries, deadlines, pushes) is handed to the parts above;
-//  4. leases, archiver, scheduler: they read the replayed state;
+//  4. leases, archiver, scheduler, schedules: they read the replayed state;
 //  5. API: requests are served once everything behind them runs.
 //
 // Stop stops them in the reverse order: the API first, the projector before
@@ -164,7 +165,7 @@ func (n *Node) Start(ctx context.Context) error {
 	n.dispatcher.Recover(unsettled)
 	n.timers.Recover(unsettled)
 	n.pusher.Recover(unsettled)
-	for _, c := range []engine.Component{n.leases, n.archiver, n.scheduler, n.api} {
+	for _, c := range []engine.Component{n.leases, n.archiver, n.scheduler, n.schedules, n.api} {
 		if err := n.start(ctx, c); err != nil {
 			return err
 		}
@@ -224,7 +225,9 @@ func (n *Node) wire(st streams) {
 		svc.DenyPrivateWebhooks()
 	}
 	svc.DeclareBearers(c.Bearers)
+	n.schedules = engine.NewScheduleRunner(st.schedules, svc.Register, n.projector, svc.Cancel, base)
 	n.api = api.New(c.Conn, svc, n.projector, n.scheduler, st.store, st.archive, c.Version, base)
+	n.api.ServeSchedules(st.schedules, n.projector)
 }
 
 // streams are what an engine reads and writes.
@@ -234,6 +237,8 @@ type streams struct {
 	liveness *events.Liveness
 	targets  *events.Targets
 	archive  *events.Archive
+	// schedules are the schedules' definitions, one key each.
+	schedules *events.Schedules
 }
 
 // openStreams opens (creating them if need be) the engine's streams and buckets.
@@ -262,6 +267,10 @@ func openStreams(ctx context.Context, c Config, base engine.Base) (streams, erro
 		},
 		func() (err error) {
 			st.archive, err = events.OpenArchive(ctx, js, c.Replicas)
+			return err
+		},
+		func() (err error) {
+			st.schedules, err = events.OpenSchedules(ctx, js, c.Replicas)
 			return err
 		},
 	}
