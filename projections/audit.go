@@ -26,6 +26,7 @@ const (
 	RuleStuck          = "stuck"                  // a task in a phase for longer than the engine allows
 	RuleTimerTwice     = "timer-due-twice"        // a timer that came due again
 	RuleRetryPastCount = "retry-past-count"       // a retry its rule's count does not allow
+	RuleSlotTwice      = "schedule-slot-twice"    // two tasks for one slot of a schedule
 )
 
 // DefaultStuckAfter is the slack past what the engine promises before a task is
@@ -98,12 +99,14 @@ type Audit struct {
 	since   map[string]time.Time
 	lastRun map[string]time.Time
 	stuck   *StuckBounds
+	// slots are the tasks armed for each schedule slot, by schedule and slot.
+	slots map[string][]string
 }
 
 // NewAudit starts an audit.
 func NewAudit() *Audit {
 	return &Audit{tasks: map[string]engine.State{}, inbox: map[string]int{}, archived: map[string]bool{},
-		since: map[string]time.Time{}, lastRun: map[string]time.Time{}}
+		since: map[string]time.Time{}, lastRun: map[string]time.Time{}, slots: map[string][]string{}}
 }
 
 // AddArchived folds the history of an archived task. Feed the whole archive
@@ -131,6 +134,10 @@ func (a *Audit) Add(rec events.Record, decodeErr error) {
 		a.tasks[rec.TaskID] = next
 	}
 	if err == nil {
+		if o := next.Spec.Occurrence; rec.Type == events.TypeArmed && o != nil {
+			slot := o.Schedule + " at " + o.Slot.UTC().Format(time.RFC3339Nano)
+			a.slots[slot] = append(a.slots[slot], rec.TaskID)
+		}
 		if next.Phase != prev.Phase {
 			a.since[rec.TaskID] = rec.Time
 		}
@@ -206,6 +213,12 @@ func (a *Audit) Report() Report {
 			// phase can never have a wake-up.
 			r.Violations = append(r.Violations, Violation{TaskID: id, Rule: RuleInboxUnfired,
 				Detail: fmt.Sprintf("a wake-up is in the inbox but the task is %s", s.Phase)})
+		}
+	}
+	for slot, ids := range a.slots {
+		if len(ids) > 1 {
+			r.Violations = append(r.Violations, Violation{TaskID: ids[1], Rule: RuleSlotTwice,
+				Detail: fmt.Sprintf("schedule %s: tasks %s", slot, strings.Join(ids, ", "))})
 		}
 	}
 	for msgID, n := range a.inbox {

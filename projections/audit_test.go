@@ -150,6 +150,14 @@ func TestAuditFindsEachBrokenInvariant(t *testing.T) {
 			forged(h, s, "engine", 2, &events.RetryScheduled{At: time.Now()})
 			return nil
 		}, projections.RuleRetryPastCount},
+		{"two tasks for one schedule slot", func(h *history) []string {
+			slot := engine.Occurrence{Schedule: "nightly", Slot: time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)}
+			for _, id := range []string{"first", "t"} {
+				s := h.do(engine.State{ID: id}, engine.Arm{Spec: engine.Spec{Command: "true", Target: "default", Occurrence: &slot}}, "engine")
+				h.do(s, engine.Cancel{}, "engine")
+			}
+			return nil
+		}, projections.RuleSlotTwice},
 		{"wake-up of a cancelled task", func(h *history) []string {
 			h.do(h.task("t"), engine.Cancel{}, "engine")
 			return []string{"t"}
