@@ -223,45 +223,26 @@ func (d *Dispatcher) Complete(ctx context.Context, id string) error {
 	// A completion this call did not persist may have been delivered by an attempt
 	// whose outcome is unknown: check the inbox before publishing.
 	recheck := s.Phase == PhasePersisted
-	for conflicts := 0; ; {
-		var c Command
-		switch s.Phase {
-		case PhaseEnded:
-			c = PersistCompletion{}
-			if s.Retryable() {
-				c = RetryLater{Jitter: rand.Float64()}
-			}
-		case PhasePersisted:
-			var since time.Time
-			if recheck && s.PersistedAt != nil {
-				since = *s.PersistedAt
-			}
-			seq, err := d.inbox.Deliver(ctx, *s.Wakeup, since)
-			if err != nil {
-				return err
-			}
-			CrashPoint(CrashAfterDeliver)
-			c = Fire{InboxSeq: seq}
-		default:
+	conflicts := 0 // for the whole completion, not each of its steps
+	reload := func(ctx context.Context) (State, error) {
+		conflicts++
+		recheck = true
+		return Load(ctx, d.store, id)
+	}
+	decide := func(s State) (events.Event, error) {
+		c, err := d.nextStep(ctx, s, recheck)
+		if err != nil {
+			return events.Event{}, err
+		}
+		return Decide(s, c, Meta{Writer: d.writer, Now: d.base.Now()})
+	}
+	for {
+		var err error
+		s, err = Update(ctx, d.store, s, reload, decide, ReloadOnConflict{Max: 10 - conflicts})
+		if errors.Is(err, ErrNothingToAppend) {
 			return nil // fired, cancelled, or not ended yet: nothing to deliver
 		}
-		ev, err := Decide(s, c, Meta{Writer: d.writer, Now: d.base.Now()})
 		if err != nil {
-			return err
-		}
-		seq, err := d.store.Append(ctx, ev, s.Seq)
-		if errors.Is(err, events.ErrConflict) && conflicts < 10 {
-			conflicts++
-			recheck = true
-			if s, err = Load(ctx, d.store, id); err != nil {
-				return err
-			}
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if s, err = Apply(s, events.Record{Seq: seq, Event: ev}); err != nil {
 			return err
 		}
 		if s.Phase == PhasePersisted {
@@ -274,5 +255,32 @@ func (d *Dispatcher) Complete(ctx context.Context, id string) error {
 			a := s.Attempts[len(s.Attempts)-1]
 			d.base.Logger.Info("attempt ended, retrying", "task", id, "attempt", len(s.Attempts), "status", a.Status, "at", s.RetryAt)
 		}
+	}
+}
+
+// nextStep is the command that takes an ended task one step on to fired: from
+// ended, persisting its completion (or its retry); from persisted, firing it, once
+// its wake-up is delivered (recheck: found in the inbox if an earlier attempt
+// delivered it).
+func (d *Dispatcher) nextStep(ctx context.Context, s State, recheck bool) (Command, error) {
+	switch s.Phase {
+	case PhaseEnded:
+		if s.Retryable() {
+			return RetryLater{Jitter: rand.Float64()}, nil
+		}
+		return PersistCompletion{}, nil
+	case PhasePersisted:
+		var since time.Time
+		if recheck && s.PersistedAt != nil {
+			since = *s.PersistedAt
+		}
+		seq, err := d.inbox.Deliver(ctx, *s.Wakeup, since)
+		if err != nil {
+			return nil, err
+		}
+		CrashPoint(CrashAfterDeliver)
+		return Fire{InboxSeq: seq}, nil
+	default:
+		return nil, ErrNothingToAppend
 	}
 }

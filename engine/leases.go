@@ -81,18 +81,29 @@ func (l *Leases) Check(ctx context.Context) error {
 		if ok {
 			continue
 		}
-		ev, err := Decide(s, Lose{}, Meta{Writer: l.writer, Now: l.base.Now()})
-		if err != nil {
-			continue
-		}
-		switch _, err := l.store.Append(ctx, ev, s.Seq); {
-		case err == nil:
-			l.base.Logger.Warn("worker gone past its lease: task lost", "task", s.ID, "worker", s.Worker, "on_lost", s.Spec.OnLost)
-		case errors.Is(err, events.ErrConflict):
-			// The task moved (its worker wrote after all): the next check sees it.
-		default:
+		if err := l.lose(ctx, s); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// lose appends lost for running task s, once: after a conflict the task moved (its
+// worker wrote after all), and the next check sees it as it is.
+func (l *Leases) lose(ctx context.Context, s State) error {
+	decide := func(s State) (events.Event, error) {
+		ev, err := Decide(s, Lose{}, Meta{Writer: l.writer, Now: l.base.Now()})
+		if err != nil {
+			return ev, ErrNothingToAppend // not running as listed: not this check's to lose
+		}
+		return ev, nil
+	}
+	switch _, err := Update(ctx, l.store, s, nil, decide, ReloadOnConflict{Max: 0}); {
+	case err == nil:
+		l.base.Logger.Warn("worker gone past its lease: task lost", "task", s.ID, "worker", s.Worker, "on_lost", s.Spec.OnLost)
+	case errors.Is(err, events.ErrConflict), errors.Is(err, ErrNothingToAppend):
+	default:
+		return err
 	}
 	return nil
 }

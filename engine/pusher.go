@@ -282,7 +282,6 @@ func (p *Pusher) claim(s State, push Push) (State, bool) {
 
 // attempt makes the attempt of push that s has claimed, and records its outcome.
 func (p *Pusher) attempt(s State, push Push) {
-	var err error
 	sink, claim := s.Spec.Deliver[push.Sink], s.Deliveries[push.Sink].Claim
 	ctx, cancel := context.WithTimeout(p.ctx, sink.AttemptTimeout())
 	outcome := p.runner.Push(ctx, sink, *s.Wakeup, claim.Attempt)
@@ -291,21 +290,36 @@ func (p *Pusher) attempt(s State, push Push) {
 		return // stopping: the next start claims this attempt again
 	}
 	record := RecordDelivery{Sink: push.Sink, Outcome: outcome, Backoff: p.backoff(claim.Attempt, outcome.RetryAfter)}
-	for tries := 0; ; tries++ {
-		_, err = p.appendTo(s, record)
-		if err == nil || tries == 5 || p.ctx.Err() != nil {
-			break
+	decide := func(s State) (events.Event, error) {
+		return Decide(s, record, Meta{Writer: p.me.Writer, Now: p.base.Now()})
+	}
+	// After a failed append, the record is decided again from the log, while this
+	// engine still holds the attempt's claim and is not stopping.
+	reload := func(context.Context) (State, error) {
+		if err := p.ctx.Err(); err != nil {
+			return s, err
 		}
-		if !errors.Is(err, events.ErrConflict) {
-			p.base.Logger.Warn("delivery result not recorded, retrying", "task", s.ID, "sink", push.Sink, "err", err)
-		}
-		if s, err = Load(p.ctx, p.store, s.ID); err != nil {
-			break
+		s, err := Load(p.ctx, p.store, s.ID)
+		if err != nil {
+			return s, err
 		}
 		if k := s.Deliveries[push.Sink]; k.Claim == nil || k.Claim.Attempt != claim.Attempt || k.ClaimedBy != p.me.Writer {
-			err = errors.New("the attempt's claim was taken over")
-			break
+			return s, errors.New("the attempt's claim was taken over")
 		}
+		return s, nil
+	}
+	retrying := func(_ events.Event, err error) {
+		if p.ctx.Err() == nil {
+			p.base.Logger.Warn("delivery result not recorded, retrying", "task", s.ID, "sink", push.Sink, "err", err)
+		}
+	}
+	ctx, cancel = context.WithTimeout(context.WithoutCancel(p.ctx), 30*time.Second)
+	recorded, err := Update(ctx, p.store, s, reload, decide, ReloadOnError{Max: 5, Retrying: retrying})
+	cancel()
+	if err == nil {
+		p.mu.Lock()
+		p.appended[s.ID] = max(p.appended[s.ID], recorded.Seq)
+		p.mu.Unlock()
 	}
 	level, msg := p.base.Logger.Info, "pushed"
 	if !outcome.OK {

@@ -166,24 +166,13 @@ func (s *Service) Resume(ctx context.Context, id string) (State, error) {
 // update decides c on the task's current state and appends the result, deciding
 // again on the new state if another writer got there first.
 func (s *Service) update(ctx context.Context, id string, c Command) (State, error) {
-	for attempt := 0; ; attempt++ {
-		state, err := Load(ctx, s.store, id)
-		if err != nil {
-			return State{}, err
-		}
-		ev, err := Decide(state, c, s.meta())
-		if err != nil {
-			return state, err
-		}
-		seq, err := s.store.Append(ctx, ev, state.Seq)
-		if errors.Is(err, events.ErrConflict) && attempt < 10 {
-			continue
-		}
-		if err != nil {
-			return state, err
-		}
-		return Apply(state, events.Record{Seq: seq, Event: ev})
+	load := func(ctx context.Context) (State, error) { return Load(ctx, s.store, id) }
+	state, err := load(ctx)
+	if err != nil {
+		return State{}, err
 	}
+	decide := func(state State) (events.Event, error) { return Decide(state, c, s.meta()) }
+	return Update(ctx, s.store, state, load, decide, ReloadOnConflict{Max: 10})
 }
 
 func (s *Service) meta() Meta { return Meta{Writer: s.writer, Now: s.base.Now()} }

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -104,34 +103,34 @@ func (t *Timers) expire(id string) {
 
 	ctx, cancel := context.WithTimeout(t.ctx, 30*time.Second)
 	defer cancel()
-	for attempt := 0; attempt < 10; attempt++ {
+	// The timer's state is the reader's, which may lag the log: after a conflict,
+	// look again shortly.
+	armed := func(context.Context) (State, error) {
 		s, ok := t.tasks.Task(id)
-		at, c := timerOf(s)
-		if !ok || at.IsZero() {
-			return // taken, cancelled or gone
+		if at, _ := timerOf(s); !ok || at.IsZero() {
+			return s, ErrNothingToAppend // taken, cancelled or gone
 		}
+		return s, nil
+	}
+	s, err := armed(ctx)
+	if err != nil {
+		return
+	}
+	var c Command
+	decide := func(s State) (events.Event, error) {
+		var at time.Time
+		at, c = timerOf(s)
 		now := t.base.Now()
 		if now.Before(at) {
 			now = at // the timer ran on the monotonic clock; the wall clock lags it
 		}
-		ev, err := Decide(s, c, Meta{Writer: t.writer, Now: now})
-		if err != nil {
-			return
-		}
-		_, err = t.store.Append(ctx, ev, s.Seq)
-		if err == nil {
-			t.base.Logger.Info(timerDone(c), "task", id)
-			return
-		}
-		if !errors.Is(err, events.ErrConflict) {
-			t.base.Logger.Warn("timer not recorded, retrying", "task", id, "err", err)
-		}
-		// A conflict: the reader is behind the log; look again shortly.
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(200 * time.Millisecond):
-		}
+		return Decide(s, c, Meta{Writer: t.writer, Now: now})
+	}
+	retrying := func(_ events.Event, err error) {
+		t.base.Logger.Warn("timer not recorded, retrying", "task", id, "err", err)
+	}
+	if _, err := Update(ctx, t.store, s, armed, decide, ReloadOnError{Max: 9, Wait: 200 * time.Millisecond, Retrying: retrying}); err == nil {
+		t.base.Logger.Info(timerDone(c), "task", id)
 	}
 }
 

@@ -58,7 +58,8 @@ func (RetrySameEvent) updatePolicy()   {}
 
 // Update decides on s the event to append, appends it conditional on s's last event,
 // and returns the state with it applied. When the append fails, policy says whether
-// reload gives the state to decide on again (reload is called only then). A decision's
+// reload gives the state to decide on again (reload is called only then: nil for
+// ReloadOnConflict{Max: 0}). A decision's
 // error, reload's, or the append's error that the policy gives up on is returned
 // with the state it was decided on (or the state reload returned).
 func Update(ctx context.Context, store events.Store, s State, reload func(context.Context) (State, error),
