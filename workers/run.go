@@ -38,10 +38,6 @@ type run struct {
 
 func (r *run) cancel() { r.cancelOnce.Do(func() { close(r.cancelled) }) }
 
-func (r *run) decide(c engine.Command) (events.Event, error) {
-	return engine.Decide(r.state, c, engine.Meta{Writer: r.w.cfg.ID, Now: r.w.cfg.Base.Now()})
-}
-
 // record appends the event c decides on the run's state, conditional on the run's
 // last event, and retries the same event (so a write whose ack was lost counts
 // once) until it is in the log, the worker is fenced, or appendTimeout passes. It
@@ -50,34 +46,24 @@ func (r *run) decide(c engine.Command) (events.Event, error) {
 func (r *run) record(ctx context.Context, c engine.Command) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendTimeout)
 	defer cancel()
-	ev, err := r.decide(c)
-	if err != nil {
-		return err
+	decide := func(s engine.State) (events.Event, error) {
+		return engine.Decide(s, c, engine.Meta{Writer: r.w.cfg.ID, Now: r.w.cfg.Base.Now()})
 	}
-	for {
-		seq, err := r.w.store.Append(ctx, ev, r.state.Seq)
-		if err == nil {
-			r.state, err = engine.Apply(r.state, events.Record{Seq: seq, Event: ev})
-			return err
+	// Another event came after the run's last one: fenced, unless it is one of the
+	// run's own appends whose ack was lost.
+	reload := func(ctx context.Context) (engine.State, error) {
+		if !r.resync(ctx) {
+			return r.state, errFenced
 		}
-		if errors.Is(err, events.ErrConflict) {
-			// Another event came after the run's last one: fenced, unless it is one
-			// of the run's own appends whose ack was lost.
-			if !r.resync(ctx) {
-				return errFenced
-			}
-			if ev, err = r.decide(c); err != nil {
-				return err
-			}
-			continue
-		}
+		return r.state, nil
+	}
+	retrying := func(ev events.Event, err error) {
 		r.w.cfg.Base.Logger.Warn("event not recorded yet, retrying", "task", r.state.ID, "type", ev.Type, "err", err)
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(200 * time.Millisecond):
-		}
 	}
+	var err error
+	r.state, err = engine.Update(ctx, r.w.store, r.state, reload, decide,
+		engine.RetrySameEvent{Backoff: 200 * time.Millisecond, Retrying: retrying})
+	return err
 }
 
 // resync reloads the task from the log and reports whether this run still holds it.
