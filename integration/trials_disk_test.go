@@ -145,7 +145,8 @@ func (tr *trial) registerLate(nc *nats.Conn, i int) (id string, full bool) {
 	switch {
 	case refusal == nil:
 		return id, false
-	case refusal.Code == 507 && strings.Contains(refusal.Message, "disk is full"):
+	case refusal.Code == 507 && strings.Contains(refusal.Message, "disk is full"),
+		refusal.Code == noResponder:
 		return "", true
 	case tr.plan.tasks[i].kind == amplifies && refusal.Code == 400 && refusal.Field == "prompt":
 		tr.step(fmt.Sprintf("task %d refused for its prompt: %s", i, refusal.Message))
@@ -157,8 +158,9 @@ func (tr *trial) registerLate(nc *nats.Conn, i int) (id string, full bool) {
 
 // registerRefused registers task i, refused while the disk was full, as a client
 // would: again until the server takes it. The server has room again once it has
-// reloaded its store, which it does by itself; every registration is answered at
-// once meanwhile, one made during the reload too.
+// restarted its embedded NATS server and engine, which it does by itself; a
+// registration made during that restart finds no responder, and is made again, as
+// the CLI makes it.
 func (tr *trial) registerRefused(nc *nats.Conn, i int) string {
 	t := tr.t
 	t.Helper()
@@ -174,6 +176,10 @@ func (tr *trial) registerRefused(nc *nats.Conn, i int) string {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// noResponder is the code request gives a registration no server took: the
+// server was restarting.
+const noResponder = -1
 
 // registrationError is the error of a refused registration.
 type registrationError struct {
@@ -194,6 +200,9 @@ func (tr *trial) request(nc *nats.Conn, i int) (string, *registrationError) {
 	}
 	start := time.Now()
 	msg, err := nc.Request("bgtask.register", data, 10*time.Second)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return "", &registrationError{Code: noResponder, Message: err.Error()}
+	}
 	if err != nil {
 		t.Fatalf("register task %d: no answer after %s: %v", i, time.Since(start).Round(time.Millisecond), err)
 	}
