@@ -35,6 +35,7 @@ var layout = map[string]rule{
 	"engine":             {imports: []string{"events"}, tests: []string{"engine/api", "engine/sinks", "events/eventstest", "projections"}},
 	"engine/api":         {imports: []string{"engine", "events"}, tests: []string{"events/eventstest", "projections"}},
 	"engine/node":        {imports: []string{"engine", "engine/api", "events", "projections"}, tests: []string{"engine/sinks", "events/eventstest"}},
+	"client":             {imports: []string{"engine", "engine/api", "events"}, tests: []string{"engine/node", "engine/sinks", "events/eventstest"}},
 	"engine/sinks":       {imports: []string{"engine", "events", "internal/secretenv"}},
 	"projections":        {imports: []string{"engine", "events"}, tests: []string{"events/eventstest"}},
 	"workers":            {imports: []string{"engine", "events", "internal/secretenv", "workers/shim"}, tests: []string{"events/eventstest", "projections"}},
