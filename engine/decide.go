@@ -83,8 +83,12 @@ type Expire struct{}
 // PersistCompletion fixes the outcome and renders the wake-up.
 type PersistCompletion struct{}
 
-// Fire records that the wake-up was delivered to the inbox at InboxSeq.
-type Fire struct{ InboxSeq uint64 }
+// Fire records that the wake-up was delivered to the inbox at InboxSeq, or, Quiet,
+// that the outcome is one the spec does not wake on and nothing was delivered.
+type Fire struct {
+	InboxSeq uint64
+	Quiet    bool
+}
 
 // Cancel ends an armed or running task without a wake-up.
 type Cancel struct{ Reason string }
@@ -114,8 +118,8 @@ func (c Spawn) decide(s State, m Meta) (events.Payload, uint64, error) {
 		return nil, 0, err
 	}
 	switch at := s.NotBefore(); {
-	case s.Spec.IsTimer():
-		return nil, 0, fmt.Errorf("%w: task %s is a timer, with no command", ErrWrongPhase, s.ID)
+	case !s.Spec.HasCommand():
+		return nil, 0, fmt.Errorf("%w: task %s has no command", ErrWrongPhase, s.ID)
 	case m.Now.Add(spawnClockSlack).Before(at):
 		return nil, 0, fmt.Errorf("%w: task %s starts at %s", ErrWrongPhase, s.ID, at.UTC().Format(time.RFC3339Nano))
 	}
@@ -181,8 +185,12 @@ func (Expire) decide(s State, m Meta) (events.Payload, uint64, error) {
 	if at.IsZero() || m.Now.Before(at) {
 		return nil, 0, fmt.Errorf("%w: task %s has no deadline that passed", ErrWrongPhase, s.ID)
 	}
+	reason := "the deadline " + s.Spec.Deadline + " passed before a worker took the task"
+	if s.Spec.External {
+		reason = "the deadline " + s.Spec.Deadline + " passed before the task was completed"
+	}
 	return &events.Failed{
-		Reason:    "the deadline " + s.Spec.Deadline + " passed before a worker took the task",
+		Reason:    reason,
 		StoppedBy: events.StoppedByDeadline,
 	}, s.Epoch, nil
 }
@@ -198,7 +206,10 @@ func (c Fire) decide(s State, _ Meta) (events.Payload, uint64, error) {
 	if s.Phase != PhasePersisted {
 		return nil, 0, phaseError(s)
 	}
-	return &events.Fired{Subject: events.InboxSubject(s.Spec.Target), InboxSeq: c.InboxSeq}, s.Epoch, nil
+	if c.Quiet == s.Wakes() {
+		return nil, 0, fmt.Errorf("%w: task %s's outcome %s: quiet %v, want %v", ErrWrongPhase, s.ID, s.Status, c.Quiet, !s.Wakes())
+	}
+	return &events.Fired{Subject: events.InboxSubject(s.Spec.Target), InboxSeq: c.InboxSeq, Quiet: c.Quiet}, s.Epoch, nil
 }
 
 func (c Cancel) decide(s State, _ Meta) (events.Payload, uint64, error) {
@@ -267,6 +278,8 @@ func (s State) promptParts(w events.Wakeup, vars map[string]string) []part {
 		return parseTemplate(s.Spec.Prompt)
 	case w.Notice != "":
 		return noticePrompt(w)
+	case s.Spec.External:
+		return externalPrompt(w)
 	}
 	return defaultPrompt(w, vars)
 }
@@ -315,6 +328,8 @@ func (s State) result() (string, int) {
 	var out string
 	r := s.Spec.Result
 	switch {
+	case s.ExternalResult != nil:
+		return *s.ExternalResult, len(*s.ExternalResult)
 	case s.Run == nil:
 		return "", 0
 	case r != nil && r.Type == ResultCommand:

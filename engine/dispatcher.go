@@ -270,6 +270,9 @@ func (d *Dispatcher) nextStep(ctx context.Context, s State, recheck bool) (Comma
 		}
 		return PersistCompletion{}, nil
 	case PhasePersisted:
+		if !s.Wakes() {
+			return Fire{Quiet: true}, nil // an outcome the caller is not woken on
+		}
 		var since time.Time
 		if recheck && s.PersistedAt != nil {
 			since = *s.PersistedAt

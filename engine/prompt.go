@@ -307,6 +307,19 @@ func noticePrompt(w events.Wakeup) []part {
 	return []part{lit("Background task %s %s: ", w.ID, w.Status), placeholder("reason"), lit(".\nCommand: "), placeholder("command"), lit("\n")}
 }
 
+// externalPrompt is the prompt of a task that waited for an external completion,
+// whose spec has none.
+func externalPrompt(w events.Wakeup) []part {
+	parts := []part{lit("Task %s %s.\n", w.ID, w.Status)}
+	if w.Reason != "" {
+		parts = append(parts, lit("Reason: "), placeholder("reason"), lit("\n"))
+	}
+	if w.Result != "" {
+		parts = append(parts, lit("Result: "), placeholder("result"), lit("\n"))
+	}
+	return parts
+}
+
 // timerPrompt is the prompt of a timer whose spec has none.
 func timerPrompt(w events.Wakeup) []part {
 	late := ""

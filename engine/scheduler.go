@@ -242,7 +242,7 @@ func (s *Scheduler) pass(ctx context.Context) {
 		if free == 0 {
 			break
 		}
-		if s.inflight[t.ID] != "" || s.taken[t.ID] != "" || t.Spec.IsTimer() || t.Paused {
+		if s.inflight[t.ID] != "" || s.taken[t.ID] != "" || !t.Spec.HasCommand() || t.Paused {
 			continue
 		}
 		if at := t.NotBefore(); at.After(now) {
@@ -370,6 +370,8 @@ func (s *Scheduler) Waiting(st State) string {
 		return "paused: 'bgtask resume " + st.ID + "' lets it go on"
 	case st.Spec.IsTimer():
 		return "a timer: fires at " + st.Spec.StartAt
+	case st.Spec.External:
+		return "waiting to be completed from outside: 'bgtask complete " + st.ID + "'"
 	case at.After(s.base.Now()):
 		return "starts at " + at.UTC().Format(time.RFC3339)
 	}

@@ -153,6 +153,12 @@ func (s *Service) Cancel(ctx context.Context, id, reason string) (State, error) 
 	return s.update(ctx, id, Cancel{Reason: reason})
 }
 
+// Complete ends a task from outside: whichever of it, the command's exit and the
+// deadline comes first decides.
+func (s *Service) Complete(ctx context.Context, id, status, result string) (State, error) {
+	return s.update(ctx, id, Complete{Status: status, Result: result})
+}
+
 // Pause holds a task that has not started.
 func (s *Service) Pause(ctx context.Context, id string) (State, error) {
 	return s.update(ctx, id, Pause{})

@@ -84,6 +84,12 @@ type Spec struct {
 	RerunOf string `json:"rerun_of,omitempty"`
 	// Occurrence names the slot of a schedule that registered the task.
 	Occurrence *Occurrence `json:"occurrence,omitempty"`
+	// External: the task runs nothing and ends when completed from outside
+	// (bgtask complete), or at its deadline.
+	External bool `json:"external,omitempty"`
+	// WakeOn lists the outcomes that wake the caller (default: all); another
+	// ends the task quietly: no inbox message, no push.
+	WakeOn []string `json:"wake_on,omitempty"`
 }
 
 // ParseSpec decodes and validates a spec registered now.
@@ -223,8 +229,8 @@ func jsonKind(goKind string) string {
 // Validate checks a spec and fills in defaults.
 func (s *Spec) Validate() error {
 	switch {
-	case strings.TrimSpace(s.Command) == "" && len(s.Argv) == 0 && s.StartAt == "":
-		return fieldErr("command", "required: give a shell command or argv (or only start_at, for a timer)")
+	case strings.TrimSpace(s.Command) == "" && len(s.Argv) == 0 && s.StartAt == "" && !s.External:
+		return fieldErr("command", "required: give a shell command or argv (or only start_at, for a timer, or external)")
 	case s.Command != "" && len(s.Argv) > 0:
 		return fieldErr("argv", "give command or argv, not both")
 	case len(s.Argv) > 0 && s.Argv[0] == "":

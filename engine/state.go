@@ -99,7 +99,11 @@ type State struct {
 	Attempts []events.Attempt `json:"attempts,omitempty"`
 	RetryAt  *time.Time       `json:"retry_at,omitempty"`
 	// Paused: an armed task held until it is resumed.
-	Paused   bool        `json:"paused,omitempty"`
+	Paused bool `json:"paused,omitempty"`
+	// ExternalResult is the result a task completed from outside was given.
+	ExternalResult *string `json:"external_result,omitempty"`
+	// Quiet: fired without a delivery, its outcome not one wake_on names.
+	Quiet    bool        `json:"quiet,omitempty"`
 	LastType events.Type `json:"last_event"`
 	Events   int         `json:"events"`
 }
@@ -178,6 +182,8 @@ func apply(s State, rec events.Record) (State, error) {
 		return s.due(rec, p)
 	case *events.RetryScheduled:
 		return s.retryScheduled(p)
+	case *events.Completed:
+		return s.completed(rec, p)
 	case *events.Paused, *events.Resumed:
 		pause := rec.Type == events.TypePaused
 		if s.Phase != PhaseArmed || s.Paused == pause {
@@ -302,8 +308,8 @@ func (s State) fired(rec events.Record, p *events.Fired) (State, error) {
 	if s.Phase != PhasePersisted {
 		return s, ErrWrongPhase
 	}
-	s.Phase, s.FiredAt, s.InboxSeq, s.FiredSeq = PhaseFired, &at, p.InboxSeq, rec.Seq
-	if n := len(s.Spec.Deliver); n > 0 {
+	s.Phase, s.FiredAt, s.InboxSeq, s.FiredSeq, s.Quiet = PhaseFired, &at, p.InboxSeq, rec.Seq, p.Quiet
+	if n := len(s.Spec.Deliver); n > 0 && !p.Quiet {
 		s.Deliveries = make([]SinkState, n)
 		for i, k := range s.Spec.Deliver {
 			s.Deliveries[i].Type = k.Type

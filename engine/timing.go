@@ -53,7 +53,7 @@ type Occurrence struct {
 }
 
 // IsTimer reports whether the spec has no command: it fires at its start_at.
-func (s Spec) IsTimer() bool { return s.Command == "" && len(s.Argv) == 0 }
+func (s Spec) IsTimer() bool { return !s.HasCommand() && !s.External }
 
 // StartTime is when the command may start, or a timer fires; zero means at once.
 func (s Spec) StartTime() time.Time {
@@ -75,6 +75,12 @@ func (s *Spec) validateTiming(now time.Time) error {
 		if err := s.validateTimer(); err != nil {
 			return err
 		}
+	}
+	if err := s.validateExternal(); err != nil {
+		return err
+	}
+	if err := s.validateWakeOn(); err != nil {
+		return err
 	}
 	if s.RerunOf != "" && !events.ValidToken(s.RerunOf) {
 		return fieldErr("rerun_of", "%q is not a task id", s.RerunOf)

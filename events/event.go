@@ -30,6 +30,8 @@ const (
 	// A timer came due; a failed attempt of a command with retries was armed again.
 	TypeDue            Type = "due"
 	TypeRetryScheduled Type = "retry-scheduled"
+	// A task ended from outside (bgtask complete).
+	TypeCompleted Type = "completed"
 	// A task not started yet is held, and let go again.
 	TypePaused  Type = "paused"
 	TypeResumed Type = "resumed"
@@ -148,6 +150,8 @@ func newPayload(t Type) Payload {
 		return &Due{}
 	case TypeRetryScheduled:
 		return &RetryScheduled{}
+	case TypeCompleted:
+		return &Completed{}
 	case TypePaused:
 		return &Paused{}
 	case TypeResumed:
@@ -163,7 +167,7 @@ func knownType(name []byte) Type {
 		TypeTick, TypeArmed, TypeSpawned, TypeExited, TypeCompletionPersisted, TypeFired,
 		TypeStalled, TypeLost, TypeFailed, TypeCancelled,
 		TypeDeliveryAttempt, TypeDeliveryResult, TypeDeliveryFailed, TypeArchived,
-		TypeDue, TypeRetryScheduled, TypePaused, TypeResumed,
+		TypeDue, TypeRetryScheduled, TypePaused, TypeResumed, TypeCompleted,
 	} {
 		if string(name) == string(t) {
 			return t
@@ -268,6 +272,9 @@ type CompletionPersisted struct {
 type Fired struct {
 	Subject  string `json:"subject"`
 	InboxSeq uint64 `json:"inbox_seq"`
+	// Quiet: the outcome is not one the spec's wake_on names, so nothing was
+	// delivered; the task is done all the same.
+	Quiet bool `json:"quiet,omitempty"`
 }
 
 // Cancelled ends a task without a wake-up.
@@ -306,6 +313,15 @@ type Paused struct{}
 // happens at once.
 type Resumed struct{}
 
+// Completed ends a task from outside, with the status and the result the
+// completer gave: whichever of it, the command's exit and the deadline comes
+// first decides.
+type Completed struct {
+	Status string `json:"status"`
+	Result string `json:"result,omitempty"`
+}
+
+func (*Completed) EventType() Type           { return TypeCompleted }
 func (*Paused) EventType() Type              { return TypePaused }
 func (*Resumed) EventType() Type             { return TypeResumed }
 func (*Due) EventType() Type                 { return TypeDue }

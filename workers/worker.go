@@ -294,13 +294,16 @@ func (w *Worker) open(ctx context.Context) error {
 	if err := w.beat(ctx); err != nil {
 		return fmt.Errorf("worker: heartbeat: %w", err)
 	}
-	// Cancellations are published on the task's subject; a core subscription sees
-	// them at once. One that is missed is still caught by the next conditional append.
-	sub, err := w.nc.Subscribe(events.TypeFilter(events.TypeCancelled), w.onCancelled)
-	if err != nil {
-		return fmt.Errorf("worker: subscribe to cancellations: %w", err)
+	// Cancellations and external completions are published on the task's
+	// subject; a core subscription sees them at once. One that is missed is still
+	// caught by the next conditional append.
+	for _, typ := range []events.Type{events.TypeCancelled, events.TypeCompleted} {
+		sub, err := w.nc.Subscribe(events.TypeFilter(typ), w.onCancelled)
+		if err != nil {
+			return fmt.Errorf("worker: subscribe to %s: %w", typ, err)
+		}
+		w.subs = append(w.subs, sub)
 	}
-	w.subs = append(w.subs, sub)
 	return nil
 }
 
@@ -410,8 +413,9 @@ func (w *Worker) Running() []string {
 	return ids
 }
 
+// onCancelled stops the run of a task cancelled or completed from outside.
 func (w *Worker) onCancelled(m *nats.Msg) {
-	// bgtask.events.<task-id>.cancelled
+	// bgtask.events.<task-id>.cancelled, or .completed
 	parts := strings.Split(m.Subject, ".")
 	if len(parts) != 4 {
 		return

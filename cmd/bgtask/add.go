@@ -32,6 +32,8 @@ type addOptions struct {
 	policy                                 string
 	webhooks, execs                        []string
 	delay, at                              string
+	external                               bool
+	wakeOn                                 string
 	retry                                  int
 	retryBackoff, retryOn                  string
 }
@@ -152,6 +154,8 @@ func (o *addOptions) register(f *pflag.FlagSet) {
 	f.BoolVar(&o.anywhere, "anywhere", false, "any worker may take the task, whatever host registered it")
 	f.StringVar(&o.delay, "delay", "", "start the command this long from now (90s, 2h); with no command, a timer that fires then")
 	f.StringVar(&o.at, "at", "", "start the command at this time: RFC 3339, or HH:MM[:SS] local (the next one); with no command, a timer")
+	f.BoolVar(&o.external, "external", false, "run nothing: the task ends when 'bgtask complete ID' ends it, or at its --deadline")
+	f.StringVar(&o.wakeOn, "wake-on", "", "the outcomes that wake the caller, comma separated (default: all); another ends the task quietly")
 	f.IntVar(&o.retry, "retry", 0, "run a command whose attempt ends in a --retry-on status again, up to this many more times")
 	f.StringVar(&o.retryBackoff, "retry-backoff", "", "INITIAL[,MAX]: the wait before the first retry (default 1s), doubled for each next up to MAX (default 5m), with jitter")
 	f.StringVar(&o.retryOn, "retry-on", "", "the statuses retried, comma separated (default: failed,timed_out,stalled,lost)")
@@ -214,8 +218,12 @@ func (o *addOptions) fields(cmd *cobra.Command, args []string) (map[string]any, 
 	if err := o.setTiming(doc, changed, time.Now()); err != nil {
 		return nil, err
 	}
+	set("external", "external", o.external)
+	if changed("wake-on") {
+		doc["wake_on"] = strings.Split(o.wakeOn, ",")
+	}
 	if doc["command"] != nil || doc["argv"] != nil {
-		// A timer runs nothing, so it has no directory and no host.
+		// A timer or an external task runs nothing: no directory, no host.
 		if err := o.setCwd(doc, changed); err != nil {
 			return nil, err
 		}

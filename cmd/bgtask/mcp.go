@@ -407,6 +407,8 @@ func (m *mcpServer) specSchema() map[string]any {
 		"placement": map[string]any{"type": "object", "description": "which workers may take the task: {\"labels\": {KEY: VALUE}}; {} for any (default with a cwd: this host)", "properties": map[string]any{
 			"labels": with(stringMap, "labels a worker must have"),
 		}},
+		"external": prop("boolean", "run nothing: the task ends when completed from outside (bgtask complete, bgtask.complete) or at its deadline"),
+		"wake_on":  with(stringList, "the outcomes that wake the caller (default: all); another ends the task quietly"),
 		"start_at": prop("string", "start the command after this long (20m) or at this RFC 3339 time; with no command, a timer that wakes the caller then"),
 		"retry": map[string]any{"type": "object", "description": "run an attempt that ended in one of on again, with backoff; one wake-up after the last", "properties": map[string]any{
 			"max":         prop("integer", "how many more attempts, 1 to 100"),
@@ -482,7 +484,7 @@ func (m *mcpServer) add(ctx context.Context, _ *mcp.CallToolRequest, args json.R
 // nothing on another machine. A relative cwd is taken from the server's.
 func (m *mcpServer) defaultCwd(doc map[string]any) error {
 	if doc["command"] == nil && doc["argv"] == nil {
-		return nil // a timer runs nothing: no directory, no host
+		return nil // a timer or an external task runs nothing: no directory, no host
 	}
 	raw, given := doc["cwd"].(json.RawMessage)
 	var cwd string

@@ -61,6 +61,7 @@ var (
 		events.TaskSubject("*", events.TypeRetryScheduled),
 		events.TaskSubject("*", events.TypePaused),
 		events.TaskSubject("*", events.TypeResumed),
+		events.TaskSubject("*", events.TypeCompleted),
 	}
 
 	workerPermissions = &server.Permissions{
@@ -95,7 +96,7 @@ var (
 		Publish: &server.SubjectPermission{
 			Allow: append([]string{
 				api.SubjectRegister, api.SubjectCancel, api.SubjectGet, api.SubjectList,
-				api.SubjectHistory, api.SubjectWorkers, api.SubjectPause, api.SubjectResume,
+				api.SubjectHistory, api.SubjectWorkers, api.SubjectPause, api.SubjectResume, api.SubjectComplete,
 				api.SubjectScheduleAdd, api.SubjectScheduleList, api.SubjectScheduleShow, api.SubjectSchedulePause,
 				api.SubjectScheduleResume, api.SubjectScheduleDelete, api.SubjectScheduleTrigger,
 				events.WorkerSubject("*", events.VerbDrain),
