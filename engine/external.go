@@ -15,7 +15,7 @@ const MaxExternalResultBytes = 32 << 10
 var CompleteStatuses = []string{StatusSucceeded, StatusFailed}
 
 // WakeOnStatuses are the outcomes a spec's wake_on may name.
-var WakeOnStatuses = []string{StatusSucceeded, StatusFailed, StatusStalled, StatusTimedOut, StatusLost}
+var WakeOnStatuses = []string{StatusSucceeded, StatusFailed, StatusStalled, StatusTimedOut, StatusLost, StatusSkipped}
 
 // HasCommand reports whether the spec runs something.
 func (s Spec) HasCommand() bool { return s.Command != "" || len(s.Argv) > 0 }

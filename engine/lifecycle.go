@@ -7,8 +7,9 @@ import (
 )
 
 // Component is the lifecycle of every long-running part of an engine: here the
-// dispatcher, timers, leases, pusher, archiver and scheduler; elsewhere the
-// projector, the watch of the targets' states and the API server. One shape lets
+// dispatcher, timers, dependencies, leases, pusher, archiver, scheduler and
+// schedule runner; elsewhere the projector, the watch of the targets' states and
+// the API server. One shape lets
 // the composition root (engine/node) start them in order and stop them in
 // reverse without knowing each part's habits, and lets a test of any part stop it
 // however far it got.

@@ -75,6 +75,9 @@ func TestEveryPartFollowsTheLifecycle(t *testing.T) {
 		{"timers", func(p parts) engine.Component {
 			return engine.NewTimers(p.store, p.reader, engineWriter, engine.Base{})
 		}},
+		{"dependencies", func(p parts) engine.Component {
+			return engine.NewDependencies(p.store, p.reader, engineWriter, engine.Base{})
+		}},
 		{"leases", func(p parts) engine.Component {
 			return engine.NewLeases(p.store, p.reader, p.liveness, engineWriter, engine.Base{})
 		}},

@@ -207,6 +207,7 @@ func (s *Scheduler) Notify(st State) {
 	case st.LastType == events.TypeExited, st.LastType == events.TypeFailed,
 		st.LastType == events.TypeCancelled, st.LastType == events.TypeLost:
 		// a slot may be free
+	case st.Phase.Terminal(): // a task waiting for it may start
 	default:
 		return
 	}
@@ -244,6 +245,9 @@ func (s *Scheduler) pass(ctx context.Context) {
 		}
 		if s.inflight[t.ID] != "" || s.taken[t.ID] != "" || !t.Spec.HasCommand() || t.Paused {
 			continue
+		}
+		if wait, skip := t.Dependencies(s.tasks.Task); wait || skip != nil {
+			continue // waiting for its dependencies, or to be skipped
 		}
 		if at := t.NotBefore(); at.After(now) {
 			if next.IsZero() || at.Before(next) {
@@ -372,11 +376,32 @@ func (s *Scheduler) Waiting(st State) string {
 		return "a timer: fires at " + st.Spec.StartAt
 	case st.Spec.External:
 		return "waiting to be completed from outside: 'bgtask complete " + st.ID + "'"
+	case len(st.Spec.After) > 0:
+		if why := s.dependencyWait(st); why != "" {
+			return why
+		}
 	case at.After(s.base.Now()):
 		return "starts at " + at.UTC().Format(time.RFC3339)
 	}
 	_, why := Choose(st, s.fleet)
 	return why
+}
+
+// dependencyWait says what of its dependencies an armed task waits for, if any.
+func (s *Scheduler) dependencyWait(st State) string {
+	wait, skip := st.Dependencies(s.tasks.Task)
+	switch {
+	case skip != nil:
+		return "to be skipped: its dependency " + skip.Dependency + " ended " + skip.Status
+	case !wait:
+		return ""
+	}
+	for _, id := range st.Spec.After {
+		if dep, ok := s.tasks.Task(id); !ok || !dep.Phase.Terminal() {
+			return "waiting for task " + id + " to end"
+		}
+	}
+	return ""
 }
 
 // Workers lists the live workers, by id.

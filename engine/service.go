@@ -98,6 +98,9 @@ func (s *Service) Register(ctx context.Context, raw []byte) (string, bool, error
 	if err := s.bearers.Check(spec); err != nil {
 		return "", false, err
 	}
+	if err := s.checkAfter(ctx, spec); err != nil {
+		return "", false, err
+	}
 	id, err := TaskID(spec)
 	if err != nil {
 		return "", false, err

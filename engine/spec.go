@@ -90,6 +90,10 @@ type Spec struct {
 	// WakeOn lists the outcomes that wake the caller (default: all); another
 	// ends the task quietly: no inbox message, no push.
 	WakeOn []string `json:"wake_on,omitempty"`
+	// After lists the tasks this one waits for; AfterPolicy says what they must
+	// have done for it to run: succeeded (default; else it is skipped) or ended.
+	After       []string `json:"after,omitempty"`
+	AfterPolicy string   `json:"after_policy,omitempty"`
 }
 
 // ParseSpec decodes and validates a spec registered now.

@@ -184,6 +184,8 @@ func apply(s State, rec events.Record) (State, error) {
 		return s.retryScheduled(p)
 	case *events.Completed:
 		return s.completed(rec, p)
+	case *events.Skipped:
+		return s.skipped(rec, p)
 	case *events.Paused, *events.Resumed:
 		pause := rec.Type == events.TypePaused
 		if s.Phase != PhaseArmed || s.Paused == pause {

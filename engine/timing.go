@@ -82,6 +82,9 @@ func (s *Spec) validateTiming(now time.Time) error {
 	if err := s.validateWakeOn(); err != nil {
 		return err
 	}
+	if err := s.validateAfter(); err != nil {
+		return err
+	}
 	if s.RerunOf != "" && !events.ValidToken(s.RerunOf) {
 		return fieldErr("rerun_of", "%q is not a task id", s.RerunOf)
 	}

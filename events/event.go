@@ -30,8 +30,10 @@ const (
 	// A timer came due; a failed attempt of a command with retries was armed again.
 	TypeDue            Type = "due"
 	TypeRetryScheduled Type = "retry-scheduled"
-	// A task ended from outside (bgtask complete).
+	// A task ended from outside (bgtask complete); one skipped, its dependency
+	// having failed.
 	TypeCompleted Type = "completed"
+	TypeSkipped   Type = "skipped"
 	// A task not started yet is held, and let go again.
 	TypePaused  Type = "paused"
 	TypeResumed Type = "resumed"
@@ -152,6 +154,8 @@ func newPayload(t Type) Payload {
 		return &RetryScheduled{}
 	case TypeCompleted:
 		return &Completed{}
+	case TypeSkipped:
+		return &Skipped{}
 	case TypePaused:
 		return &Paused{}
 	case TypeResumed:
@@ -167,7 +171,7 @@ func knownType(name []byte) Type {
 		TypeTick, TypeArmed, TypeSpawned, TypeExited, TypeCompletionPersisted, TypeFired,
 		TypeStalled, TypeLost, TypeFailed, TypeCancelled,
 		TypeDeliveryAttempt, TypeDeliveryResult, TypeDeliveryFailed, TypeArchived,
-		TypeDue, TypeRetryScheduled, TypePaused, TypeResumed, TypeCompleted,
+		TypeDue, TypeRetryScheduled, TypePaused, TypeResumed, TypeCompleted, TypeSkipped,
 	} {
 		if string(name) == string(t) {
 			return t
@@ -321,6 +325,14 @@ type Completed struct {
 	Result string `json:"result,omitempty"`
 }
 
+// Skipped ends an armed task that never runs: a dependency its after_policy
+// needs to succeed did not.
+type Skipped struct {
+	Dependency string `json:"dependency"`
+	Reason     string `json:"reason"`
+}
+
+func (*Skipped) EventType() Type             { return TypeSkipped }
 func (*Completed) EventType() Type           { return TypeCompleted }
 func (*Paused) EventType() Type              { return TypePaused }
 func (*Resumed) EventType() Type             { return TypeResumed }

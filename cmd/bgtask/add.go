@@ -33,7 +33,7 @@ type addOptions struct {
 	webhooks, execs                        []string
 	delay, at                              string
 	external                               bool
-	wakeOn                                 string
+	wakeOn, after, afterPolicy             string
 	retry                                  int
 	retryBackoff, retryOn                  string
 }
@@ -155,6 +155,8 @@ func (o *addOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.delay, "delay", "", "start the command this long from now (90s, 2h); with no command, a timer that fires then")
 	f.StringVar(&o.at, "at", "", "start the command at this time: RFC 3339, or HH:MM[:SS] local (the next one); with no command, a timer")
 	f.BoolVar(&o.external, "external", false, "run nothing: the task ends when 'bgtask complete ID' ends it, or at its --deadline")
+	f.StringVar(&o.after, "after", "", "ID[,ID...]: start only once these tasks have ended (and, by --after-policy, succeeded)")
+	f.StringVar(&o.afterPolicy, "after-policy", "", "succeeded (default: a dependency that did not succeed skips the task, status skipped) or ended")
 	f.StringVar(&o.wakeOn, "wake-on", "", "the outcomes that wake the caller, comma separated (default: all); another ends the task quietly")
 	f.IntVar(&o.retry, "retry", 0, "run a command whose attempt ends in a --retry-on status again, up to this many more times")
 	f.StringVar(&o.retryBackoff, "retry-backoff", "", "INITIAL[,MAX]: the wait before the first retry (default 1s), doubled for each next up to MAX (default 5m), with jitter")
@@ -222,6 +224,10 @@ func (o *addOptions) fields(cmd *cobra.Command, args []string) (map[string]any, 
 	if changed("wake-on") {
 		doc["wake_on"] = strings.Split(o.wakeOn, ",")
 	}
+	if changed("after") {
+		doc["after"] = strings.Split(o.after, ",")
+	}
+	set("after-policy", "after_policy", o.afterPolicy)
 	if doc["command"] != nil || doc["argv"] != nil {
 		// A timer or an external task runs nothing: no directory, no host.
 		if err := o.setCwd(doc, changed); err != nil {

@@ -407,9 +407,11 @@ func (m *mcpServer) specSchema() map[string]any {
 		"placement": map[string]any{"type": "object", "description": "which workers may take the task: {\"labels\": {KEY: VALUE}}; {} for any (default with a cwd: this host)", "properties": map[string]any{
 			"labels": with(stringMap, "labels a worker must have"),
 		}},
-		"external": prop("boolean", "run nothing: the task ends when completed from outside (bgtask complete, bgtask.complete) or at its deadline"),
-		"wake_on":  with(stringList, "the outcomes that wake the caller (default: all); another ends the task quietly"),
-		"start_at": prop("string", "start the command after this long (20m) or at this RFC 3339 time; with no command, a timer that wakes the caller then"),
+		"after":        with(stringList, "task ids this one waits for: it starts once they have ended"),
+		"after_policy": enum("what the tasks of after must have done: succeeded (default; else this one is skipped) or ended", "succeeded", "ended"),
+		"external":     prop("boolean", "run nothing: the task ends when completed from outside (bgtask complete, bgtask.complete) or at its deadline"),
+		"wake_on":      with(stringList, "the outcomes that wake the caller (default: all); another ends the task quietly"),
+		"start_at":     prop("string", "start the command after this long (20m) or at this RFC 3339 time; with no command, a timer that wakes the caller then"),
 		"retry": map[string]any{"type": "object", "description": "run an attempt that ended in one of on again, with backoff; one wake-up after the last", "properties": map[string]any{
 			"max":         prop("integer", "how many more attempts, 1 to 100"),
 			"backoff":     prop("string", "the wait before the first retry (default 1s), doubled for each next"),

@@ -62,6 +62,7 @@ var (
 		events.TaskSubject("*", events.TypePaused),
 		events.TaskSubject("*", events.TypeResumed),
 		events.TaskSubject("*", events.TypeCompleted),
+		events.TaskSubject("*", events.TypeSkipped),
 	}
 
 	workerPermissions = &server.Permissions{

@@ -93,6 +93,7 @@ type Node struct {
 	projector  *projections.Projector
 	dispatcher *engine.Dispatcher
 	timers     *engine.Timers
+	depends    *engine.Dependencies
 	leases     *engine.Leases
 	pusher     *engine.Pusher
 	targets    *events.TargetWatch
@@ -120,12 +121,14 @@ func (n *Node) Projector() *projections.Projector { return n.projector }
 // applied is who reacts to an event the projector applies live, and in which
 // order: the dispatcher (a run that ended is delivered, a stall told), the
 // timers (an armed task's deadline or start is set, and dropped once the task
-// moves on), the pusher (a fired wake-up goes to its push sinks) and the
+// moves on), the dependencies (a task waiting for one that did not succeed is
+// skipped), the pusher (a fired wake-up goes to its push sinks) and the
 // scheduler (an armed task, or a slot a run freed, is placed). Each only queues
 // work and returns, for the projector must not block.
 func (n *Node) applied(s engine.State) {
 	n.dispatcher.Notify(s)
 	n.timers.Notify(s)
+	n.depends.Notify(s)
 	n.pusher.Notify(s)
 	n.scheduler.Notify(s)
 }
@@ -156,7 +159,7 @@ func (n *Node) Start(ctx context.Context) error {
 		return err
 	}
 	n.wire(st)
-	for _, c := range []engine.Component{n.dispatcher, n.timers, n.targets, n.pusher, n.projector} {
+	for _, c := range []engine.Component{n.dispatcher, n.timers, n.depends, n.targets, n.pusher, n.projector} {
 		if err := n.start(ctx, c); err != nil {
 			return err
 		}
@@ -164,6 +167,7 @@ func (n *Node) Start(ctx context.Context) error {
 	unsettled := n.projector.Unsettled()
 	n.dispatcher.Recover(unsettled)
 	n.timers.Recover(unsettled)
+	n.depends.Recover(unsettled)
 	n.pusher.Recover(unsettled)
 	for _, c := range []engine.Component{n.leases, n.archiver, n.scheduler, n.schedules, n.api} {
 		if err := n.start(ctx, c); err != nil {
@@ -203,6 +207,7 @@ func (n *Node) wire(st streams) {
 	n.projector.UseSnapshots(c.Snapshots)
 	n.dispatcher = engine.NewDispatcher(st.store, st.inbox, n.projector, writer, deliveries, base)
 	n.timers = engine.NewTimers(st.store, n.projector, writer, base)
+	n.depends = engine.NewDependencies(st.store, n.projector, writer, base)
 	n.leases = engine.NewLeases(st.store, n.projector, st.liveness, writer, base)
 	// Each start is an instance of its own, so no replica takes another's push in
 	// flight for one of its own dead ones.

@@ -1,0 +1,202 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/bgtask/bgtask/events"
+)
+
+// StatusSkipped is the outcome of a task that never ran: a dependency its
+// after_policy needs to succeed did not.
+const StatusSkipped = "skipped"
+
+// After policies: what a task's dependencies must have done for it to run.
+const (
+	AfterSucceeded = "succeeded" // every dependency succeeded (the default)
+	AfterEnded     = "ended"     // every dependency ended, whatever its outcome
+)
+
+// MaxAfter bounds how many tasks a task may wait for.
+const MaxAfter = 100
+
+// validateAfter checks after and after_policy.
+func (s *Spec) validateAfter() error {
+	if len(s.After) == 0 {
+		if s.AfterPolicy != "" {
+			return fieldErr("after_policy", "only with after")
+		}
+		return nil
+	}
+	if !s.HasCommand() {
+		return fieldErr("after", "only with a command")
+	}
+	if len(s.After) > MaxAfter {
+		return fieldErr("after", "%d tasks: at most %d", len(s.After), MaxAfter)
+	}
+	for _, id := range s.After {
+		if !events.ValidToken(id) {
+			return fieldErr("after", "%q is not a task id", id)
+		}
+	}
+	switch s.AfterPolicy {
+	case "":
+		s.AfterPolicy = AfterSucceeded
+	case AfterSucceeded, AfterEnded:
+	default:
+		return fieldErr("after_policy", "%q: want succeeded or ended", s.AfterPolicy)
+	}
+	return nil
+}
+
+// Dependencies says what an armed task's dependencies let it do: wait (one has
+// not ended), run, or be skipped (skip names the one that did not succeed).
+func (s State) Dependencies(task func(id string) (State, bool)) (wait bool, skip *Skip) {
+	for _, id := range s.Spec.After {
+		dep, ok := task(id)
+		switch {
+		case !ok || !dep.Phase.Terminal():
+			wait = true
+		case s.Spec.AfterPolicy == AfterSucceeded && dep.Status != StatusSucceeded && skip == nil:
+			skip = &Skip{Dependency: id, Status: dep.Status}
+		}
+	}
+	if wait {
+		return true, nil
+	}
+	return false, skip
+}
+
+// Skip ends an armed task whose dependency did not succeed: it never runs.
+type Skip struct{ Dependency, Status string }
+
+func (c Skip) decide(s State, _ Meta) (events.Payload, uint64, error) {
+	if s.Phase != PhaseArmed || !slices.Contains(s.Spec.After, c.Dependency) {
+		return nil, 0, phaseError(s)
+	}
+	return &events.Skipped{Dependency: c.Dependency, Reason: fmt.Sprintf("its dependency %s ended %s, not succeeded", c.Dependency, c.Status)}, s.Epoch, nil
+}
+
+func (s State) skipped(rec events.Record, p *events.Skipped) (State, error) {
+	at := rec.Time
+	if s.Phase != PhaseArmed || !slices.Contains(s.Spec.After, p.Dependency) {
+		return s, ErrWrongPhase
+	}
+	s.Phase, s.Status, s.Reason, s.EndedAt = PhaseEnded, StatusSkipped, p.Reason, &at
+	return s, nil
+}
+
+// checkAfter refuses a spec that waits for a task that does not exist.
+func (s *Service) checkAfter(ctx context.Context, spec Spec) error {
+	for _, id := range spec.After {
+		if _, err := Load(ctx, s.store, id); errors.Is(err, ErrNotFound) {
+			return fieldErr("after", "%s: no such task", id)
+		} else if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Dependencies skips the armed tasks whose dependencies did not succeed: it keeps,
+// for each task still waiting, the tasks it waits for, and looks at it again when
+// one of them ends. (The scheduler holds a waiting task; one whose dependencies
+// all ended as its policy needs is placed as any other.)
+type Dependencies struct {
+	base   Base
+	store  events.Store
+	tasks  TaskReader
+	writer string
+
+	mu      sync.Mutex
+	waiters map[string][]string // dependency → the armed tasks waiting for it
+	ctx     context.Context
+	run     lifecycle
+}
+
+// NewDependencies returns the dependency watch of an engine.
+func NewDependencies(store events.Store, tasks TaskReader, writer string, base Base) *Dependencies {
+	return &Dependencies{base: base.WithDefaults(), store: store, tasks: tasks, writer: writer, waiters: map[string][]string{}}
+}
+
+// Start lets Notify and Recover act, until Stop (the Component contract).
+func (d *Dependencies) Start(ctx context.Context) error {
+	ctx, err := d.run.begin(ctx)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.ctx = ctx
+	d.mu.Unlock()
+	return nil
+}
+
+// Stop ends the skips in progress.
+func (d *Dependencies) Stop() { d.run.end() }
+
+// Recover looks at the tasks a restart found armed.
+func (d *Dependencies) Recover(states []State) {
+	for _, s := range states {
+		d.Notify(s)
+	}
+}
+
+// Notify is called with every task state the projector applies live: an armed
+// task with dependencies is looked at, and so are the tasks waiting for one that
+// has just ended.
+func (d *Dependencies) Notify(s State) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ctx == nil || d.ctx.Err() != nil {
+		return
+	}
+	if s.Phase.Terminal() {
+		for _, id := range d.waiters[s.ID] {
+			d.look(id)
+		}
+		delete(d.waiters, s.ID)
+	}
+	if s.Phase == PhaseArmed && len(s.Spec.After) > 0 {
+		d.lookAt(s)
+	}
+}
+
+// look looks at task id again, as the reader has it. Its mutex is held.
+func (d *Dependencies) look(id string) {
+	if s, ok := d.tasks.Task(id); ok && s.Phase == PhaseArmed {
+		d.lookAt(s)
+	}
+}
+
+// lookAt keeps an armed task waiting for its dependencies, or skips it. Its mutex
+// is held; the skip's append runs on a goroutine of its own.
+func (d *Dependencies) lookAt(s State) {
+	wait, skip := s.Dependencies(d.tasks.Task)
+	switch {
+	case wait:
+		for _, dep := range s.Spec.After {
+			if !slices.Contains(d.waiters[dep], s.ID) {
+				d.waiters[dep] = append(d.waiters[dep], s.ID)
+			}
+		}
+	case skip != nil:
+		ctx := d.ctx
+		d.run.goroutine(func() { d.skip(ctx, s, *skip) })
+	}
+}
+
+func (d *Dependencies) skip(ctx context.Context, s State, c Skip) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	reload := func(ctx context.Context) (State, error) { return Load(ctx, d.store, s.ID) }
+	decide := func(s State) (events.Event, error) {
+		return Decide(s, c, Meta{Writer: d.writer, Now: d.base.Now()})
+	}
+	if _, err := Update(ctx, d.store, s, reload, decide, ReloadOnError{Max: 5, Wait: 200 * time.Millisecond}); err == nil {
+		d.base.Logger.Info("skipped: a dependency did not succeed", "task", s.ID, "dependency", c.Dependency)
+	}
+}
