@@ -90,11 +90,16 @@ func (s State) skipped(rec events.Record, p *events.Skipped) (State, error) {
 	return s, nil
 }
 
-// checkAfter refuses a spec that waits for a task that does not exist.
+// checkAfter refuses a spec that waits for a task that does not exist: a
+// dependency, or a member of its group.
 func (s *Service) checkAfter(ctx context.Context, spec Spec) error {
-	for _, id := range spec.After {
-		if _, err := Load(ctx, s.store, id); errors.Is(err, ErrNotFound) {
-			return fieldErr("after", "%s: no such task", id)
+	field := "after"
+	if spec.Join != nil {
+		field = "join.members"
+	}
+	for _, id := range (State{Spec: spec}).waitsFor() {
+		if _, err := s.store.Last(ctx, id); errors.Is(err, events.ErrNotFound) {
+			return fieldErr(field, "%s: no such task", id)
 		} else if err != nil {
 			return err
 		}
@@ -160,7 +165,7 @@ func (d *Dependencies) Notify(s State) {
 		}
 		delete(d.waiters, s.ID)
 	}
-	if s.Phase == PhaseArmed && len(s.Spec.After) > 0 {
+	if s.Phase == PhaseArmed && len(s.waitsFor()) > 0 {
 		d.lookAt(s)
 	}
 }
@@ -172,31 +177,43 @@ func (d *Dependencies) look(id string) {
 	}
 }
 
-// lookAt keeps an armed task waiting for its dependencies, or skips it. Its mutex
-// is held; the skip's append runs on a goroutine of its own.
+// lookAt keeps an armed task waiting for the tasks it waits for, or ends it: a
+// group whose members ended, a task whose dependency failed. Its mutex is held;
+// the end's append runs on a goroutine of its own.
 func (d *Dependencies) lookAt(s State) {
-	wait, skip := s.Dependencies(d.tasks.Task)
+	var end Command
+	var wait bool
+	if s.Spec.Join != nil {
+		if j := s.JoinEnd(d.tasks.Task); j != nil {
+			end = *j
+		}
+		wait = end == nil
+	} else if w, skip := s.Dependencies(d.tasks.Task); skip != nil {
+		end = *skip
+	} else {
+		wait = w
+	}
 	switch {
 	case wait:
-		for _, dep := range s.Spec.After {
+		for _, dep := range s.waitsFor() {
 			if !slices.Contains(d.waiters[dep], s.ID) {
 				d.waiters[dep] = append(d.waiters[dep], s.ID)
 			}
 		}
-	case skip != nil:
+	case end != nil:
 		ctx := d.ctx
-		d.run.goroutine(func() { d.skip(ctx, s, *skip) })
+		d.run.goroutine(func() { d.end(ctx, s, end) })
 	}
 }
 
-func (d *Dependencies) skip(ctx context.Context, s State, c Skip) {
+func (d *Dependencies) end(ctx context.Context, s State, c Command) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	reload := func(ctx context.Context) (State, error) { return Load(ctx, d.store, s.ID) }
 	decide := func(s State) (events.Event, error) {
 		return Decide(s, c, Meta{Writer: d.writer, Now: d.base.Now()})
 	}
-	if _, err := Update(ctx, d.store, s, reload, decide, ReloadOnError{Max: 5, Wait: 200 * time.Millisecond}); err == nil {
-		d.base.Logger.Info("skipped: a dependency did not succeed", "task", s.ID, "dependency", c.Dependency)
+	if s, err := Update(ctx, d.store, s, reload, decide, ReloadOnError{Max: 5, Wait: 200 * time.Millisecond}); err == nil {
+		d.base.Logger.Info("ended by the tasks it waited for", "task", s.ID, "status", s.Status)
 	}
 }

@@ -257,6 +257,7 @@ func (s State) wakeup() events.Wakeup {
 	if len(s.Attempts) > 0 {
 		w.Attempts = s.Attempts
 	}
+	w.Members = s.Members
 	if r := s.Run; r != nil {
 		started, ended := r.StartedAt, r.EndedAt
 		w.Signal, w.Tail, w.MatchedLine = r.Signal, r.Tail, r.MatchedLine
@@ -280,6 +281,8 @@ func (s State) promptParts(w events.Wakeup, vars map[string]string) []part {
 		return noticePrompt(w)
 	case s.Spec.External:
 		return externalPrompt(w)
+	case s.Spec.Join != nil:
+		return joinPrompt(w)
 	}
 	return defaultPrompt(w, vars)
 }

@@ -45,6 +45,12 @@ func (s *Spec) validateExternal() error {
 
 // validateWakeOn checks wake_on.
 func (s *Spec) validateWakeOn() error {
+	if slices.Contains(s.WakeOn, WakeOnNone) {
+		if len(s.WakeOn) > 1 {
+			return fieldErr("wake_on", "none goes alone")
+		}
+		return nil
+	}
 	for _, st := range s.WakeOn {
 		if !slices.Contains(WakeOnStatuses, st) {
 			return fieldErr("wake_on", "%q: want some of %s", st, strings.Join(WakeOnStatuses, ", "))
@@ -52,6 +58,10 @@ func (s *Spec) validateWakeOn() error {
 	}
 	return nil
 }
+
+// WakeOnNone in wake_on wakes the caller on no outcome: a member of a group
+// whose join wakes it instead.
+const WakeOnNone = "none"
 
 // Wakes reports whether the task's outcome is one its spec wakes the caller on.
 func (s State) Wakes() bool {

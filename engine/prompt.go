@@ -15,7 +15,7 @@ import (
 // Placeholders a prompt template may use, besides {{origin.<key>}}. An exec sink's
 // argv may also use {{prompt}}, the rendered prompt itself.
 var (
-	placeholders     = []string{"result", "exit_code", "status", "reason", "task_id", "kind", "command", "tail", "duration", "late_by"}
+	placeholders     = []string{"result", "exit_code", "status", "reason", "task_id", "kind", "command", "tail", "duration", "late_by", "members"}
 	argvPlaceholders = append([]string{"prompt"}, placeholders...)
 )
 
@@ -266,7 +266,7 @@ func promptVars(w events.Wakeup, kind string) map[string]string {
 	return map[string]string{
 		"result": w.Result, "exit_code": exit, "status": w.Status, "reason": w.Reason,
 		"task_id": w.ID, "kind": kind, "command": w.Command, "tail": tail, "duration": duration,
-		"late_by": w.LateBy,
+		"late_by": w.LateBy, "members": memberList(w.Members),
 	}
 }
 
@@ -305,6 +305,15 @@ func defaultPrompt(w events.Wakeup, vars map[string]string) []part {
 // noticePrompt is the prompt of a stall notice of a spec without a template.
 func noticePrompt(w events.Wakeup) []part {
 	return []part{lit("Background task %s %s: ", w.ID, w.Status), placeholder("reason"), lit(".\nCommand: "), placeholder("command"), lit("\n")}
+}
+
+// joinPrompt is the prompt of a group whose spec has none.
+func joinPrompt(w events.Wakeup) []part {
+	parts := []part{lit("Group %s: its tasks ended:\n", w.ID), placeholder("members"), lit("\n")}
+	if w.Reason != "" {
+		parts = append(parts, lit("Reason: "), placeholder("reason"), lit("\n"))
+	}
+	return parts
 }
 
 // externalPrompt is the prompt of a task that waited for an external completion,

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -376,6 +377,8 @@ func (s *Scheduler) Waiting(st State) string {
 		return "a timer: fires at " + st.Spec.StartAt
 	case st.Spec.External:
 		return "waiting to be completed from outside: 'bgtask complete " + st.ID + "'"
+	case st.Spec.Join != nil:
+		return fmt.Sprintf("a group: waiting for %s of its %d members to end", st.Spec.Join.Mode, len(st.Spec.Join.Members))
 	case len(st.Spec.After) > 0:
 		if why := s.dependencyWait(st); why != "" {
 			return why

@@ -94,6 +94,9 @@ type Spec struct {
 	// have done for it to run: succeeded (default; else it is skipped) or ended.
 	After       []string `json:"after,omitempty"`
 	AfterPolicy string   `json:"after_policy,omitempty"`
+	// Join makes a task with no command the group of its members: it fires once
+	// when all of them (or, mode any, the first) have ended.
+	Join *Join `json:"join,omitempty"`
 }
 
 // ParseSpec decodes and validates a spec registered now.
@@ -233,8 +236,8 @@ func jsonKind(goKind string) string {
 // Validate checks a spec and fills in defaults.
 func (s *Spec) Validate() error {
 	switch {
-	case strings.TrimSpace(s.Command) == "" && len(s.Argv) == 0 && s.StartAt == "" && !s.External:
-		return fieldErr("command", "required: give a shell command or argv (or only start_at, for a timer, or external)")
+	case strings.TrimSpace(s.Command) == "" && len(s.Argv) == 0 && s.StartAt == "" && !s.External && s.Join == nil:
+		return fieldErr("command", "required: give a shell command or argv (or only start_at, for a timer; external; or join)")
 	case s.Command != "" && len(s.Argv) > 0:
 		return fieldErr("argv", "give command or argv, not both")
 	case len(s.Argv) > 0 && s.Argv[0] == "":

@@ -103,9 +103,11 @@ type State struct {
 	// ExternalResult is the result a task completed from outside was given.
 	ExternalResult *string `json:"external_result,omitempty"`
 	// Quiet: fired without a delivery, its outcome not one wake_on names.
-	Quiet    bool        `json:"quiet,omitempty"`
-	LastType events.Type `json:"last_event"`
-	Events   int         `json:"events"`
+	Quiet bool `json:"quiet,omitempty"`
+	// Members are how a group's members ended, once it did.
+	Members  []events.Member `json:"members,omitempty"`
+	LastType events.Type     `json:"last_event"`
+	Events   int             `json:"events"`
 }
 
 // TransitionError is an event that does not fit the task's state. It is reported,
@@ -186,6 +188,8 @@ func apply(s State, rec events.Record) (State, error) {
 		return s.completed(rec, p)
 	case *events.Skipped:
 		return s.skipped(rec, p)
+	case *events.Joined:
+		return s.joined(rec, p)
 	case *events.Paused, *events.Resumed:
 		pause := rec.Type == events.TypePaused
 		if s.Phase != PhaseArmed || s.Paused == pause {

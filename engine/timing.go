@@ -53,7 +53,7 @@ type Occurrence struct {
 }
 
 // IsTimer reports whether the spec has no command: it fires at its start_at.
-func (s Spec) IsTimer() bool { return !s.HasCommand() && !s.External }
+func (s Spec) IsTimer() bool { return !s.HasCommand() && !s.External && s.Join == nil }
 
 // StartTime is when the command may start, or a timer fires; zero means at once.
 func (s Spec) StartTime() time.Time {
@@ -83,6 +83,9 @@ func (s *Spec) validateTiming(now time.Time) error {
 		return err
 	}
 	if err := s.validateAfter(); err != nil {
+		return err
+	}
+	if err := s.validateJoin(); err != nil {
 		return err
 	}
 	if s.RerunOf != "" && !events.ValidToken(s.RerunOf) {

@@ -34,6 +34,8 @@ const (
 	// having failed.
 	TypeCompleted Type = "completed"
 	TypeSkipped   Type = "skipped"
+	// A group's task ended with its members.
+	TypeJoined Type = "joined"
 	// A task not started yet is held, and let go again.
 	TypePaused  Type = "paused"
 	TypeResumed Type = "resumed"
@@ -156,6 +158,8 @@ func newPayload(t Type) Payload {
 		return &Completed{}
 	case TypeSkipped:
 		return &Skipped{}
+	case TypeJoined:
+		return &Joined{}
 	case TypePaused:
 		return &Paused{}
 	case TypeResumed:
@@ -171,7 +175,7 @@ func knownType(name []byte) Type {
 		TypeTick, TypeArmed, TypeSpawned, TypeExited, TypeCompletionPersisted, TypeFired,
 		TypeStalled, TypeLost, TypeFailed, TypeCancelled,
 		TypeDeliveryAttempt, TypeDeliveryResult, TypeDeliveryFailed, TypeArchived,
-		TypeDue, TypeRetryScheduled, TypePaused, TypeResumed, TypeCompleted, TypeSkipped,
+		TypeDue, TypeRetryScheduled, TypePaused, TypeResumed, TypeCompleted, TypeSkipped, TypeJoined,
 	} {
 		if string(name) == string(t) {
 			return t
@@ -332,6 +336,21 @@ type Skipped struct {
 	Reason     string `json:"reason"`
 }
 
+// Joined ends a group's task: all of its members ended (or the first did, for
+// a join of any), as Members say.
+type Joined struct {
+	Members []Member `json:"members"`
+}
+
+// Member is how one member of a group ended, as its wake-up lists it; a member
+// that has not ended (a join of any) has no status.
+type Member struct {
+	ID       string `json:"id"`
+	Status   string `json:"status,omitempty"`
+	ExitCode *int   `json:"exit_code,omitempty"`
+}
+
+func (*Joined) EventType() Type              { return TypeJoined }
 func (*Skipped) EventType() Type             { return TypeSkipped }
 func (*Completed) EventType() Type           { return TypeCompleted }
 func (*Paused) EventType() Type              { return TypePaused }
@@ -375,4 +394,6 @@ type Wakeup struct {
 	LateBy string `json:"late_by,omitempty"`
 	// Attempts are the runs before the last of a task with retries.
 	Attempts []Attempt `json:"attempts,omitempty"`
+	// Members are how the members of a group ended, for a join's wake-up.
+	Members []Member `json:"members,omitempty"`
 }

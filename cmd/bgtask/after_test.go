@@ -53,3 +53,24 @@ func readNanos(t *testing.T, path string) int64 {
 	}
 	return n
 }
+
+// Members that wake nobody, and a join of them that wakes its target once,
+// listing both.
+func TestAJoinWakesItsTargetOnceForItsMembers(t *testing.T) {
+	home := t.TempDir()
+	startServer(t, home)
+	a := addTask(t, home, "--target", "group", "--wake-on", "none", "--", "true")
+	b := addTask(t, home, "--target", "group", "--wake-on", "none", "--", "exit 5")
+	j := decode[struct{ ID string }](t, bgtask(t, home, "join", "--all", a, b, "--target", "group", "--json").must(t, 0, "join").stdout).ID
+	out := bgtask(t, home, "wait", j, "--json", "--timeout", "30s").must(t, 0, "wait").stdout
+	if !strings.Contains(out, a) || !strings.Contains(out, b) || !strings.Contains(out, `"exit_code": 5`) {
+		t.Fatalf("the join's wake-up: %s", out)
+	}
+	inbox := strings.TrimSpace(bgtask(t, home, "inbox", "--target", "group", "--json").stdout)
+	if n := strings.Count(inbox, "\n") + 1; inbox == "" || n != 1 || !strings.Contains(inbox, j) {
+		t.Fatalf("the group's inbox: %s; want the join's wake-up alone", inbox)
+	}
+	if r := bgtask(t, home, "join", a); r.code != exitUsage {
+		t.Fatalf("join with neither --all nor --any: exit %d", r.code)
+	}
+}

@@ -63,6 +63,7 @@ var (
 		events.TaskSubject("*", events.TypeResumed),
 		events.TaskSubject("*", events.TypeCompleted),
 		events.TaskSubject("*", events.TypeSkipped),
+		events.TaskSubject("*", events.TypeJoined),
 	}
 
 	workerPermissions = &server.Permissions{

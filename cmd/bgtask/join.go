@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/google/uuid"
+	"github.com/spf13/cobra"
+
+	"github.com/bgtask/bgtask/engine"
+)
+
+func joinCmd(g *globals) *cobra.Command {
+	var (
+		joinAll, joinAny, asJSON bool
+		prompt, target, kind     string
+	)
+	cmd := &cobra.Command{
+		Use:   "join --all|--any ID...",
+		Short: "One wake-up for a group of tasks: when all of them (or the first) have ended",
+		Long: `Register a task that runs nothing and fires once when all of the tasks named
+(--all), or the first of them (--any), have ended. Its wake-up lists every
+member's id, status and exit code ({{members}} in --prompt); the group itself
+succeeds, its reason counting the members that did not. Members added with --wake-on none wake
+nobody on their own, so the group's is the one wake-up.`,
+		Example: `  a=$(bgtask add --wake-on none -- make test)
+  b=$(bgtask add --wake-on none -- make lint)
+  bgtask join --all "$a" "$b" --prompt 'checks done:
+{{members}}'`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if joinAll == joinAny {
+				return usageErr("give one of --all and --any")
+			}
+			mode := engine.JoinAll
+			if joinAny {
+				mode = engine.JoinAny
+			}
+			doc := map[string]any{"join": engine.Join{Mode: mode, Members: args}, "idempotency_key": "join-" + uuid.NewString()}
+			for flag, v := range map[string]string{"prompt": prompt, "target": target, "kind": kind} {
+				if cmd.Flags().Changed(flag) {
+					doc[flag] = v
+				}
+			}
+			if s, ok := currentSession(os.Getenv, g.home, cmd.ErrOrStderr()); ok {
+				applySession(doc, s)
+			}
+			raw, err := json.Marshal(doc)
+			if err != nil {
+				return err
+			}
+			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
+				reg, err := c.api.Register(ctx, raw)
+				if err != nil {
+					return err
+				}
+				reg.Created = true // the key is this command's own
+				if asJSON {
+					return printJSONLine(g.stdout, reg)
+				}
+				_, err = fmt.Fprintln(g.stdout, reg.ID)
+				return err
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&joinAll, "all", false, "fire once every member has ended")
+	f.BoolVar(&joinAny, "any", false, "fire once the first member has ended")
+	f.StringVar(&prompt, "prompt", "", "template of the wake-up's prompt; {{members}} lists the members (default: a summary)")
+	f.StringVar(&target, "target", "", "inbox the wake-up goes to (default: the agent session it runs in, else \"default\")")
+	f.StringVar(&kind, "kind", "", "a label for the group")
+	f.BoolVar(&asJSON, "json", false, "print {\"id\": ...} as JSON")
+	return cmd
+}

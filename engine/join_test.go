@@ -1,0 +1,54 @@
+package engine_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+)
+
+// A join of all waits for every member; of any, for the first; its wake-up lists
+// each member's status and exit code.
+func TestAJoinFiresWhenItsMembersEnded(t *testing.T) {
+	t.Parallel()
+	three := 3
+	members := map[string]engine.State{
+		"a": {Phase: engine.PhaseFired, Status: engine.StatusSucceeded, Run: &events.Exited{}},
+		"b": {Phase: engine.PhaseRunning},
+	}
+	task := func(id string) (engine.State, bool) { s, ok := members[id]; return s, ok }
+	all := engine.State{ID: taskID, Phase: engine.PhaseArmed, Spec: specAt(t, `{"join":{"mode":"all","members":["a","b"]},"target":"t"}`)}
+	if end := all.JoinEnd(task); end != nil {
+		t.Fatalf("a join of all with b running ended: %+v", end)
+	}
+	anyOf := all
+	anyOf.Spec.Join = &engine.Join{Mode: engine.JoinAny, Members: []string{"a", "b"}}
+	if end := anyOf.JoinEnd(task); end == nil || end.Members[0].Status != engine.StatusSucceeded || end.Members[1].Status != "" {
+		t.Fatalf("a join of any with a ended: %+v", end)
+	}
+	members["b"] = engine.State{Phase: engine.PhaseFired, Status: engine.StatusFailed, Run: &events.Exited{ExitCode: three}}
+	end := all.JoinEnd(task)
+	if end == nil || *end.Members[1].ExitCode != 3 {
+		t.Fatalf("a join of all, both ended: %+v", end)
+	}
+	f := newFold(t, taskID, all.Spec)
+	f.do(engineWriter, engine.Arm{Spec: all.Spec})
+	f.do(engineWriter, *end)
+	f.do(engineWriter, engine.PersistCompletion{})
+	w := f.state.Wakeup
+	if w.Status != engine.StatusSucceeded || len(w.Members) != 2 || w.Prompt != "Group task-1: its tasks ended:\na succeeded (exit code 0)\nb failed (exit code 3)\nReason: 1 of 2 members did not succeed: b failed\n" {
+		t.Fatalf("wake-up: %+v\n%q", w, w.Prompt)
+	}
+	var fe *engine.FieldError
+	for raw, field := range map[string]string{
+		`{"join":{"mode":"most","members":["a"]}}`:              "join.mode",
+		`{"join":{"mode":"all","members":[]}}`:                  "join.members",
+		`{"command":"x","join":{"mode":"all","members":["a"]}}`: "join",
+		`{"command":"x","wake_on":["none","failed"]}`:           "wake_on",
+	} {
+		if _, err := engine.ParseSpecAt([]byte(raw), t0); !errors.As(err, &fe) || fe.Field != field {
+			t.Errorf("%s: %v, want an error naming %s", raw, err, field)
+		}
+	}
+}
