@@ -25,7 +25,7 @@ var ErrNothingToAppend = errors.New("engine: the task needs no event")
 //     most Max times. The timers (they decide on a reader, which lags the log)
 //     and the pusher's record of an attempt (it decides afresh from the log).
 //   - RetrySameEvent: append the very same event again after an error other than
-//     a conflict, until the context ends, so that an append whose ack was lost
+//     a conflict (or a closed connection), until the context ends, so that an append whose ack was lost
 //     counts once (the store dedupes by event id); after a conflict, reload
 //     (where the writer says whether it still holds the task) and decide again.
 //     A worker's record of its run, which must not lose how the command ended.
@@ -87,7 +87,7 @@ func appendEvent(ctx context.Context, store events.Store, ev events.Event, expec
 	for {
 		seq, err := store.Append(ctx, ev, expect)
 		same, ok := policy.(RetrySameEvent)
-		if err == nil || !ok || errors.Is(err, events.ErrConflict) {
+		if err == nil || !ok || errors.Is(err, events.ErrConflict) || errors.Is(err, events.ErrClosed) {
 			return seq, err
 		}
 		if same.Retrying != nil {

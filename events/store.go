@@ -5,6 +5,8 @@ import (
 	"errors"
 	"regexp"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 // Subjects and streams. A task id and a target are single subject tokens, so one
@@ -29,6 +31,9 @@ var (
 	// ErrNoSpace means the store's disk is full: no append succeeds until it has
 	// room again, so one that a caller waits for fails at once.
 	ErrNoSpace = errors.New("events: the event store's disk is full")
+	// ErrClosed means the store's connection to NATS was closed: no append on it
+	// succeeds again, so none is retried.
+	ErrClosed = nats.ErrConnectionClosed
 )
 
 // TaskSubject is the subject an event of a task is published on. The event stream

@@ -228,6 +228,7 @@ func (e *embeddedServer) serve(ctx context.Context) (roomAgain bool, err error) 
 		return false, err
 	}
 	defer eng.Stop()
+	conns := []*nats.Conn{nc}
 	if !o.noWorker {
 		o.worker.stateDir = filepath.Join(e.home, "worker")
 		w, err := startWorker(ctx, ns, e.ids.worker, o.worker, base)
@@ -235,6 +236,7 @@ func (e *embeddedServer) serve(ctx context.Context) (roomAgain bool, err error) 
 			return false, err
 		}
 		defer w.Stop() // its commands go on; the next start watches them again
+		conns = append(conns, w.nc)
 	}
 	if err := announce(e.home, ns); err != nil {
 		return false, err
@@ -245,6 +247,12 @@ func (e *embeddedServer) serve(ctx context.Context) (roomAgain bool, err error) 
 	e.logger.Info("bgtask server ready", "home", e.home, "url", ns.ClientURL())
 	select {
 	case <-hasRoom:
+		// The connections go first: every append in flight then fails at once, so
+		// the worker and the engine stop without waiting out their retries; the
+		// next run's worker records what the runs' directories hold.
+		for _, c := range conns {
+			c.Close()
+		}
 		return true, nil
 	case <-ctx.Done():
 		e.logger.Info("bgtask server stopping")
