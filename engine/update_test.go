@@ -9,6 +9,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/events/eventstest"
 )
 
 var errAckLost = errors.New("test: the append's ack was lost")
@@ -155,5 +156,38 @@ func first(c func(int) engine.Command) func(int) engine.Command {
 			return nil
 		}
 		return c(n)
+	}
+}
+
+// An append over a closed connection is not retried, even by RetrySameEvent: no
+// retry on it can succeed, and a worker stopping behind it would wait its bound.
+func TestUpdateRetriesNoAppendOnAClosedConnection(t *testing.T) {
+	t.Parallel()
+	srv := eventstest.Run(t)
+	nc, js := srv.Connect(t)
+	ctx := context.Background()
+	store, err := events.OpenStore(ctx, js, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := engine.NewService(store, "engine", engine.Base{})
+	id, _, err := svc.Register(ctx, []byte(`{"command":"true"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := engine.Load(ctx, store, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	decide := func(s engine.State) (events.Event, error) {
+		return engine.Decide(s, engine.Cancel{}, engine.Meta{Writer: "engine", Now: time.Now()})
+	}
+	_, err = engine.Update(ctx, store, s, nil, decide, engine.RetrySameEvent{Backoff: 50 * time.Millisecond})
+	if !errors.Is(err, events.ErrClosed) || time.Since(start) > 5*time.Second {
+		t.Fatalf("Update on a closed connection: %v after %s, want ErrClosed at once", err, time.Since(start))
 	}
 }
