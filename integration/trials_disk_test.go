@@ -250,4 +250,21 @@ func (tr *trial) fillAndFree() {
 	for _, i := range refused {
 		tr.ids[i] = tr.registerRefused(nc, i)
 	}
+	tr.awaitStoreRestart()
+}
+
+// awaitStoreRestart waits, if the store's disk filled, until the server has
+// restarted its embedded NATS server and engine on it, which it does once the
+// disk has room: what the trial reads next must not be a request lost with the
+// connection of the server that stopped.
+func (tr *trial) awaitStoreRestart() {
+	if !strings.Contains(tr.server.out.String(), "JetStream failed to store a msg") {
+		return // the store never found its disk full
+	}
+	eventually(tr.t, 60*time.Second, "the server restarted on its store", func() bool {
+		out := tr.server.out.String()
+		i := strings.LastIndex(out, "has room again")
+		return i >= 0 && strings.Contains(out[i:], "bgtask server ready")
+	})
+	tr.step("store restarted")
 }
