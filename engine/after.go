@@ -116,6 +116,8 @@ type Dependencies struct {
 	store  events.Store
 	tasks  TaskReader
 	writer string
+	// ready is told that a task waiting for others may start: the scheduler's kick.
+	ready func()
 
 	mu      sync.Mutex
 	waiters map[string][]string // dependency → the armed tasks waiting for it
@@ -123,9 +125,10 @@ type Dependencies struct {
 	run     lifecycle
 }
 
-// NewDependencies returns the dependency watch of an engine.
-func NewDependencies(store events.Store, tasks TaskReader, writer string, base Base) *Dependencies {
-	return &Dependencies{base: base.WithDefaults(), store: store, tasks: tasks, writer: writer, waiters: map[string][]string{}}
+// NewDependencies returns the dependency watch of an engine; ready is called when
+// a task it held may start.
+func NewDependencies(store events.Store, tasks TaskReader, writer string, ready func(), base Base) *Dependencies {
+	return &Dependencies{base: base.WithDefaults(), store: store, tasks: tasks, writer: writer, ready: ready, waiters: map[string][]string{}}
 }
 
 // Start lets Notify and Recover act, until Stop (the Component contract).
@@ -159,11 +162,12 @@ func (d *Dependencies) Notify(s State) {
 	if d.ctx == nil || d.ctx.Err() != nil {
 		return
 	}
-	if s.Phase.Terminal() {
+	if s.Phase.Terminal() && len(d.waiters[s.ID]) > 0 {
 		for _, id := range d.waiters[s.ID] {
 			d.look(id)
 		}
 		delete(d.waiters, s.ID)
+		d.ready()
 	}
 	if s.Phase == PhaseArmed && len(s.waitsFor()) > 0 {
 		d.lookAt(s)

@@ -76,7 +76,7 @@ func TestEveryPartFollowsTheLifecycle(t *testing.T) {
 			return engine.NewTimers(p.store, p.reader, engineWriter, engine.Base{})
 		}},
 		{"dependencies", func(p parts) engine.Component {
-			return engine.NewDependencies(p.store, p.reader, engineWriter, engine.Base{})
+			return engine.NewDependencies(p.store, p.reader, engineWriter, func() {}, engine.Base{})
 		}},
 		{"leases", func(p parts) engine.Component {
 			return engine.NewLeases(p.store, p.reader, p.liveness, engineWriter, engine.Base{})

@@ -188,6 +188,10 @@ func (s *Scheduler) update(u events.WorkerUpdate) {
 	s.signal()
 }
 
+// Kick asks for a placement pass: a task held back (for its dependencies) may
+// start now.
+func (s *Scheduler) Kick() { s.signal() }
+
 func (s *Scheduler) signal() {
 	select {
 	case s.kick <- struct{}{}:
@@ -208,7 +212,6 @@ func (s *Scheduler) Notify(st State) {
 	case st.LastType == events.TypeExited, st.LastType == events.TypeFailed,
 		st.LastType == events.TypeCancelled, st.LastType == events.TypeLost:
 		// a slot may be free
-	case st.Phase.Terminal(): // a task waiting for it may start
 	default:
 		return
 	}

@@ -207,7 +207,7 @@ func (n *Node) wire(st streams) {
 	n.projector.UseSnapshots(c.Snapshots)
 	n.dispatcher = engine.NewDispatcher(st.store, st.inbox, n.projector, writer, deliveries, base)
 	n.timers = engine.NewTimers(st.store, n.projector, writer, base)
-	n.depends = engine.NewDependencies(st.store, n.projector, writer, base)
+	n.depends = engine.NewDependencies(st.store, n.projector, writer, func() { n.scheduler.Kick() }, base)
 	n.leases = engine.NewLeases(st.store, n.projector, st.liveness, writer, base)
 	// Each start is an instance of its own, so no replica takes another's push in
 	// flight for one of its own dead ones.
