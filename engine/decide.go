@@ -257,6 +257,7 @@ func (s State) wakeup() events.Wakeup {
 	if len(s.Attempts) > 0 {
 		w.Attempts = s.Attempts
 	}
+	w.Probes = s.Probes
 	w.Members = s.Members
 	if r := s.Run; r != nil {
 		started, ended := r.StartedAt, r.EndedAt

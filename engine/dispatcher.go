@@ -251,7 +251,11 @@ func (d *Dispatcher) Complete(ctx context.Context, id string) error {
 		if s.Phase == PhaseFired {
 			d.base.Logger.Info("fired", "task", id, "status", s.Status, "inbox_seq", s.InboxSeq)
 		}
-		if s.RetryAt != nil && s.Phase == PhaseArmed {
+		switch {
+		case s.Phase != PhaseArmed || s.RetryAt == nil:
+		case s.Spec.IsProbe():
+			d.base.Logger.Debug("probe did not meet its rule, running it again", "task", id, "probes", s.Probes, "at", s.RetryAt)
+		default:
 			a := s.Attempts[len(s.Attempts)-1]
 			d.base.Logger.Info("attempt ended, retrying", "task", id, "attempt", len(s.Attempts), "status", a.Status, "at", s.RetryAt)
 		}
@@ -267,6 +271,9 @@ func (d *Dispatcher) nextStep(ctx context.Context, s State, recheck bool) (Comma
 	case PhaseEnded:
 		if s.Retryable() {
 			return RetryLater{Jitter: rand.Float64()}, nil
+		}
+		if s.Probing() {
+			return ProbeLater{}, nil
 		}
 		return PersistCompletion{}, nil
 	case PhasePersisted:

@@ -294,6 +294,9 @@ func defaultPrompt(w events.Wakeup, vars map[string]string) []part {
 	if len(w.Attempts) > 0 {
 		parts = append(parts, lit("That was attempt %d; the earlier ones: %s.\n", len(w.Attempts)+1, attemptList(w.Attempts)))
 	}
+	if w.Probes > 0 {
+		parts = append(parts, lit("That was probe run %d; the %d before it did not meet its rule.\n", w.Probes+1, w.Probes))
+	}
 	if len(w.Tail) > 0 {
 		parts = append(parts, lit("Last %d lines of output:\n", len(w.Tail)), placeholder("tail"), lit("\n"))
 	} else {

@@ -80,6 +80,9 @@ type Spec struct {
 	StartAt string `json:"start_at,omitempty"`
 	// Retry runs the command again after an attempt that ends in one of its statuses.
 	Retry *Retry `json:"retry,omitempty"`
+	// ProbeEvery makes the command a probe, run again this long after each run
+	// that does not meet the completion rule (with none: that does not exit 0).
+	ProbeEvery string `json:"probe_every,omitempty"`
 	// RerunOf names the task this one runs again.
 	RerunOf string `json:"rerun_of,omitempty"`
 	// Occurrence names the slot of a schedule that registered the task.
@@ -134,6 +137,9 @@ func ParseSpecAt(data []byte, now time.Time) (Spec, error) {
 		return Spec{}, err
 	}
 	if err := s.validateDelivery(); err != nil {
+		return Spec{}, err
+	}
+	if err := s.validateProbe(); err != nil {
 		return Spec{}, err
 	}
 	return s, nil

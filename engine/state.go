@@ -98,6 +98,10 @@ type State struct {
 	// the next, while it waits for it.
 	Attempts []events.Attempt `json:"attempts,omitempty"`
 	RetryAt  *time.Time       `json:"retry_at,omitempty"`
+	// Probes counts the runs of a probe that did not meet its rule, and LastProbe
+	// is how the last of them ended, while the next waits.
+	Probes    int            `json:"probes,omitempty"`
+	LastProbe *events.Exited `json:"last_probe,omitempty"`
 	// Paused: an armed task held until it is resumed.
 	Paused bool `json:"paused,omitempty"`
 	// ExternalResult is the result a task completed from outside was given.
@@ -184,6 +188,8 @@ func apply(s State, rec events.Record) (State, error) {
 		return s.due(rec, p)
 	case *events.RetryScheduled:
 		return s.retryScheduled(p)
+	case *events.ProbeScheduled:
+		return s.probeScheduled(p)
 	case *events.Completed:
 		return s.completed(rec, p)
 	case *events.Skipped:
@@ -250,6 +256,9 @@ func (s State) ticked(rec events.Record, p *events.Tick) (State, error) {
 func (s State) exited(rec events.Record, p *events.Exited) (State, error) {
 	if err := s.ownedBy(rec); err != nil {
 		return s, err
+	}
+	if p.NotStarted && s.LastProbe != nil {
+		return s.probeTimedOut(p), nil
 	}
 	run := *p
 	s.Phase, s.Run, s.EndedAt = PhaseEnded, &run, &run.EndedAt

@@ -30,6 +30,8 @@ const (
 	// A timer came due; a failed attempt of a command with retries was armed again.
 	TypeDue            Type = "due"
 	TypeRetryScheduled Type = "retry-scheduled"
+	// A probe that did not meet its rule was armed for its next run.
+	TypeProbeScheduled Type = "probe-scheduled"
 	// A task ended from outside (bgtask complete); one skipped, its dependency
 	// having failed.
 	TypeCompleted Type = "completed"
@@ -154,6 +156,8 @@ func newPayload(t Type) Payload {
 		return &Due{}
 	case TypeRetryScheduled:
 		return &RetryScheduled{}
+	case TypeProbeScheduled:
+		return &ProbeScheduled{}
 	case TypeCompleted:
 		return &Completed{}
 	case TypeSkipped:
@@ -175,7 +179,7 @@ func knownType(name []byte) Type {
 		TypeTick, TypeArmed, TypeSpawned, TypeExited, TypeCompletionPersisted, TypeFired,
 		TypeStalled, TypeLost, TypeFailed, TypeCancelled,
 		TypeDeliveryAttempt, TypeDeliveryResult, TypeDeliveryFailed, TypeArchived,
-		TypeDue, TypeRetryScheduled, TypePaused, TypeResumed, TypeCompleted, TypeSkipped, TypeJoined,
+		TypeDue, TypeRetryScheduled, TypeProbeScheduled, TypePaused, TypeResumed, TypeCompleted, TypeSkipped, TypeJoined,
 	} {
 		if string(name) == string(t) {
 			return t
@@ -305,6 +309,13 @@ type RetryScheduled struct {
 	Deadline string    `json:"deadline,omitempty"`
 }
 
+// ProbeScheduled arms a probe again after a run that did not meet its rule: the
+// next run starts at At. Probes counts the runs so far.
+type ProbeScheduled struct {
+	Probes int       `json:"probes"`
+	At     time.Time `json:"at"`
+}
+
 // Attempt is how one run of a task with retries ended.
 type Attempt struct {
 	Epoch    uint64 `json:"epoch"`
@@ -357,6 +368,7 @@ func (*Paused) EventType() Type              { return TypePaused }
 func (*Resumed) EventType() Type             { return TypeResumed }
 func (*Due) EventType() Type                 { return TypeDue }
 func (*RetryScheduled) EventType() Type      { return TypeRetryScheduled }
+func (*ProbeScheduled) EventType() Type      { return TypeProbeScheduled }
 func (*Armed) EventType() Type               { return TypeArmed }
 func (*Spawned) EventType() Type             { return TypeSpawned }
 func (*Tick) EventType() Type                { return TypeTick }
@@ -394,6 +406,8 @@ type Wakeup struct {
 	LateBy string `json:"late_by,omitempty"`
 	// Attempts are the runs before the last of a task with retries.
 	Attempts []Attempt `json:"attempts,omitempty"`
+	// Probes counts the runs of a probe before the last, which did not meet its rule.
+	Probes int `json:"probes,omitempty"`
 	// Members are how the members of a group ended, for a join's wake-up.
 	Members []Member `json:"members,omitempty"`
 }

@@ -27,6 +27,7 @@ const (
 	RuleTimerTwice     = "timer-due-twice"        // a timer that came due again
 	RuleRetryPastCount = "retry-past-count"       // a retry its rule's count does not allow
 	RuleSlotTwice      = "schedule-slot-twice"    // two tasks for one slot of a schedule
+	RuleProbeAfterDone = "probe-after-done"       // a probe run again after it met its rule
 )
 
 // DefaultStuckAfter is the slack past what the engine promises before a task is
@@ -158,6 +159,8 @@ func (a *Audit) Add(rec events.Record, decodeErr error) {
 		rule = RuleTimerTwice
 	case rec.Type == events.TypeRetryScheduled && prev.Spec.Retry != nil && len(prev.Attempts) >= prev.Spec.Retry.Max:
 		rule = RuleRetryPastCount
+	case rec.Type == events.TypeProbeScheduled && prev.Status == engine.StatusSucceeded:
+		rule = RuleProbeAfterDone
 	}
 	a.violate(Violation{TaskID: rec.TaskID, Seq: rec.Seq, Rule: rule, Detail: err.Error()})
 }

@@ -150,6 +150,12 @@ func TestAuditFindsEachBrokenInvariant(t *testing.T) {
 			forged(h, s, "engine", 2, &events.RetryScheduled{At: time.Now()})
 			return nil
 		}, projections.RuleRetryPastCount},
+		{"a probe run again after it met its rule", func(h *history) []string {
+			s := h.do(engine.State{ID: "t"}, engine.Arm{Spec: engine.Spec{Command: "check", Target: "default", ProbeEvery: "1s"}}, "engine")
+			s = h.do(h.do(s, engine.Spawn{}, "w1"), engine.Exit{Run: events.Exited{ExitCode: 0}}, "w1")
+			forged(h, s, "engine", 1, &events.ProbeScheduled{Probes: 1, At: time.Now()})
+			return nil
+		}, projections.RuleProbeAfterDone},
 		{"two tasks for one schedule slot", func(h *history) []string {
 			slot := engine.Occurrence{Schedule: "nightly", Slot: time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)}
 			for _, id := range []string{"first", "t"} {

@@ -34,6 +34,7 @@ type addOptions struct {
 	delay, at                              string
 	external                               bool
 	wakeOn, after, afterPolicy             string
+	probeEvery                             string
 	retry                                  int
 	retryBackoff, retryOn                  string
 }
@@ -77,7 +78,11 @@ the server is down fires as soon as it is back, and its wake-up says how late
 (--retry-on picks) again, up to N more times, waiting --retry-backoff between
 attempts (doubling, with jitter); the caller is woken once, after the last, and
 the wake-up lists the attempts. A relative --deadline counts from the start, and
-with --retry bounds each attempt.
+with --retry bounds each attempt. --probe-every D makes the command a probe:
+it is run again D after each run that does not meet its completion rule
+(--complete-on-regex, --complete-on-json; with none, exit 0), until one does or
+the deadline passes; every run is in the history, the wake-up gives the last
+one's output and counts the others (probes).
 
 --spec reads a whole JSON spec (docs/api.md has its fields); flags given too override it.`
 
@@ -92,6 +97,7 @@ const addExample = `  bgtask add -- make test
   bgtask add --delay 20m --prompt 'Check whether the deploy finished'
   bgtask add --at 09:00 -- ./nightly-report.sh
   bgtask add --retry 3 --retry-backoff 10s,5m --retry-on failed,lost -- ./flaky-upload.sh
+  bgtask add --probe-every 1m --deadline 2h --complete-on-json status=completed -- gh run view 123 --json status,conclusion
   id=$(bgtask add --json -- 'sleep 5; echo done' | jq -r .id)`
 
 func addCmd(g *globals) *cobra.Command {
@@ -161,6 +167,7 @@ func (o *addOptions) register(f *pflag.FlagSet) {
 	f.IntVar(&o.retry, "retry", 0, "run a command whose attempt ends in a --retry-on status again, up to this many more times")
 	f.StringVar(&o.retryBackoff, "retry-backoff", "", "INITIAL[,MAX]: the wait before the first retry (default 1s), doubled for each next up to MAX (default 5m), with jitter")
 	f.StringVar(&o.retryOn, "retry-on", "", "the statuses retried, comma separated (default: failed,timed_out,stalled,lost)")
+	f.StringVar(&o.probeEvery, "probe-every", "", "the command is a probe: run it again this long after each run until it meets the completion rule (default: exit 0)")
 	f.StringVar(&o.specFile, "spec", "", "a whole JSON spec from a file ('-' for stdin); flags given too override it")
 	f.BoolVar(&o.asJSON, "json", false, "print {\"id\": ...} as JSON")
 }
@@ -228,6 +235,7 @@ func (o *addOptions) fields(cmd *cobra.Command, args []string) (map[string]any, 
 		doc["after"] = strings.Split(o.after, ",")
 	}
 	set("after-policy", "after_policy", o.afterPolicy)
+	set("probe-every", "probe_every", o.probeEvery)
 	if doc["command"] != nil || doc["argv"] != nil {
 		// A timer or an external task runs nothing: no directory, no host.
 		if err := o.setCwd(doc, changed); err != nil {

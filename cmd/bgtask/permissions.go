@@ -59,6 +59,7 @@ var (
 		events.TaskSubject("*", events.TypeCancelled),
 		events.TaskSubject("*", events.TypeDue),
 		events.TaskSubject("*", events.TypeRetryScheduled),
+		events.TaskSubject("*", events.TypeProbeScheduled),
 		events.TaskSubject("*", events.TypePaused),
 		events.TaskSubject("*", events.TypeResumed),
 		events.TaskSubject("*", events.TypeCompleted),
