@@ -39,7 +39,8 @@ type Dispatcher struct {
 	queue   []string
 	queued  map[string]bool
 	busy    map[string]bool // tasks a loop works on: no second loop takes them
-	notices map[string]bool // tasks with a stall notice to deliver
+	notices map[string]bool // tasks with a stall notice or notices to deliver
+	sent    map[string]int  // notices known to be in the inbox, by task
 	wake    chan struct{}
 	run     lifecycle
 }
@@ -51,7 +52,7 @@ func NewDispatcher(store events.Store, inbox events.Inbox, tasks TaskReader, wri
 	}
 	return &Dispatcher{
 		base: base.WithDefaults(), store: store, inbox: inbox, tasks: tasks, writer: writer,
-		workers: workers, queued: map[string]bool{}, busy: map[string]bool{}, notices: map[string]bool{}, wake: make(chan struct{}, 1),
+		workers: workers, queued: map[string]bool{}, busy: map[string]bool{}, notices: map[string]bool{}, sent: map[string]int{}, wake: make(chan struct{}, 1),
 	}
 }
 
@@ -61,20 +62,25 @@ func (d *Dispatcher) Notify(s State) {
 	switch {
 	case s.Phase == PhaseEnded:
 		d.enqueue(s.ID, false)
-	case s.LastType == events.TypeStalled && s.Stall.Action == OnStallNotify:
+	case s.LastType == events.TypeStalled && s.Stall.Action == OnStallNotify, s.LastType == events.TypeNotice:
 		d.enqueue(s.ID, true)
+	case s.Notices > 0 && (s.Phase.Terminal() || s.Phase == PhaseCancelled):
+		d.mu.Lock()
+		delete(d.sent, s.ID)
+		d.mu.Unlock()
 	}
 }
 
 // Recover queues every task that ended or was persisted but not fired, and every
-// running task whose stall notice may not have gone out: work a previous process
-// left when it stopped or crashed.
+// task whose stall notice or notices may not have gone out: work a previous
+// process left when it stopped or crashed.
 func (d *Dispatcher) Recover(states []State) {
 	for _, s := range states {
+		notices := s.Notices > 0 || s.StallNotified
 		switch {
 		case s.Phase == PhaseEnded || s.Phase == PhasePersisted:
-			d.enqueue(s.ID, false)
-		case s.Phase == PhaseRunning && s.StallNotified:
+			d.enqueue(s.ID, notices)
+		case s.Phase == PhaseRunning && notices:
 			d.enqueue(s.ID, true)
 		}
 	}
@@ -203,7 +209,13 @@ func (d *Dispatcher) deliver(ctx context.Context, id string, notice bool) error 
 // first in the inbox.
 func (d *Dispatcher) Notice(ctx context.Context, id string) error {
 	s, ok := d.tasks.Task(id)
-	if !ok || !s.StallNotified || s.Phase != PhaseRunning || s.StalledAt == nil {
+	if !ok {
+		return nil
+	}
+	if err := d.deliverNotices(ctx, s); err != nil {
+		return err
+	}
+	if !s.StallNotified || s.Phase != PhaseRunning || s.StalledAt == nil {
 		return nil
 	}
 	_, err := d.inbox.Deliver(ctx, s.StallNotice(), *s.StalledAt)

@@ -83,6 +83,8 @@ type Spec struct {
 	// ProbeEvery makes the command a probe, run again this long after each run
 	// that does not meet the completion rule (with none: that does not exit 0).
 	ProbeEvery string `json:"probe_every,omitempty"`
+	// Notify sends notices of matching output lines while the command runs.
+	Notify *Notify `json:"notify,omitempty"`
 	// RerunOf names the task this one runs again.
 	RerunOf string `json:"rerun_of,omitempty"`
 	// Occurrence names the slot of a schedule that registered the task.
@@ -140,6 +142,9 @@ func ParseSpecAt(data []byte, now time.Time) (Spec, error) {
 		return Spec{}, err
 	}
 	if err := s.validateProbe(); err != nil {
+		return Spec{}, err
+	}
+	if err := s.validateNotify(); err != nil {
 		return Spec{}, err
 	}
 	return s, nil
@@ -337,7 +342,7 @@ func decodeSpec(raw json.RawMessage) (Spec, error) {
 	// decodes the same either way; json.Unmarshal is the cheaper way, and every
 	// task of a restart's replay has its spec decoded.
 	var s Spec
-	if json.Unmarshal(raw, &s) == nil && (s.Completion == nil || len(s.Completion.Match) == 0) {
+	if json.Unmarshal(raw, &s) == nil && (s.Completion == nil || len(s.Completion.Match) == 0) && (s.Notify == nil || len(s.Notify.Match) == 0) {
 		return s, nil
 	}
 	s = Spec{}

@@ -102,6 +102,12 @@ type State struct {
 	// is how the last of them ended, while the next waits.
 	Probes    int            `json:"probes,omitempty"`
 	LastProbe *events.Exited `json:"last_probe,omitempty"`
+	// Notices counts the notices of the notify rule; LastNotice is the last, at
+	// LastNoticeAt.
+	Notices      int            `json:"notices,omitempty"`
+	LastNotice   *events.Notice `json:"last_notice,omitempty"`
+	LastNoticeAt *time.Time     `json:"last_notice_at,omitempty"`
+	NoticeEpoch  uint64         `json:"notice_epoch,omitempty"`
 	// Paused: an armed task held until it is resumed.
 	Paused bool `json:"paused,omitempty"`
 	// ExternalResult is the result a task completed from outside was given.
@@ -190,6 +196,8 @@ func apply(s State, rec events.Record) (State, error) {
 		return s.retryScheduled(p)
 	case *events.ProbeScheduled:
 		return s.probeScheduled(p)
+	case *events.Notice:
+		return s.noticed(rec, p)
 	case *events.Completed:
 		return s.completed(rec, p)
 	case *events.Skipped:

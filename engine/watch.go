@@ -308,10 +308,14 @@ type LineMatcher func(line []byte) bool
 // Matcher returns the spec's completion rule as a line matcher, or nil when the
 // task completes on exit.
 func (s Spec) Matcher() LineMatcher {
-	c := s.Completion
-	if c == nil {
+	if s.Completion == nil {
 		return nil
 	}
+	return s.Completion.matcher()
+}
+
+// matcher is the rule as a line matcher, or nil for a rule of no line.
+func (c Completion) matcher() LineMatcher {
 	switch c.Type {
 	case CompleteOnPattern:
 		re := regexp.MustCompile(c.Regex) // validated at registration

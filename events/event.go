@@ -32,6 +32,8 @@ const (
 	TypeRetryScheduled Type = "retry-scheduled"
 	// A probe that did not meet its rule was armed for its next run.
 	TypeProbeScheduled Type = "probe-scheduled"
+	// Lines of a running command's output its notify rule sends.
+	TypeNotice Type = "notice"
 	// A task ended from outside (bgtask complete); one skipped, its dependency
 	// having failed.
 	TypeCompleted Type = "completed"
@@ -158,6 +160,8 @@ func newPayload(t Type) Payload {
 		return &RetryScheduled{}
 	case TypeProbeScheduled:
 		return &ProbeScheduled{}
+	case TypeNotice:
+		return &Notice{}
 	case TypeCompleted:
 		return &Completed{}
 	case TypeSkipped:
@@ -179,7 +183,7 @@ func knownType(name []byte) Type {
 		TypeTick, TypeArmed, TypeSpawned, TypeExited, TypeCompletionPersisted, TypeFired,
 		TypeStalled, TypeLost, TypeFailed, TypeCancelled,
 		TypeDeliveryAttempt, TypeDeliveryResult, TypeDeliveryFailed, TypeArchived,
-		TypeDue, TypeRetryScheduled, TypeProbeScheduled, TypePaused, TypeResumed, TypeCompleted, TypeSkipped, TypeJoined,
+		TypeDue, TypeRetryScheduled, TypeProbeScheduled, TypeNotice, TypePaused, TypeResumed, TypeCompleted, TypeSkipped, TypeJoined,
 	} {
 		if string(name) == string(t) {
 			return t
@@ -316,6 +320,16 @@ type ProbeScheduled struct {
 	At     time.Time `json:"at"`
 }
 
+// Notice is notice N of a running command: output lines its notify rule
+// matched (Dropped more that one notice does not carry), the last ending at Upto
+// in the run's stdout.
+type Notice struct {
+	N       int      `json:"n"`
+	Lines   []string `json:"lines"`
+	Dropped int      `json:"dropped,omitempty"`
+	Upto    int64    `json:"upto"`
+}
+
 // Attempt is how one run of a task with retries ended.
 type Attempt struct {
 	Epoch    uint64 `json:"epoch"`
@@ -369,6 +383,7 @@ func (*Resumed) EventType() Type             { return TypeResumed }
 func (*Due) EventType() Type                 { return TypeDue }
 func (*RetryScheduled) EventType() Type      { return TypeRetryScheduled }
 func (*ProbeScheduled) EventType() Type      { return TypeProbeScheduled }
+func (*Notice) EventType() Type              { return TypeNotice }
 func (*Armed) EventType() Type               { return TypeArmed }
 func (*Spawned) EventType() Type             { return TypeSpawned }
 func (*Tick) EventType() Type                { return TypeTick }

@@ -28,6 +28,7 @@ const (
 	RuleRetryPastCount = "retry-past-count"       // a retry its rule's count does not allow
 	RuleSlotTwice      = "schedule-slot-twice"    // two tasks for one slot of a schedule
 	RuleProbeAfterDone = "probe-after-done"       // a probe run again after it met its rule
+	RuleNoticeMissing  = "notice-missing"         // a fired task with a notice not in the inbox
 )
 
 // DefaultStuckAfter is the slack past what the engine promises before a task is
@@ -188,6 +189,12 @@ func (a *Audit) Report() Report {
 			if delivered == 0 && !s.Quiet {
 				r.Violations = append(r.Violations, Violation{TaskID: id, Rule: RuleInboxMissing,
 					Detail: fmt.Sprintf("fired (inbox seq %d) but no wake-up with its id is in the inbox", s.InboxSeq)})
+			}
+			for k := 1; k <= s.Notices; k++ {
+				if a.inbox[id+"."+engine.NoticeID(k)] == 0 {
+					r.Violations = append(r.Violations, Violation{TaskID: id, Rule: RuleNoticeMissing,
+						Detail: fmt.Sprintf("fired, but notice %d of its %d is not in the inbox", k, s.Notices)})
+				}
 			}
 		case engine.PhaseCancelled:
 			r.Cancelled++

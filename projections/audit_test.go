@@ -156,6 +156,15 @@ func TestAuditFindsEachBrokenInvariant(t *testing.T) {
 			forged(h, s, "engine", 1, &events.ProbeScheduled{Probes: 1, At: time.Now()})
 			return nil
 		}, projections.RuleProbeAfterDone},
+		{"a notice missing from the inbox", func(h *history) []string {
+			s := h.do(engine.State{ID: "t"}, engine.Arm{Spec: engine.Spec{Command: "make", Target: "default",
+				Notify: &engine.Notify{Type: engine.CompleteOnPattern, Regex: "^step", Max: 5}}}, "engine")
+			s = h.do(s, engine.Spawn{}, "w1")
+			s = h.do(h.do(s, engine.Notice{Lines: []string{"step 1"}}, "w1"), engine.Notice{Lines: []string{"step 2"}}, "w1")
+			s = h.do(h.do(s, engine.Exit{Run: events.Exited{ExitCode: 0}}, "w1"), engine.PersistCompletion{}, "engine")
+			h.do(s, engine.Fire{InboxSeq: 3}, "engine")
+			return []string{"t", "t.n2"}
+		}, projections.RuleNoticeMissing},
 		{"two tasks for one schedule slot", func(h *history) []string {
 			slot := engine.Occurrence{Schedule: "nightly", Slot: time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)}
 			for _, id := range []string{"first", "t"} {

@@ -275,6 +275,7 @@ type watcher struct {
 	tail       *Tail
 	logs       *runLogs
 	lines      *lineWatch   // the completion rule's, nil without one
+	notices    *noticeWatch // the notify rule's, nil without one
 	lastOutput atomic.Int64 // when the command last printed, in Unix nanoseconds
 	copyDone   chan struct{}
 	copying    sync.WaitGroup
@@ -308,6 +309,10 @@ func (r *run) newWatcher(proc *process, run shimRun, logAt *offsets, fileAt offs
 		} else {
 			x.lines.resume(filepath.Join(proc.dir, shim.StdoutFile), fileAt.stdout)
 		}
+	}
+	if x.notices = newNoticeWatch(r.state); x.notices != nil {
+		x.notices.resume(proc.dir, fileAt.stdout)
+		stdout.writers = append(stdout.writers, x.notices)
 	}
 	// After a restart, the tail starts with what the run printed before it.
 	_, _ = tailOut.Write(lastData(filepath.Join(proc.dir, shim.StdoutFile), fileAt.stdout, tailRereadBytes))
@@ -359,6 +364,11 @@ func (x *watcher) follow(ctx context.Context, started bool) (respawn bool) {
 	if x.lines != nil {
 		matched = x.lines.hit
 	}
+	var noticeDue <-chan struct{}
+	if x.notices != nil {
+		noticeDue = x.notices.ready
+		defer x.notices.stop()
+	}
 	var err error
 	// The first tick says the command runs, with its PID. A command that has already
 	// ended (a short one often has by now) gets none: its exit says it all, and the
@@ -396,6 +406,8 @@ func (x *watcher) follow(ctx context.Context, started bool) (respawn bool) {
 			}
 		case <-ticker.C:
 			err = x.r.record(ctx, engine.Tick{OutputBytes: x.tail.Bytes()})
+		case <-noticeDue:
+			err = x.sendNotice(ctx)
 		case <-x.r.cancelled:
 			err = errFenced
 		case <-ctx.Done():
@@ -410,6 +422,23 @@ func (x *watcher) follow(ctx context.Context, started bool) (respawn bool) {
 	}
 	x.fenced(ctx)
 	return false
+}
+
+// sendNotice records the notice that is due, if any. One the engine refuses (the
+// rule's count reached) ends the notices of the run.
+func (x *watcher) sendNotice(ctx context.Context) error {
+	n, ok := x.notices.due()
+	if !ok {
+		return nil
+	}
+	err := x.r.record(ctx, n)
+	if errors.Is(err, engine.ErrWrongPhase) {
+		x.r.w.cfg.Base.Logger.Warn("notice refused: no more notices for this run", "task", x.r.state.ID, "err", err)
+		x.notices.stop()
+		return nil
+	}
+	x.notices.recorded(err)
+	return err
 }
 
 // deadline fires when the spec's deadline passes; never without one.

@@ -35,6 +35,9 @@ type addOptions struct {
 	external                               bool
 	wakeOn, after, afterPolicy             string
 	probeEvery                             string
+	notifyJSON                             []string
+	notifyRegex, notifyBatch, notifyMin    string
+	notifyMax                              int
 	retry                                  int
 	retryBackoff, retryOn                  string
 }
@@ -84,6 +87,12 @@ it is run again D after each run that does not meet its completion rule
 the deadline passes; every run is in the history, the wake-up gives the last
 one's output and counts the others (probes).
 
+Notices: --notify-on-regex RE (or --notify-on-json K=V) sends each stdout line
+that matches to the target's inbox while the command runs, as a notice
+("notice": "nK"); --notify-batch D gathers the lines of D into one,
+--notify-min-interval D keeps D between two, --notify-max N stops after N
+(default 100). The final wake-up still comes once, after them.
+
 --spec reads a whole JSON spec (docs/api.md has its fields); flags given too override it.`
 
 const addExample = `  bgtask add -- make test
@@ -97,6 +106,7 @@ const addExample = `  bgtask add -- make test
   bgtask add --delay 20m --prompt 'Check whether the deploy finished'
   bgtask add --at 09:00 -- ./nightly-report.sh
   bgtask add --retry 3 --retry-backoff 10s,5m --retry-on failed,lost -- ./flaky-upload.sh
+  bgtask add --notify-on-regex '^Epoch [0-9]+' --notify-min-interval 10m -- ./train.sh
   bgtask add --probe-every 1m --deadline 2h --complete-on-json status=completed -- gh run view 123 --json status,conclusion
   id=$(bgtask add --json -- 'sleep 5; echo done' | jq -r .id)`
 
@@ -168,6 +178,11 @@ func (o *addOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.retryBackoff, "retry-backoff", "", "INITIAL[,MAX]: the wait before the first retry (default 1s), doubled for each next up to MAX (default 5m), with jitter")
 	f.StringVar(&o.retryOn, "retry-on", "", "the statuses retried, comma separated (default: failed,timed_out,stalled,lost)")
 	f.StringVar(&o.probeEvery, "probe-every", "", "the command is a probe: run it again this long after each run until it meets the completion rule (default: exit 0)")
+	f.StringVar(&o.notifyRegex, "notify-on-regex", "", "while the command runs, send a notice for each stdout line matching this Go regular expression")
+	f.StringArrayVar(&o.notifyJSON, "notify-on-json", nil, "KEY=VALUE: send a notice for each stdout line that is a JSON object with these fields (repeatable)")
+	f.StringVar(&o.notifyBatch, "notify-batch", "", "gather the matching lines of this long after the first into one notice (default: none)")
+	f.StringVar(&o.notifyMin, "notify-min-interval", "", "at least this long between two notices; lines in between go into the next (default: none)")
+	f.IntVar(&o.notifyMax, "notify-max", 0, fmt.Sprintf("at most this many notices (default %d, at most %d); the final wake-up still comes", engine.DefaultNoticesMax, engine.MaxNoticesLimit))
 	f.StringVar(&o.specFile, "spec", "", "a whole JSON spec from a file ('-' for stdin); flags given too override it")
 	f.BoolVar(&o.asJSON, "json", false, "print {\"id\": ...} as JSON")
 }
@@ -301,8 +316,46 @@ func (o *addOptions) setCwd(doc map[string]any, changed func(string) bool) error
 	return nil
 }
 
+// setNotify sets the notify rule given as flags.
+func (o *addOptions) setNotify(doc map[string]any, changed func(string) bool) error {
+	var notify map[string]any
+	switch {
+	case changed("notify-on-json") && changed("notify-on-regex"):
+		return usageErr("--notify-on-json and --notify-on-regex: give one notify rule")
+	case changed("notify-on-json"):
+		match, err := parseKeyValues("--notify-on-json", o.notifyJSON)
+		if err != nil {
+			return err
+		}
+		notify = map[string]any{"type": engine.CompleteOnJSON, "match": match}
+	case changed("notify-on-regex"):
+		notify = map[string]any{"type": engine.CompleteOnPattern, "regex": o.notifyRegex}
+	default:
+		for _, flag := range []string{"notify-batch", "notify-min-interval", "notify-max"} {
+			if changed(flag) {
+				return usageErr("--%s goes with --notify-on-regex or --notify-on-json", flag)
+			}
+		}
+		return nil
+	}
+	for flag, set := range map[string]func(){
+		"notify-batch":        func() { notify["batch"] = o.notifyBatch },
+		"notify-min-interval": func() { notify["min_interval"] = o.notifyMin },
+		"notify-max":          func() { notify["max"] = o.notifyMax },
+	} {
+		if changed(flag) {
+			set()
+		}
+	}
+	doc["notify"] = notify
+	return nil
+}
+
 // setWatch sets the watch rules given as flags: completion, stall, deadline, result.
 func (o *addOptions) setWatch(doc map[string]any, changed func(string) bool) error {
+	if err := o.setNotify(doc, changed); err != nil {
+		return err
+	}
 	if changed("complete-on-json") && changed("complete-on-regex") {
 		return usageErr("--complete-on-json and --complete-on-regex: give one completion rule")
 	}

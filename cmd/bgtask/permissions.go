@@ -74,6 +74,7 @@ var (
 				events.TaskSubject("*", events.TypeTick),
 				events.TaskSubject("*", events.TypeStalled),
 				events.TaskSubject("*", events.TypeExited),
+				events.TaskSubject("*", events.TypeNotice),
 				events.TaskSubject("*", events.TypeFailed),
 				events.TaskSubject("*", events.TypeLost),
 				events.LogPrefix + ".>",
