@@ -1,0 +1,121 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// gatedCommand waits for the gate name, then marks its end with name.done.
+func gatedCommand(name string) string { return gate(name) + "touch " + name + ".done" }
+
+// endGated opens the gate name in dir and waits for its command to end.
+func endGated(t *testing.T, dir, name string) {
+	t.Helper()
+	openGate(t, dir, name)
+	eventually(t, 30*time.Second, name+" ended", func() bool {
+		_, err := os.Stat(filepath.Join(dir, name+".done"))
+		return err == nil
+	})
+}
+
+// A dependency that ends while the server (and its worker) is down starts its
+// dependent once the server is back, once.
+func TestADependencyThatEndsWhileTheServerIsDownStartsItsDependentOnce(t *testing.T) {
+	t.Parallel()
+	home, dir := t.TempDir(), t.TempDir()
+	srv := startServer(t, home)
+	makeGate(t, dir, "a")
+	a := add(t, home, "--cwd", dir, "--", gatedCommand("a"))
+	b := add(t, home, "--cwd", dir, "--after", a, "--", "echo ran >> b.runs")
+	eventually(t, 30*time.Second, "a runs", func() bool { return countTypes(history(t, home, a))["spawned"] == 1 })
+	srv.stop(syscall.SIGKILL)
+	endGated(t, dir, "a")
+	startServer(t, home)
+	if w := waitFor(t, home, b); w.Status != "succeeded" {
+		t.Fatalf("the dependent after a restart: %+v", w)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "b.runs"))
+	if err != nil || string(data) != "ran\n" {
+		t.Fatalf("the dependent ran %q (%v), want once", data, err)
+	}
+	if n := countTypes(history(t, home, b)); n["spawned"] != 1 || n["fired"] != 1 {
+		t.Fatalf("the dependent's history: %v", n)
+	}
+	auditClean(t, home)
+}
+
+type joinWakeup struct {
+	Status  string
+	Members []struct {
+		ID, Status string
+		ExitCode   *int `json:"exit_code"`
+	}
+}
+
+// A join whose last member ends while the server is down fires once after the
+// restart, listing both members.
+func TestAJoinWhoseLastMemberEndsDuringARestartFiresOnce(t *testing.T) {
+	t.Parallel()
+	home, dir := t.TempDir(), t.TempDir()
+	srv := startServer(t, home)
+	makeGate(t, dir, "last")
+	first := add(t, home, "--target", "group", "--wake-on", "none", "--", "exit 3")
+	last := add(t, home, "--cwd", dir, "--target", "group", "--wake-on", "none", "--", gatedCommand("last"))
+	join := decodeJSON[struct{ ID string }](t, ok(t, home, "join", "--all", first, last, "--target", "group", "--json")).ID
+	waitFor(t, home, first)
+	srv.stop(syscall.SIGKILL)
+	endGated(t, dir, "last")
+	startServer(t, home)
+	out := ok(t, home, "wait", join, "--json", "--timeout", "45s")
+	w := decodeJSON[joinWakeup](t, out)
+	if w.Status != "succeeded" || len(w.Members) != 2 || w.Members[0].Status != "failed" || *w.Members[0].ExitCode != 3 || w.Members[1].Status != "succeeded" {
+		t.Fatalf("the join's wake-up: %s", out)
+	}
+	if got := inboxLines(t, home, "group"); len(got) != 1 || !strings.Contains(got[0], join) {
+		t.Fatalf("the group's inbox holds %d wake-ups, want the join's alone", len(got))
+	}
+	auditClean(t, home)
+}
+
+// `complete` racing the command's own exit: whichever is first decides, once, and
+// the history says which.
+func TestCompleteRacingTheExitDecidesOnce(t *testing.T) {
+	t.Parallel()
+	home := t.TempDir()
+	startServer(t, home)
+	const tasks = 12
+	ids := make([]string, tasks)
+	var wg sync.WaitGroup
+	for i := range ids {
+		ids[i] = add(t, home, "--target", "race", "--", "sleep 1")
+		wg.Go(func() {
+			// Spread over the command's end, a second after its registration: some
+			// land before it, some after.
+			time.Sleep(time.Duration(400+100*i) * time.Millisecond)
+			run(t, home, "complete", ids[i], "--status", "failed", "--result", "raced")
+		})
+	}
+	wg.Wait()
+	outcomes := map[string]int{}
+	for _, id := range ids {
+		w := waitFor(t, home, id)
+		n := countTypes(history(t, home, id))
+		outcomes[w.Status]++
+		switch {
+		case n["fired"] != 1:
+			t.Fatalf("task %s fired %d times", id, n["fired"])
+		case w.Status == "failed" && n["completed"] != 1, w.Status == "succeeded" && n["completed"] != 0:
+			t.Fatalf("task %s is %s with %d completed events", id, w.Status, n["completed"])
+		}
+	}
+	if got := inboxLines(t, home, "race"); len(got) != tasks {
+		t.Fatalf("the inbox holds %d wake-ups for %d tasks", len(got), tasks)
+	}
+	t.Logf("outcomes of the race: %v", outcomes)
+	auditClean(t, home)
+}
