@@ -64,6 +64,7 @@ var (
 		events.TaskSubject("*", events.TypeCompleted),
 		events.TaskSubject("*", events.TypeSkipped),
 		events.TaskSubject("*", events.TypeJoined),
+		events.TaskSubject("*", events.TypeConsumed),
 	}
 
 	workerPermissions = &server.Permissions{
@@ -99,6 +100,7 @@ var (
 			Allow: append([]string{
 				api.SubjectRegister, api.SubjectCancel, api.SubjectGet, api.SubjectList,
 				api.SubjectHistory, api.SubjectWorkers, api.SubjectPause, api.SubjectResume, api.SubjectComplete,
+				api.SubjectConsume,
 				api.SubjectScheduleAdd, api.SubjectScheduleList, api.SubjectScheduleShow, api.SubjectSchedulePause,
 				api.SubjectScheduleResume, api.SubjectScheduleDelete, api.SubjectScheduleTrigger,
 				events.WorkerSubject("*", events.VerbDrain),

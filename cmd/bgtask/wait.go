@@ -19,6 +19,7 @@ func waitCmd(g *globals) *cobra.Command {
 	var (
 		timeout time.Duration
 		asJSON  bool
+		consume bool
 	)
 	cmd := &cobra.Command{
 		Use:   "wait ID",
@@ -32,56 +33,77 @@ after a success: 0 succeeded, 3 ended otherwise (failed, timed_out, stalled, los
 4 cancelled; 124 when --timeout passed first. The wake-up is printed in each case.
 
 A server that is restarting is waited for (said once on stderr), within --timeout.
-Waiting does not consume the wake-up: it stays in the target's inbox.`,
+Waiting does not consume the wake-up: it stays in the target's inbox, and the
+target is woken by it as well. With --consume, the wake-up that wait printed is
+removed from the target's inbox (the engine records it as the event consumed),
+so an agent that waited for the result inside its turn is not woken by it again;
+the target's other wake-ups stay. A task that woke nobody (cancelled, or an
+outcome its --wake-on does not name) has nothing to consume: --consume does
+nothing then. A wake-up that cannot be consumed is an error, with the exit
+status of that error; the wake-up stays in the inbox.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			if timeout > 0 {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithTimeout(ctx, timeout)
-				defer cancel()
-			}
-			c, err := g.dial(ctx, timeout)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			var t api.TaskView
-			err = g.call(ctx, c, timeout, true, func(ctx context.Context) (err error) {
-				t, err = c.api.Get(ctx, args[0])
-				return err
-			})
-			if err != nil {
-				return err
-			}
-			state := t.State
-			if !state.Phase.Terminal() {
-				state, err = follow(ctx, c, t.ID, func(s engine.State) bool { return s.Phase.Terminal() })
-				if errors.Is(err, context.DeadlineExceeded) {
-					return &exitError{code: exitTimeout, err: fmt.Errorf("timed out after %s waiting for task %s (%s)", timeout, t.ID, state.Phase)}
-				}
-				if err != nil {
-					return err
-				}
-			}
-			w := state.CancelledWakeup()
-			if state.Wakeup != nil {
-				w = *state.Wakeup
-			}
-			if asJSON {
-				err = printJSON(g.stdout, w)
-			} else {
-				err = printWakeup(g.stdout, w)
-			}
-			if err != nil {
-				return err
-			}
-			return outcome(w.Status)
+			return runWait(cmd.Context(), g, args[0], timeout, asJSON, consume)
 		},
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "give up after this long: exit status 124 while the task runs, 7 while no server answers (a restart); 0 waits forever")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the wake-up as JSON")
+	cmd.Flags().BoolVar(&consume, "consume", false, "remove the printed wake-up from the target's inbox, so it wakes nobody again")
 	return cmd
+}
+
+// runWait waits for task id, prints its wake-up, consumes it if asked, and
+// returns the exit status its outcome gives.
+func runWait(ctx context.Context, g *globals, id string, timeout time.Duration, asJSON, consume bool) error {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	c, err := g.dial(ctx, timeout)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var t api.TaskView
+	err = g.call(ctx, c, timeout, true, func(ctx context.Context) (err error) {
+		t, err = c.api.Get(ctx, id)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	state := t.State
+	if !state.Phase.Terminal() {
+		state, err = follow(ctx, c, t.ID, func(s engine.State) bool { return s.Phase.Terminal() })
+		if errors.Is(err, context.DeadlineExceeded) {
+			return &exitError{code: exitTimeout, err: fmt.Errorf("timed out after %s waiting for task %s (%s)", timeout, t.ID, state.Phase)}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	w := state.CancelledWakeup()
+	if state.Wakeup != nil {
+		w = *state.Wakeup
+	}
+	if asJSON {
+		err = printJSON(g.stdout, w)
+	} else {
+		err = printWakeup(g.stdout, w)
+	}
+	if err != nil {
+		return err
+	}
+	if consume && state.Phase == engine.PhaseFired && !state.Quiet {
+		if err := g.call(ctx, c, timeout, true, func(ctx context.Context) error {
+			_, err := c.api.Consume(ctx, t.ID)
+			return err
+		}); err != nil {
+			return fmt.Errorf("consume the wake-up of %s: %w", t.ID, err)
+		}
+	}
+	return outcome(w.Status)
 }
 
 // outcome is wait's exit for a task that ended with status: nil for a success,
