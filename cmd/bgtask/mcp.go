@@ -233,7 +233,7 @@ func enum(description string, values ...string) map[string]any {
 var idProp = prop("string", "the task's id, as add returned it")
 
 func (m *mcpServer) tools() []mcpTool {
-	return []mcpTool{m.addTool(), m.showTool(), m.listTool(), m.logsTool(), m.cancelTool(), m.waitTool()}
+	return []mcpTool{m.addTool(), m.joinTool(), m.showTool(), m.listTool(), m.logsTool(), m.cancelTool(), m.completeTool(), m.waitTool()}
 }
 
 func (m *mcpServer) addTool() mcpTool {
@@ -338,13 +338,16 @@ func (m *mcpServer) waitTool() mcpTool {
 			Title: "Wait for a task to end",
 			Description: "Block until the task has fired (or was cancelled) and return its wake-up: status, exit_code, prompt, result. " +
 				"With timeout, return after that long with ended false if it is still running. " +
-				"The wake-up comes to the session by itself; wait only when the result is needed before anything else. " +
+				"The wake-up comes to the session by itself; wait only when the result is needed before anything else, " +
+				"and then give consume true, so that the same wake-up does not wake the session again. " +
 				"A long wait sends progress notifications.",
 			InputSchema: schema([]string{"id"}, map[string]any{
 				"id":      idProp,
 				"timeout": prop("string", "give up after this long, a Go duration such as 90s or 10m (default: wait until the task ends)"),
+				"consume": prop("boolean", "remove the returned wake-up from the target's inbox, so it wakes nobody again (a task that woke nobody: nothing to do)"),
 			}),
-			Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: &no},
+			// Not read-only: with consume, it removes the wake-up from the inbox.
+			Annotations: &mcp.ToolAnnotations{DestructiveHint: &no, IdempotentHint: true, OpenWorldHint: &no},
 		},
 		run: m.wait,
 	}
@@ -443,6 +446,12 @@ func (m *mcpServer) add(ctx context.Context, _ *mcp.CallToolRequest, args json.R
 	if err := m.defaultCwd(doc); err != nil {
 		return "", nil, err
 	}
+	return m.register(ctx, doc)
+}
+
+// register registers the spec doc, with the session's target and origin and a key
+// of this call's own unless it names them, and says where its wake-up goes.
+func (m *mcpServer) register(ctx context.Context, doc map[string]any) (string, any, error) {
 	if m.session != nil {
 		applySession(doc, *m.session)
 	}
@@ -711,12 +720,15 @@ type waitOut struct {
 	Ended  bool           `json:"ended"`
 	State  engine.Phase   `json:"state"`
 	Wakeup *events.Wakeup `json:"wakeup,omitempty"`
+	// Consumed: the wake-up was removed from the inbox, as consume asked.
+	Consumed bool `json:"consumed,omitempty"`
 }
 
 func (m *mcpServer) wait(ctx context.Context, req *mcp.CallToolRequest, args json.RawMessage) (string, any, error) {
 	var in struct {
 		ID      string `json:"id"`
 		Timeout string `json:"timeout"`
+		Consume bool   `json:"consume"`
 	}
 	if err := decodeArgs(args, &in); err != nil {
 		return "", nil, err
@@ -774,8 +786,18 @@ func (m *mcpServer) wait(ctx context.Context, req *mcp.CallToolRequest, args jso
 	if state.Wakeup != nil {
 		w = *state.Wakeup
 	}
+	out := waitOut{ID: t.ID, Ended: true, State: state.Phase, Wakeup: &w}
+	if in.Consume && state.Phase == engine.PhaseFired && !state.Quiet {
+		if err := g.call(ctx, c, timeout, true, func(ctx context.Context) error {
+			_, err := c.api.Consume(ctx, t.ID)
+			return err
+		}); err != nil {
+			return "", nil, fmt.Errorf("consume the wake-up of %s: %w", t.ID, err)
+		}
+		out.Consumed = true
+	}
 	text := fmt.Sprintf("task %s %s, exit code %s\n\n%s", w.ID, w.Status, exitString(w.ExitCode), strings.TrimRight(w.Prompt, "\n"))
-	return text, waitOut{ID: t.ID, Ended: true, State: state.Phase, Wakeup: &w}, nil
+	return text, out, nil
 }
 
 // sendProgress tells the client every progressEvery, from now until stop, that
