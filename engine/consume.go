@@ -12,7 +12,8 @@ import (
 var ErrConsumed = errors.New("wake-up consumed already")
 
 // Consume records that a wait read a fired task's wake-up, and that it is to be
-// removed from its target's inbox, so that the caller is not woken by it again.
+// removed from its target's inbox, so that the caller is not woken by it again;
+// its push sinks' pushes not made yet are not made.
 // Only a wake-up that was delivered can be: a cancelled task, or a quiet one (its
 // outcome not one its wake_on names), has none.
 type Consume struct{}
@@ -38,6 +39,14 @@ func (s State) consumed(p *events.Consumed) (State, error) {
 		return s, ErrWrongPhase
 	}
 	s.Consumed = true
+	// A push not made yet (held for a busy target, or waiting to be retried) would
+	// wake the caller with what it has: it is not made. One in flight runs out.
+	s.Deliveries = append([]SinkState(nil), s.Deliveries...) // states are values: never share
+	for i, k := range s.Deliveries {
+		if !k.Done() && k.Claim == nil {
+			s.Deliveries[i].Skipped, s.Deliveries[i].GivingUp, s.Deliveries[i].RetryAt = true, false, nil
+		}
+	}
 	return s, nil
 }
 

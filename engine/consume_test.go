@@ -48,3 +48,21 @@ func TestOnlyADeliveredWakeupIsConsumedOnce(t *testing.T) {
 		t.Fatalf("consume of a quiet task: %v", err)
 	}
 }
+
+// A consumed wake-up's pushes not made yet are not made (the sink is done, the
+// task acknowledged); one in flight runs out.
+func TestAConsumedWakeupIsNotPushed(t *testing.T) {
+	t.Parallel()
+	f := fired(t, taskID, `{"command":"true","deliver":[{"type":"webhook","url":"https://example.com/a"},{"type":"webhook","url":"https://example.com/b"}]}`)
+	f.do(engineWriter, engine.ClaimDelivery{Sink: 0, Engine: me})
+	f.do(engineWriter, engine.Consume{})
+	if k := f.state.Deliveries; k[0].Skipped || k[0].Claim == nil || !k[1].Skipped || f.state.Acknowledged() {
+		t.Fatalf("after consume: %+v", k)
+	}
+	if _, err := engine.Decide(f.state, engine.ClaimDelivery{Sink: 1, Engine: me}, engine.Meta{Writer: engineWriter, Now: f.now}); !errors.Is(err, engine.ErrWrongPhase) {
+		t.Fatalf("a push of the consumed wake-up claimed: %v", err)
+	}
+	if got, _ := engine.Replay(f.history); !reflect.DeepEqual(got, f.state) {
+		t.Fatalf("replay %+v\nlive %+v", got, f.state)
+	}
+}
