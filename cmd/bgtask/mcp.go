@@ -767,6 +767,13 @@ func (m *mcpServer) wait(ctx context.Context, req *mcp.CallToolRequest, args jso
 	if err != nil {
 		return "", nil, err
 	}
+	if in.Consume {
+		stop, err := sayConsuming(c, t.ID)
+		if err != nil {
+			return "", nil, err
+		}
+		defer stop()
+	}
 	state := t.State
 	phase.Store(state.Phase)
 	if !state.Phase.Terminal() {
@@ -787,14 +794,10 @@ func (m *mcpServer) wait(ctx context.Context, req *mcp.CallToolRequest, args jso
 		w = *state.Wakeup
 	}
 	out := waitOut{ID: t.ID, Ended: true, State: state.Phase, Wakeup: &w}
-	if in.Consume && state.Phase == engine.PhaseFired && !state.Quiet {
-		if err := g.call(ctx, c, timeout, true, func(ctx context.Context) error {
-			_, err := c.api.Consume(ctx, t.ID)
-			return err
-		}); err != nil {
-			return "", nil, fmt.Errorf("consume the wake-up of %s: %w", t.ID, err)
+	if in.Consume {
+		if out.Consumed, err = consumeWakeup(ctx, &g, c, timeout, state); err != nil {
+			return "", nil, err
 		}
-		out.Consumed = true
 	}
 	text := fmt.Sprintf("task %s %s, exit code %s\n\n%s", w.ID, w.Status, exitString(w.ExitCode), strings.TrimRight(w.Prompt, "\n"))
 	return text, out, nil

@@ -100,7 +100,7 @@ var (
 			Allow: append([]string{
 				api.SubjectRegister, api.SubjectCancel, api.SubjectGet, api.SubjectList,
 				api.SubjectHistory, api.SubjectWorkers, api.SubjectPause, api.SubjectResume, api.SubjectComplete,
-				api.SubjectConsume,
+				api.SubjectConsume, consumingSubject("*"),
 				api.SubjectScheduleAdd, api.SubjectScheduleList, api.SubjectScheduleShow, api.SubjectSchedulePause,
 				api.SubjectScheduleResume, api.SubjectScheduleDelete, api.SubjectScheduleTrigger,
 				events.WorkerSubject("*", events.VerbDrain),
@@ -118,7 +118,7 @@ var (
 		Subscribe: &server.SubjectPermission{
 			Allow: []string{
 				events.SubjectPrefix + ".>", events.InboxPrefix + ".>", events.LogPrefix + ".>",
-				"_INBOX.>",
+				consumingSubject("*"), "_INBOX.>",
 			},
 		},
 	}

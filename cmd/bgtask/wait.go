@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
 	"github.com/bgtask/bgtask/engine"
@@ -73,6 +74,13 @@ func runWait(ctx context.Context, g *globals, id string, timeout time.Duration, 
 	if err != nil {
 		return err
 	}
+	if consume {
+		stop, err := sayConsuming(c, t.ID)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	state := t.State
 	if !state.Phase.Terminal() {
 		state, err = follow(ctx, c, t.ID, func(s engine.State) bool { return s.Phase.Terminal() })
@@ -95,16 +103,48 @@ func runWait(ctx context.Context, g *globals, id string, timeout time.Duration, 
 	if err != nil {
 		return err
 	}
-	if consume && state.Phase == engine.PhaseFired && !state.Quiet {
-		if err := g.call(ctx, c, timeout, true, func(ctx context.Context) error {
-			_, err := c.api.Consume(ctx, t.ID)
+	if consume {
+		if _, err := consumeWakeup(ctx, g, c, timeout, state); err != nil {
 			return err
-		}); err != nil {
-			return fmt.Errorf("consume the wake-up of %s: %w", t.ID, err)
 		}
 	}
 	return outcome(w.Status)
 }
+
+// sayConsuming answers on consumingSubject(id), until stop, that this wait will
+// consume the task's wake-up: from before the task fires until it is consumed,
+// so that the session's own reader of the inbox leaves it to the wait.
+func sayConsuming(c *client, id string) (stop func(), err error) {
+	sub, err := c.nc.Subscribe(consumingSubject(id), func(m *nats.Msg) { _ = m.Respond(nil) })
+	if err != nil {
+		return nil, err
+	}
+	return func() { _ = sub.Unsubscribe() }, nil
+}
+
+// consumeWakeup consumes the wake-up of a task that a wait saw end, and says
+// whether there was one: a task that woke nobody (cancelled, quiet) has none.
+func consumeWakeup(ctx context.Context, g *globals, c *client, timeout time.Duration, state engine.State) (bool, error) {
+	if state.Phase != engine.PhaseFired || state.Quiet {
+		return false, nil
+	}
+	err := g.call(ctx, c, timeout, true, func(ctx context.Context) error {
+		_, err := c.api.Consume(ctx, state.ID)
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("consume the wake-up of %s: %w", state.ID, err)
+	}
+	return true, nil
+}
+
+// ConsumingPrefix is where a `wait --consume` says it holds a task's wake-up:
+// it answers a request on ConsumingPrefix.<task id> from before the task fires
+// until it has consumed the wake-up. A reader of the inbox that hands wake-ups
+// to an agent (the Claude Code waiter) asks before it hands one over.
+const ConsumingPrefix = "bgtask.consuming"
+
+func consumingSubject(id string) string { return ConsumingPrefix + "." + id }
 
 // outcome is wait's exit for a task that ended with status: nil for a success,
 // else the status that tells a script it must not go on.
