@@ -52,9 +52,10 @@ func mcpCmd(g *globals) *cobra.Command {
 starts it ('claude mcp add bgtask -- bgtask mcp'; docs/mcp.md). It ends when its
 input closes.
 
-Tools: add (register a task: a command and any other spec field), show, list,
-logs, cancel and wait. Resources: each task as bgtask://tasks/ID, its view as
-JSON.
+Tools: add (register a task: a command and any other spec field), join (one
+wake-up for a group), show, list, logs, cancel, complete (end a task from
+outside) and wait (with consume: the wake-up it returns wakes nobody again).
+Resources: each task as bgtask://tasks/ID, its view as JSON.
 
 add does what 'bgtask add' does: the default cwd is this server's working
 directory, which places the task on this host; inside an agent session
