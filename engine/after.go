@@ -114,7 +114,7 @@ func (s *Service) checkAfter(ctx context.Context, spec Spec) error {
 type Dependencies struct {
 	base   Base
 	store  events.Store
-	tasks  TaskReader
+	tasks  OutcomeReader
 	writer string
 	// ready is told that a task waiting for others may start: the scheduler's kick.
 	ready func()
@@ -125,9 +125,19 @@ type Dependencies struct {
 	run     lifecycle
 }
 
+// OutcomeReader reads tasks as far as a task waiting for them needs: a task not
+// settled yet whole, a settled one as its summary keeps it (phase, status, exit
+// code), never by a read of its history. The watch looks at a group's members on
+// each member's end, in the projector's notification: a history read per member
+// there would make a group's end cost its size squared in reads, and hold the
+// projector meanwhile.
+type OutcomeReader interface {
+	Outcome(id string) (State, bool)
+}
+
 // NewDependencies returns the dependency watch of an engine; ready is called when
 // a task it held may start.
-func NewDependencies(store events.Store, tasks TaskReader, writer string, ready func(), base Base) *Dependencies {
+func NewDependencies(store events.Store, tasks OutcomeReader, writer string, ready func(), base Base) *Dependencies {
 	return &Dependencies{base: base.WithDefaults(), store: store, tasks: tasks, writer: writer, ready: ready, waiters: map[string][]string{}}
 }
 
@@ -176,7 +186,7 @@ func (d *Dependencies) Notify(s State) {
 
 // look looks at task id again, as the reader has it. Its mutex is held.
 func (d *Dependencies) look(id string) {
-	if s, ok := d.tasks.Task(id); ok && s.Phase == PhaseArmed {
+	if s, ok := d.tasks.Outcome(id); ok && s.Phase == PhaseArmed {
 		d.lookAt(s)
 	}
 }
@@ -188,11 +198,11 @@ func (d *Dependencies) lookAt(s State) {
 	var end Command
 	var wait bool
 	if s.Spec.Join != nil {
-		if j := s.JoinEnd(d.tasks.Task); j != nil {
+		if j := s.JoinEnd(d.tasks.Outcome); j != nil {
 			end = *j
 		}
 		wait = end == nil
-	} else if w, skip := s.Dependencies(d.tasks.Task); skip != nil {
+	} else if w, skip := s.Dependencies(d.tasks.Outcome); skip != nil {
 		end = *skip
 	} else {
 		wait = w

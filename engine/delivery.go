@@ -277,10 +277,13 @@ type SinkState struct {
 	// GivingUp: the last attempt failed and none follows; delivery-failed is due.
 	GivingUp bool `json:"giving_up,omitempty"`
 	Failed   bool `json:"failed,omitempty"`
+	// Skipped: the wake-up was consumed (a wait returned it) before this push
+	// was made, so it is not made.
+	Skipped bool `json:"skipped,omitempty"`
 }
 
 // Done reports whether the sink has nothing more to do.
-func (k SinkState) Done() bool { return k.Delivered || k.Failed }
+func (k SinkState) Done() bool { return k.Delivered || k.Failed || k.Skipped }
 
 // Acknowledged reports whether a task's push sinks are all done: under defer_idle,
 // a later wake-up of its target waits for that.

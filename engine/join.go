@@ -61,15 +61,20 @@ func (s State) JoinEnd(task func(id string) (State, bool)) *EndJoin {
 	ended := 0
 	for i, id := range j.Members {
 		members[i].ID = id
-		if m, ok := task(id); ok && m.Phase.Terminal() {
-			members[i].Status, ended = m.Status, ended+1
-			if m.Run != nil && m.Run.HasExitCode() {
-				code := m.Run.ExitCode
-				members[i].ExitCode = &code
+		m, ok := task(id)
+		if !ok || !m.Phase.Terminal() {
+			if j.Mode == JoinAll {
+				return nil // the members after it need not be read
 			}
+			continue
+		}
+		members[i].Status, ended = m.Status, ended+1
+		if m.Run != nil && m.Run.HasExitCode() {
+			code := m.Run.ExitCode
+			members[i].ExitCode = &code
 		}
 	}
-	if ended == 0 || j.Mode == JoinAll && ended < len(members) {
+	if ended == 0 {
 		return nil
 	}
 	return &EndJoin{Members: members}

@@ -22,6 +22,13 @@ func TestAJoinFiresWhenItsMembersEnded(t *testing.T) {
 	if end := all.JoinEnd(task); end != nil {
 		t.Fatalf("a join of all with b running ended: %+v", end)
 	}
+	var reads []string
+	counted := func(id string) (engine.State, bool) { reads = append(reads, id); return task(id) }
+	ofThree := all
+	ofThree.Spec.Join = &engine.Join{Mode: engine.JoinAll, Members: []string{"a", "b", "c"}}
+	if end := ofThree.JoinEnd(counted); end != nil || len(reads) != 2 {
+		t.Fatalf("a join of all with b running: %+v, read %v; want no end, and c not read", end, reads)
+	}
 	anyOf := all
 	anyOf.Spec.Join = &engine.Join{Mode: engine.JoinAny, Members: []string{"a", "b"}}
 	if end := anyOf.JoinEnd(task); end == nil || end.Members[0].Status != engine.StatusSucceeded || end.Members[1].Status != "" {

@@ -32,6 +32,7 @@ type parts struct {
 type fixedReader struct{}
 
 func (fixedReader) Task(string) (engine.State, bool)            { return engine.State{}, false }
+func (fixedReader) Outcome(string) (engine.State, bool)         { return engine.State{}, false }
 func (fixedReader) List(engine.ListQuery) ([]engine.State, int) { return nil, 0 }
 func (fixedReader) Settled(time.Time) []engine.State            { return nil }
 func (fixedReader) WaitFor(context.Context, uint64) error       { return nil }

@@ -55,6 +55,8 @@ type Service struct {
 	publicWebhooks bool
 	// bearers are the bearer tokens a webhook may name.
 	bearers WebhookBearers
+	// inbox is where Consume removes a wake-up from.
+	inbox WakeupRemover
 }
 
 // NewService returns a service that appends as writer (the engine's identity).

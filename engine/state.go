@@ -114,6 +114,8 @@ type State struct {
 	ExternalResult *string `json:"external_result,omitempty"`
 	// Quiet: fired without a delivery, its outcome not one wake_on names.
 	Quiet bool `json:"quiet,omitempty"`
+	// Consumed: a wait read its wake-up and had it removed from the inbox.
+	Consumed bool `json:"consumed,omitempty"`
 	// Members are how a group's members ended, once it did.
 	Members  []events.Member `json:"members,omitempty"`
 	LastType events.Type     `json:"last_event"`
@@ -204,6 +206,8 @@ func apply(s State, rec events.Record) (State, error) {
 		return s.skipped(rec, p)
 	case *events.Joined:
 		return s.joined(rec, p)
+	case *events.Consumed:
+		return s.consumed(p)
 	case *events.Paused, *events.Resumed:
 		pause := rec.Type == events.TypePaused
 		if s.Phase != PhaseArmed || s.Paused == pause {

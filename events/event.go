@@ -40,6 +40,8 @@ const (
 	TypeSkipped   Type = "skipped"
 	// A group's task ended with its members.
 	TypeJoined Type = "joined"
+	// A fired task's wake-up was read by a wait and removed from the inbox.
+	TypeConsumed Type = "consumed"
 	// A task not started yet is held, and let go again.
 	TypePaused  Type = "paused"
 	TypeResumed Type = "resumed"
@@ -168,6 +170,8 @@ func newPayload(t Type) Payload {
 		return &Skipped{}
 	case TypeJoined:
 		return &Joined{}
+	case TypeConsumed:
+		return &Consumed{}
 	case TypePaused:
 		return &Paused{}
 	case TypeResumed:
@@ -184,6 +188,7 @@ func knownType(name []byte) Type {
 		TypeStalled, TypeLost, TypeFailed, TypeCancelled,
 		TypeDeliveryAttempt, TypeDeliveryResult, TypeDeliveryFailed, TypeArchived,
 		TypeDue, TypeRetryScheduled, TypeProbeScheduled, TypeNotice, TypePaused, TypeResumed, TypeCompleted, TypeSkipped, TypeJoined,
+		TypeConsumed,
 	} {
 		if string(name) == string(t) {
 			return t
@@ -375,6 +380,13 @@ type Member struct {
 	ExitCode *int   `json:"exit_code,omitempty"`
 }
 
+// Consumed records that the fired wake-up at InboxSeq was read by a wait, which
+// asked for it to be removed from the inbox: no reader of the inbox gets it.
+type Consumed struct {
+	InboxSeq uint64 `json:"inbox_seq"`
+}
+
+func (*Consumed) EventType() Type            { return TypeConsumed }
 func (*Joined) EventType() Type              { return TypeJoined }
 func (*Skipped) EventType() Type             { return TypeSkipped }
 func (*Completed) EventType() Type           { return TypeCompleted }

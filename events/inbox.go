@@ -3,6 +3,7 @@ package events
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -86,6 +87,30 @@ func (in *JetStreamInbox) Deliver(ctx context.Context, w Wakeup, recheckSince ti
 		return 0, fmt.Errorf("deliver %s to %s: %w", w.ID, subject, err)
 	}
 	return ack.Sequence, nil
+}
+
+// Remove deletes the wake-up with message id msgID at inbox sequence seq, so that no
+// reader of the inbox gets it, whatever its consumer has acknowledged: the other
+// wake-ups of the target, before and after it, stay as they are. A wake-up gone
+// already (removed before, or aged out) is no error; another message at seq is.
+func (in *JetStreamInbox) Remove(ctx context.Context, seq uint64, msgID string) error {
+	msg, err := in.stream.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read inbox message %d: %w", seq, err)
+	}
+	if id := msg.Header.Get(jetstream.MsgIDHeader); id != msgID {
+		return fmt.Errorf("inbox message %d is %q, not the wake-up of %s", seq, id, msgID)
+	}
+	if err := in.stream.DeleteMsg(ctx, seq); err != nil {
+		if _, gone := in.stream.GetMsg(ctx, seq); errors.Is(gone, jetstream.ErrMsgNotFound) {
+			return nil // removed by another call meanwhile
+		}
+		return fmt.Errorf("remove inbox message %d: %w", seq, err)
+	}
+	return nil
 }
 
 // find returns the sequence of the message with id msgID on subject since a time, or 0.

@@ -186,7 +186,8 @@ func (a *Audit) Report() Report {
 		switch s.Phase {
 		case engine.PhaseFired:
 			r.Fired++
-			if delivered == 0 && !s.Quiet {
+			// A consumed wake-up was removed from the inbox by the wait that read it.
+			if delivered == 0 && !s.Quiet && !s.Consumed {
 				r.Violations = append(r.Violations, Violation{TaskID: id, Rule: RuleInboxMissing,
 					Detail: fmt.Sprintf("fired (inbox seq %d) but no wake-up with its id is in the inbox", s.InboxSeq)})
 			}

@@ -433,6 +433,21 @@ func (p *Projector) Task(id string) (engine.State, bool) {
 	return whole, true
 }
 
+// Outcome implements engine.OutcomeReader: a task not settled yet whole, a
+// settled one as its summary keeps it (phase, status, exit code, times), with no
+// read of its history.
+func (p *Projector) Outcome(id string) (engine.State, bool) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if s, ok := p.tasks[id]; ok {
+		return *s, true
+	}
+	if sum, ok := p.summaries[id]; ok {
+		return sum.state(), true
+	}
+	return engine.State{}, false
+}
+
 // historyTimeout bounds the read of a settled task's history.
 const historyTimeout = 10 * time.Second
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -235,6 +236,52 @@ func TestWaitForReturnsWhenItsEventIsApplied(t *testing.T) {
 	p.Stop()
 	if err := p.WaitFor(ctx, 100); err == nil {
 		t.Fatal("WaitFor on a stopped projector returned nil")
+	}
+}
+
+// historyCounter counts the history reads of a settled task's whole state.
+type historyCounter struct {
+	*events.JetStreamStore
+	reads atomic.Int32
+}
+
+func (h *historyCounter) ReadHistory(ctx context.Context, id string, n int, fn func(events.Record, error)) error {
+	h.reads.Add(1)
+	return h.JetStreamStore.ReadHistory(ctx, id, n, fn)
+}
+
+// A settled task's outcome (what a task waiting for it reads) comes from its
+// summary, with no read of its history; its whole state takes one.
+func TestASettledTasksOutcomeReadsNoHistory(t *testing.T) {
+	t.Parallel()
+	srv := eventstest.Run(t)
+	ctx := context.Background()
+	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &historyCounter{JetStreamStore: store}
+	p := projections.New(log, nil, engine.Base{})
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	w := writer{t: t, store: store}
+	fired := w.run(w.arm("exit 3"), 3)
+	fired = w.do(fired, engine.PersistCompletion{}, "engine")
+	fired = w.do(fired, engine.Fire{InboxSeq: 1}, "engine")
+	if err := p.WaitFor(ctx, fired.Seq); err != nil {
+		t.Fatal(err)
+	}
+	got, ok := p.Outcome(fired.ID)
+	if !ok || got.Phase != engine.PhaseFired || got.Status != fired.Status || got.Run == nil || got.Run.ExitCode != 3 {
+		t.Fatalf("outcome %+v, want fired %s with exit code 3", got, fired.Status)
+	}
+	if n := log.reads.Load(); n != 0 {
+		t.Fatalf("the outcome read the history %d times", n)
+	}
+	if _, ok := p.Task(fired.ID); !ok || log.reads.Load() != 1 {
+		t.Fatalf("the whole state read the history %d times, want 1", log.reads.Load())
 	}
 }
 

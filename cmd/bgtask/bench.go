@@ -32,6 +32,12 @@ Scenarios (in the order they run):
               and its shims, ticks on time
   loginenv    a task's start in the login environment, against 'bash -lc true'
   growth      server memory with 200,000 finished tasks in the stream
+  timers      server memory with 10,000 pending timers; a burst of 1,000 due
+              in one second, against time.AfterFunc
+  join        1,000 running members (--wake-on none) and one join --all:
+              server CPU and RSS while they run, against the same server idle
+              and empty; last member's end → the join's wake-up, against a
+              lone task's end → its own wake-up
 
 Each measurement is repeated (--repeat); the report gives the median, p50/p99
 where it applies, min and max, the ratio to the baseline and whether the target

@@ -52,9 +52,10 @@ func mcpCmd(g *globals) *cobra.Command {
 starts it ('claude mcp add bgtask -- bgtask mcp'; docs/mcp.md). It ends when its
 input closes.
 
-Tools: add (register a task: a command and any other spec field), show, list,
-logs, cancel and wait. Resources: each task as bgtask://tasks/ID, its view as
-JSON.
+Tools: add (register a task: a command and any other spec field), join (one
+wake-up for a group), show, list, logs, cancel, complete (end a task from
+outside) and wait (with consume: the wake-up it returns wakes nobody again).
+Resources: each task as bgtask://tasks/ID, its view as JSON.
 
 add does what 'bgtask add' does: the default cwd is this server's working
 directory, which places the task on this host; inside an agent session
@@ -233,7 +234,7 @@ func enum(description string, values ...string) map[string]any {
 var idProp = prop("string", "the task's id, as add returned it")
 
 func (m *mcpServer) tools() []mcpTool {
-	return []mcpTool{m.addTool(), m.showTool(), m.listTool(), m.logsTool(), m.cancelTool(), m.waitTool()}
+	return []mcpTool{m.addTool(), m.joinTool(), m.showTool(), m.listTool(), m.logsTool(), m.cancelTool(), m.completeTool(), m.waitTool()}
 }
 
 func (m *mcpServer) addTool() mcpTool {
@@ -338,13 +339,16 @@ func (m *mcpServer) waitTool() mcpTool {
 			Title: "Wait for a task to end",
 			Description: "Block until the task has fired (or was cancelled) and return its wake-up: status, exit_code, prompt, result. " +
 				"With timeout, return after that long with ended false if it is still running. " +
-				"The wake-up comes to the session by itself; wait only when the result is needed before anything else. " +
+				"The wake-up comes to the session by itself; wait only when the result is needed before anything else, " +
+				"and then give consume true, so that the same wake-up does not wake the session again. " +
 				"A long wait sends progress notifications.",
 			InputSchema: schema([]string{"id"}, map[string]any{
 				"id":      idProp,
 				"timeout": prop("string", "give up after this long, a Go duration such as 90s or 10m (default: wait until the task ends)"),
+				"consume": prop("boolean", "remove the returned wake-up from the target's inbox, so it wakes nobody again (a task that woke nobody: nothing to do)"),
 			}),
-			Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: &no},
+			// Not read-only: with consume, it removes the wake-up from the inbox.
+			Annotations: &mcp.ToolAnnotations{DestructiveHint: &no, IdempotentHint: true, OpenWorldHint: &no},
 		},
 		run: m.wait,
 	}
@@ -443,6 +447,12 @@ func (m *mcpServer) add(ctx context.Context, _ *mcp.CallToolRequest, args json.R
 	if err := m.defaultCwd(doc); err != nil {
 		return "", nil, err
 	}
+	return m.register(ctx, doc)
+}
+
+// register registers the spec doc, with the session's target and origin and a key
+// of this call's own unless it names them, and says where its wake-up goes.
+func (m *mcpServer) register(ctx context.Context, doc map[string]any) (string, any, error) {
 	if m.session != nil {
 		applySession(doc, *m.session)
 	}
@@ -711,12 +721,15 @@ type waitOut struct {
 	Ended  bool           `json:"ended"`
 	State  engine.Phase   `json:"state"`
 	Wakeup *events.Wakeup `json:"wakeup,omitempty"`
+	// Consumed: the wake-up was removed from the inbox, as consume asked.
+	Consumed bool `json:"consumed,omitempty"`
 }
 
 func (m *mcpServer) wait(ctx context.Context, req *mcp.CallToolRequest, args json.RawMessage) (string, any, error) {
 	var in struct {
 		ID      string `json:"id"`
 		Timeout string `json:"timeout"`
+		Consume bool   `json:"consume"`
 	}
 	if err := decodeArgs(args, &in); err != nil {
 		return "", nil, err
@@ -755,6 +768,13 @@ func (m *mcpServer) wait(ctx context.Context, req *mcp.CallToolRequest, args jso
 	if err != nil {
 		return "", nil, err
 	}
+	if in.Consume {
+		stop, err := sayConsuming(c, t.ID)
+		if err != nil {
+			return "", nil, err
+		}
+		defer stop()
+	}
 	state := t.State
 	phase.Store(state.Phase)
 	if !state.Phase.Terminal() {
@@ -774,8 +794,14 @@ func (m *mcpServer) wait(ctx context.Context, req *mcp.CallToolRequest, args jso
 	if state.Wakeup != nil {
 		w = *state.Wakeup
 	}
+	out := waitOut{ID: t.ID, Ended: true, State: state.Phase, Wakeup: &w}
+	if in.Consume {
+		if out.Consumed, err = consumeWakeup(ctx, &g, c, timeout, state); err != nil {
+			return "", nil, err
+		}
+	}
 	text := fmt.Sprintf("task %s %s, exit code %s\n\n%s", w.ID, w.Status, exitString(w.ExitCode), strings.TrimRight(w.Prompt, "\n"))
-	return text, waitOut{ID: t.ID, Ended: true, State: state.Phase, Wakeup: &w}, nil
+	return text, out, nil
 }
 
 // sendProgress tells the client every progressEvery, from now until stop, that

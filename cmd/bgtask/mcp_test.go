@@ -166,7 +166,7 @@ func TestMCPRegistersAndWaits(t *testing.T) {
 		}
 	}
 	slices.Sort(names)
-	if want := []string{"add", "cancel", "list", "logs", "show", "wait"}; !slices.Equal(names, want) {
+	if want := []string{"add", "cancel", "complete", "join", "list", "logs", "show", "wait"}; !slices.Equal(names, want) {
 		t.Errorf("tools %v, want %v", names, want)
 	}
 
@@ -319,6 +319,9 @@ func TestMCPRefusesABadSpecNamingTheField(t *testing.T) {
 		{"logs", map[string]any{"id": "x", "stream": "stdin"}, "stream"},
 		{"wait", map[string]any{"id": "x", "timeout": "soon"}, "timeout"},
 		{"cancel", map[string]any{"id": "x", "why": "no"}, "why"},
+		{"join", map[string]any{"mode": "some", "members": []string{"x"}}, "mode"},
+		{"join", map[string]any{"mode": "all", "members": []string{}}, "members"},
+		{"wait", map[string]any{"id": "x", "consume": "yes"}, "consume"},
 	} {
 		res := p.call(t, c.tool, c.args)
 		if !res.IsError || !strings.Contains(text(res), c.field) && !strings.Contains(text(res), "no such task") {
@@ -483,5 +486,59 @@ func TestMCPWithTheInspector(t *testing.T) {
 	r := bgtask(t, home, "wait", res.StructuredContent.ID, "--json", "--timeout", "30s").must(t, 0, "wait")
 	if !strings.Contains(r.stdout, "from-the-inspector") {
 		t.Errorf("the task the inspector added: %s", r.stdout)
+	}
+}
+
+// The triggers through MCP: add with after, wake_on and external, a join of
+// them, complete, and a wait that consumes the join's wake-up, so that the
+// session's inbox holds nothing to wake it again.
+func TestMCPJoinsCompletesAndConsumes(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("CLAUDE_CODE_SESSION_ID", "")
+	t.Setenv("CODEX_THREAD_ID", "")
+	startServer(t, home)
+	p := startMCP(t, home, t.TempDir())
+	type registered struct {
+		ID     string `json:"id"`
+		Target string `json:"target"`
+	}
+	add := func(args map[string]any) string {
+		args["target"], args["wake_on"] = "mcp-join", []string{"none"}
+		return ok[registered](t, "add", p.call(t, "add", args)).ID
+	}
+	first := add(map[string]any{"command": "exit 3"})
+	ext := add(map[string]any{"external": true, "deadline": "1m"})
+	after := add(map[string]any{"command": "true", "after": []string{first}, "after_policy": "ended"})
+	join := ok[registered](t, "join", p.call(t, "join", map[string]any{
+		"mode": "all", "members": []string{first, ext, after}, "prompt": "group:\n{{members}}", "target": "mcp-join"}))
+	if join.Target != "mcp-join" {
+		t.Errorf("join: target %q", join.Target)
+	}
+	if res := p.call(t, "complete", map[string]any{"id": ext, "status": "maybe"}); !res.IsError || !strings.HasPrefix(text(res), "status:") {
+		t.Errorf("complete with a bad status: %s", text(res))
+	}
+	done := ok[mcpTask](t, "complete", p.call(t, "complete", map[string]any{"id": ext, "status": "failed", "result": "from CI"}))
+	if done.Phase != engine.PhaseEnded && !done.Phase.Terminal() {
+		t.Errorf("complete: the task is %s", done.Phase)
+	}
+	if res := p.call(t, "complete", map[string]any{"id": ext}); !res.IsError {
+		t.Errorf("a second complete: %s", text(res))
+	}
+
+	w := ok[struct {
+		mcpWait
+		Consumed bool `json:"consumed"`
+	}](t, "wait", p.call(t, "wait", map[string]any{"id": join.ID, "timeout": "60s", "consume": true}))
+	if !w.Ended || !w.Consumed || w.Wakeup == nil {
+		t.Fatalf("wait: %+v", w)
+	}
+	for _, line := range []string{first + " failed (exit code 3)", ext + " failed", after + " succeeded (exit code 0)"} {
+		if !strings.Contains(w.Wakeup.Prompt, line) {
+			t.Errorf("the join's prompt has no %q:\n%s", line, w.Wakeup.Prompt)
+		}
+	}
+	if inbox := strings.TrimSpace(bgtask(t, home, "inbox", "--target", "mcp-join", "--json").must(t, 0, "inbox").stdout); inbox != "" {
+		t.Errorf("the inbox after the consumed join: %s", inbox)
 	}
 }

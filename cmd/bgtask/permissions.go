@@ -65,6 +65,7 @@ var (
 		events.TaskSubject("*", events.TypeCompleted),
 		events.TaskSubject("*", events.TypeSkipped),
 		events.TaskSubject("*", events.TypeJoined),
+		events.TaskSubject("*", events.TypeConsumed),
 	}
 
 	workerPermissions = &server.Permissions{
@@ -101,6 +102,7 @@ var (
 			Allow: append([]string{
 				api.SubjectRegister, api.SubjectCancel, api.SubjectGet, api.SubjectList,
 				api.SubjectHistory, api.SubjectWorkers, api.SubjectPause, api.SubjectResume, api.SubjectComplete,
+				api.SubjectConsume, consumingSubject("*"),
 				api.SubjectScheduleAdd, api.SubjectScheduleList, api.SubjectScheduleShow, api.SubjectSchedulePause,
 				api.SubjectScheduleResume, api.SubjectScheduleDelete, api.SubjectScheduleTrigger,
 				events.WorkerSubject("*", events.VerbDrain),
@@ -118,7 +120,7 @@ var (
 		Subscribe: &server.SubjectPermission{
 			Allow: []string{
 				events.SubjectPrefix + ".>", events.InboxPrefix + ".>", events.LogPrefix + ".>",
-				"_INBOX.>",
+				consumingSubject("*"), "_INBOX.>",
 			},
 		},
 	}

@@ -237,7 +237,7 @@ func TestTheWorkerIdentityAppendsARunsEventsButNoOutcome(t *testing.T) {
 		}
 	}
 	for _, typ := range []events.Type{events.TypeCancelled, events.TypeCompletionPersisted, events.TypeFired, events.TypeArmed,
-		events.TypeDue, events.TypeRetryScheduled, events.TypePaused, events.TypeResumed, events.TypeCompleted, events.TypeSkipped, events.TypeJoined} {
+		events.TypeDue, events.TypeRetryScheduled, events.TypePaused, events.TypeResumed, events.TypeCompleted, events.TypeSkipped, events.TypeJoined, events.TypeConsumed} {
 		refused(t, nc, violations, events.TaskSubject(task, typ))
 	}
 	refused(t, nc, violations, "bgtask.register")

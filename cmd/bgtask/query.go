@@ -180,6 +180,8 @@ func sinkProgress(s engine.State, i int) string {
 	switch {
 	case k.Delivered:
 		return "delivered" + tried
+	case k.Skipped:
+		return "not made: the wake-up was consumed" + tried
 	case k.Failed, k.GivingUp:
 		return "failed: " + k.LastError + tried
 	case k.Claim != nil:

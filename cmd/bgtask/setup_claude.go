@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bgtask/bgtask/agents/claudecode"
+	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
 )
 
@@ -365,11 +366,57 @@ func (w *claudeWaiter) waitOnce(ctx context.Context, target string) (handed, ret
 				msgs = append(msgs, msg)
 			}
 		}
-		if w.handOver(ctx, msgs) {
+		if w.handOver(ctx, w.leftToAWait(ctx, nc, msgs)) {
 			return true, true
 		}
 	}
 	return false, false
+}
+
+// claudeConsumeBound is how long a waiter leaves a wake-up to a `wait --consume`
+// that says it holds it: its print and consume take milliseconds.
+const claudeConsumeBound = time.Minute
+
+// leftToAWait takes out of msgs, and acknowledges, the wake-ups that a
+// `bgtask wait --consume` in the session returned and consumed: it fetched them
+// at once, as the wait saw the task fire, and the turn that waited has them. It
+// asks each wake-up's task on consumingSubject until no wait answers; one whose
+// wait ended without consuming it (killed, timed out, failed) is kept.
+func (w *claudeWaiter) leftToAWait(ctx context.Context, nc *nats.Conn, msgs []jetstream.Msg) []jetstream.Msg {
+	var kept []jetstream.Msg
+	for _, m := range msgs {
+		var wk events.Wakeup
+		if json.Unmarshal(m.Data(), &wk) != nil || wk.Notice != "" || !heldByAWait(ctx, nc, wk.ID) {
+			kept = append(kept, m)
+			continue
+		}
+		t, err := api.NewClient(nc).Get(ctx, wk.ID)
+		if err != nil || !t.Consumed {
+			kept = append(kept, m)
+			continue
+		}
+		ackUntil(ctx, m, time.Now().Add(claudeAckBound))
+	}
+	return kept
+}
+
+// heldByAWait reports whether a `wait --consume` of task id answered, and then
+// waits, up to claudeConsumeBound, until none does.
+func heldByAWait(ctx context.Context, nc *nats.Conn, id string) bool {
+	deadline := time.Now().Add(claudeConsumeBound)
+	for asked := false; ; asked = true {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := nc.RequestWithContext(rctx, consumingSubject(id), nil)
+		cancel()
+		if err != nil || time.Now().After(deadline) {
+			return asked // no one answers (any more): it is the wait's if one did
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // claudeConnect is the waiter's connection. nats.go's default error handler writes

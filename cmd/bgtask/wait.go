@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
 	"github.com/bgtask/bgtask/engine"
@@ -19,6 +20,7 @@ func waitCmd(g *globals) *cobra.Command {
 	var (
 		timeout time.Duration
 		asJSON  bool
+		consume bool
 	)
 	cmd := &cobra.Command{
 		Use:   "wait ID",
@@ -32,57 +34,117 @@ after a success: 0 succeeded, 3 ended otherwise (failed, timed_out, stalled, los
 4 cancelled; 124 when --timeout passed first. The wake-up is printed in each case.
 
 A server that is restarting is waited for (said once on stderr), within --timeout.
-Waiting does not consume the wake-up: it stays in the target's inbox.`,
+Waiting does not consume the wake-up: it stays in the target's inbox, and the
+target is woken by it as well. With --consume, the wake-up that wait printed is
+removed from the target's inbox (the engine records it as the event consumed),
+so an agent that waited for the result inside its turn is not woken by it again;
+the target's other wake-ups stay. A task that woke nobody (cancelled, or an
+outcome its --wake-on does not name) has nothing to consume: --consume does
+nothing then. A wake-up that cannot be consumed is an error, with the exit
+status of that error; the wake-up stays in the inbox.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			if timeout > 0 {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithTimeout(ctx, timeout)
-				defer cancel()
-			}
-			c, err := g.dial(ctx, timeout)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			var t api.TaskView
-			err = g.call(ctx, c, timeout, true, func(ctx context.Context) (err error) {
-				t, err = c.api.Get(ctx, args[0])
-				return err
-			})
-			if err != nil {
-				return err
-			}
-			state := t.State
-			if !state.Phase.Terminal() {
-				state, err = follow(ctx, c, t.ID, func(s engine.State) bool { return s.Phase.Terminal() })
-				if errors.Is(err, context.DeadlineExceeded) {
-					return &exitError{code: exitTimeout, err: fmt.Errorf("timed out after %s waiting for task %s (%s)", timeout, t.ID, state.Phase)}
-				}
-				if err != nil {
-					return err
-				}
-			}
-			w := state.CancelledWakeup()
-			if state.Wakeup != nil {
-				w = *state.Wakeup
-			}
-			if asJSON {
-				err = printJSON(g.stdout, w)
-			} else {
-				err = printWakeup(g.stdout, w)
-			}
-			if err != nil {
-				return err
-			}
-			return outcome(w.Status)
+			return runWait(cmd.Context(), g, args[0], timeout, asJSON, consume)
 		},
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "give up after this long: exit status 124 while the task runs, 7 while no server answers (a restart); 0 waits forever")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the wake-up as JSON")
+	cmd.Flags().BoolVar(&consume, "consume", false, "remove the printed wake-up from the target's inbox, so it wakes nobody again")
 	return cmd
 }
+
+// runWait waits for task id, prints its wake-up, consumes it if asked, and
+// returns the exit status its outcome gives.
+func runWait(ctx context.Context, g *globals, id string, timeout time.Duration, asJSON, consume bool) error {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	c, err := g.dial(ctx, timeout)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var t api.TaskView
+	err = g.call(ctx, c, timeout, true, func(ctx context.Context) (err error) {
+		t, err = c.api.Get(ctx, id)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if consume {
+		stop, err := sayConsuming(c, t.ID)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	state := t.State
+	if !state.Phase.Terminal() {
+		state, err = follow(ctx, c, t.ID, func(s engine.State) bool { return s.Phase.Terminal() })
+		if errors.Is(err, context.DeadlineExceeded) {
+			return &exitError{code: exitTimeout, err: fmt.Errorf("timed out after %s waiting for task %s (%s)", timeout, t.ID, state.Phase)}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	w := state.CancelledWakeup()
+	if state.Wakeup != nil {
+		w = *state.Wakeup
+	}
+	if asJSON {
+		err = printJSON(g.stdout, w)
+	} else {
+		err = printWakeup(g.stdout, w)
+	}
+	if err != nil {
+		return err
+	}
+	if consume {
+		if _, err := consumeWakeup(ctx, g, c, timeout, state); err != nil {
+			return err
+		}
+	}
+	return outcome(w.Status)
+}
+
+// sayConsuming answers on consumingSubject(id), until stop, that this wait will
+// consume the task's wake-up: from before the task fires until it is consumed,
+// so that the session's own reader of the inbox leaves it to the wait.
+func sayConsuming(c *client, id string) (stop func(), err error) {
+	sub, err := c.nc.Subscribe(consumingSubject(id), func(m *nats.Msg) { _ = m.Respond(nil) })
+	if err != nil {
+		return nil, err
+	}
+	return func() { _ = sub.Unsubscribe() }, nil
+}
+
+// consumeWakeup consumes the wake-up of a task that a wait saw end, and says
+// whether there was one: a task that woke nobody (cancelled, quiet) has none.
+func consumeWakeup(ctx context.Context, g *globals, c *client, timeout time.Duration, state engine.State) (bool, error) {
+	if state.Phase != engine.PhaseFired || state.Quiet {
+		return false, nil
+	}
+	err := g.call(ctx, c, timeout, true, func(ctx context.Context) error {
+		_, err := c.api.Consume(ctx, state.ID)
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("consume the wake-up of %s: %w", state.ID, err)
+	}
+	return true, nil
+}
+
+// ConsumingPrefix is where a `wait --consume` says it holds a task's wake-up:
+// it answers a request on ConsumingPrefix.<task id> from before the task fires
+// until it has consumed the wake-up. A reader of the inbox that hands wake-ups
+// to an agent (the Claude Code waiter) asks before it hands one over.
+const ConsumingPrefix = "bgtask.consuming"
+
+func consumingSubject(id string) string { return ConsumingPrefix + "." + id }
 
 // outcome is wait's exit for a task that ended with status: nil for a success,
 // else the status that tells a script it must not go on.

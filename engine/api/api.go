@@ -223,6 +223,7 @@ func (s *Server) Start(ctx context.Context) error {
 		{"pause", SubjectPause, s.pause, false},
 		{"resume", SubjectResume, s.resume, false},
 		{"complete", SubjectComplete, s.complete, false},
+		{"consume", SubjectConsume, s.consume, false},
 		{"schedule_add", SubjectScheduleAdd, s.scheduleAdd, false},
 		{"schedule_list", SubjectScheduleList, s.scheduleList, false},
 		{"schedule_show", SubjectScheduleShow, s.scheduleShow, false},

@@ -226,6 +226,7 @@ func (n *Node) wire(st streams) {
 	}
 	svc := engine.NewService(requests, writer, base)
 	svc.ReadArchive(st.archive)
+	svc.ConsumeFrom(st.inbox)
 	if c.DenyPrivateWebhooks {
 		svc.DenyPrivateWebhooks()
 	}

@@ -63,6 +63,7 @@ var scenarios = []scenario{
 	{"loginenv", "login environment: starting a task in the user's login environment the worker's way, against `bash -lc true` per task", runLoginEnv},
 	{"growth", "stream growth: server memory with many finished tasks in the stream, against an empty server", runGrowth},
 	{"timers", "timers: server memory and start with pending timers, against an empty server; how late a burst of timers due in one second fires, against time.AfterFunc", runTimers},
+	{"join", "join: server CPU and memory while many members run and one join --all waits for them, against the same server idle and empty; the last member's end to the join's wake-up, against a lone task's end to its own", runJoin},
 }
 
 // Names lists the scenarios, in the order they run.
@@ -94,6 +95,8 @@ type sizes struct {
 	settle        time.Duration // how long a server idles before its memory is read again
 	timers        int           // pending timers in the timers scenario
 	timerBurst    int           // timers due in the same second there
+	joinMembers   int           // members of the join scenario's group
+	joinWindow    time.Duration // how long its server's CPU is measured
 }
 
 var (
@@ -104,6 +107,7 @@ var (
 		loginShells: 9, loginTasks: 300,
 		growthTasks: 200_000, growthTicks: 2, settle: 30 * time.Second,
 		timers: 10_000, timerBurst: 1000,
+		joinMembers: 1000, joinWindow: 10 * time.Second,
 	}
 	quickSizes = sizes{
 		registers: 200, sequential: 20, throughput: 30,
@@ -112,6 +116,7 @@ var (
 		loginShells: 1, loginTasks: 20,
 		growthTasks: 2000, growthTicks: 2, settle: 2 * time.Second,
 		timers: 500, timerBurst: 100,
+		joinMembers: 20, joinWindow: 2 * time.Second,
 	}
 )
 
