@@ -163,7 +163,14 @@ func TestAWatchIsBoundedByItsDeadlineAndCancelled(t *testing.T) {
 		t.Fatalf("wake-up of a watch at its deadline: %+v", w)
 	}
 	cancelled := add(t, home, "--target", "pids", "--pid", p.pid)
-	awaitWatching(t, home, cancelled)
+	// A watch ticks as a command does (the server's --tick is 200ms): the audit
+	// takes a running task with no event of its run for a long time for a stuck one.
+	eventually(t, 30*time.Second, "the watch ticked twice", func() bool {
+		return countTypes(history(t, home, cancelled))["tick"] >= 2
+	})
+	if show := ok(t, home, "show", cancelled); !strings.Contains(show, p.pid) {
+		t.Fatalf("show of a watch does not name its PID:\n%s", show)
+	}
 	ok(t, home, "cancel", cancelled)
 	if w := waitFor(t, home, cancelled); w.Status != "cancelled" {
 		t.Fatalf("wake-up of a cancelled watch: %+v", w)

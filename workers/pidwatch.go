@@ -16,7 +16,8 @@ import (
 // command's parent, to reap it, keep its output and stop it, and this process
 // has a parent of its own (the only one that can read how it exited), prints
 // nothing here and is never stopped by bgtask. A pidfd on the worker's poller
-// waits for it, so a watch costs a descriptor, not a process.
+// waits for it, so a watch costs a descriptor, not a process; it ticks as a
+// command does.
 //
 // The run's directory, its intent, is all a restart needs: a worker that finds
 // it with no run.json in it comes back here, and a process that ended meanwhile,
@@ -57,16 +58,33 @@ func (r *run) watchProcess(ctx context.Context) {
 		defer timer.Stop()
 		deadline = timer.C
 	}
-	select {
-	case <-watch.Ended:
-		end("")
-	case <-deadline:
-		end(events.StoppedByDeadline)
-	case <-r.cancelled:
-		// Cancelled or completed from outside: nothing to stop, the process is not
-		// bgtask's.
-		_ = os.RemoveAll(dir)
-	case <-ctx.Done():
-		// The worker is stopping: its next start watches the process again.
+	// Ticks say the watch is alive, as a command's say it runs; the first names
+	// the PID.
+	ticker := time.NewTicker(w.cfg.TickInterval)
+	defer ticker.Stop()
+	for err := r.record(ctx, engine.Tick{PID: target.PID}); ; err = r.record(ctx, engine.Tick{}) {
+		if errors.Is(err, errFenced) {
+			_ = os.RemoveAll(dir)
+			return
+		} else if err != nil {
+			w.cfg.Base.Logger.Warn("event not recorded", "task", id, "err", err)
+		}
+		select {
+		case <-watch.Ended:
+			end("")
+			return
+		case <-deadline:
+			end(events.StoppedByDeadline)
+			return
+		case <-r.cancelled:
+			// Cancelled or completed from outside: nothing to stop, the process is
+			// not bgtask's.
+			_ = os.RemoveAll(dir)
+			return
+		case <-ctx.Done():
+			// The worker is stopping: its next start watches the process again.
+			return
+		case <-ticker.C:
+		}
 	}
 }
