@@ -63,6 +63,7 @@ var scenarios = []scenario{
 	{"loginenv", "login environment: starting a task in the user's login environment the worker's way, against `bash -lc true` per task", runLoginEnv},
 	{"growth", "stream growth: server memory with many finished tasks in the stream, against an empty server", runGrowth},
 	{"timers", "timers: server memory and start with pending timers, against an empty server; how late a burst of timers due in one second fires, against time.AfterFunc", runTimers},
+	{"pids", "watched PIDs: server and worker CPU and RSS while processes bgtask did not start are watched, and each end to its wake-up, against as many commands bgtask runs itself", runPIDs},
 }
 
 // Names lists the scenarios, in the order they run.
@@ -94,6 +95,8 @@ type sizes struct {
 	settle        time.Duration // how long a server idles before its memory is read again
 	timers        int           // pending timers in the timers scenario
 	timerBurst    int           // timers due in the same second there
+	pids          int           // processes watched by PID in the pids scenario
+	pidsWindow    time.Duration // how long their CPU is measured there
 }
 
 var (
@@ -104,6 +107,7 @@ var (
 		loginShells: 9, loginTasks: 300,
 		growthTasks: 200_000, growthTicks: 2, settle: 30 * time.Second,
 		timers: 10_000, timerBurst: 1000,
+		pids: 1000, pidsWindow: 10 * time.Second,
 	}
 	quickSizes = sizes{
 		registers: 200, sequential: 20, throughput: 30,
@@ -112,6 +116,7 @@ var (
 		loginShells: 1, loginTasks: 20,
 		growthTasks: 2000, growthTicks: 2, settle: 2 * time.Second,
 		timers: 500, timerBurst: 100,
+		pids: 20, pidsWindow: 2 * time.Second,
 	}
 )
 
