@@ -248,10 +248,8 @@ func (o *addOptions) fields(cmd *cobra.Command, args []string) (map[string]any, 
 			return nil, err
 		}
 	}
-	if changed("pid") {
-		if err := o.setProcess(cmd, doc); err != nil {
-			return nil, err
-		}
+	if err := o.setProcess(cmd, doc); err != nil {
+		return nil, err
 	}
 	set("kind", "kind", o.kind)
 	set("prompt", "prompt", o.prompt)
