@@ -12,9 +12,12 @@ import (
 
 // setProcess makes the spec the watch of --pid, a process of this host that
 // bgtask did not start: its identity is read here, where it runs, and the task is
-// placed on this host, whose worker alone can watch it.
+// placed on this host, whose worker alone can watch it. Without --pid it does
+// nothing.
 func (o *addOptions) setProcess(cmd *cobra.Command, doc map[string]any) error {
 	switch {
+	case !cmd.Flags().Changed("pid"):
+		return nil
 	case doc["command"] != nil || doc["argv"] != nil:
 		return usageErr("--pid and a command: give one (--pid watches a process bgtask did not start)")
 	case o.anywhere:
