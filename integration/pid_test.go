@@ -213,3 +213,31 @@ func TestAMissingPIDIsRefused(t *testing.T) {
 		t.Fatalf("a refused registration left tasks: %s", list)
 	}
 }
+
+// A watch is placed on the host of its process: a worker of another host never
+// takes it, one of this host does.
+func TestAWatchedPIDRunsOnlyOnItsHost(t *testing.T) {
+	t.Parallel()
+	home := t.TempDir()
+	startServer(t, home, "--no-worker")
+	start(t, home, "worker", "--worker-id", "elsewhere", "--label", "host=elsewhere", "--tick", "200ms")
+	p := startWatched(t)
+	id := add(t, home, "--target", "pids", "--pid", p.pid)
+	host, _ := os.Hostname()
+	eventually(t, 30*time.Second, "the watch waits for a worker of its host", func() bool {
+		var v struct{ Waiting string }
+		return json.Unmarshal([]byte(ok(t, home, "show", id, "--json")), &v) == nil && strings.Contains(v.Waiting, "host="+host)
+	})
+	if n := countTypes(history(t, home, id)); n["spawned"] != 0 {
+		t.Fatalf("a worker of another host took the watch: %v", n)
+	}
+	start(t, home, "worker", "--worker-id", "here", "--tick", "200ms")
+	awaitWatching(t, home, id)
+	for _, e := range history(t, home, id) {
+		if e.Type == "spawned" && e.Writer != "here" {
+			t.Fatalf("the watch was taken by %s, not the worker of its host", e.Writer)
+		}
+	}
+	p.end()
+	checkWatchEnded(t, home, id, "pids", p.pid)
+}
