@@ -97,6 +97,7 @@ type sizes struct {
 	timerBurst    int           // timers due in the same second there
 	pids          int           // processes watched by PID in the pids scenario
 	pidsWindow    time.Duration // how long their CPU is measured there
+	pidsSettle    time.Duration // how long a server idles before each measure there
 }
 
 var (
@@ -107,7 +108,7 @@ var (
 		loginShells: 9, loginTasks: 300,
 		growthTasks: 200_000, growthTicks: 2, settle: 30 * time.Second,
 		timers: 10_000, timerBurst: 1000,
-		pids: 1000, pidsWindow: 10 * time.Second,
+		pids: 1000, pidsWindow: 10 * time.Second, pidsSettle: 2 * time.Second,
 	}
 	quickSizes = sizes{
 		registers: 200, sequential: 20, throughput: 30,
@@ -116,7 +117,7 @@ var (
 		loginShells: 1, loginTasks: 20,
 		growthTasks: 2000, growthTicks: 2, settle: 2 * time.Second,
 		timers: 500, timerBurst: 100,
-		pids: 20, pidsWindow: 2 * time.Second,
+		pids: 20, pidsWindow: time.Second, pidsSettle: 500 * time.Millisecond,
 	}
 )
 

@@ -109,7 +109,7 @@ func (r *runner) pidRound(ctx context.Context, n int, window time.Duration, watc
 	if err := srv.nc.Flush(); err != nil {
 		return res, err
 	}
-	if res.emptyRSS, err = rssAfter(ctx, srv.pid(), 2*time.Second); err != nil {
+	if res.emptyRSS, err = rssAfter(ctx, srv.pid(), r.size.pidsSettle); err != nil {
 		return res, err
 	}
 	clients, err := srv.clients(8)
@@ -128,7 +128,7 @@ func (r *runner) pidRound(ctx context.Context, n int, window time.Duration, watc
 	if err := started.await(ctx, n, worker); err != nil {
 		return res, err
 	}
-	if err := res.measure(ctx, srv, worker, window); err != nil {
+	if err := res.measure(ctx, srv, worker, r.size.pidsSettle, window); err != nil {
 		return res, err
 	}
 	res.endToWakeup, err = endEach(ctx, inbox, started.ids(), ends)
@@ -263,9 +263,9 @@ func registerSpecs(ctx context.Context, clients []*api.Client, specs [][]byte) (
 }
 
 // measure reads the server's and the worker's memory, and their CPU over window,
-// while every process is waited for.
-func (res *pidRound) measure(ctx context.Context, srv *server, worker *proc, window time.Duration) error {
-	if err := sleepCtx(ctx, 2*time.Second); err != nil {
+// while every process is waited for, once they have settled.
+func (res *pidRound) measure(ctx context.Context, srv *server, worker *proc, settle, window time.Duration) error {
+	if err := sleepCtx(ctx, settle); err != nil {
 		return err
 	}
 	s0, err0 := cpuTime(srv.pid())
