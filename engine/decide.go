@@ -284,6 +284,8 @@ func (s State) promptParts(w events.Wakeup, vars map[string]string) []part {
 		return externalPrompt(w)
 	case s.Spec.Join != nil:
 		return joinPrompt(w)
+	case s.Spec.Process != nil:
+		return processPrompt(w, vars)
 	}
 	return defaultPrompt(w, vars)
 }

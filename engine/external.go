@@ -17,8 +17,9 @@ var CompleteStatuses = []string{StatusSucceeded, StatusFailed}
 // WakeOnStatuses are the outcomes a spec's wake_on may name.
 var WakeOnStatuses = []string{StatusSucceeded, StatusFailed, StatusStalled, StatusTimedOut, StatusLost, StatusSkipped}
 
-// HasCommand reports whether the spec runs something.
-func (s Spec) HasCommand() bool { return s.Command != "" || len(s.Argv) > 0 }
+// HasCommand reports whether the spec runs something on a worker: a command, or
+// the watch of a process.
+func (s Spec) HasCommand() bool { return s.Command != "" || len(s.Argv) > 0 || s.Process != nil }
 
 // validateExternal checks a spec that waits only for an external completion.
 func (s *Spec) validateExternal() error {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -102,6 +103,9 @@ type Spec struct {
 	// Join makes a task with no command the group of its members: it fires once
 	// when all of them (or, mode any, the first) have ended.
 	Join *Join `json:"join,omitempty"`
+	// Process makes a task with no command the watch of a process bgtask did not
+	// start: it fires once when that process ends.
+	Process *Process `json:"process,omitempty"`
 }
 
 // ParseSpec decodes and validates a spec registered now.
@@ -247,12 +251,15 @@ func jsonKind(goKind string) string {
 // Validate checks a spec and fills in defaults.
 func (s *Spec) Validate() error {
 	switch {
-	case strings.TrimSpace(s.Command) == "" && len(s.Argv) == 0 && s.StartAt == "" && !s.External && s.Join == nil:
-		return fieldErr("command", "required: give a shell command or argv (or only start_at, for a timer; external; or join)")
+	case strings.TrimSpace(s.Command) == "" && len(s.Argv) == 0 && s.StartAt == "" && !s.External && s.Join == nil && s.Process == nil:
+		return fieldErr("command", "required: give a shell command or argv (or only start_at, for a timer; external; join; or process)")
 	case s.Command != "" && len(s.Argv) > 0:
 		return fieldErr("argv", "give command or argv, not both")
 	case len(s.Argv) > 0 && s.Argv[0] == "":
 		return fieldErr("argv", "argv[0] is empty")
+	}
+	if err := s.validateProcess(); err != nil {
+		return err
 	}
 	if strings.ContainsRune(s.Command, 0) {
 		return fieldErr("command", "contains a NUL byte")
@@ -317,6 +324,9 @@ func (s *Spec) Validate() error {
 func (s Spec) CommandLine() string {
 	if s.Command != "" {
 		return s.Command
+	}
+	if s.Process != nil {
+		return "pid " + strconv.Itoa(s.Process.PID)
 	}
 	quoted := make([]string, len(s.Argv))
 	for i, a := range s.Argv {

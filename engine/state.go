@@ -385,6 +385,8 @@ func outcome(s State, run *events.Exited) (status, reason string) {
 			silent = s.Stall.SilentFor
 		}
 		return StatusStalled, "no output for " + silent
+	case run.WatchedPID != 0:
+		return StatusSucceeded, ReasonProcessEnded(run.WatchedPID)
 	case s.Spec.Completion != nil:
 		return StatusFailed, ReasonNoMatch
 	case run.ExitCode == 0 && run.Signal == "":

@@ -205,6 +205,9 @@ func readExited(r *envelopeReader) (Payload, bool) {
 	if r.has(`,"output_dropped":`) {
 		e.OutputDropped = r.signed()
 	}
+	if r.has(`,"watched_pid":`) {
+		e.WatchedPID = int(r.signed())
+	}
 	r.literal(`}`)
 	if r.failed || r.at != len(r.data) {
 		return nil, false

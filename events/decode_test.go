@@ -23,7 +23,7 @@ func decodeCorpus(t testing.TB) [][]byte {
 		&Tick{OutputBytes: 0},
 		&Exited{ExitCode: 1, Signal: "SIGKILL", Tail: []string{"ok  \tpkg\t0.1s", `a "quoted" \ line`, "ü\u2028", "\x00bin"}, StartedAt: at, EndedAt: at.Add(time.Minute)},
 		&Exited{ExitCode: -1, Tail: []string{"ok  \tpkg\t0.1s", `a "quoted" \ line/`, "ü <nil> & \u2028\r\b\f", "\x7f"}, StartedAt: at, EndedAt: at.Add(time.Minute),
-			Matched: true, MatchedLine: "PASS", StoppedBy: "match", KeptRunning: true, NotStarted: true, Result: "r\n", ResultBytes: 3, ResultError: "e", OutputBytes: 1 << 40, OutputDropped: 7},
+			Matched: true, MatchedLine: "PASS", StoppedBy: "match", KeptRunning: true, NotStarted: true, Result: "r\n", ResultBytes: 3, ResultError: "e", OutputBytes: 1 << 40, OutputDropped: 7, WatchedPID: 4242},
 		&Exited{StartedAt: at, EndedAt: at},
 		&Stalled{SilentFor: "5m", Action: "notify"},
 		&Lost{Worker: "w1", Action: "fail"},

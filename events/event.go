@@ -244,10 +244,14 @@ type Exited struct {
 	// could not keep.
 	OutputBytes   int64 `json:"output_bytes,omitempty"`
 	OutputDropped int64 `json:"output_dropped,omitempty"`
+	// WatchedPID is the process a watch followed (spec process), which bgtask did
+	// not start: only its parent can read its exit status, so the run has none.
+	WatchedPID int `json:"watched_pid,omitempty"`
 }
 
-// HasExitCode reports whether the run ended with an exit code of the command.
-func (e *Exited) HasExitCode() bool { return !e.KeptRunning && !e.NotStarted }
+// HasExitCode reports whether the run ended with an exit code of the command: not
+// a kept or unstarted command, nor a watched process.
+func (e *Exited) HasExitCode() bool { return !e.KeptRunning && !e.NotStarted && e.WatchedPID == 0 }
 
 // Ways a watch rule stops a command.
 const (

@@ -42,7 +42,8 @@ type summary struct {
 	Events     int    `json:"events"`
 	// Run is how the command ended, if it ran: a list shows its exit code.
 	Run      runEnd `json:"run,omitempty"`
-	ExitCode int    `json:"exit_code,omitempty"`
+	ExitCode int    `json:"exit_code,omitempty"` // runWatched: the watched PID
+
 	// Occurrence is the schedule slot the task ran for: a schedule's show lists them.
 	Occurrence *engine.Occurrence `json:"occurrence,omitempty"`
 }
@@ -55,6 +56,7 @@ const (
 	runExited
 	runKeptRunning
 	runNotStarted
+	runWatched // a process bgtask did not start: no exit code
 )
 
 // summarize makes the summary of a settled state; in interns its repeated
@@ -79,6 +81,8 @@ func summarize(s *engine.State, in *interner) summary {
 			sum.Run = runKeptRunning
 		case r.NotStarted:
 			sum.Run = runNotStarted
+		case r.WatchedPID != 0:
+			sum.Run, sum.ExitCode = runWatched, r.WatchedPID
 		default:
 			sum.Run, sum.ExitCode = runExited, r.ExitCode
 		}
@@ -121,6 +125,8 @@ func (sum *summary) state() engine.State {
 		s.Run = &events.Exited{KeptRunning: true}
 	case runNotStarted:
 		s.Run = &events.Exited{NotStarted: true}
+	case runWatched:
+		s.Run = &events.Exited{WatchedPID: sum.ExitCode}
 	}
 	return s
 }

@@ -190,6 +190,10 @@ func (l *runLogs) sideBySide(ctx context.Context, stdout, stderr func(context.Co
 func (r *run) runOnce(ctx context.Context, logAt *offsets) (respawn bool) {
 	w, id, log := r.w, r.state.ID, r.w.cfg.Base.Logger
 	spec := r.state.Spec
+	if spec.Process != nil {
+		r.watchProcess(ctx)
+		return false
+	}
 	if at := spec.DeadlineTime(); !at.IsZero() && !time.Now().Before(at) {
 		// Waited past its deadline: starting it now would only stop it half way.
 		now := time.Now().UTC()

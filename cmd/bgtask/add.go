@@ -40,6 +40,7 @@ type addOptions struct {
 	notifyMax                              int
 	retry                                  int
 	retryBackoff, retryOn                  string
+	pid                                    int
 }
 
 const addLong = `Register a command. The words after -- are joined with spaces into one shell
@@ -93,6 +94,14 @@ that matches to the target's inbox while the command runs, as a notice
 --notify-min-interval D keeps D between two, --notify-max N stops after N
 (default 100). The final wake-up still comes once, after them.
 
+--pid N watches a process of this host that bgtask did not start, instead of
+running a command: the task fires once when that process ends, with status
+succeeded and exit_code null (only a process's parent can read its exit status),
+or timed_out at its --deadline. The process is named by its PID, its start time
+and the host's boot, so a PID reused by another process, or a restart of the
+host, is seen as its end; a PID with no process is refused. The task is placed
+on this host.
+
 --spec reads a whole JSON spec (docs/api.md has its fields); flags given too override it.`
 
 const addExample = `  bgtask add -- make test
@@ -105,6 +114,7 @@ const addExample = `  bgtask add -- make test
   bgtask add --label pool=gpu --no-cwd -- ./train.sh
   bgtask add --delay 20m --prompt 'Check whether the deploy finished'
   bgtask add --at 09:00 -- ./nightly-report.sh
+  bgtask add --pid 4242 --deadline 2h --prompt 'The migration (pid 4242) ended'
   bgtask add --retry 3 --retry-backoff 10s,5m --retry-on failed,lost -- ./flaky-upload.sh
   bgtask add --notify-on-regex '^Epoch [0-9]+' --notify-min-interval 10m -- ./train.sh
   bgtask add --probe-every 1m --deadline 2h --complete-on-json status=completed -- gh run view 123 --json status,conclusion
@@ -170,6 +180,7 @@ func (o *addOptions) register(f *pflag.FlagSet) {
 	f.BoolVar(&o.anywhere, "anywhere", false, "any worker may take the task, whatever host registered it")
 	f.StringVar(&o.delay, "delay", "", "start the command this long from now (90s, 2h); with no command, a timer that fires then")
 	f.StringVar(&o.at, "at", "", "start the command at this time: RFC 3339, or HH:MM[:SS] local (the next one); with no command, a timer")
+	f.IntVar(&o.pid, "pid", 0, "run nothing: watch this process of this host, which bgtask did not start; the task fires when it ends (exit code unknown: null)")
 	f.BoolVar(&o.external, "external", false, "run nothing: the task ends when 'bgtask complete ID' ends it, or at its --deadline")
 	f.StringVar(&o.after, "after", "", "ID[,ID...]: start only once these tasks have ended (and, by --after-policy, succeeded)")
 	f.StringVar(&o.afterPolicy, "after-policy", "", "succeeded (default: a dependency that did not succeed skips the task, status skipped) or ended")
@@ -259,6 +270,9 @@ func (o *addOptions) fields(cmd *cobra.Command, args []string) (map[string]any, 
 		if err := o.placement(cmd, doc); err != nil {
 			return nil, err
 		}
+	}
+	if err := o.setProcess(cmd, doc); err != nil {
+		return nil, err
 	}
 	set("kind", "kind", o.kind)
 	set("prompt", "prompt", o.prompt)

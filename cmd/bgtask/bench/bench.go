@@ -64,6 +64,7 @@ var scenarios = []scenario{
 	{"growth", "stream growth: server memory with many finished tasks in the stream, against an empty server", runGrowth},
 	{"timers", "timers: server memory and start with pending timers, against an empty server; how late a burst of timers due in one second fires, against time.AfterFunc", runTimers},
 	{"join", "join: server CPU and memory while many members run and one join --all waits for them, against the same server idle and empty; the last member's end to the join's wake-up, against a lone task's end to its own", runJoin},
+	{"pids", "watched PIDs: server and worker CPU and RSS while processes bgtask did not start are watched, and each end to its wake-up, against as many commands bgtask runs itself", runPIDs},
 }
 
 // Names lists the scenarios, in the order they run.
@@ -97,6 +98,9 @@ type sizes struct {
 	timerBurst    int           // timers due in the same second there
 	joinMembers   int           // members of the join scenario's group
 	joinWindow    time.Duration // how long its server's CPU is measured
+	pids          int           // processes watched by PID in the pids scenario
+	pidsWindow    time.Duration // how long their CPU is measured there
+	pidsSettle    time.Duration // how long a server idles before each measure there
 }
 
 var (
@@ -108,6 +112,7 @@ var (
 		growthTasks: 200_000, growthTicks: 2, settle: 30 * time.Second,
 		timers: 10_000, timerBurst: 1000,
 		joinMembers: 1000, joinWindow: 10 * time.Second,
+		pids: 1000, pidsWindow: 10 * time.Second, pidsSettle: 2 * time.Second,
 	}
 	quickSizes = sizes{
 		registers: 200, sequential: 20, throughput: 30,
@@ -117,6 +122,7 @@ var (
 		growthTasks: 2000, growthTicks: 2, settle: 2 * time.Second,
 		timers: 500, timerBurst: 100,
 		joinMembers: 20, joinWindow: 2 * time.Second,
+		pids: 20, pidsWindow: time.Second, pidsSettle: 500 * time.Millisecond,
 	}
 )
 
