@@ -69,7 +69,7 @@ func (r *receiver) snapshot() (map[string][]string, map[string]int) {
 func startReplica(t *testing.T, store *events.JetStreamStore, me engine.Engine) {
 	t.Helper()
 	var pusher *engine.Pusher
-	proj := projections.New(store, func(s engine.State) { pusher.Notify(s) }, engine.Base{})
+	proj := projections.New(store, func(s engine.State, _ events.Record) { pusher.Notify(s) }, engine.Base{})
 	pusher = engine.NewPusher(store, proj, sinks.New([]byte("a test secret of enough bytes")), me, 20*time.Millisecond, engine.Base{})
 	if err := proj.Start(context.Background()); err != nil {
 		t.Fatal(err)

@@ -64,7 +64,7 @@ const maxProblems = 1000
 type Projector struct {
 	base   engine.Base
 	log    Log
-	notify func(engine.State)
+	notify func(engine.State, events.Record)
 
 	mu sync.RWMutex
 	// tasks are the tasks that are not settled, updated in place: a state leaves
@@ -78,7 +78,9 @@ type Projector struct {
 	// unfinished holds the ids of the tasks in each phase that is not terminal:
 	// the scheduler, the lease checks and the dispatcher list those phases all the
 	// time, and they hold few of the tasks a long stream has seen.
-	unfinished   map[engine.Phase]map[string]struct{}
+	unfinished map[engine.Phase]map[string]struct{}
+	// phases counts the tasks in each phase, terminal ones too.
+	phases       map[engine.Phase]int
 	applied      uint64
 	live         bool
 	problems     []Problem
@@ -120,13 +122,14 @@ type Replayed struct {
 }
 
 // New returns a projector over log. notify, if set, is called with a task's new state
-// for every event applied after the initial replay; it must not block.
-func New(log Log, notify func(engine.State), base engine.Base) *Projector {
+// and the event that made it, for every event applied after the initial replay; it
+// must not block.
+func New(log Log, notify func(engine.State, events.Record), base engine.Base) *Projector {
 	return &Projector{
 		base: base.WithDefaults(), log: log, notify: notify,
 		tasks: map[string]*engine.State{}, summaries: map[string]*summary{},
-		unfinished: map[engine.Phase]map[string]struct{}{},
-		waiters:    map[chan struct{}]uint64{},
+		unfinished: map[engine.Phase]map[string]struct{}{}, phases: map[engine.Phase]int{},
+		waiters: map[chan struct{}]uint64{},
 	}
 }
 
@@ -258,7 +261,7 @@ func (p *Projector) apply(rec events.Record, decodeErr error) bool {
 	}
 	p.mu.Unlock()
 	if changed != nil && p.notify != nil {
-		p.notify(*changed)
+		p.notify(*changed, rec)
 	}
 	return true
 }
@@ -289,8 +292,14 @@ func (p *Projector) store(id string, next *engine.State, task *engine.State, sum
 	*task = *next
 }
 
-// index moves a task from one phase's index to another's.
+// index moves a task from one phase's index and count to another's.
 func (p *Projector) index(id string, from, to engine.Phase) {
+	if from != "" {
+		p.phases[from]--
+	}
+	if to != "" {
+		p.phases[to]++
+	}
 	if ids := p.unfinished[from]; ids != nil {
 		delete(ids, id)
 	}
@@ -543,6 +552,19 @@ func (p *Projector) Problems() ([]Problem, int) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	return slices.Clone(p.problems), p.problemCount
+}
+
+// Phases counts the tasks in each phase; a phase no task is in is left out.
+func (p *Projector) Phases() map[engine.Phase]int {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	out := make(map[engine.Phase]int, len(p.phases))
+	for phase, n := range p.phases {
+		if n > 0 {
+			out[phase] = n
+		}
+	}
+	return out
 }
 
 // Applied is the sequence of the last event applied.

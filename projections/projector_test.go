@@ -69,7 +69,7 @@ func TestReplayedStateEqualsLiveState(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var notified []engine.Phase
-	live := projections.New(store, func(s engine.State) {
+	live := projections.New(store, func(s engine.State, _ events.Record) {
 		mu.Lock()
 		notified = append(notified, s.Phase)
 		mu.Unlock()
@@ -181,7 +181,7 @@ func TestStartReturnsOnlyWhenTheWholeStreamIsApplied(t *testing.T) {
 		w.arm("true")
 	}
 	notifications := 0
-	p := projections.New(store, func(engine.State) { notifications++ }, engine.Base{})
+	p := projections.New(store, func(engine.State, events.Record) { notifications++ }, engine.Base{})
 	if err := p.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -521,6 +521,7 @@ func (p *Projector) restore(ctx context.Context, target uint64) {
 		p.index(id, "", s.Phase)
 	}
 	for _, s := range p.summaries {
+		p.phases[s.Phase]++
 		// One copy of each shared string, as the fold keeps them.
 		s.Kind, s.Target, s.Status = p.interned.get(s.Kind), p.interned.get(s.Target), p.interned.get(s.Status)
 	}

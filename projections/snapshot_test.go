@@ -39,6 +39,7 @@ type served struct {
 	All          []engine.State
 	Total        int
 	ByPhase      map[engine.Phase][]engine.State
+	Phases       map[engine.Phase]int
 	Problems     []projections.Problem
 	ProblemCount int
 	Applied      uint64
@@ -51,6 +52,7 @@ func stateOf(p *projections.Projector) served {
 	for _, phase := range []engine.Phase{engine.PhaseArmed, engine.PhaseRunning, engine.PhaseEnded, engine.PhasePersisted, engine.PhaseFired, engine.PhaseCancelled, engine.PhaseArchived} {
 		s.ByPhase[phase], _ = p.List(engine.ListQuery{Phase: phase})
 	}
+	s.Phases = p.Phases()
 	s.Problems, s.ProblemCount = p.Problems()
 	s.Applied = p.Applied()
 	return s
@@ -61,6 +63,13 @@ func stateOf(p *projections.Projector) served {
 func sameState(t *testing.T, what string, got, want *projections.Projector) {
 	t.Helper()
 	g, w := stateOf(got), stateOf(want)
+	for _, s := range []served{g, w} {
+		for phase, tasks := range s.ByPhase {
+			if s.Phases[phase] != len(tasks) {
+				t.Fatalf("%s: Phases counts %d tasks %s, List lists %d", what, s.Phases[phase], phase, len(tasks))
+			}
+		}
+	}
 	if !reflect.DeepEqual(g, w) {
 		gj, _ := json.MarshalIndent(g, "", " ")
 		wj, _ := json.MarshalIndent(w, "", " ")

@@ -24,7 +24,7 @@ func (b *bundle) startDispatcher(t *testing.T) {
 		t.Fatal(err)
 	}
 	var d *engine.Dispatcher
-	proj := projections.New(b.store, func(s engine.State) { d.Notify(s) }, engine.Base{})
+	proj := projections.New(b.store, func(s engine.State, _ events.Record) { d.Notify(s) }, engine.Base{})
 	d = engine.NewDispatcher(b.store, inbox, proj, "test-engine", 2, engine.Base{})
 	if err := proj.Start(ctx); err != nil {
 		t.Fatal(err)

@@ -61,7 +61,7 @@ func setup(t *testing.T) *bundle {
 func startScheduler(t *testing.T, nc *nats.Conn, store *events.JetStreamStore, liveness *events.Liveness) {
 	t.Helper()
 	var sched *engine.Scheduler
-	proj := projections.New(store, func(s engine.State) { sched.Notify(s) }, engine.Base{})
+	proj := projections.New(store, func(s engine.State, _ events.Record) { sched.Notify(s) }, engine.Base{})
 	sched = engine.NewScheduler(proj, liveness, func(ctx context.Context, worker string, o events.Offer) (events.OfferReply, error) {
 		return events.OfferTask(ctx, nc, worker, o)
 	}, engine.Base{})

@@ -163,6 +163,8 @@ type Server struct {
 
 	// schedules serves the schedule endpoints (ServeSchedules).
 	schedules *scheduling
+	// stats is the custom data of each endpoint's stats (ServeStats).
+	stats func() any
 
 	// slots bounds the registrations in flight; running counts them, and once
 	// stopping is set no more are handed to goroutines of their own.
@@ -190,6 +192,11 @@ func New(nc *nats.Conn, svc *engine.Service, queries Queries, fleet Fleet, store
 	}
 }
 
+// ServeStats makes the stats of the service (`nats micro stats bgtask`) carry
+// data() as the custom data of each endpoint: the engine's metrics, which are
+// the service's, not one endpoint's. data must not block. Call it before Start.
+func (s *Server) ServeStats(data func() any) { s.stats = data }
+
 // Start adds the micro service and its endpoints, which share a queue group, so
 // several engines can serve one deployment (the engine.Component contract).
 func (s *Server) Start(ctx context.Context) error {
@@ -200,11 +207,15 @@ func (s *Server) Start(ctx context.Context) error {
 	if started {
 		return engine.ErrStarted
 	}
-	m, err := micro.AddService(s.nc, micro.Config{
+	cfg := micro.Config{
 		Name:        ServiceName,
 		Version:     s.version,
 		Description: "bgtask: durable supervisor for background work",
-	})
+	}
+	if stats := s.stats; stats != nil {
+		cfg.StatsHandler = func(*micro.Endpoint) any { return stats() }
+	}
+	m, err := micro.AddService(s.nc, cfg)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"sync"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/metrics"
 	"github.com/bgtask/bgtask/projections"
 )
 
@@ -101,6 +103,7 @@ type Node struct {
 	scheduler  *engine.Scheduler
 	schedules  *engine.ScheduleRunner
 	api        *api.Server
+	metrics    *metrics.Metrics
 
 	mu      sync.Mutex
 	begun   bool
@@ -118,19 +121,25 @@ func New(cfg Config) (*Node, error) {
 // Projector is the engine's state as it reads the event stream, once started.
 func (n *Node) Projector() *projections.Projector { return n.projector }
 
+// Metrics serves the engine's metrics in the Prometheus text format, once it
+// is started.
+func (n *Node) Metrics() http.Handler { return n.metrics.Handler() }
+
 // applied is who reacts to an event the projector applies live, and in which
 // order: the dispatcher (a run that ended is delivered, a stall told), the
 // timers (an armed task's deadline or start is set, and dropped once the task
 // moves on), the dependencies (a task waiting for one that did not succeed is
-// skipped), the pusher (a fired wake-up goes to its push sinks) and the
-// scheduler (an armed task, or a slot a run freed, is placed). Each only queues
-// work and returns, for the projector must not block.
-func (n *Node) applied(s engine.State) {
+// skipped), the pusher (a fired wake-up goes to its push sinks), the
+// scheduler (an armed task, or a slot a run freed, is placed) and the metrics
+// (what the event did is counted). Each only queues work or counts, and
+// returns, for the projector must not block.
+func (n *Node) applied(s engine.State, rec events.Record) {
 	n.dispatcher.Notify(s)
 	n.timers.Notify(s)
 	n.depends.Notify(s)
 	n.pusher.Notify(s)
 	n.scheduler.Notify(s)
+	n.metrics.Applied(s, rec)
 }
 
 // Start opens the engine's streams and buckets (creating them if need be, and
@@ -205,14 +214,17 @@ func (n *Node) wire(st streams) {
 	c, base, writer := n.cfg, n.base, n.cfg.Writer
 	n.projector = projections.New(st.store, n.applied, base)
 	n.projector.UseSnapshots(c.Snapshots)
-	n.dispatcher = engine.NewDispatcher(st.store, st.inbox, n.projector, writer, deliveries, base)
-	n.timers = engine.NewTimers(st.store, n.projector, writer, base)
-	n.depends = engine.NewDependencies(st.store, n.projector, writer, func() { n.scheduler.Kick() }, base)
-	n.leases = engine.NewLeases(st.store, n.projector, st.liveness, writer, base)
+	n.metrics = metrics.New(n.projector.Phases, func() []engine.WorkerStatus { return n.scheduler.Workers() })
+	// The engine's appends, whose conflicts the metrics count.
+	store := n.metrics.CountConflicts(st.store)
+	n.dispatcher = engine.NewDispatcher(store, st.inbox, n.projector, writer, deliveries, base)
+	n.timers = engine.NewTimers(store, n.projector, writer, base)
+	n.depends = engine.NewDependencies(store, n.projector, writer, func() { n.scheduler.Kick() }, base)
+	n.leases = engine.NewLeases(store, n.projector, st.liveness, writer, base)
 	// Each start is an instance of its own, so no replica takes another's push in
 	// flight for one of its own dead ones.
 	me := engine.Engine{Writer: writer, Instance: uuid.NewString()}
-	n.pusher = engine.NewPusher(st.store, n.projector, c.Sinks, me, c.RetryBase, base)
+	n.pusher = engine.NewPusher(store, n.projector, c.Sinks, me, c.RetryBase, base)
 	n.targets = st.targets.Watch(n.pusher.TargetChanged, func(name string, err error) {
 		base.Logger.Warn("unreadable target state counts as idle", "target", name, "err", err)
 	})
@@ -220,9 +232,9 @@ func (n *Node) wire(st streams) {
 	n.scheduler = engine.NewScheduler(n.projector, st.liveness, func(ctx context.Context, worker string, o events.Offer) (events.OfferReply, error) {
 		return events.OfferTask(ctx, c.Conn, worker, o)
 	}, base)
-	var requests events.Store = st.store
+	requests := store
 	if c.Requests != nil {
-		requests = c.Requests(st.store)
+		requests = c.Requests(store)
 	}
 	svc := engine.NewService(requests, writer, base)
 	svc.ReadArchive(st.archive)
@@ -234,6 +246,7 @@ func (n *Node) wire(st streams) {
 	n.schedules = engine.NewScheduleRunner(st.schedules, svc.Register, n.projector, svc.Cancel, base)
 	n.api = api.New(c.Conn, svc, n.projector, n.scheduler, st.store, st.archive, c.Version, base)
 	n.api.ServeSchedules(st.schedules, n.projector)
+	n.api.ServeStats(func() any { return n.metrics.Stats() })
 }
 
 // streams are what an engine reads and writes.
