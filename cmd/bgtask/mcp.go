@@ -416,6 +416,16 @@ func (m *mcpServer) specSchema() map[string]any {
 		"external":     prop("boolean", "run nothing: the task ends when completed from outside (bgtask complete, bgtask.complete) or at its deadline"),
 		"wake_on":      with(stringList, "the outcomes that wake the caller (default: all); another ends the task quietly"),
 		"start_at":     prop("string", "start the command after this long (20m) or at this RFC 3339 time; with no command, a timer that wakes the caller then"),
+		"probe_every":  prop("string", "the command is a probe: run it again this long after each run (at least 1s) until a run meets completion (default: exits 0), within the deadline"),
+		"notify": map[string]any{"type": "object", "description": "while the command runs, send the stdout lines that match as notices to the inbox (each notice a wake-up with notice nK); the final wake-up still comes once", "properties": map[string]any{
+			"type":         enum("json_line: a JSON line with the fields of match; line_pattern: a line matching regex", engine.CompleteOnJSON, engine.CompleteOnPattern),
+			"match":        map[string]any{"type": "object", "description": "json_line: fields the line's object must have"},
+			"regex":        prop("string", "line_pattern: a Go RE2 regular expression"),
+			"batch":        prop("string", "gather the lines of this long after the first into one notice"),
+			"min_interval": prop("string", "at least this long between two notices"),
+			"max":          prop("integer", fmt.Sprintf("at most this many notices (default %d)", engine.DefaultNoticesMax)),
+		}, "required": []string{"type"}},
+		"pid": prop("integer", "instead of a command, watch this process of the MCP server's host, which bgtask did not start: the task fires when it ends (exit_code null: only its parent can read it)"),
 		"retry": map[string]any{"type": "object", "description": "run an attempt that ended in one of on again, with backoff; one wake-up after the last", "properties": map[string]any{
 			"max":         prop("integer", "how many more attempts, 1 to 100"),
 			"backoff":     prop("string", "the wait before the first retry (default 1s), doubled for each next"),
@@ -443,6 +453,9 @@ func (m *mcpServer) add(ctx context.Context, _ *mcp.CallToolRequest, args json.R
 	doc := make(map[string]any, len(fields)+4)
 	for k, v := range fields {
 		doc[k] = v
+	}
+	if err := watchPID(doc); err != nil {
+		return "", nil, err
 	}
 	if err := m.defaultCwd(doc); err != nil {
 		return "", nil, err

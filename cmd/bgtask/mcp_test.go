@@ -140,6 +140,7 @@ type mcpWait struct {
 		ExitCode *int     `json:"exit_code"`
 		Prompt   string   `json:"prompt"`
 		Tail     []string `json:"tail"`
+		Probes   int      `json:"probes"`
 	} `json:"wakeup"`
 }
 
@@ -540,5 +541,54 @@ func TestMCPJoinsCompletesAndConsumes(t *testing.T) {
 	}
 	if inbox := strings.TrimSpace(bgtask(t, home, "inbox", "--target", "mcp-join", "--json").must(t, 0, "inbox").stdout); inbox != "" {
 		t.Errorf("the inbox after the consumed join: %s", inbox)
+	}
+}
+
+// A probe, notices and a process watch through the add tool: each its spec's
+// fields, as the CLI's flags give them.
+func TestMCPAddsAProbeNoticesAndAProcessWatch(t *testing.T) {
+	home, dir := t.TempDir(), t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("CLAUDE_CODE_SESSION_ID", "")
+	t.Setenv("CODEX_THREAD_ID", "")
+	startServer(t, home)
+	p := startMCP(t, home, dir)
+	id := func(args map[string]any) string {
+		return ok[struct {
+			ID string `json:"id"`
+		}](t, "add", p.call(t, "add", args)).ID
+	}
+	wait := func(id string) mcpWait {
+		return ok[mcpWait](t, "wait", p.call(t, "wait", map[string]any{"id": id, "timeout": "60s"}))
+	}
+
+	probe := id(map[string]any{"command": "n=$(cat n 2>/dev/null || echo 0); echo $((n+1)) > n; [ $n -ge 2 ]", "probe_every": "1s"})
+	if w := wait(probe); w.Wakeup == nil || w.Wakeup.Status != "succeeded" || w.Wakeup.Probes != 2 {
+		t.Fatalf("the probe's wake-up: %+v", w.Wakeup)
+	}
+
+	noted := id(map[string]any{"command": "echo step 1; echo other; echo step 2; sleep 2", "target": "mcp-notes",
+		"notify": map[string]any{"type": "line_pattern", "regex": "^step", "batch": "1s"}})
+	wait(noted)
+	inbox := bgtask(t, home, "inbox", "--target", "mcp-notes", "--json").must(t, 0, "inbox").stdout
+	if !strings.Contains(inbox, `"notice":"n1"`) || !strings.Contains(inbox, `"step 2"`) {
+		t.Fatalf("the notices' inbox: %s", inbox)
+	}
+
+	sleeper := exec.Command("sleep", "1")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	watch := id(map[string]any{"pid": sleeper.Process.Pid})
+	_ = sleeper.Wait()
+	if w := wait(watch); w.Wakeup == nil || w.Wakeup.Status != "succeeded" || w.Wakeup.ExitCode != nil {
+		t.Fatalf("the process watch's wake-up: %+v", w.Wakeup)
+	}
+	for args, field := range map[string]string{`{"pid": 0}`: "pid", `{"pid": 4194304}`: "pid", `{"pid": 1, "command": "true"}`: "pid"} {
+		var a map[string]any
+		_ = json.Unmarshal([]byte(args), &a)
+		if res := p.call(t, "add", a); !res.IsError || !strings.HasPrefix(text(res), field+":") {
+			t.Errorf("add %s: %s", args, text(res))
+		}
 	}
 }

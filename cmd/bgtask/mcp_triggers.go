@@ -11,10 +11,11 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
+	"github.com/bgtask/bgtask/internal/proc"
 )
 
 // The MCP tools of the triggers that need more than a spec's field: a group's
-// one wake-up, and a task ended from outside.
+// one wake-up, a task ended from outside, and a process watched by its PID.
 
 func (m *mcpServer) joinTool() mcpTool {
 	yes := true
@@ -109,4 +110,28 @@ func (m *mcpServer) complete(ctx context.Context, _ *mcp.CallToolRequest, args j
 		return "", nil, err
 	}
 	return fmt.Sprintf("completed %s: %s", t.ID, t.Status), t, nil
+}
+
+// watchPID turns the MCP add tool's pid into the spec of a process watch, as
+// --pid does: the identity read on this host, the task placed on it.
+func watchPID(doc map[string]any) error {
+	raw, ok := doc["pid"].(json.RawMessage)
+	if !ok {
+		return nil
+	}
+	delete(doc, "pid")
+	var pid int
+	if err := json.Unmarshal(raw, &pid); err != nil || pid <= 0 {
+		return &toolError{"pid", "want the id of a running process, above 0"}
+	}
+	if doc["command"] != nil || doc["argv"] != nil {
+		return &toolError{"pid", "give pid or a command, not both"}
+	}
+	id, err := proc.Of(pid)
+	if err != nil {
+		return &toolError{"pid", fmt.Sprintf("%d: %v on this host (%s)", pid, err, hostName())}
+	}
+	doc["process"] = engine.Process(id)
+	doc["placement"] = map[string]any{"labels": map[string]string{engine.HostLabel: hostName()}}
+	return nil
 }
