@@ -31,6 +31,14 @@ type WorkerStatus struct {
 	Tasks    []string  `json:"tasks"`
 }
 
+// ScheduledTasks are what the scheduler places: the armed tasks, and the tasks
+// they wait for, read as outcomes (a settled one from its summary, with no read
+// of its history: a pass looks at every waiting task's dependencies).
+type ScheduledTasks interface {
+	TaskLister
+	OutcomeReader
+}
+
 // Scheduler places armed tasks on workers. It keeps the fleet's heartbeats, and on
 // every change that can let a task start (a task armed, a run ended, a worker
 // joined or became ready) it offers waiting tasks, in FairOrder, to the worker
@@ -40,7 +48,7 @@ type WorkerStatus struct {
 // the reason kept for `show` and `list`, until a worker that can take it appears.
 type Scheduler struct {
 	base  Base
-	tasks TaskLister
+	tasks ScheduledTasks
 	feed  WorkerFeed
 	offer OfferFunc
 
@@ -76,7 +84,7 @@ const offerTimeout = 10 * time.Second
 const schedulePeriod = time.Second
 
 // NewScheduler returns the scheduler of an engine.
-func NewScheduler(tasks TaskLister, feed WorkerFeed, offer OfferFunc, base Base) *Scheduler {
+func NewScheduler(tasks ScheduledTasks, feed WorkerFeed, offer OfferFunc, base Base) *Scheduler {
 	return &Scheduler{
 		base: base.WithDefaults(), tasks: tasks, feed: feed, offer: offer,
 		workers: map[string]*fleetEntry{}, inflight: map[string]string{}, taken: map[string]string{},
@@ -250,7 +258,7 @@ func (s *Scheduler) pass(ctx context.Context) {
 		if s.inflight[t.ID] != "" || s.taken[t.ID] != "" || !t.Spec.HasCommand() || t.Paused {
 			continue
 		}
-		if wait, skip := t.Dependencies(s.tasks.Task); wait || skip != nil {
+		if wait, skip := t.Dependencies(s.tasks.Outcome); wait || skip != nil {
 			continue // waiting for its dependencies, or to be skipped
 		}
 		if at := t.NotBefore(); at.After(now) {
@@ -395,7 +403,7 @@ func (s *Scheduler) Waiting(st State) string {
 
 // dependencyWait says what of its dependencies an armed task waits for, if any.
 func (s *Scheduler) dependencyWait(st State) string {
-	wait, skip := st.Dependencies(s.tasks.Task)
+	wait, skip := st.Dependencies(s.tasks.Outcome)
 	switch {
 	case skip != nil:
 		return "to be skipped: its dependency " + skip.Dependency + " ended " + skip.Status

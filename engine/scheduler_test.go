@@ -15,9 +15,17 @@ type taskList struct {
 	mu    sync.Mutex
 	tasks []engine.State
 	armed int // List calls for the armed tasks
+	reads int // Task calls: a settled task's would read its history
 }
 
 func (l *taskList) Task(id string) (engine.State, bool) {
+	l.mu.Lock()
+	l.reads++
+	l.mu.Unlock()
+	return l.Outcome(id)
+}
+
+func (l *taskList) Outcome(id string) (engine.State, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, s := range l.tasks {
@@ -160,5 +168,26 @@ func TestSchedulerOffersADelayedStartAtItsTimeAndNeverATimer(t *testing.T) {
 	case o := <-offers:
 		t.Fatalf("offered %s too", o.TaskID)
 	default:
+	}
+}
+
+// A task waiting for a dependency that ended is offered, its dependency read as
+// an outcome: a pass reads no history of a settled task.
+func TestSchedulerReadsDependenciesAsOutcomes(t *testing.T) {
+	t.Parallel()
+	dep := engine.State{ID: "dep", Phase: engine.PhaseFired, Status: engine.StatusSucceeded, ArmedAt: t0}
+	waiting := armedTask("after", t0, nil)
+	waiting.Spec.After = []string{"dep"}
+	tasks := &taskList{tasks: []engine.State{dep, waiting}}
+	w := events.WorkerInfo{ID: "w1", Labels: map[string]string{"host": "h1"}, State: events.WorkerReady, MaxTasks: 1}
+	s, offers := startScheduler(t, tasks, fleet{workers: []events.WorkerInfo{w}})
+	if o := <-offers; o.TaskID != "after" {
+		t.Fatalf("offered %s, want the task whose dependency ended", o.TaskID)
+	}
+	_ = s.Waiting(waiting)
+	tasks.mu.Lock()
+	defer tasks.mu.Unlock()
+	if tasks.reads != 0 {
+		t.Fatalf("the scheduler read %d tasks whole for their dependents", tasks.reads)
 	}
 }
