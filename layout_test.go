@@ -32,6 +32,7 @@ var layout = map[string]rule{
 	"events":             {tests: []string{"events/eventstest"}},
 	"events/eventstest":  {},
 	"internal/secretenv": {},
+	"internal/httpapi":   {imports: []string{"engine", "engine/api", "events"}, tests: []string{"engine/node", "engine/sinks", "events/eventstest"}},
 	"engine":             {imports: []string{"events"}, tests: []string{"engine/api", "engine/sinks", "events/eventstest", "projections"}},
 	"engine/api":         {imports: []string{"engine", "events"}, tests: []string{"events/eventstest", "projections"}},
 	"engine/node":        {imports: []string{"engine", "engine/api", "events", "projections"}, tests: []string{"engine/sinks", "events/eventstest"}},
