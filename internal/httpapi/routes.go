@@ -95,6 +95,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
+	if raw, ok := v.(json.RawMessage); ok {
+		_, _ = w.Write(append(raw, '\n'))
+		return
+	}
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	_ = enc.Encode(v)
@@ -215,14 +219,18 @@ func (s *Server) register(ctx context.Context, r *http.Request) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
-	reg, err := s.api.Register(ctx, spec)
+	out, err := s.api.Raw(ctx, api.SubjectRegister, spec)
 	if err != nil {
 		return reply{}, err
 	}
-	if reg.Created {
-		return reply{http.StatusCreated, reg}, nil
+	var reg api.Registered
+	if err := json.Unmarshal(out, &reg); err != nil {
+		return reply{}, fmt.Errorf("%s: unreadable reply: %w", api.SubjectRegister, err)
 	}
-	return reply{body: reg}, nil
+	if reg.Created {
+		return reply{http.StatusCreated, out}, nil
+	}
+	return reply{body: out}, nil
 }
 
 // list answers one page of the NATS API's list: the filters it has (state),
@@ -236,16 +244,24 @@ func (s *Server) list(ctx context.Context, r *http.Request) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
-	page, err := s.api.ListPage(ctx, api.ListRequest{
+	return s.call(ctx, api.SubjectList, api.ListRequest{
 		ListQuery: engine.ListQuery{Phase: engine.Phase(q.Get("state")), Limit: limit},
 		Cursor:    q.Get("cursor"),
 	})
-	return reply{body: page}, err
+}
+
+// call makes a NATS API request and answers its reply as the engine wrote it.
+func (s *Server) call(ctx context.Context, subject string, req any) (reply, error) {
+	data, err := json.Marshal(req)
+	if err != nil {
+		return reply{}, err
+	}
+	out, err := s.api.Raw(ctx, subject, data)
+	return reply{body: out}, err
 }
 
 func (s *Server) get(ctx context.Context, r *http.Request) (reply, error) {
-	t, err := s.api.Get(ctx, r.PathValue("id"))
-	return reply{body: t}, err
+	return s.call(ctx, api.SubjectGet, api.IDRequest{ID: r.PathValue("id")})
 }
 
 func (s *Server) cancelTask(ctx context.Context, r *http.Request) (reply, error) {
@@ -255,18 +271,16 @@ func (s *Server) cancelTask(ctx context.Context, r *http.Request) (reply, error)
 	if err := decodeBody(r, &req); err != nil {
 		return reply{}, err
 	}
-	t, err := s.api.Cancel(ctx, r.PathValue("id"), req.Reason)
-	return reply{body: t}, err
+	return s.call(ctx, api.SubjectCancel, api.CancelRequest{ID: r.PathValue("id"), Reason: req.Reason})
 }
 
 func (s *Server) history(ctx context.Context, r *http.Request) (reply, error) {
-	h, err := s.api.History(ctx, r.PathValue("id"))
-	return reply{body: h}, err
+	return s.call(ctx, api.SubjectHistory, api.IDRequest{ID: r.PathValue("id")})
 }
 
 func (s *Server) workers(ctx context.Context, _ *http.Request) (reply, error) {
-	w, err := s.api.Workers(ctx)
-	return reply{body: w}, err
+	out, err := s.api.Raw(ctx, api.SubjectWorkers, nil)
+	return reply{body: out}, err
 }
 
 func checkTarget(name string) error {
