@@ -25,6 +25,7 @@ func TestRoutesMirrorTheNATSAPI(t *testing.T) {
 		return must[api.TaskView](t, h.do("GET", "/v1/tasks/"+reg.ID, ""), 200).Phase == engine.PhaseFired
 	})
 	held := must[api.Registered](t, h.do("POST", "/v1/tasks", `{"command":"true"}`), 201) // no worker: it stays armed
+	must[api.TaskView](t, h.do("GET", "/v1/tasks/"+held.ID, ""), 200)                     // a get waits for the projection; a list does not
 
 	page := must[api.ListReply](t, h.do("GET", "/v1/tasks?limit=1", ""), 200)
 	if len(page.Tasks) != 1 || page.Tasks[0].ID != held.ID || page.Total != 2 || page.NextCursor == "" {

@@ -58,6 +58,7 @@ func TestAttacksAreRefused(t *testing.T) {
 func TestLoginThroughAOneTimeLink(t *testing.T) {
 	h := start(t)
 	reg := must[api.Registered](t, h.do("POST", "/v1/tasks", `{"command":"echo on-the-page"}`), 201)
+	must[api.TaskView](t, h.do("GET", "/v1/tasks/"+reg.ID, ""), 200) // a get waits for the projection; a list does not
 	apiError(t, h.do("POST", "/v1/login", "", "Authorization", ""), 401, "Authorization")
 	link := must[struct{ URL string }](t, h.do("POST", "/v1/login", ""), 201).URL
 	if !strings.HasPrefix(link, h.url+"/login?token=") {
