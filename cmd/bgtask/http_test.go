@@ -112,3 +112,36 @@ func TestServerHTTPFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// With --nats, the server serves the HTTP API too, and writes its http.json
+// into the home.
+func TestServerWithNATSServesHTTP(t *testing.T) {
+	url := startExternalNATS(t)
+	home := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, []string{"--home", home, "--nats", url, "--user", "engine", "--password", "engine-pw", "server", "--no-worker"}, out, out)
+	}()
+	awaitText(t, out, "bgtask server ready", done)
+	info, err := readHTTPInfo(home)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, body := httpCall(t, info, "POST", "/v1/tasks", `{"start_at":"1h","prompt":"later"}`)
+	if code != 201 {
+		t.Fatalf("register over HTTP with --nats: %d %s", code, body)
+	}
+	id := decode[struct{ ID string }](t, body).ID
+	if code, body := httpCall(t, info, "GET", "/v1/tasks/"+id, ""); code != 200 || !strings.Contains(body, `"armed"`) {
+		t.Fatalf("get: %d %s", code, body)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("server: %v\n%s", err, out.String())
+	}
+	if _, err := os.Stat(filepath.Join(home, httpFile)); !os.IsNotExist(err) {
+		t.Fatalf("%s after the server stopped: %v", httpFile, err)
+	}
+}
