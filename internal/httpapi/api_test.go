@@ -63,6 +63,11 @@ func TestRoutesMirrorTheNATSAPI(t *testing.T) {
 	apiError(t, h.do("GET", "/v1/tasks?limit=-1", ""), 400, "limit")
 	apiError(t, h.do("GET", "/v1/tasks?limit=1&limit=2", ""), 400, "limit")
 	apiError(t, h.do("GET", "/v1/tasks?cursor=nope", ""), 400, "cursor")
+	apiError(t, h.do("GET", "/v1/nothing", ""), 404, "")
+	if r := h.do("DELETE", "/v1/tasks/"+reg.ID, ""); r.status != 405 || r.header.Get("Allow") != "GET" {
+		t.Fatalf("DELETE of a task: %d, Allow %q", r.status, r.header.Get("Allow"))
+	}
+	apiError(t, h.do("DELETE", "/v1/tasks/"+reg.ID, ""), 405, "")
 	if after := must[api.ListReply](t, h.do("GET", "/v1/tasks", ""), 200).Total; after != before {
 		t.Fatalf("bad requests registered tasks: %d, then %d", before, after)
 	}

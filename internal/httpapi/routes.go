@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/bgtask/bgtask/engine"
@@ -20,12 +21,37 @@ import (
 
 // routes are every route of the server, each with its method: the document
 // (openapi.json) lists the same, and a test holds the two to each other.
-func (s *Server) routes() *http.ServeMux {
+func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	for _, r := range s.table() {
 		mux.Handle(r.pattern, r.handler)
 	}
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); pattern == "" && strings.HasPrefix(r.URL.Path, "/v1/") {
+			s.noRoute(w, r, mux)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// noRoute answers a request to the API that no route takes with the error
+// object: 405 and the methods there are if the path has routes, else 404.
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request, mux *http.ServeMux) {
+	var allowed []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut} {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := mux.Handler(probe); pattern != "" {
+			allowed = append(allowed, m)
+		}
+	}
+	if len(allowed) == 0 {
+		s.fail(w, &api.Error{Code: 404, Message: "no route " + r.URL.Path + ": the routes are in /v1/openapi.json"})
+		return
+	}
+	w.Header().Set("Allow", strings.Join(allowed, ", "))
+	s.fail(w, &api.Error{Code: 405, Message: fmt.Sprintf("%s %s: the method is not one of %s", r.Method, r.URL.Path, strings.Join(allowed, ", "))})
 }
 
 type route struct {
@@ -74,7 +100,9 @@ func (s *Server) jsonRoute(h func(ctx context.Context, r *http.Request) (reply, 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), requestBudget)
 		defer cancel()
-		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(writeTimeout))
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Now().Add(readTimeout))
+		_ = rc.SetWriteDeadline(time.Now().Add(writeTimeout))
 		out, err := h(ctx, r)
 		if err != nil {
 			s.fail(w, err)

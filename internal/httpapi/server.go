@@ -53,6 +53,7 @@ const (
 	maxSmallBody  = 16 << 10  // every other request body
 	maxStreams    = 64        // event and log streams open at once
 	streamBuffer  = 256       // events held for one slow stream client before it is dropped
+	readTimeout   = time.Minute
 	writeTimeout  = 30 * time.Second
 	requestBudget = 30 * time.Second
 	minTokenBytes = 32
@@ -143,9 +144,10 @@ func (s *Server) Start(ctx context.Context) error {
 	bound := l.Addr().(*net.TCPAddr)
 	base, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	srv := &http.Server{
-		Handler:           s.handler,
+		Handler: s.handler,
+		// No ReadTimeout: its deadline would end the streams. Each JSON route
+		// bounds its body's read itself.
 		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       time.Minute,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		BaseContext:       func(net.Listener) context.Context { return base },

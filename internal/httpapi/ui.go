@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
 )
 
@@ -63,10 +64,7 @@ func (s *Server) page(w http.ResponseWriter, status int, name string, data any) 
 
 // taskPage is the task list, newest first.
 func (s *Server) taskPage(w http.ResponseWriter, r *http.Request) {
-	page, err := s.api.ListPage(r.Context(), api.ListRequest{})
-	if err == nil && len(page.Tasks) > pageLimit {
-		page.Tasks = page.Tasks[:pageLimit]
-	}
+	page, err := s.api.ListPage(r.Context(), api.ListRequest{ListQuery: engine.ListQuery{Limit: pageLimit}})
 	data := struct {
 		Tasks []api.TaskView
 		Total int
