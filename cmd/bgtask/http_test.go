@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -143,5 +145,46 @@ func TestServerWithNATSServesHTTP(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(home, httpFile)); !os.IsNotExist(err) {
 		t.Fatalf("%s after the server stopped: %v", httpFile, err)
+	}
+}
+
+// `bgtask ui` hands the login link to the desktop's opener; a real headless
+// Chromium that visits it, logged in by it, shows the task list.
+func TestUIOpensTheDashboardInABrowser(t *testing.T) {
+	home := t.TempDir()
+	startServer(t, home)
+	id := addTask(t, home, "--", "echo in-the-browser")
+	bgtask(t, home, "wait", id, "--timeout", "30s").must(t, 0, "wait")
+
+	bin := t.TempDir()
+	opened := filepath.Join(bin, "opened")
+	opener := "xdg-open"
+	if runtime.GOOS == "darwin" {
+		opener = "open"
+	}
+	script := "#!/bin/sh\nprintf '%s' \"$1\" > " + opened + "\n"
+	if err := os.WriteFile(filepath.Join(bin, opener), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	if r := bgtask(t, home, "ui").must(t, 0, "ui"); r.stdout != "" {
+		t.Fatalf("ui printed %q with an opener at hand", r.stdout)
+	}
+	link, err := os.ReadFile(opened)
+	if err != nil || !strings.Contains(string(link), "/login?token=") {
+		t.Fatalf("the opener was given %q (%v)", link, err)
+	}
+
+	chromium, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Skip("no chromium here (apt-get install chromium)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dom, err := exec.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--user-data-dir="+t.TempDir(), "--virtual-time-budget=5000", "--dump-dom", string(link)).Output()
+	if err != nil || !strings.Contains(string(dom), id) || !strings.Contains(string(dom), "echo in-the-browser") {
+		t.Fatalf("chromium on the login link: %v\n%s", err, dom)
 	}
 }
