@@ -108,15 +108,11 @@ func (s *Server) jsonRoute(h func(ctx context.Context, r *http.Request) (reply, 
 			s.fail(w, err)
 			return
 		}
-		writeJSON(w, cmp(out.status, http.StatusOK), out.body)
+		if out.status == 0 {
+			out.status = http.StatusOK
+		}
+		writeJSON(w, out.status, out.body)
 	})
-}
-
-func cmp(a, b int) int {
-	if a != 0 {
-		return a
-	}
-	return b
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -343,18 +339,8 @@ func (s *Server) targets(ctx context.Context, _ *http.Request) (reply, error) {
 	for name, st := range all {
 		out.Targets = append(out.Targets, targetReply{name, st})
 	}
-	slices.SortFunc(out.Targets, func(a, b targetReply) int { return cmpString(a.Name, b.Name) })
+	slices.SortFunc(out.Targets, func(a, b targetReply) int { return strings.Compare(a.Name, b.Name) })
 	return reply{body: out}, nil
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (s *Server) target(ctx context.Context, r *http.Request) (reply, error) {
