@@ -72,8 +72,9 @@ the clients (credentials.json, and client.nkey for the nats CLI: the API and
 reads, no event). It generates them into the home directory, mode 0600, and
 writes server.json there so that every client command finds it through --home or
 $BGTASK_HOME. With port 0 it listens where its last run did if that port is free.
-'bgtask server nats-context' saves a context for the nats CLI. Only one server
-runs per home. SIGINT or SIGTERM stops it cleanly. What the identities do and do
+'bgtask server nats-context' saves a context for the nats CLI. It serves the
+HTTP API and the dashboard on --http (loopback; URL and token in http.json;
+'bgtask ui' logs a browser in: docs/http.md). Only one server runs per home. SIGINT or SIGTERM stops it cleanly. What the identities do and do
 not protect against: docs/security.md.
 
 With --nats URL (and the auth and TLS flags) it runs against an existing NATS
