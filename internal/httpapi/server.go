@@ -44,14 +44,16 @@ type Config struct {
 	// Heartbeat is how often an idle event stream sends a comment, so that
 	// proxies keep it open; 0: 15 s.
 	Heartbeat time.Duration
-	Logger    *slog.Logger
+	// MaxStreams is how many event and log streams may be open at once (each
+	// holds a JetStream consumer); 0: 64.
+	MaxStreams int
+	Logger     *slog.Logger
 }
 
 // Limits of what one request may hold or cost.
 const (
 	maxSpecBody   = 256 << 10 // a registration (the engine refuses a spec over 64 KiB, naming it)
 	maxSmallBody  = 16 << 10  // every other request body
-	maxStreams    = 64        // event and log streams open at once
 	streamBuffer  = 256       // events held for one slow stream client before it is dropped
 	readTimeout   = time.Minute
 	writeTimeout  = 30 * time.Second
@@ -92,6 +94,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Heartbeat <= 0 {
 		cfg.Heartbeat = 15 * time.Second
 	}
+	if cfg.MaxStreams <= 0 {
+		cfg.MaxStreams = 64
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -100,7 +105,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, api: api.NewClient(cfg.Conn), js: js, log: cfg.Logger,
-		sessions: newSessions(), streams: make(chan struct{}, maxStreams)}
+		sessions: newSessions(), streams: make(chan struct{}, cfg.MaxStreams)}
 	s.handler = s.guard(s.routes())
 	return s, nil
 }

@@ -40,7 +40,8 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, produce producer
 	case s.streams <- struct{}{}:
 		defer func() { <-s.streams }()
 	default:
-		s.fail(w, &api.Error{Code: 503, Message: fmt.Sprintf("%d streams are open, the most this server keeps: close one", maxStreams)})
+		w.Header().Set("Retry-After", "5")
+		s.fail(w, &api.Error{Code: 503, Message: fmt.Sprintf("%d streams are open, the most this server keeps: close one", s.cfg.MaxStreams)})
 		return
 	}
 	h := w.Header()

@@ -103,6 +103,32 @@ func TestHeartbeatsAndStop(t *testing.T) {
 	}
 }
 
+// Streams past the limit are refused until one closes.
+func TestOpenStreamsAreBounded(t *testing.T) {
+	h := start(t, func(c *Config) { c.MaxStreams = 2 })
+	// status opens a stream and closes it as soon as its headers came.
+	status := func() (int, http.Header) {
+		req, _ := http.NewRequest("GET", h.url+"/v1/events", nil)
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header
+	}
+	a := h.open("/v1/events")
+	h.open("/v1/events")
+	if code, header := status(); code != 503 || header.Get("Retry-After") == "" {
+		t.Fatalf("a third stream: %d", code)
+	}
+	a.close()
+	eventually(t, "a stream's slot freed", func() bool {
+		code, _ := status()
+		return code == 200
+	})
+}
+
 // publishLog writes a chunk of a task's output as a worker does.
 func publishLog(t *testing.T, h *harness, id, stream string, offset int, data string, eof bool) uint64 {
 	t.Helper()
