@@ -112,12 +112,21 @@ type LogChunk struct {
 	// EOF marks the end of the output stream: a chunk of Read's without data, whose
 	// Offset is the stream's total size.
 	EOF bool
+	// Seq is the chunk's sequence in the log stream (an end mark that rode on the
+	// last chunk has that chunk's), where a read after it starts again.
+	Seq uint64
 }
 
 // Read calls fn with a task's output chunks in the order they were written, from
 // the given streams (both if none). With follow it waits for more until every
 // stream read has ended or ctx is done; without, it returns at the current end.
 func (l *Logs) Read(ctx context.Context, taskID string, streams []string, follow bool, fn func(LogChunk) error) error {
+	return l.ReadAfter(ctx, taskID, streams, follow, 0, fn)
+}
+
+// ReadAfter is Read from the chunks after the log stream's sequence after (0: all),
+// for a reader that resumes where it stopped.
+func (l *Logs) ReadAfter(ctx context.Context, taskID string, streams []string, follow bool, after uint64, fn func(LogChunk) error) error {
 	if len(streams) == 0 {
 		streams = []string{Stdout, Stderr}
 	}
@@ -125,7 +134,11 @@ func (l *Logs) Read(ctx context.Context, taskID string, streams []string, follow
 	for i, s := range streams {
 		filters[i] = LogSubject(taskID, s)
 	}
-	cons, err := readConsumer(ctx, l.stream, jetstream.ConsumerConfig{FilterSubjects: filters})
+	cfg := jetstream.ConsumerConfig{FilterSubjects: filters}
+	if after > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, after+1
+	}
+	cons, err := readConsumer(ctx, l.stream, cfg)
 	if err != nil {
 		return fmt.Errorf("read logs of %s: %w", taskID, err)
 	}
@@ -155,7 +168,7 @@ func (l *Logs) Read(ctx context.Context, taskID string, streams []string, follow
 				if err := fn(data); err != nil {
 					return err
 				}
-				chunk = LogChunk{Stream: chunk.Stream, Offset: chunk.Offset + int64(len(chunk.Data)), EOF: true}
+				chunk = LogChunk{Stream: chunk.Stream, Offset: chunk.Offset + int64(len(chunk.Data)), EOF: true, Seq: chunk.Seq}
 			}
 			if chunk.EOF {
 				delete(open, chunk.Stream)
@@ -197,7 +210,11 @@ func decodeChunk(msg jetstream.Msg) LogChunk {
 	subject := msg.Subject()
 	stream := subject[len(subject)-len(Stdout):] // stdout and stderr have one length
 	offset, _ := strconv.ParseInt(msg.Headers().Get(LogOffsetHeader), 10, 64)
-	return LogChunk{Stream: stream, Offset: offset, Data: msg.Data(), EOF: msg.Headers().Get(LogEOFHeader) != ""}
+	var seq uint64
+	if meta, err := msg.Metadata(); err == nil {
+		seq = meta.Sequence.Stream
+	}
+	return LogChunk{Stream: stream, Offset: offset, Data: msg.Data(), EOF: msg.Headers().Get(LogEOFHeader) != "", Seq: seq}
 }
 
 // LogWriter keeps one output stream of one task in the log stream. Write never

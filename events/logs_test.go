@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -207,5 +208,40 @@ func TestTheEndMarkRidesOnTheLastChunk(t *testing.T) {
 		if end, err := logs.End(ctx, "ends", s); err != nil || end != want {
 			t.Errorf("End(%s) = %d, %v, want %d", s, end, err, want)
 		}
+	}
+}
+
+// Each chunk carries its sequence in the log stream, and ReadAfter a sequence
+// reads the chunks after it: a reader resumes where it stopped.
+func TestLogReadAfterASequenceResumesThere(t *testing.T) {
+	t.Parallel()
+	logs := openLogs(t)
+	ctx := context.Background()
+	offset := int64(0)
+	for _, part := range []string{"one\n", "two\n", "three\n"} {
+		w := logs.Writer("resumed", events.Stdout, offset)
+		w.Write([]byte(part))
+		w.Close(ctx, false) // one chunk each
+		offset += int64(len(part))
+	}
+	var all []events.LogChunk
+	if err := logs.Read(ctx, "resumed", nil, false, func(c events.LogChunk) error {
+		all = append(all, c)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 3 || all[0].Seq == 0 || all[1].Seq <= all[0].Seq || all[2].Seq <= all[1].Seq {
+		t.Fatalf("chunks %+v: want three, in the order of their sequences", all)
+	}
+	var after []string
+	if err := logs.ReadAfter(ctx, "resumed", nil, false, all[0].Seq, func(c events.LogChunk) error {
+		after = append(after, string(c.Data))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(after, "") != "two\nthree\n" {
+		t.Fatalf("after sequence %d: %q", all[0].Seq, after)
 	}
 }

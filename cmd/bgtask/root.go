@@ -86,8 +86,7 @@ answered, 124 wait: --timeout passed.`,
 	}
 	root.AddCommand(serverCmd(g), workerCmd(g), waitCmd(g), targetCmd(g), benchCmd(g), shimCmd())
 	root.AddCommand(setupCmd(g), mcpCmd(g), hookCmd(g))
-	root.AddCommand(scheduleCmd(g))
-	root.AddCommand(serviceCmd(g))
+	root.AddCommand(scheduleCmd(g), serviceCmd(g), uiCmd(g))
 	cmd, err := root.ExecuteC()
 	return report(err, wantsJSON(cmd, args, err), stdout, stderr)
 }

@@ -42,6 +42,7 @@ type serverOptions struct {
 	// denyPrivate refuses webhook destinations outside the public address ranges.
 	denyPrivate bool
 	logBytes    byteSize // the log stream's size limit; 0: fit it to the disk
+	http        httpOptions
 }
 
 // pushing is what the engine pushes with: the delivery flags, and the rule of
@@ -71,8 +72,9 @@ the clients (credentials.json, and client.nkey for the nats CLI: the API and
 reads, no event). It generates them into the home directory, mode 0600, and
 writes server.json there so that every client command finds it through --home or
 $BGTASK_HOME. With port 0 it listens where its last run did if that port is free.
-'bgtask server nats-context' saves a context for the nats CLI. Only one server
-runs per home. SIGINT or SIGTERM stops it cleanly. What the identities do and do
+'bgtask server nats-context' saves a context for the nats CLI. It serves the
+HTTP API and the dashboard on --http (loopback; URL and token in http.json;
+'bgtask ui' logs a browser in: docs/http.md). Only one server runs per home. SIGINT or SIGTERM stops it cleanly. What the identities do and do
 not protect against: docs/security.md.
 
 With --nats URL (and the auth and TLS flags) it runs against an existing NATS
@@ -90,6 +92,9 @@ run if one can: registering a task is running a command.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			changed := cmd.Flags().Changed
+			if err := o.http.check(); err != nil {
+				return err
+			}
 			if o.replicas < 1 || o.replicas > 5 {
 				return usageErr("--replicas %d: want 1 to 5", o.replicas)
 			}
@@ -116,6 +121,7 @@ run if one can: registering a task is running a command.`,
 	f.BoolVar(&o.noWorker, "no-worker", false, "run no worker in the server (tasks wait for 'bgtask worker' processes)")
 	f.IntVar(&o.replicas, "replicas", 1, "copies of each stream and of the heartbeat bucket, with --nats (3 on a cluster of three or more JetStream nodes)")
 	o.probe.register(f)
+	o.http.register(f)
 	cmd.AddCommand(natsContextCmd(g))
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	o.worker.register(f)
@@ -162,8 +168,10 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	if err != nil {
 		return err
 	}
-	e := &embeddedServer{home: home, host: host, port: port, engineID: engineID, ids: ids, secret: secret, o: o, logger: logger}
+	e := &embeddedServer{home: home, host: host, port: port, engineID: engineID, ids: ids, secret: secret, o: o, logger: logger,
+		httpAddr: o.http.addr, httpToken: newHTTPToken()}
 	defer os.Remove(filepath.Join(home, discoveryFile))
+	defer removeHTTPFile(home)
 	for {
 		roomAgain, err := e.serve(ctx)
 		if err != nil || !roomAgain {
@@ -189,6 +197,8 @@ type embeddedServer struct {
 	secret   []byte
 	o        serverOptions
 	logger   *slog.Logger
+	// httpAddr is where the HTTP API listens: once it has, where it listened.
+	httpAddr, httpToken string
 }
 
 // serve runs NATS, the engine and the worker until ctx is done, or until the
@@ -238,6 +248,11 @@ func (e *embeddedServer) serve(ctx context.Context) (roomAgain bool, err error) 
 		defer w.Stop() // its commands go on; the next start watches them again
 		conns = append(conns, w.nc)
 	}
+	stopHTTP, err := e.startHTTP(ctx, ns, eng.Metrics())
+	if err != nil {
+		return false, err
+	}
+	defer stopHTTP()
 	if err := announce(e.home, ns); err != nil {
 		return false, err
 	}
@@ -361,6 +376,11 @@ func runExternal(ctx context.Context, g *globals, o serverOptions) error {
 		}
 		defer w.Stop()
 	}
+	stopHTTP, err := externalHTTP(ctx, g, o.http, home, homeErr, eng.Metrics(), logger)
+	if err != nil {
+		return err
+	}
+	defer stopHTTP()
 	logger.Info("bgtask server ready", "nats", redactURL(g.natsURL), "replicas", o.replicas)
 	<-ctx.Done()
 	logger.Info("bgtask server stopping")

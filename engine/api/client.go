@@ -92,19 +92,30 @@ func (c *Client) callJSON(ctx context.Context, subject string, req, out any) err
 var ErrNoServer = errors.New("no bgtask server answers (is `bgtask server` running?)")
 
 func (c *Client) call(ctx context.Context, subject string, data []byte, out any) error {
-	msg, err := c.nc.RequestWithContext(ctx, subject, data)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return ErrNoServer
-	}
+	reply, err := c.Raw(ctx, subject, data)
 	if err != nil {
-		return fmt.Errorf("%s: %w", subject, err)
+		return err
 	}
-	var reply errorReply
-	if json.Unmarshal(msg.Data, &reply) == nil && reply.Error != nil {
-		return reply.Error
-	}
-	if err := json.Unmarshal(msg.Data, out); err != nil {
+	if err := json.Unmarshal(reply, out); err != nil {
 		return fmt.Errorf("%s: unreadable reply: %w", subject, err)
 	}
 	return nil
+}
+
+// Raw makes a request to one of the subjects and returns its reply as the
+// server wrote it, for a caller that passes it on (the HTTP API); a reply that
+// is the error object is an *Error.
+func (c *Client) Raw(ctx context.Context, subject string, data []byte) (json.RawMessage, error) {
+	msg, err := c.nc.RequestWithContext(ctx, subject, data)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return nil, ErrNoServer
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", subject, err)
+	}
+	var reply errorReply
+	if json.Unmarshal(msg.Data, &reply) == nil && reply.Error != nil {
+		return nil, reply.Error
+	}
+	return msg.Data, nil
 }

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/bgtask/bgtask/internal/httpapi"
+)
+
+// httpFile tells clients where the HTTP API listens and its bearer token.
+const httpFile = "http.json"
+
+// httpOptions are the server's --http flags.
+type httpOptions struct {
+	addr   string // HOST:PORT, or off
+	remote bool
+}
+
+func (o *httpOptions) register(f *pflag.FlagSet) {
+	f.StringVar(&o.addr, "http", "127.0.0.1:0", "HOST:PORT of the HTTP API and dashboard (port 0: a free port), or off; its URL and token go to HOME/"+httpFile)
+	f.BoolVar(&o.remote, "http-remote", false, "allow --http on an address that is not loopback: whoever reaches it with the token runs commands, over plain HTTP (put TLS in front)")
+}
+
+// check refuses a bad --http before anything starts.
+func (o httpOptions) check() error {
+	if o.addr == "off" {
+		return nil
+	}
+	if err := httpapi.CheckAddr(o.addr, o.remote); err != nil {
+		return &exitError{code: exitUsage, err: err}
+	}
+	return nil
+}
+
+// httpInfo is the content of HOME/http.json.
+type httpInfo struct {
+	URL   string `json:"url"`
+	Token string `json:"token"`
+	PID   int    `json:"pid"`
+}
+
+// newHTTPToken is the bearer token of one run of the server.
+func newHTTPToken() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// serveHTTP serves the HTTP API on nc at addr and writes HOME/http.json (0600);
+// nil with --http off.
+func serveHTTP(ctx context.Context, nc *nats.Conn, o httpOptions, addr, home, token string, metrics http.Handler, logger *slog.Logger) (*httpapi.Server, error) {
+	if o.addr == "off" {
+		return nil, nil
+	}
+	s, err := httpapi.New(httpapi.Config{Conn: nc, Addr: addr, Remote: o.remote, Token: token, Metrics: metrics, Logger: logger.With("component", "http")})
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Start(ctx); err != nil {
+		return nil, err
+	}
+	data, _ := json.MarshalIndent(httpInfo{URL: s.URL(), Token: token, PID: os.Getpid()}, "", "  ")
+	if err := writeFileAtomic(filepath.Join(home, httpFile), data); err != nil {
+		s.Stop()
+		return nil, fmt.Errorf("write %s: %w", httpFile, err)
+	}
+	logger.Info("HTTP API ready", "url", s.URL())
+	return s, nil
+}
+
+// removeHTTPFile removes HOME/http.json if this process wrote it (replicas of
+// an engine may share a home).
+func removeHTTPFile(home string) {
+	if info, err := readHTTPInfo(home); err == nil && info.PID == os.Getpid() {
+		os.Remove(filepath.Join(home, httpFile))
+	}
+}
+
+func readHTTPInfo(home string) (httpInfo, error) {
+	var info httpInfo
+	data, err := os.ReadFile(filepath.Join(home, httpFile))
+	if err != nil {
+		return info, err
+	}
+	if err := json.Unmarshal(data, &info); err != nil || info.URL == "" || info.Token == "" {
+		return info, fmt.Errorf("%s is damaged: restart the server to write it again", filepath.Join(home, httpFile))
+	}
+	return info, nil
+}
+
+func uiCmd(g *globals) *cobra.Command {
+	var print bool
+	cmd := &cobra.Command{
+		Use:   "ui",
+		Short: "Open the dashboard in a browser, logged in through a one-time link",
+		Long: `Ask the server of the home for a one-time login link to its dashboard and open it
+in a browser (xdg-open, or open on macOS); with --print, or when no browser
+opener is found, print it. The link works once, within 2 minutes; visiting it
+starts a session (an HttpOnly, SameSite=Strict cookie, 24 hours, ended by a
+restart of the server).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			link, err := g.loginLink(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if !print && openBrowser(link) == nil {
+				fmt.Fprintln(g.stderr, "bgtask: opened the dashboard in the browser")
+				return nil
+			}
+			fmt.Fprintln(g.stdout, link)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&print, "print", false, "print the login link instead of opening it")
+	return cmd
+}
+
+// loginLink asks the home's server for a one-time login link.
+func (g *globals) loginLink(ctx context.Context) (string, error) {
+	home, err := homeDir(g.home)
+	if err != nil {
+		return "", err
+	}
+	info, err := readHTTPInfo(home)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", &exitError{code: exitNoServer, err: fmt.Errorf("no HTTP API runs in %s: start 'bgtask server' (without --http off)", home)}
+	}
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(info.URL, "/")+"/v1/login", nil)
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Authorization", "Bearer "+info.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", &exitError{code: exitNoServer, err: fmt.Errorf("the HTTP API of %s (%s) does not answer: %w", home, info.URL, err)}
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var out struct {
+		URL string `json:"url"`
+	}
+	if resp.StatusCode != http.StatusCreated || json.Unmarshal(data, &out) != nil || out.URL == "" {
+		return "", fmt.Errorf("the HTTP API of %s refused a login link: %s %s", home, resp.Status, strings.TrimSpace(string(data)))
+	}
+	return out.URL, nil
+}
+
+// openBrowser opens url with the desktop's opener; an error if there is none.
+func openBrowser(url string) error {
+	opener := "xdg-open"
+	if runtime.GOOS == "darwin" {
+		opener = "open"
+	}
+	path, err := exec.LookPath(opener)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(path, url)
+	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	return cmd.Run()
+}
+
+// startHTTP serves the HTTP API as the client identity, on an in-process
+// connection; the same port again when the server runs again after a full disk.
+func (e *embeddedServer) startHTTP(ctx context.Context, ns *server.Server, metrics http.Handler) (stop func(), err error) {
+	if e.o.http.addr == "off" {
+		return func() {}, nil
+	}
+	nc, err := connectInProcess(ns, e.ids.client, "bgtask-http")
+	if err != nil {
+		return nil, err
+	}
+	s, err := serveHTTP(ctx, nc, e.o.http, e.httpAddr, e.home, e.httpToken, metrics, e.logger)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	e.httpAddr = strings.TrimPrefix(s.URL(), "http://")
+	return func() { s.Stop(); nc.Close() }, nil
+}
+
+// externalHTTP serves the HTTP API of a server on a NATS deployment of your own,
+// on a connection of its own; with no home to write http.json to, none.
+func externalHTTP(ctx context.Context, g *globals, o httpOptions, home string, homeErr error, metrics http.Handler, logger *slog.Logger) (stop func(), err error) {
+	if o.addr == "off" {
+		return func() {}, nil
+	}
+	if homeErr != nil {
+		logger.Warn("no HTTP API: the home for "+httpFile+" cannot be created", "home", home, "err", homeErr)
+		return func() {}, nil
+	}
+	nc, err := g.connect("bgtask-http")
+	if err != nil {
+		return nil, err
+	}
+	s, err := serveHTTP(ctx, nc, o, o.addr, home, newHTTPToken(), metrics, logger)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return func() { s.Stop(); nc.Close(); removeHTTPFile(home) }, nil
+}
