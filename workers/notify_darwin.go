@@ -1,7 +1,6 @@
 package workers
 
 import (
-	"log/slog"
 	"os"
 	"sync"
 	"syscall"
@@ -10,26 +9,6 @@ import (
 
 	"github.com/bgtask/bgtask/workers/shim"
 )
-
-// macOS has no inotify, so a notifier there watches no file: every waiter polls
-// every unwatchedPoll, as on Linux without inotify. A process's end does come
-// from the kernel (kqueue, below).
-const (
-	recordMask  = 0
-	growthMask  = 0
-	oneshotMask = 0
-)
-
-// newNotifier returns a notifier whose waiters poll.
-func newNotifier(log *slog.Logger) *notifier {
-	log.Debug("macOS: run directories are polled every " + unwatchedPoll.String())
-	return &notifier{log: log, safety: safetyPoll, unwatched: unwatchedPoll, fd: -1, closed: true, watches: map[int32]*kernelWatch{}}
-}
-
-// addWatch is never reached: the notifier is closed from the start.
-func addWatch(fd int, path string, mask uint32) (int, error) { return -1, unix.ENOTSUP }
-
-func removeWatch(fd int, wd int32) {}
 
 // endWatch waits for a process to end on a kqueue that holds one EVFILT_PROC
 // NOTE_EXIT filter on it, which the runtime's poller waits on with no thread of

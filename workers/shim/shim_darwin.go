@@ -36,12 +36,6 @@ func Args() ([]string, error) {
 	return args[1:], nil
 }
 
-// adoptOrphans does nothing: macOS has no child subreaper. What the command
-// leaves behind in its process group is stopped by group (stopLeftovers); what
-// it moves to a group or session of its own (setsid, a daemon's double fork)
-// goes to launchd and outlives the run.
-func adoptOrphans() {}
-
 // keepInherited marks every descriptor from 3 up close-on-exec: those open are
 // listed in /dev/fd.
 func keepInherited() {
@@ -80,29 +74,7 @@ func pipeCloexec(p []int) error {
 	return nil
 }
 
-// commandAttr puts the command in its own process group. macOS has no
-// parent-death signal: a shim killed between the command's start and its
-// pid.json leaves the command running unrecorded (docs/platforms.md).
-func commandAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
-
 // allocate has no fallocate to call: the exit file's room is written instead.
 func allocate(fd int, size int64) error { return syscall.EOPNOTSUPP }
 
 func dup(from, to int) error { return syscall.Dup2(from, to) }
-
-// stopLeftovers ends what the command left running in its process group pgid:
-// TERM, and KILL once grace (nanoseconds) has passed with the group not empty.
-// While a process of the group lives, its ID names no other process or group.
-func stopLeftovers(pgid int, grace int64) {
-	if syscall.Kill(-pgid, syscall.SIGTERM) != nil {
-		return // nothing is left
-	}
-	killAt := monotonic() + grace
-	for syscall.Kill(-pgid, 0) == nil {
-		if monotonic() >= killAt {
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
-			return
-		}
-		sleep(20e6)
-	}
-}

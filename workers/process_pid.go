@@ -1,3 +1,5 @@
+//go:build darwin || (linux && bgtask_portable)
+
 package workers
 
 import (
@@ -5,9 +7,10 @@ import (
 	"syscall"
 )
 
-// macOS has no pidfd. A shim is named by its PID instead, which names no other
-// process while the shim is this process's child and not yet reaped: reapShim
-// waits for that PID alone, never for any child.
+// Without a pidfd (macOS has none; on Linux the tag bgtask_portable selects this
+// file), a shim is named by its PID, which names no other process while the shim
+// is this process's child and not yet reaped: reapShim waits for that PID alone,
+// never for any child.
 
 // shimAttr starts a shim in a session of its own.
 func shimAttr(*int) *syscall.SysProcAttr { return &syscall.SysProcAttr{Setsid: true} }
