@@ -22,3 +22,13 @@ func mountTmpfs(t *testing.T, dir string, size int64) {
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
 }
+
+// skipUnlessCI skips t for a reason the machine gives, or fails it under CI, whose
+// runner must run every test.
+func skipUnlessCI(t *testing.T, reason string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal(reason + " (CI runs the tests as root)")
+	}
+	t.Skip(reason)
+}

@@ -85,16 +85,6 @@ func (tr *trial) diskDir() string {
 	return tr.home
 }
 
-// skipUnlessCI skips t for a reason the machine gives, or fails it under CI, whose
-// runner must run every test.
-func skipUnlessCI(t *testing.T, reason string) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatal(reason + " (CI runs the tests as root)")
-	}
-	t.Skip(reason)
-}
-
 // fillDisk writes a ballast file in dir until its disk has no block left, and
 // returns its path.
 func fillDisk(t *testing.T, dir string) string {

@@ -167,20 +167,6 @@ type waiter struct {
 	process *endWatch // if the waiter also waits for a process to end
 }
 
-// wants reports whether an event on a file named name (empty for the watched
-// file itself) is one the waiter waits for.
-func (w *waiter) wants(name []byte) bool {
-	if w.path != "" {
-		return true
-	}
-	for _, want := range w.names {
-		if string(name) == want {
-			return true
-		}
-	}
-	return false
-}
-
 func (w *waiter) notify() {
 	select {
 	case w.wake <- struct{}{}:

@@ -98,3 +98,17 @@ func addWatch(fd int, path string, mask uint32) (int, error) {
 }
 
 func removeWatch(fd int, wd int32) { _, _ = unix.InotifyRmWatch(fd, uint32(wd)) }
+
+// wants reports whether an event on a file named name (empty for the watched
+// file itself) is one the waiter waits for.
+func (w *waiter) wants(name []byte) bool {
+	if w.path != "" {
+		return true
+	}
+	for _, want := range w.names {
+		if string(name) == want {
+			return true
+		}
+	}
+	return false
+}
