@@ -1,39 +1,18 @@
 package shim
 
 import (
-	"encoding/binary"
+	"os"
 	"syscall"
-
-	"golang.org/x/sys/unix"
 )
 
-// Args are this process's arguments after its name, for a main without package
-// os (which is where Go keeps them), from the kernel's copy (kern.procargs2:
-// argc, the executable's path, padding, then argv).
+// Args are this process's arguments after its name. macOS has no /proc to read
+// them from, so the shim takes them from package os there, which costs a
+// macOS shim the size of os (see the package comment).
 func Args() ([]string, error) {
-	raw, err := unix.SysctlRaw("kern.procargs2", syscall.Getpid())
-	if err != nil {
-		return nil, &fileError{"sysctl", "kern.procargs2", err}
-	}
-	if len(raw) < 4 {
-		return nil, &fileError{"sysctl", "kern.procargs2", syscall.EIO}
-	}
-	argc := int(binary.NativeEndian.Uint32(raw))
-	rest := raw[4:]
-	for len(rest) > 0 && rest[0] != 0 { // the executable's path
-		rest = rest[1:]
-	}
-	for len(rest) > 0 && rest[0] == 0 {
-		rest = rest[1:]
-	}
-	args := splitNUL(rest)
-	if len(args) > argc { // the environment follows argv
-		args = args[:argc]
-	}
-	if len(args) == 0 {
+	if len(os.Args) == 0 {
 		return nil, nil
 	}
-	return args[1:], nil
+	return os.Args[1:], nil
 }
 
 // keepInherited marks every descriptor from 3 up close-on-exec: those open are
