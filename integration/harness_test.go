@@ -38,6 +38,9 @@ func TestMain(m *testing.M) {
 	if raceEnabled {
 		args = append(args, "-race")
 	}
+	if portableEnabled {
+		args = append(args, "-tags", "bgtask_portable")
+	}
 	build := exec.Command("go", append(args, "../cmd/bgtask", "../cmd/bgtask-shim")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {

@@ -724,8 +724,16 @@ func (tr *trial) check() {
 	if len(problems) > 0 {
 		tr.fail(sums, strings.Join(problems, "\n"))
 	}
+	left := []string{"pids", "orphans"}
+	if portableEnabled {
+		// Without a subreaper (bgtask_portable, as on macOS) an orphan in a session of
+		// its own outlives a command that exited (docs/platforms.md): only the
+		// commands and their groups must be gone, and the trial ends the orphans.
+		left = left[:1]
+		defer tr.killCommands()
+	}
 	for i := range tr.plan.tasks {
-		for _, file := range []string{"pids", "orphans"} {
+		for _, file := range left {
 			for _, pid := range tr.pids(file, i) {
 				eventually(t, 30*time.Second, fmt.Sprintf("task %d left process %d (from %s) behind (seed %d)", i, pid, file, tr.plan.seed),
 					func() bool { return processGone(pid) })

@@ -57,7 +57,7 @@ func (b *boundOutput) Write(p []byte) (int, error) {
 	upTo := (b.offset - outputKeepBytes) &^ (4<<10 - 1)
 	if b.file != nil && upTo-b.punched >= punchStep {
 		// A hole punched again is no harm: a worker after a restart starts at 0.
-		perr := unix.Fallocate(int(b.file.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, b.punched, upTo-b.punched)
+		perr := punchHole(int(b.file.Fd()), b.punched, upTo-b.punched)
 		switch {
 		case perr == nil:
 			b.punched = upTo

@@ -18,17 +18,15 @@ package workers
 // a pidfd the kernel is too old to give. When the kernel drops events
 // (IN_Q_OVERFLOW) every waiter looks again. A waiter that has no watch (no inotify,
 // the watch limit reached, the notifier closed) polls every unwatchedPoll.
+//
+// The kernel's part is in notify_linux.go. macOS has no inotify: its waiters
+// poll (notify_darwin.go), and a process's end comes from kqueue.
 
 import (
-	"bytes"
-	"encoding/binary"
-	"errors"
 	"log/slog"
 	"os"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/bgtask/bgtask/workers/shim"
 )
@@ -41,16 +39,6 @@ const (
 	safetyPoll = 10 * time.Second
 	// unwatchedPoll is how often it looks when the file cannot be watched.
 	unwatchedPoll = 20 * time.Millisecond
-)
-
-const (
-	// recordMask: the shim's records (exit.json, pid.json) land whole in the run
-	// directory by rename.
-	recordMask = unix.IN_MOVED_TO | unix.IN_ONLYDIR
-	// growthMask: output files grow by writes, and every write raises the event. A
-	// watch that lives for one event, armed again before each look, costs a chatty
-	// command and its worker one event per look rather than one per write.
-	growthMask = unix.IN_MODIFY | unix.IN_ONESHOT
 )
 
 // notifier wakes the goroutines of a worker that wait for files of its runs to
@@ -77,20 +65,6 @@ type kernelWatch struct {
 	waiters map[*waiter]struct{}
 }
 
-// newNotifier returns a notifier; without inotify, its waiters poll.
-func newNotifier(log *slog.Logger) *notifier {
-	n := &notifier{log: log, safety: safetyPoll, unwatched: unwatchedPoll, fd: -1, watches: map[int32]*kernelWatch{}}
-	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
-	if err != nil {
-		log.Warn("no inotify: run directories are polled every "+unwatchedPoll.String(), "err", err)
-		n.closed = true
-		return n
-	}
-	n.fd, n.file = fd, os.NewFile(uintptr(fd), "inotify")
-	n.read.Go(n.readEvents)
-	return n
-}
-
 // close ends the notifier. Waiters still open poll from now on.
 func (n *notifier) close() {
 	n.shutdown()
@@ -107,60 +81,6 @@ func (n *notifier) shutdown() {
 	n.closed = true
 	for _, x := range n.watches {
 		n.forget(x, true)
-	}
-}
-
-func (n *notifier) readEvents() {
-	buf := make([]byte, 64<<10) // room for many events; one needs at most 16+256 bytes
-	for {
-		k, err := n.file.Read(buf)
-		if err != nil {
-			if !errors.Is(err, os.ErrClosed) {
-				n.log.Warn("inotify failed: run directories are polled every "+unwatchedPoll.String(), "err", err)
-				n.shutdown()
-			}
-			return
-		}
-		n.dispatch(buf[:k])
-	}
-}
-
-// dispatch wakes the waiters of the events in buf, each a struct inotify_event:
-// wd, mask, cookie and len, then len bytes of NUL-padded file name.
-func (n *notifier) dispatch(buf []byte) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for len(buf) >= unix.SizeofInotifyEvent {
-		wd := int32(binary.NativeEndian.Uint32(buf[0:]))
-		mask := binary.NativeEndian.Uint32(buf[4:])
-		end := unix.SizeofInotifyEvent + int(binary.NativeEndian.Uint32(buf[12:]))
-		if end > len(buf) {
-			return
-		}
-		name := bytes.TrimRight(buf[unix.SizeofInotifyEvent:end], "\x00")
-		buf = buf[end:]
-		x := n.watches[wd]
-		switch {
-		case mask&unix.IN_Q_OVERFLOW != 0:
-			for _, x := range n.watches {
-				for w := range x.waiters {
-					w.notify()
-				}
-			}
-		case x == nil:
-			// Queued before its watch was removed.
-		case mask&unix.IN_IGNORED != 0:
-			n.forget(x, true) // the file is gone, and the kernel removed its watch
-		default:
-			for w := range x.waiters {
-				if w.wants(name) {
-					w.notify()
-				}
-			}
-			if x.oneshot {
-				n.forget(x, false) // the kernel removed it with this event
-			}
-		}
 	}
 }
 
@@ -199,7 +119,7 @@ func (n *notifier) add(w *waiter, path string, mask uint32) {
 	if n.closed {
 		return
 	}
-	wd, err := unix.InotifyAddWatch(n.fd, path, mask)
+	wd, err := addWatch(n.fd, path, mask)
 	if err != nil {
 		if !w.warned {
 			w.warned = true
@@ -209,7 +129,7 @@ func (n *notifier) add(w *waiter, path string, mask uint32) {
 	}
 	x := n.watches[int32(wd)]
 	if x == nil {
-		x = &kernelWatch{wd: int32(wd), oneshot: mask&unix.IN_ONESHOT != 0, waiters: map[*waiter]struct{}{}}
+		x = &kernelWatch{wd: int32(wd), oneshot: mask&oneshotMask != 0, waiters: map[*waiter]struct{}{}}
 		n.watches[x.wd] = x
 	}
 	if w.watch != x {
@@ -230,7 +150,7 @@ func (n *notifier) leave(w *waiter) {
 	if len(x.waiters) == 0 && n.watches[x.wd] == x {
 		delete(n.watches, x.wd)
 		// EINVAL if the file went meanwhile and took its watch with it.
-		_, _ = unix.InotifyRmWatch(n.fd, uint32(x.wd))
+		removeWatch(n.fd, x.wd)
 	}
 }
 
@@ -245,20 +165,6 @@ type waiter struct {
 	timer  *time.Timer
 
 	process *endWatch // if the waiter also waits for a process to end
-}
-
-// wants reports whether an event on a file named name (empty for the watched
-// file itself) is one the waiter waits for.
-func (w *waiter) wants(name []byte) bool {
-	if w.path != "" {
-		return true
-	}
-	for _, want := range w.names {
-		if string(name) == want {
-			return true
-		}
-	}
-	return false
 }
 
 func (w *waiter) notify() {
@@ -309,61 +215,6 @@ func (w *waiter) pollEvery() time.Duration {
 // when it ends.
 func (w *waiter) watchProcess(p shim.ProcRef) {
 	w.process = watchEnd(p, w.notify)
-}
-
-// endWatch waits for a process to end on its pidfd, which the runtime's poller
-// waits on with no thread of its own.
-type endWatch struct {
-	pidfd *os.File
-	wait  sync.WaitGroup
-}
-
-// watchEnd calls ended once process p has ended (a zombie has), or at once if the
-// PID names another process now. It returns nil, and never calls ended, where it
-// cannot watch: p ended already, or no pidfd (before Linux 5.10); the caller's own
-// checks and polls see the end then.
-func watchEnd(p shim.ProcRef, ended func()) *endWatch {
-	fd, err := unix.PidfdOpen(p.PID, unix.PIDFD_NONBLOCK)
-	if err != nil {
-		return nil
-	}
-	f := os.NewFile(uintptr(fd), "pidfd")
-	if start, err := shim.ProcStart(p.PID); err != nil || start != p.Start {
-		f.Close() // the PID names another process now: p has ended
-		ended()
-		return nil
-	}
-	conn, err := f.SyscallConn()
-	if err != nil {
-		f.Close()
-		return nil
-	}
-	e := &endWatch{pidfd: f}
-	e.wait.Go(func() {
-		// Read calls pidfdReadable again each time the poller says the pidfd is
-		// readable; it fails when close closes the pidfd.
-		if conn.Read(pidfdReadable) == nil {
-			ended()
-		}
-	})
-	return e
-}
-
-// close stops the watch; ended is not called after it returns.
-func (e *endWatch) close() {
-	if e != nil {
-		e.pidfd.Close()
-		e.wait.Wait()
-	}
-}
-
-func pidfdReadable(fd uintptr) bool {
-	for {
-		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
-		if !errors.Is(err, unix.EINTR) {
-			return err == nil && n > 0
-		}
-	}
 }
 
 // close gives the waiter's watches back.

@@ -1,3 +1,5 @@
+//go:build linux && !bgtask_portable
+
 package workers
 
 import (

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -126,7 +125,7 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 	proc, err := os.StartProcess(path, append(slices.Clone(shimCmd), run.shimArgs(dir)...), &os.ProcAttr{
 		Env:   ShimEnviron(os.Environ()),
 		Files: []*os.File{devnull, in, in, lock}, // lock: shim.StartLockFD
-		Sys:   &syscall.SysProcAttr{Setsid: true, PidFD: &pidfd},
+		Sys:   shimAttr(&pidfd),
 	})
 	in.Close()
 	if err != nil {
@@ -134,10 +133,10 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 	}
 	said, _ := io.ReadAll(out)
 	if recorded(dir) {
-		adoptShim(proc, pidfd)
+		adoptShim(proc, shimRef(proc, pidfd))
 		return nil
 	}
-	_ = unix.Close(pidfd)
+	closeShimRef(pidfd)
 	// It ended, or is ending, without a record of the start: awaitShim tells what
 	// became of the command; a shim that could not even begin says why.
 	state, err := proc.Wait()
@@ -171,7 +170,7 @@ func exists(path string) bool {
 }
 
 // shimChildren are the shims this process started that have not been reaped, by
-// a pidfd each, opened by their start. A shim ends after its run's exit is
+// a reference each (shimRef): on Linux a pidfd, opened by their start. A shim ends after its run's exit is
 // recorded, often after the worker stopped watching it; until someone waits for
 // it, it stays a zombie. The same process runs other children (exec sinks, result
 // commands, the login shell) that os/exec waits for: a wait by PID, or for any
@@ -183,7 +182,7 @@ var shimChildren = struct {
 	pidfds map[int]bool
 }{pidfds: map[int]bool{}}
 
-// adoptShim hands the shim proc, whose pidfd the start opened, to reapShims.
+// adoptShim hands the shim proc, named by pidfd (shimRef), to reapShims.
 func adoptShim(proc *os.Process, pidfd int) {
 	_ = proc.Release() // os's own pidfd; reapShims waits on pidfd
 	shimChildren.Lock()
@@ -204,22 +203,6 @@ func reapShims() {
 			delete(shimChildren.pidfds, pidfd)
 		}
 	}
-}
-
-// reapShim reaps the shim of pidfd if it has ended, and then closes pidfd.
-func reapShim(pidfd int) bool {
-	var info unix.Siginfo
-	err := unix.Waitid(unix.P_PIDFD, pidfd, &info, unix.WEXITED|unix.WNOHANG, nil)
-	for errors.Is(err, unix.EINTR) {
-		err = unix.Waitid(unix.P_PIDFD, pidfd, &info, unix.WEXITED|unix.WNOHANG, nil)
-	}
-	// The kernel fills in the signal number only when it reaped the child; an error
-	// (ECHILD) says there is nothing left to wait for.
-	if err != nil || info.Signo == int32(unix.SIGCHLD) {
-		_ = unix.Close(pidfd)
-		return true
-	}
-	return false
 }
 
 // How a shim's start can go wrong besides the command's own start error.

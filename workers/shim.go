@@ -14,8 +14,7 @@ func DefaultShim() []string {
 			return []string{light}
 		}
 	}
-	// /proc/self/exe is this very binary, even if an upgrade replaced its file.
-	return []string{"/proc/self/exe", "shim"}
+	return []string{selfExe, "shim"}
 }
 
 // LightShim is bgtask-shim beside the bgtask binary exe, if it is there.

@@ -234,7 +234,7 @@ func awaitRoom(ctx context.Context, dir string, alarm *storeAlarm, logger *slog.
 				continue
 			}
 			var st syscall.Statfs_t
-			if err := syscall.Statfs(dir, &st); err == nil && int64(st.Bavail)*st.Bsize >= diskRoomBytes {
+			if err := syscall.Statfs(dir, &st); err == nil && int64(st.Bavail)*int64(st.Bsize) >= diskRoomBytes {
 				close(hasRoom)
 				return
 			}

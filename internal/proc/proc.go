@@ -3,23 +3,27 @@
 // first has ended, and a host's PIDs start again at its boot, so a process is
 // named by its Identity: its PID, its start time and the boot it runs in. All
 // that reads the operating system for it is here: Linux (proc_linux.go) reads
-// /proc and waits on a pidfd; another system (proc_other.go) refuses, until its
-// own reading is added (macOS: the start time from sysctl kern.proc.pid, the end
-// from kqueue's NOTE_EXIT).
+// /proc and waits on a pidfd; macOS (proc_darwin.go) reads the start time from
+// sysctl kern.proc.pid and waits on kqueue's NOTE_EXIT; another system
+// (proc_other.go) refuses.
 package proc
 
 import (
 	"errors"
 	"fmt"
+	"os"
+	"sync"
 )
 
 // Identity names one process for as long as it lives, on the host it runs on.
 type Identity struct {
 	PID int `json:"pid"`
-	// Start is when the process started, in clock ticks after boot (Linux: field
-	// 22 of /proc/PID/stat): a process that takes over its PID later has another.
+	// Start is when the process started (Linux: in clock ticks after boot, field
+	// 22 of /proc/PID/stat; macOS: in Unix microseconds, from kinfo_proc): a
+	// process that takes over its PID later has another.
 	Start uint64 `json:"start"`
-	// Boot names the host's boot (Linux: /proc/sys/kernel/random/boot_id): after a
+	// Boot names the host's boot (Linux: /proc/sys/kernel/random/boot_id; macOS:
+	// kern.bootsessionuuid): after a
 	// restart of the host, no process of an earlier boot is alive.
 	Boot string `json:"boot"`
 }
@@ -30,7 +34,7 @@ type Identity struct {
 var ErrGone = errors.New("the process is not running")
 
 // ErrUnsupported: this system has no reading of processes here yet.
-var ErrUnsupported = errors.New("watching a process bgtask did not start is supported on Linux only")
+var ErrUnsupported = errors.New("watching a process bgtask did not start is supported on Linux and macOS only")
 
 // GoneError says why a process is not running.
 type GoneError struct {
@@ -52,3 +56,65 @@ type Watch struct {
 // Stop ends the watch and frees what it holds; Ended is then closed only if the
 // process ended first.
 func (w *Watch) Stop() { w.stop() }
+
+// Of reads the identity of pid, a process running now.
+func Of(pid int) (Identity, error) {
+	if pid <= 0 {
+		return Identity{}, &GoneError{PID: pid, Reason: "is not a process id"}
+	}
+	boot, err := bootID()
+	if err != nil {
+		return Identity{}, err
+	}
+	start, err := startOf(pid)
+	if err != nil {
+		return Identity{}, err
+	}
+	return Identity{PID: pid, Start: start, Boot: boot}, nil
+}
+
+// Check reports, as a *GoneError, whether the process id names is not running.
+func Check(id Identity) error {
+	boot, err := bootID()
+	if err != nil {
+		return err
+	}
+	if boot != id.Boot {
+		return &GoneError{PID: id.PID, Reason: "ran in an earlier boot of this host: the host has restarted since"}
+	}
+	start, err := startOf(id.PID)
+	if err != nil {
+		return err
+	}
+	if start != id.Start {
+		return &GoneError{PID: id.PID, Reason: fmt.Sprintf("has ended: its PID now names another process (started at tick %d, not %d)", start, id.Start)}
+	}
+	return nil
+}
+
+// watchUntil watches f, a descriptor of one process, on the Go runtime's poller:
+// a watch holds a descriptor and a parked goroutine, no thread. ended says, each
+// time the poller finds f readable, whether the process has ended; the wait ends
+// then, or when the watch is stopped and f closed.
+func watchUntil(f *os.File, ended func(fd uintptr) bool) (*Watch, error) {
+	conn, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	endedCh, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		if conn.Read(ended) == nil {
+			close(endedCh)
+		}
+	}()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			f.Close()
+			<-done
+		})
+	}
+	return &Watch{Ended: endedCh, stop: stop}, nil
+}

@@ -11,41 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Of reads the identity of pid, a process running now.
-func Of(pid int) (Identity, error) {
-	if pid <= 0 {
-		return Identity{}, &GoneError{PID: pid, Reason: "is not a process id"}
-	}
-	boot, err := bootID()
-	if err != nil {
-		return Identity{}, err
-	}
-	start, err := startOf(pid)
-	if err != nil {
-		return Identity{}, err
-	}
-	return Identity{PID: pid, Start: start, Boot: boot}, nil
-}
-
-// Check reports, as a *GoneError, whether the process id names is not running.
-func Check(id Identity) error {
-	boot, err := bootID()
-	if err != nil {
-		return err
-	}
-	if boot != id.Boot {
-		return &GoneError{PID: id.PID, Reason: "ran in an earlier boot of this host: the host has restarted since"}
-	}
-	start, err := startOf(id.PID)
-	if err != nil {
-		return err
-	}
-	if start != id.Start {
-		return &GoneError{PID: id.PID, Reason: fmt.Sprintf("has ended: its PID now names another process (started at tick %d, not %d)", start, id.Start)}
-	}
-	return nil
-}
-
 // Start watches the end of the running process id names. The wait is a pidfd on
 // the Go runtime's poller: a watch holds a descriptor and a parked goroutine, no
 // thread. A process that is not running is ErrGone.
@@ -63,33 +28,11 @@ func Start(id Identity) (*Watch, error) {
 		_ = unix.Close(fd)
 		return nil, err
 	}
-	f := os.NewFile(uintptr(fd), "pidfd:"+strconv.Itoa(id.PID))
-	conn, err := f.SyscallConn()
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	ended, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		// A pidfd is readable once its process has ended; Read waits on the poller
-		// until then, or until the file is closed.
-		err := conn.Read(func(fd uintptr) bool {
-			n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
-			return err == nil && n > 0
-		})
-		if err == nil {
-			close(ended)
-		}
-	}()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			f.Close()
-			<-done
-		})
-	}
-	return &Watch{Ended: ended, stop: stop}, nil
+	// A pidfd is readable once its process has ended.
+	return watchUntil(os.NewFile(uintptr(fd), "pidfd:"+strconv.Itoa(id.PID)), func(fd uintptr) bool {
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
+		return err == nil && n > 0
+	})
 }
 
 // startOf reads when pid started, from /proc/PID/stat; a zombie has ended.

@@ -69,29 +69,13 @@ func Main(args []string) error {
 	return run.supervise()
 }
 
-// Args are this process's arguments after its name, for a main without package
-// os (which is where Go keeps them), from the kernel's copy.
-func Args() ([]string, error) {
-	cmdline, err := readFile("/proc/self/cmdline")
-	if err != nil {
-		return nil, err
-	}
-	args := splitNUL(cmdline)
-	if len(args) == 0 {
-		return nil, nil
-	}
-	return args[1:], nil
-}
-
 // supervise runs the command to its end. The worker started the shim in a session
 // of its own, so that the shim outlives the worker and no signal to the worker's
 // process group reaches it.
 func (r Run) supervise() error {
 	// The start lock (descriptor StartLockFD, if the worker handed one down) stays
-	// open until this process ends; close_range below keeps it from the command.
-	// Orphans of the command become the shim's children, not init's, so the whole
-	// tree stays under it.
-	_, _, _ = syscall.RawSyscall6(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0, 0, 0, 0)
+	// open until this process ends; keepInherited below keeps it from the command.
+	adoptOrphans()
 	started := wallClock()
 	// The exit file's blocks are taken now, before anything runs: a disk that
 	// fills while the command runs must not lose how it ended.
@@ -115,10 +99,10 @@ func (r Run) supervise() error {
 	}
 	// Descriptors the worker inherited (a pipe its caller reads) must not reach a
 	// command that outlives it: its reader would never see EOF.
-	_, _, _ = syscall.RawSyscall(sysCloseRange, 3, ^uintptr(0), closeRangeCloexec)
+	keepInherited()
 	// The command's end wakes the shim's wait through this pipe (reap).
 	var ended [2]int
-	if err := syscall.Pipe2(ended[:], syscall.O_CLOEXEC); err != nil {
+	if err := pipeCloexec(ended[:]); err != nil {
 		return fail(errors.New("pipe: " + err.Error()))
 	}
 	pid, err := r.start(env)
@@ -150,7 +134,7 @@ func (r Run) supervise() error {
 	}
 	err = exitFile.write(exit)
 	// The exit is recorded: nothing waits for what the command left behind.
-	stopOrphans(max(r.KillGrace, 1e9))
+	stopLeftovers(pid, max(r.KillGrace, 1e9))
 	return err
 }
 
@@ -178,15 +162,15 @@ func (r Run) start(env []string) (pid int, err error) {
 		return 0, err
 	}
 	syscall.Close(starting)
-	// The command dies with the shim (Pdeathsig), so it never runs on unrecorded if
-	// the shim is killed before it wrote pid.json. The signal follows the thread that
-	// started it: the shim's main goroutine keeps that thread until the shim ends.
+	// Where the kernel has a parent-death signal (commandAttr), it follows the
+	// thread that started the command: the shim's main goroutine keeps that
+	// thread until the shim ends.
 	runtime.LockOSThread()
 	pid, err = syscall.ForkExec(r.Path, r.Args, &syscall.ProcAttr{
 		Dir:   r.Cwd,
 		Env:   env,
 		Files: []uintptr{uintptr(files[0]), uintptr(files[1]), uintptr(files[2])},
-		Sys:   &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL},
+		Sys:   commandAttr(),
 	})
 	if err != nil {
 		return 0, &fileError{"fork/exec", r.Path, err}
@@ -216,9 +200,9 @@ func reserveExit(dir string) (exitFile, error) {
 	if err != nil {
 		return e, err
 	}
-	err = syscall.Fallocate(fd, 0, 0, exitReserveBytes)
+	err = allocate(fd, exitReserveBytes)
 	if err == syscall.EOPNOTSUPP {
-		// A file system without fallocate allocates the blocks written.
+		// A file system (or system) without fallocate allocates the blocks written.
 		err = writeAll(fd, make([]byte, exitReserveBytes))
 	}
 	if err != nil {
@@ -278,80 +262,8 @@ func releaseOutput() {
 		return
 	}
 	defer syscall.Close(devnull)
-	_ = syscall.Dup3(devnull, 1, 0)
-	_ = syscall.Dup3(devnull, 2, 0)
-}
-
-// stopOrphans ends what the command left running when it exited: processes it
-// started in the background, in its process group or in a session of their own
-// (setsid, a daemon's double fork). Their parents have ended, so they are the
-// shim's children now (it is their subreaper). Each gets TERM, and KILL once grace
-// (nanoseconds) has passed; their own children come to the shim in turn when they
-// end.
-func stopOrphans(grace int64) {
-	self := syscall.Getpid()
-	killAt := monotonic() + grace
-	termed := map[int]bool{}
-	for {
-		for {
-			var ws syscall.WaitStatus
-			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
-			if err == syscall.ECHILD {
-				return // no child left
-			}
-			if err == syscall.EINTR {
-				continue
-			}
-			if err != nil || pid <= 0 {
-				break // children left, none ended
-			}
-		}
-		// A child is not reaped but here, so its PID cannot name another process
-		// between this look and the signal.
-		kill := monotonic() >= killAt
-		for _, pid := range childrenOf(self) {
-			switch {
-			case kill:
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			case !termed[pid]:
-				_ = syscall.Kill(pid, syscall.SIGTERM)
-				termed[pid] = true
-			}
-		}
-		sleep(20e6)
-	}
-}
-
-// childrenOf lists the processes whose parent is pid, from /proc.
-func childrenOf(pid int) []int {
-	proc, err := open("/proc", syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
-	if err != nil {
-		return nil
-	}
-	defer syscall.Close(proc)
-	var names []string
-	buf := make([]byte, 8192)
-	for {
-		n, err := syscall.ReadDirent(proc, buf)
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil || n <= 0 {
-			break
-		}
-		_, _, names = syscall.ParseDirent(buf[:n], -1, names)
-	}
-	var out []int
-	for _, name := range names {
-		child, ok := parseUint(name)
-		if !ok {
-			continue
-		}
-		if _, ppid, _, err := procStat(int(child)); err == nil && ppid == pid {
-			out = append(out, int(child))
-		}
-	}
-	return out
+	_ = dup(devnull, 1)
+	_ = dup(devnull, 2)
 }
 
 // reap waits for every child, the command and the orphans reparented to the shim,

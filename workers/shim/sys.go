@@ -1,69 +1,10 @@
 package shim
 
-import (
-	"syscall"
-	"unsafe"
-)
+import "syscall"
 
 // The shim calls the kernel through package syscall alone, not through os, time
 // or strconv: every package it links adds to the text that each running shim has
 // resident, and their start to every task's (see the package comment).
-
-const (
-	clockRealtime       = 0
-	clockMonotonic      = 1
-	prSetChildSubreaper = 36
-	// close_range(2) came after package syscall stopped adding calls; it has the
-	// same number on every Linux architecture.
-	sysCloseRange     = 436
-	closeRangeCloexec = 1 << 2
-	pollIn            = 0x1
-)
-
-// wallClock is the time of day, in nanoseconds since the Unix epoch.
-func wallClock() int64 { return clock(clockRealtime) }
-
-// monotonic is a clock for intervals: it never jumps.
-func monotonic() int64 { return clock(clockMonotonic) }
-
-func clock(id uintptr) int64 {
-	var ts syscall.Timespec
-	syscall.RawSyscall(syscall.SYS_CLOCK_GETTIME, id, uintptr(unsafe.Pointer(&ts)), 0)
-	return ts.Nano()
-}
-
-func sleep(nanos int64) {
-	ts := syscall.NsecToTimespec(nanos)
-	for syscall.Nanosleep(&ts, &ts) == syscall.EINTR {
-	}
-}
-
-// awaitReadable waits until fd can be read, or the monotonic clock reaches until
-// (no limit if it is negative), and says whether fd can be read.
-func awaitReadable(fd int, until int64) bool {
-	pfd := struct {
-		fd      int32
-		events  int16
-		revents int16
-	}{fd: int32(fd), events: pollIn}
-	for {
-		var timeout *syscall.Timespec
-		if until >= 0 {
-			ts := syscall.NsecToTimespec(max(until-monotonic(), 0))
-			timeout = &ts
-		}
-		n, _, errno := syscall.Syscall6(syscall.SYS_PPOLL, uintptr(unsafe.Pointer(&pfd)), 1, uintptr(unsafe.Pointer(timeout)), 0, 0, 0)
-		switch {
-		case errno == 0 && n > 0:
-			return true
-		case errno == 0 && until >= 0 && monotonic() >= until:
-			return false
-		case errno != 0 && errno != syscall.EINTR:
-			// Not seen; the Go runtime's signals are EINTR. Keep waiting, not spinning.
-			sleep(10e6)
-		}
-	}
-}
 
 // fileError says what was done to which file, like os.PathError.
 type fileError struct {

@@ -141,6 +141,9 @@ type runner struct {
 // Run runs the selected scenarios and returns their report. A scenario that fails
 // is reported with its error and the others still run; the error says which failed.
 func Run(ctx context.Context, opts Options) (*Report, error) {
+	if err := supported(); err != nil {
+		return nil, err
+	}
 	for _, name := range opts.Scenarios {
 		if !slices.Contains(Names(), name) {
 			return nil, fmt.Errorf("%w %q: want some of %s", ErrUnknownScenario, name, strings.Join(Names(), ", "))

@@ -201,7 +201,7 @@ func (r *runner) registerWatches(ctx context.Context, srv *server, clients []*ap
 	for i := range n {
 		cmd := exec.Command("sleep", "3600")
 		cmd.Env = append(environWithout(markerEnv), markerEnv+"="+srv.home)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+		cmd.SysProcAttr = childAttr()
 		if err := cmd.Start(); err != nil {
 			return nil, err
 		}

@@ -43,8 +43,7 @@ func (r *runner) spawn(home, name string, args ...string) (*proc, error) {
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// A group of its own, so it can be killed with whatever it started in it, and
 	// a Ctrl-C at the terminal reaches only the bench, which stops it in order.
-	// Pdeathsig: it dies with the bench even when the bench is killed outright.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start bgtask %s: %w", strings.Join(args, " "), err)
 	}

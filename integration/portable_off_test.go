@@ -1,0 +1,5 @@
+//go:build !bgtask_portable
+
+package integration
+
+const portableEnabled = false
