@@ -1,0 +1,70 @@
+package httpapi
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+)
+
+// workersPage lists the live workers: their state, labels, and load against
+// their capacity, by their last heartbeat.
+func (s *Server) workersPage(w http.ResponseWriter, r *http.Request) {
+	out, err := s.api.Workers(r.Context())
+	v := struct {
+		Nav, Error string
+		Workers    []engine.WorkerStatus
+		Running    int
+		Capacity   int
+	}{Nav: "workers", Workers: out.Workers}
+	if err != nil {
+		v.Error = asError(err).Message
+	}
+	slices.SortFunc(v.Workers, func(a, b engine.WorkerStatus) int { return strings.Compare(a.ID, b.ID) })
+	for _, wk := range v.Workers {
+		v.Running += wk.Running
+		v.Capacity += wk.MaxTasks
+	}
+	s.render(w, r, "workers.html", "worker-list", v)
+}
+
+// targetRow is a target on its page: its state, and its unread wake-ups (those
+// its inbox consumer has not delivered yet), -1 when it has no consumer yet.
+type targetRow struct {
+	Name   string
+	State  events.TargetState
+	Busy   bool
+	Unread int
+}
+
+// targetsPage lists the targets that said whether they are busy.
+func (s *Server) targetsPage(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	v := struct {
+		Nav, Error string
+		Targets    []targetRow
+	}{Nav: "targets"}
+	tb, err := s.targetBucket(ctx)
+	var all map[string]events.TargetState
+	if err == nil {
+		all, err = tb.List(ctx)
+	}
+	if err != nil {
+		v.Error = asError(err).Message
+	}
+	now := time.Now()
+	for name, st := range all {
+		row := targetRow{Name: name, State: st, Busy: st.BusyAt(now), Unread: -1}
+		if c, err := s.js.Consumer(ctx, events.InboxStreamName, events.InboxConsumerName(name)); err == nil {
+			if info, err := c.Info(ctx); err == nil {
+				row.Unread = int(info.NumPending) + info.NumAckPending
+			}
+		}
+		v.Targets = append(v.Targets, row)
+	}
+	slices.SortFunc(v.Targets, func(a, b targetRow) int { return strings.Compare(a.Name, b.Name) })
+	s.render(w, r, "targets.html", "target-list", v)
+}
