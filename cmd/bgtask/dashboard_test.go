@@ -65,7 +65,7 @@ func TestDashboardInABrowser(t *testing.T) {
 		t.Fatalf("the browser's run: %v\n%s", err, out)
 	}
 	t.Logf("%s", out)
-	for _, name := range []string{"tasks", "task", "task-dark", "task-cancelled", "workers", "targets"} {
+	for _, name := range []string{"tasks", "task", "task-dark", "task-cancelled", "workers", "targets", "audit"} {
 		if fi, err := os.Stat(filepath.Join(shots, name+".png")); err != nil || fi.Size() == 0 {
 			t.Errorf("no screenshot %s: %v", name, err)
 		}

@@ -85,6 +85,7 @@ func (s *Server) table() []route {
 		{"POST /tasks/{id}/rerun", http.HandlerFunc(s.rerunForm)},
 		{"GET /workers", http.HandlerFunc(s.workersPage)},
 		{"GET /targets", http.HandlerFunc(s.targetsPage)},
+		{"GET /audit", http.HandlerFunc(s.auditPage)},
 		{"GET /ui/", http.StripPrefix("/ui/", http.FileServerFS(assets))},
 	}
 	if s.cfg.Metrics != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/projections"
 )
 
 // workersPage lists the live workers: their state, labels, and load against
@@ -67,4 +68,25 @@ func (s *Server) targetsPage(w http.ResponseWriter, r *http.Request) {
 	}
 	slices.SortFunc(v.Targets, func(a, b targetRow) int { return strings.Compare(a.Name, b.Name) })
 	s.render(w, r, "targets.html", "target-list", v)
+}
+
+// auditPage runs the audit when asked (?run=1) and shows its report: the
+// violations of the log's invariants, and the tasks not at their end yet.
+func (s *Server) auditPage(w http.ResponseWriter, r *http.Request) {
+	v := struct {
+		Nav, Error string
+		Ran, Can   bool
+		Report     projections.Report
+		Took       time.Duration
+	}{Nav: "audit", Can: s.cfg.Audit != nil}
+	q, err := query(r, "run")
+	if err == nil && q.Get("run") == "1" && v.Can {
+		start := time.Now()
+		v.Report, err = s.cfg.Audit(r.Context())
+		v.Ran, v.Took = err == nil, time.Since(start).Round(time.Millisecond)
+	}
+	if err != nil {
+		v.Error = asError(err).Message
+	}
+	s.page(w, http.StatusOK, "audit.html", v)
 }

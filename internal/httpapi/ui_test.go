@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"net/http"
 	"regexp"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/projections"
 )
 
 // session logs in through a one-time link and returns the Cookie header value.
@@ -155,5 +157,23 @@ func TestTheTimelineFoldsTicks(t *testing.T) {
 	}
 	if got[2].Seq != 5 || !got[2].Last.Equal(at.Add(5*time.Second)) {
 		t.Fatalf("folded ticks: %+v", got[2])
+	}
+}
+
+// The audit page runs the audit only when asked, and shows its violations.
+func TestTheAuditPageRunsWhenAsked(t *testing.T) {
+	runs := 0
+	h := start(t, func(c *Config) {
+		c.Audit = func(context.Context) (projections.Report, error) {
+			runs++
+			return projections.Report{Events: 7, Tasks: 2, Violations: []projections.Violation{{TaskID: "t-1", Seq: 5, Rule: "fired-twice", Detail: "a second fired"}}}, nil
+		}
+	})
+	if r := h.page("GET", "/audit", ""); r.status != 200 || runs != 0 || !strings.Contains(string(r.body), `id="run-audit"`) {
+		t.Fatalf("the audit page before a run: %d, %d runs\n%s", r.status, runs, r.body)
+	}
+	r := h.page("GET", "/audit?run=1", "")
+	if body := string(r.body); runs != 1 || !strings.Contains(body, "fired-twice") || !strings.Contains(body, "a second fired") || !strings.Contains(body, "<b>7</b> events") {
+		t.Fatalf("the audit page after a run: %d runs\n%s", runs, body)
 	}
 }

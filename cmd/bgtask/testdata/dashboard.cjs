@@ -90,6 +90,8 @@ async function run(page, shot) {
   await page.click('#cancel');
   await page.waitForSelector('h1 .state-cancelled', { timeout: 15000 });
   await page.waitForSelector('.ev-cancelled', { timeout: 15000 });
+  await page.waitForSelector('#output.ended', { timeout: 15000 }); // the page again, its output read again
+  if (!(await page.$eval('#output', (e) => e.textContent.length))) throw new Error('no output on the cancelled task');
   await shot('task-cancelled');
   const t = await api('GET', `/v1/tasks/${long.id}`);
   if (t.state !== 'cancelled') throw new Error('the API says the cancelled task is ' + t.state);
@@ -102,6 +104,10 @@ async function run(page, shot) {
   await page.goto(`${base}/targets`);
   await page.waitForSelector('table.targets .state-busy');
   await shot('targets');
+  await page.goto(`${base}/audit`);
+  await page.click('#run-audit');
+  await page.waitForSelector('.tile.good', { timeout: 30000 }); // no violation
+  await shot('audit');
 
   console.log(JSON.stringify({ ok: true, first: id, cancelled: long.id }));
 }
