@@ -31,7 +31,7 @@ var (
 
 	assets, _ = fs.Sub(uiFiles, "ui")
 	pages     = template.Must(template.New("").Funcs(template.FuncMap{
-		"short": func(id string) string { return id[:min(len(id), 8)] },
+		"short": short,
 		"when":  when,
 		"ago":   ago,
 		"title": func(title, nav string) headView { return headView{title, nav} },
@@ -47,6 +47,15 @@ var pageSizes = []int{50, 25, 100, 200}
 // phases are the states the list filters by, in the order a task goes through them.
 var phases = []engine.Phase{engine.PhaseArmed, engine.PhaseRunning, engine.PhaseEnded, engine.PhasePersisted,
 	engine.PhaseFired, engine.PhaseCancelled, engine.PhaseArchived}
+
+// short is the end of a task id, which tells tasks apart: its start is the
+// time it was made (a UUIDv7), the same for tasks made together.
+func short(id string) string {
+	if len(id) <= 12 {
+		return id
+	}
+	return "…" + id[len(id)-12:]
+}
 
 // when shows a time of a task (a time or a pointer to one, nil for none).
 func when(v any) string {
