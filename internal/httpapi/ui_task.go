@@ -84,11 +84,7 @@ func timeline(recs []events.Record) []timelineItem {
 func tickSummary(n int, payload json.RawMessage) string {
 	var tick events.Tick
 	_ = json.Unmarshal(payload, &tick)
-	unit := "ticks"
-	if n == 1 {
-		unit = "tick"
-	}
-	return fmt.Sprintf("%d %s · %d bytes of output", n, unit, tick.OutputBytes)
+	return fmt.Sprintf("×%d · %d bytes of output", n, tick.OutputBytes)
 }
 
 // summary is an event's payload in one line: its scalar fields as key=value and

@@ -150,8 +150,8 @@ func TestTheTimelineFoldsTicks(t *testing.T) {
 	for _, it := range got {
 		types = append(types, string(it.Type)+":"+it.Summary)
 	}
-	want := []string{"armed:command=make", "spawned:host=vm · worker=w1", "tick:3 ticks · 30 bytes of output",
-		"notice:lines=error: x · n=1 · upto=30", "tick:1 tick · 40 bytes of output", "exited:exit_code=2"}
+	want := []string{"armed:command=make", "spawned:host=vm · worker=w1", "tick:×3 · 30 bytes of output",
+		"notice:lines=error: x · n=1 · upto=30", "tick:×1 · 40 bytes of output", "exited:exit_code=2"}
 	if strings.Join(types, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("timeline:\n%s\nwant\n%s", strings.Join(types, "\n"), strings.Join(want, "\n"))
 	}
