@@ -89,7 +89,10 @@ async function run(page, shot) {
   step('cancel the long task from its page');
   await page.goto(`${base}/tasks/${long.id}`);
   await page.waitForFunction(() => document.getElementById('output').textContent.length > 0, null, { timeout: 15000 });
+  let asked = '';
+  page.once('dialog', (d) => { asked = d.message(); d.accept(); });
   await page.click('#cancel');
+  if (!asked.startsWith('Cancel this task?')) throw new Error('cancel did not ask first: ' + asked);
   await page.waitForSelector('h1 .state-cancelled', { timeout: 15000 });
   await page.waitForSelector('.ev-cancelled', { timeout: 15000 });
   await page.waitForSelector('#output.ended', { timeout: 15000 }); // the page again, its output read again

@@ -39,6 +39,12 @@ const live = (on) => document.getElementById('live')?.classList.toggle('on', on)
 document.addEventListener('htmx:sseOpen', () => live(true));
 document.addEventListener('htmx:sseError', () => live(false));
 
+// A button that ends something asks first (data-confirm on its form).
+document.addEventListener('submit', (e) => {
+  const question = e.target.getAttribute('data-confirm');
+  if (question && !window.confirm(question)) e.preventDefault();
+});
+
 // A filter applies as soon as it is chosen.
 document.addEventListener('change', (e) => {
   if (e.target.matches('select[data-autosubmit]')) e.target.form.requestSubmit();
