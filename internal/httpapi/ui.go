@@ -3,7 +3,6 @@ package httpapi
 import (
 	"bytes"
 	"embed"
-	"fmt"
 	"html/template"
 	"io/fs"
 	"net/http"
@@ -189,5 +188,5 @@ func (s *Server) taskPage(w http.ResponseWriter, r *http.Request) {
 // pageError is a page that says what went wrong, with the error's status.
 func (s *Server) pageError(w http.ResponseWriter, nav string, err error) {
 	e := asError(err)
-	s.page(w, httpStatus(e.Code), "error.html", struct{ Nav, Error string }{nav, fmt.Sprint(e.Message)})
+	s.page(w, httpStatus(e.Code), "error.html", struct{ Nav, Error string }{nav, e.Message})
 }

@@ -102,6 +102,9 @@ func TestTheTaskListPages(t *testing.T) {
 	if strings.Contains(string(second.body), "<html") || !strings.Contains(string(second.body), `class="total">4<`) {
 		t.Fatalf("htmx's refresh is not the list alone:\n%s", second.body)
 	}
+	if r := h.page("GET", "/tasks/no-such-task", ""); r.status != 404 || !strings.Contains(string(r.body), "<html") {
+		t.Fatalf("an unknown task's page: %d %s", r.status, r.body)
+	}
 	if r := h.page("GET", "/?state=sleeping", ""); !strings.Contains(string(r.body), "state: &#34;sleeping&#34;") {
 		t.Fatalf("a bad state: %d %s", r.status, r.body)
 	}

@@ -2,6 +2,47 @@
 // eval anywhere (the Content-Security-Policy allows this server's files only).
 'use strict';
 
+// The event streams are held by a worker, not by the page: a browser counts a
+// page's own open stream as a load that never ends, and a headless one asked
+// for the page once its loads end (chromium --dump-dom --virtual-time-budget)
+// would wait forever. StreamSource is an EventSource to htmx's SSE extension
+// and to the output tail; without workers it is the browser's own.
+const streams = typeof Worker === 'function' ? new Worker('/ui/streams.js') : null;
+const sourcesById = new Map();
+let lastSourceId = 0;
+if (streams) {
+  streams.onmessage = (e) => sourcesById.get(e.data.id)?.receive(e.data);
+}
+class StreamSource extends EventTarget {
+  constructor(url) {
+    super();
+    this.url = new URL(url, location.href).href;
+    this.readyState = 0;
+    this.onopen = this.onmessage = this.onerror = null;
+    this.id = ++lastSourceId;
+    sourcesById.set(this.id, this);
+    streams.postMessage({ op: 'open', id: this.id, url: this.url });
+  }
+  addEventListener(name, listener, options) {
+    streams.postMessage({ op: 'listen', id: this.id, name });
+    super.addEventListener(name, listener, options);
+  }
+  close() {
+    this.readyState = 2;
+    sourcesById.delete(this.id);
+    streams.postMessage({ op: 'close', id: this.id });
+  }
+  receive(m) {
+    if (m.readyState !== undefined) this.readyState = m.readyState;
+    const ev = m.data === undefined ? new Event(m.type) : new MessageEvent(m.type, { data: m.data, lastEventId: m.lastEventId });
+    const handler = this['on' + m.type];
+    if (typeof handler === 'function') handler.call(this, ev);
+    this.dispatchEvent(ev);
+  }
+}
+const openStream = (url) => (streams ? new StreamSource(url) : new EventSource(url));
+if (window.htmx) htmx.createEventSource = openStream; // read by the SSE extension when it connects
+
 // A live part (data-coalesce) fetches itself again at most twice a second
 // however many events arrive, and always after the last of a burst; events of
 // the types in data-skip (ticks, on the list) change nothing it shows.
@@ -56,7 +97,7 @@ document.addEventListener('change', (e) => {
 const maxOutput = 512 * 1024;
 function followOutput(pre) {
   const state = document.getElementById('output-state');
-  const src = new EventSource(pre.dataset.logs);
+  const src = openStream(pre.dataset.logs);
   let size = 0;
   src.addEventListener('open', () => { state.textContent = 'following'; live(true); });
   src.addEventListener('message', (e) => {
