@@ -1,10 +1,13 @@
 package httpapi
 
 import (
+	"context"
 	"net/http"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
@@ -32,13 +35,33 @@ func (s *Server) workersPage(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, "workers.html", "worker-list", v)
 }
 
-// targetRow is a target on its page: its state, and its unread wake-ups (those
-// its inbox consumer has not delivered yet), -1 when it has no consumer yet.
+// targetRow is a target on its page: its state, and its unread wake-ups: those
+// its inbox consumer has not delivered yet, or, before anything read its inbox
+// (NoReader), those in the inbox for it.
 type targetRow struct {
-	Name   string
-	State  events.TargetState
-	Busy   bool
-	Unread int
+	Name     string
+	State    events.TargetState
+	Busy     bool
+	Unread   int
+	NoReader bool
+}
+
+func (s *Server) targetRow(ctx context.Context, name string, st events.TargetState, now time.Time) targetRow {
+	row := targetRow{Name: name, State: st, Busy: st.BusyAt(now)}
+	if c, err := s.js.Consumer(ctx, events.InboxStreamName, events.InboxConsumerName(name)); err == nil {
+		if info, err := c.Info(ctx); err == nil {
+			row.Unread = int(info.NumPending) + info.NumAckPending
+			return row
+		}
+	}
+	row.NoReader = true
+	if stream, err := s.js.Stream(ctx, events.InboxStreamName); err == nil {
+		subject := events.InboxSubject(name)
+		if info, err := stream.Info(ctx, jetstream.WithSubjectFilter(subject)); err == nil {
+			row.Unread = int(info.State.Subjects[subject])
+		}
+	}
+	return row
 }
 
 // targetsPage lists the targets that said whether they are busy.
@@ -58,13 +81,7 @@ func (s *Server) targetsPage(w http.ResponseWriter, r *http.Request) {
 	}
 	now := time.Now()
 	for name, st := range all {
-		row := targetRow{Name: name, State: st, Busy: st.BusyAt(now), Unread: -1}
-		if c, err := s.js.Consumer(ctx, events.InboxStreamName, events.InboxConsumerName(name)); err == nil {
-			if info, err := c.Info(ctx); err == nil {
-				row.Unread = int(info.NumPending) + info.NumAckPending
-			}
-		}
-		v.Targets = append(v.Targets, row)
+		v.Targets = append(v.Targets, s.targetRow(ctx, name, st, now))
 	}
 	slices.SortFunc(v.Targets, func(a, b targetRow) int { return strings.Compare(a.Name, b.Name) })
 	s.render(w, r, "targets.html", "target-list", v)

@@ -108,6 +108,8 @@ async function run(page, shot) {
   await shot('workers');
   await page.goto(`${base}/targets`);
   await page.waitForSelector('table.targets .state-busy');
+  const unread = await page.$$eval('table.targets tbody tr', (rows) => rows.map((r) => r.innerText.replace(/\s+/g, ' ')));
+  if (!unread.some((r) => r.startsWith('agent-7 idle') && r.includes(' 2 in the inbox'))) throw new Error('agent-7 has not its 2 wake-ups: ' + unread);
   await shot('targets');
   await page.goto(`${base}/audit`);
   await page.click('#run-audit');
