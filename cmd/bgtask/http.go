@@ -20,10 +20,12 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/bgtask/bgtask/internal/httpapi"
+	"github.com/bgtask/bgtask/projections"
 )
 
 // httpFile tells clients where the HTTP API listens and its bearer token.
@@ -71,7 +73,15 @@ func serveHTTP(ctx context.Context, nc *nats.Conn, o httpOptions, addr, home, to
 	if o.addr == "off" {
 		return nil, nil
 	}
-	s, err := httpapi.New(httpapi.Config{Conn: nc, Addr: addr, Remote: o.remote, Token: token, Metrics: metrics, Logger: logger.With("component", "http")})
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	runAudit := func(ctx context.Context) (projections.Report, error) {
+		return audit(ctx, js, projections.DefaultStuckAfter)
+	}
+	s, err := httpapi.New(httpapi.Config{Conn: nc, Addr: addr, Remote: o.remote, Token: token, Metrics: metrics,
+		Audit: runAudit, Logger: logger.With("component", "http")})
 	if err != nil {
 		return nil, err
 	}

@@ -192,6 +192,7 @@ func TestUIOpensTheDashboardInABrowser(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	// The acceptance check's way: the page's loads end, its live streams open.
 	dom, err := exec.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
 		"--disable-background-networking", "--disable-component-update", "--disable-sync",
 		"--user-data-dir="+t.TempDir(), "--virtual-time-budget=5000", "--dump-dom", string(link)).Output()

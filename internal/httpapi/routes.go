@@ -80,6 +80,12 @@ func (s *Server) table() []route {
 		{"GET /v1/openapi.json", http.HandlerFunc(serveOpenAPI)},
 		{"GET /login", http.HandlerFunc(s.login)},
 		{"GET /{$}", http.HandlerFunc(s.taskPage)},
+		{"GET /tasks/{id}", http.HandlerFunc(s.taskDetail)},
+		{"POST /tasks/{id}/cancel", http.HandlerFunc(s.cancelForm)},
+		{"POST /tasks/{id}/rerun", http.HandlerFunc(s.rerunForm)},
+		{"GET /workers", http.HandlerFunc(s.workersPage)},
+		{"GET /targets", http.HandlerFunc(s.targetsPage)},
+		{"GET /audit", http.HandlerFunc(s.auditPage)},
 		{"GET /ui/", http.StripPrefix("/ui/", http.FileServerFS(assets))},
 	}
 	if s.cfg.Metrics != nil {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/projections"
 )
 
 // Config is what a Server is made of.
@@ -41,6 +42,9 @@ type Config struct {
 	Token string
 	// Metrics, if set, is served at GET /metrics, behind the same checks.
 	Metrics http.Handler
+	// Audit, if set, runs `bgtask audit` for the dashboard's audit page; it
+	// reads the whole event log, so the page runs it when asked, not when shown.
+	Audit func(ctx context.Context) (projections.Report, error)
 	// Heartbeat is how often an idle event stream sends a comment, so that
 	// proxies keep it open; 0: 15 s.
 	Heartbeat time.Duration

@@ -6,6 +6,9 @@ import (
 	"html/template"
 	"io/fs"
 	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/bgtask/bgtask/engine"
@@ -13,8 +16,12 @@ import (
 )
 
 // The dashboard is server-rendered: templates/ holds one template per page
-// (and layout.html around them), ui/ the static files served under /ui/. Both
-// are in the binary, so `go install` is all it takes.
+// (and layout.html around them), ui/ the static files served under /ui/: the
+// stylesheet, dash.js and htmx with its SSE extension, vendored (ui/vendor), so
+// nothing is loaded from elsewhere. Both are in the binary, so `go install` is
+// all it takes. A page's live parts are fragments of the same template that
+// htmx fetches again (an HX-Request) when the event stream says something
+// changed.
 var (
 	//go:embed templates/*.html
 	templateFiles embed.FS
@@ -23,32 +30,76 @@ var (
 
 	assets, _ = fs.Sub(uiFiles, "ui")
 	pages     = template.Must(template.New("").Funcs(template.FuncMap{
-		"short": func(id string) string { return id[:min(len(id), 8)] },
+		"short": short,
 		"when":  when,
+		"ago":   ago,
+		"title": func(title, nav string) headView { return headView{title, nav} },
 	}).ParseFS(templateFiles, "templates/*.html"))
 )
 
-// pageLimit is how many tasks the list page shows.
-const pageLimit = 100
+// headView is what the layout needs: the page's title, and its tab in the navigation.
+type headView struct{ Title, Nav string }
+
+// The list's page sizes: the default first.
+var pageSizes = []int{50, 25, 100, 200}
+
+// phases are the states the list filters by, in the order a task goes through them.
+var phases = []engine.Phase{engine.PhaseArmed, engine.PhaseRunning, engine.PhaseEnded, engine.PhasePersisted,
+	engine.PhaseFired, engine.PhaseCancelled, engine.PhaseArchived}
+
+// short is the end of a task id, which tells tasks apart: its start is the
+// time it was made (a UUIDv7), the same for tasks made together.
+func short(id string) string {
+	if len(id) <= 12 {
+		return id
+	}
+	return "…" + id[len(id)-12:]
+}
 
 // when shows a time of a task (a time or a pointer to one, nil for none).
 func when(v any) string {
-	var t time.Time
-	switch v := v.(type) {
-	case time.Time:
-		t = v
-	case *time.Time:
-		if v != nil {
-			t = *v
-		}
-	}
+	t := timeOf(v)
 	if t.IsZero() {
 		return ""
 	}
 	return t.Local().Format("2006-01-02 15:04:05")
 }
 
-// page renders a page into the response, whole or not at all.
+// ago shows how long ago a time was, to the second under a minute.
+func ago(v any) string {
+	t := timeOf(v)
+	if t.IsZero() {
+		return ""
+	}
+	d := time.Since(t)
+	switch {
+	case d < 0:
+		return "in " + (-d).Round(time.Second).String()
+	case d < time.Minute:
+		return strconv.Itoa(int(d.Seconds())) + "s ago"
+	case d < time.Hour:
+		return strconv.Itoa(int(d.Minutes())) + "m ago"
+	case d < 48*time.Hour:
+		return strconv.Itoa(int(d.Hours())) + "h ago"
+	}
+	return strconv.Itoa(int(d.Hours()/24)) + "d ago"
+}
+
+func timeOf(v any) time.Time {
+	switch v := v.(type) {
+	case time.Time:
+		return v
+	case *time.Time:
+		if v != nil {
+			return *v
+		}
+	}
+	return time.Time{}
+}
+
+// page renders a page into the response, whole or not at all. A request htmx
+// makes (HX-Request) for a page's live part gets that fragment only: the
+// template named fragment.
 func (s *Server) page(w http.ResponseWriter, status int, name string, data any) {
 	var buf bytes.Buffer
 	if err := pages.ExecuteTemplate(&buf, name, data); err != nil {
@@ -58,20 +109,84 @@ func (s *Server) page(w http.ResponseWriter, status int, name string, data any) 
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Vary", "HX-Request")
+	// A form's POST carries the page's origin only if its policy lets the
+	// referrer go to the same origin (under no-referrer a browser sends
+	// Origin: null, which the guard refuses); no other site gets it.
+	w.Header().Set("Referrer-Policy", "same-origin")
 	w.WriteHeader(status)
 	_, _ = w.Write(buf.Bytes())
 }
 
-// taskPage is the task list, newest first.
-func (s *Server) taskPage(w http.ResponseWriter, r *http.Request) {
-	page, err := s.api.ListPage(r.Context(), api.ListRequest{ListQuery: engine.ListQuery{Limit: pageLimit}})
-	data := struct {
-		Tasks []api.TaskView
-		Total int
-		Error string
-	}{Tasks: page.Tasks, Total: page.Total}
-	if err != nil {
-		data.Error = asError(err).Message
+// render is page, or its fragment for htmx.
+func (s *Server) render(w http.ResponseWriter, r *http.Request, name, fragment string, data any) {
+	if r.Header.Get("HX-Request") == "true" {
+		name = fragment
 	}
-	s.page(w, http.StatusOK, "tasks.html", data)
+	s.page(w, http.StatusOK, name, data)
+}
+
+// listView is the task list page: one page of tasks and the filter that chose them.
+type listView struct {
+	Nav, Error   string
+	Tasks        []api.TaskView
+	Total        int
+	State        string
+	Limit        int
+	Cursor, Next string
+	Phases       []engine.Phase
+	Sizes        []int
+	Self         string // this page's URL, which the live part fetches again
+}
+
+// Link is the list's URL with cursor (and the filter kept).
+func (v listView) Link(cursor string) string {
+	q := url.Values{}
+	if v.State != "" {
+		q.Set("state", v.State)
+	}
+	if v.Limit != pageSizes[0] {
+		q.Set("limit", strconv.Itoa(v.Limit))
+	}
+	if cursor != "" {
+		q.Set("cursor", cursor)
+	}
+	if len(q) == 0 {
+		return "/"
+	}
+	return "/?" + q.Encode()
+}
+
+// taskPage is the task list, newest first, a page at a time: the engine pages
+// it (ListAfter), so a home of 100,000 tasks costs what one page does.
+func (s *Server) taskPage(w http.ResponseWriter, r *http.Request) {
+	v := listView{Nav: "tasks", Phases: phases, Sizes: pageSizes, Limit: pageSizes[0]}
+	q, err := query(r, "state", "limit", "cursor")
+	if err == nil {
+		v.State, v.Cursor = q.Get("state"), q.Get("cursor")
+		if v.State != "" && !slices.Contains(phases, engine.Phase(v.State)) {
+			err = badField("state", "%q: want one of %v", v.State, phases)
+		}
+	}
+	if err == nil {
+		v.Limit, err = intParam(q, "limit", pageSizes[0], 1)
+		v.Limit = min(v.Limit, 500)
+	}
+	if err == nil {
+		var page api.ListReply
+		page, err = s.api.ListPage(r.Context(), api.ListRequest{
+			ListQuery: engine.ListQuery{Phase: engine.Phase(v.State), Limit: v.Limit}, Cursor: v.Cursor})
+		v.Tasks, v.Total, v.Next = page.Tasks, page.Total, page.NextCursor
+	}
+	if err != nil {
+		v.Error = asError(err).Message
+	}
+	v.Self = v.Link(v.Cursor)
+	s.render(w, r, "tasks.html", "task-list", v)
+}
+
+// pageError is a page that says what went wrong, with the error's status.
+func (s *Server) pageError(w http.ResponseWriter, nav string, err error) {
+	e := asError(err)
+	s.page(w, httpStatus(e.Code), "error.html", struct{ Nav, Error string }{nav, e.Message})
 }
