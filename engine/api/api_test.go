@@ -504,6 +504,11 @@ func TestRepliesTooLargeForAMessageAreErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A get waits for the projection to have the task; a list answers with what
+	// the projection has.
+	if _, err := client.Get(ctx, small.ID); err != nil {
+		t.Fatal(err)
+	}
 	page, err := client.ListPage(ctx, api.ListRequest{})
 	if err != nil || len(page.Tasks) != 1 || page.Tasks[0].ID != small.ID || page.NextCursor == "" {
 		t.Fatalf("first page: %+v, %v; want the small task and a cursor", page, err)
