@@ -59,7 +59,7 @@ async function run(page, shot) {
   for (let i = 0; i < 3; i++) await api('POST', '/v1/tasks', { command: `sleep 0.${i + 1}; echo test shard ${i}`, cwd: TASK_CWD, kind: 'test' });
   const failing = await api('POST', '/v1/tasks', { command: 'go test ./parser/ 2>&1 || { echo "FAIL: TestParse" >&2; exit 1; }', cwd: TASK_CWD, kind: 'test', target: 'agent-7' });
   await page.waitForSelector(`tr[data-id="${failing.id}"] .status-failed`, { timeout: 30000 });
-  const long = await api('POST', '/v1/tasks', { command: 'while :; do date; sleep 0.2; done', cwd: TASK_CWD, target: 'agent-7' });
+  const long = await api('POST', '/v1/tasks', { command: 'for i in $(seq 900); do date; sleep 0.2; done', cwd: TASK_CWD, target: 'agent-7' });
   await page.waitForSelector(`tr[data-id="${long.id}"] .state-running`, { timeout: 30000 });
   await shot('tasks');
 
