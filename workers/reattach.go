@@ -201,11 +201,13 @@ func (w *Worker) resume(ctx context.Context, r *run, logAt offsets, first func(*
 // saveDecision writes d into the run directory dir of task id. It takes the id, not
 // the run, since it is called from the copy of the output, where the run's state is
 // not to be read.
-func (w *Worker) saveDecision(id, dir string, d stopDecision) {
-	if err := writeJSONAtomic(filepath.Join(dir, decisionFile), d); err != nil {
-		w.cfg.Base.Logger.Warn("a decision about a run is not on disk: a restart before its end is recorded may not finish it",
+func (w *Worker) saveDecision(id, dir string, d stopDecision) error {
+	err := writeJSONAtomic(filepath.Join(dir, decisionFile), d)
+	if err != nil {
+		w.cfg.Base.Logger.Warn("a decision about a run is not on disk yet: it is written again if the worker stops before the run's end is recorded",
 			"task", id, "stopped_by", d.StoppedBy, "err", err)
 	}
+	return err
 }
 
 // decisionOf returns what was decided about a run before a restart, if anything: from

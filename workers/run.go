@@ -272,14 +272,19 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, logAt *offs
 
 // watcher is one run being watched.
 type watcher struct {
-	r          *run
-	proc       *process
-	run        shimRun
-	spec       engine.Spec
-	tail       *Tail
-	logs       *runLogs
-	lines      *lineWatch   // the completion rule's, nil without one
-	notices    *noticeWatch // the notify rule's, nil without one
+	r       *run
+	proc    *process
+	run     shimRun
+	spec    engine.Spec
+	tail    *Tail
+	logs    *runLogs
+	lines   *lineWatch   // the completion rule's, nil without one
+	notices *noticeWatch // the notify rule's, nil without one
+	// unsaved is a decision about the run that could not be written (a full
+	// disk): it is written again if the run's end is not recorded before the
+	// worker stops, for the next start to finish what was decided.
+	unsaved    atomic.Pointer[stopDecision]
+	id         string       // the task's: decide runs in the copy of the output, which must not read the run's state
 	lastOutput atomic.Int64 // when the command last printed, in Unix nanoseconds
 	copyDone   chan struct{}
 	copying    sync.WaitGroup
@@ -288,7 +293,7 @@ type watcher struct {
 func (r *run) newWatcher(proc *process, run shimRun, logAt *offsets, fileAt offsets, decided *stopDecision) *watcher {
 	w, id, spec := r.w, r.state.ID, r.state.Spec
 	x := &watcher{
-		r: r, proc: proc, run: run, spec: spec,
+		r: r, proc: proc, run: run, spec: spec, id: id,
 		tail: NewTail(max(w.cfg.TailLines, spec.TailLines()), MaxLineBytes),
 		logs: &runLogs{
 			stdout: w.logs.Writer(id, events.Stdout, logAt.stdout),
@@ -305,7 +310,7 @@ func (r *run) newWatcher(proc *process, run shimRun, logAt *offsets, fileAt offs
 		// A match is on disk before the log has its line, so a worker that dies at
 		// any moment finds either the match or, where the log stands, the line again.
 		x.lines = newLineWatch(m, func(line string) {
-			w.saveDecision(id, proc.dir, stopDecision{StoppedBy: events.StoppedByMatch, MatchedLine: &line, KeepRunning: spec.KeepRunning})
+			x.decide(stopDecision{StoppedBy: events.StoppedByMatch, MatchedLine: &line, KeepRunning: spec.KeepRunning})
 		})
 		stdout.writers = append([]io.Writer{x.lines}, stdout.writers...)
 		if decided != nil && decided.MatchedLine != nil {
@@ -486,7 +491,7 @@ func (x *watcher) deadlinePassed(ctx context.Context) {
 	default:
 	}
 	x.r.w.cfg.Base.Logger.Info("deadline passed: stopping the task", "task", x.r.state.ID)
-	x.r.w.saveDecision(x.r.state.ID, x.proc.dir, stopDecision{StoppedBy: events.StoppedByDeadline})
+	x.decide(stopDecision{StoppedBy: events.StoppedByDeadline})
 	x.proc.stop(x.r.w.cfg.KillGrace)
 	x.end(ctx, events.StoppedByDeadline, false)
 }
@@ -527,7 +532,7 @@ func (x *watcher) checkStall(ctx context.Context, now time.Time, check *<-chan t
 		return true, true, nil
 	}
 	log.Info("task stalled: stopping it", "task", id, "silent", silent)
-	x.r.w.saveDecision(x.r.state.ID, x.proc.dir, stopDecision{StoppedBy: events.StoppedByStall})
+	x.decide(stopDecision{StoppedBy: events.StoppedByStall})
 	x.proc.stop(grace)
 	x.end(ctx, events.StoppedByStall, false)
 	return true, false, nil
@@ -565,7 +570,22 @@ func (x *watcher) end(ctx context.Context, stoppedBy string, kept bool) {
 	x.logs.markEnds(ctx)
 	if recorded {
 		x.r.w.finished.remove(x.proc.dir)
-	} // else the run stays on disk, and the worker's next start records its exit
+		return
+	}
+	// The run stays on disk, and the worker's next start records its exit, and
+	// finishes what was decided, if that is on disk by now.
+	if d := x.unsaved.Load(); d != nil {
+		_ = x.r.w.saveDecision(x.id, x.proc.dir, *d)
+	}
+}
+
+// decide writes what was decided about the run into its directory before it is
+// done, so that a worker that stops before the run's end is recorded finishes it
+// at its next start; one the disk has no room for is kept to be written again.
+func (x *watcher) decide(d stopDecision) {
+	if x.r.w.saveDecision(x.id, x.proc.dir, d) != nil {
+		x.unsaved.Store(&d)
+	}
 }
 
 // result is how the run ended, once the command has (or, kept, with it running):
