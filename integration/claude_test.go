@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -107,7 +108,20 @@ func startClaudeSession(t *testing.T, bashCommand string) *claudeSession {
 		if t.Failed() {
 			t.Logf("the session's screen:\n%s\nrequests other than /v1/messages: %q", s.screen(), s.model.otherRequests())
 		}
+		pids, _ := exec.Command(s.tmux[0], append(s.tmux[1:], "list-panes", "-a", "-F", "#{pane_pid}")...).Output()
 		_ = exec.Command(s.tmux[0], append(s.tmux[1:], "kill-server")...).Run()
+		// Claude Code writes its session files into HOME as it exits, after tmux is
+		// gone: the temporary HOME is removed only once it has (killed, if it
+		// lingers past 3s).
+		for _, f := range strings.Fields(string(pids)) {
+			pid, _ := strconv.Atoi(f)
+			for start := time.Now(); pid > 0 && runs(pid) && time.Since(start) < 5*time.Second; {
+				if time.Since(start) > 3*time.Second {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
 	})
 	s.open()
 	return s
@@ -354,4 +368,14 @@ func TestClaudeCodeSessionClosedGetsItsWakeUpAtResume(t *testing.T) {
 	})
 	s.open("--resume", strings.TrimPrefix(target, "claude-"))
 	s.awaitWakeUps(target, ids)
+}
+
+// runs reports whether process pid has not exited (a zombie has).
+func runs(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, after, _ := strings.Cut(string(stat), ") ")
+	return !strings.HasPrefix(after, "Z")
 }
