@@ -235,33 +235,6 @@ func registerCommands(ctx context.Context, srv *server, clients []*api.Client, n
 	return func(id string) error { return syscall.Kill(started.pid(id), syscall.SIGTERM) }, nil
 }
 
-// registerSpecs registers specs through the clients concurrently and returns
-// their ids, in order.
-func registerSpecs(ctx context.Context, clients []*api.Client, specs [][]byte) ([]string, error) {
-	ids := make([]string, len(specs))
-	errs := make([]error, len(clients))
-	var wg sync.WaitGroup
-	for c, client := range clients {
-		wg.Go(func() {
-			for i := c; i < len(specs); i += len(clients) {
-				reg, err := client.Register(ctx, specs[i])
-				if err != nil {
-					errs[c] = fmt.Errorf("register: %w", err)
-					return
-				}
-				ids[i] = reg.ID
-			}
-		})
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
-	}
-	return ids, nil
-}
-
 // measure reads the server's and the worker's memory, and their CPU over window,
 // while every process is waited for, once they have settled.
 func (res *pidRound) measure(ctx context.Context, srv *server, worker *proc, settle, window time.Duration) error {

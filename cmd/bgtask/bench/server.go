@@ -290,25 +290,33 @@ func (w *inboxWatch) waitCount(ctx context.Context, n int) (time.Time, error) {
 	}
 }
 
-// registerAll registers n specs through the clients concurrently, each client
-// one request at a time, and returns the ids.
+// registerAll registers n copies of spec through the clients concurrently and
+// returns the ids.
 func registerAll(ctx context.Context, clients []*api.Client, n int, spec []byte) ([]string, error) {
-	ids := make([]string, n)
+	specs := make([][]byte, n)
+	for i := range specs {
+		specs[i] = spec
+	}
+	return registerSpecs(ctx, clients, specs)
+}
+
+// registerSpecs registers specs through the clients concurrently, each client
+// one request at a time, and returns their ids, in order.
+func registerSpecs(ctx context.Context, clients []*api.Client, specs [][]byte) ([]string, error) {
+	ids := make([]string, len(specs))
 	errs := make([]error, len(clients))
 	var wg sync.WaitGroup
 	for c, client := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := c; i < n; i += len(clients) {
-				reg, err := client.Register(ctx, spec)
+		wg.Go(func() {
+			for i := c; i < len(specs); i += len(clients) {
+				reg, err := client.Register(ctx, specs[i])
 				if err != nil {
 					errs[c] = fmt.Errorf("register: %w", err)
 					return
 				}
 				ids[i] = reg.ID
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	for _, err := range errs {
