@@ -181,4 +181,3 @@ func (p *browserPage) close() {
 		p.b.Errorf("the page: %v", err)
 	}
 }
-
