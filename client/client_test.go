@@ -88,6 +88,9 @@ func TestAGoProgramRegistersWaitsAndCancels(t *testing.T) {
 	if tasks, total, err := c.List(ctx, client.ListQuery{}); err != nil || total != 2 || len(tasks) != 2 || tasks[0].ID != cmd.ID {
 		t.Fatalf("list: %d of %d, %v", len(tasks), total, err)
 	}
+	if tasks, total, err := c.List(ctx, client.ListQuery{Target: "go-program", Status: engine.StatusSucceeded}); err != nil || total != 1 || tasks[0].ID != timer.ID {
+		t.Fatalf("list of go-program's succeeded tasks: %d of %d, %v", len(tasks), total, err)
+	}
 	if _, err := c.Cancel(ctx, cmd.ID, "not needed"); err != nil {
 		t.Fatal(err)
 	}

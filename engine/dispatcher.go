@@ -15,13 +15,6 @@ type TaskReader interface {
 	Task(id string) (State, bool)
 }
 
-// ListQuery selects tasks.
-type ListQuery struct {
-	Phase Phase `json:"state,omitempty"`
-	// Limit caps the answer; 0 means all.
-	Limit int `json:"limit,omitempty"`
-}
-
 // Dispatcher turns ended tasks into exactly one wake-up: it appends
 // completion-persisted, then publishes the wake-up to the inbox with the task id as
 // message id, then appends fired. Every append is conditional, so a second

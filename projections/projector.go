@@ -501,20 +501,21 @@ func (p *Projector) ListAfter(q engine.ListQuery, armedAt time.Time, afterID str
 		ids := p.unfinished[q.Phase]
 		matched = make([]entry, 0, len(ids))
 		for id := range ids {
-			s := p.tasks[id]
-			add(entry{armedAt: s.ArmedAt, id: s.ID, state: s})
+			if s := p.tasks[id]; q.Selects(s.Listed()) {
+				add(entry{armedAt: s.ArmedAt, id: s.ID, state: s})
+			}
 		}
 	default:
 		if q.Phase == "" {
 			matched = make([]entry, 0, len(p.tasks)+len(p.summaries))
 		}
 		for _, s := range p.tasks {
-			if q.Phase == "" || s.Phase == q.Phase {
+			if q.Selects(s.Listed()) {
 				add(entry{armedAt: s.ArmedAt, id: s.ID, state: s})
 			}
 		}
 		for _, s := range p.summaries {
-			if q.Phase == "" || s.Phase == q.Phase {
+			if q.Selects(s.listed()) {
 				add(entry{armedAt: s.ArmedAt, id: s.ID, sum: s})
 			}
 		}
@@ -525,20 +526,21 @@ func (p *Projector) ListAfter(q engine.ListQuery, armedAt time.Time, afterID str
 		matched = matched[:q.Limit]
 	}
 	// A task's state or summary lives at the same address while it is kept so:
-	// only what it holds changes, under the lock. One that has left the phase
-	// asked for, or been settled, since it matched is left out (a settled task
-	// was listed by its summary's place when it matched).
+	// only what it holds changes, under the lock. One that no longer matches
+	// (left the state asked for, got another status), or has been settled, since
+	// it matched is left out (a settled task was listed by its summary's place
+	// when it matched).
 	out := make([]engine.State, 0, len(matched))
 	p.mu.RLock()
 	for _, e := range matched {
 		switch {
-		case e.state != nil && p.tasks[e.id] == e.state && (q.Phase == "" || e.state.Phase == q.Phase):
+		case e.state != nil && p.tasks[e.id] == e.state && q.Selects(e.state.Listed()):
 			out = append(out, *e.state)
 		case e.state != nil:
-			if sum := p.summaries[e.id]; sum != nil && (q.Phase == "" || sum.Phase == q.Phase) {
+			if sum := p.summaries[e.id]; sum != nil && q.Selects(sum.listed()) {
 				out = append(out, sum.state())
 			}
-		case e.sum != nil && (q.Phase == "" || e.sum.Phase == q.Phase):
+		case e.sum != nil && q.Selects(e.sum.listed()):
 			out = append(out, e.sum.state())
 		}
 	}

@@ -524,6 +524,7 @@ func (p *Projector) restore(ctx context.Context, target uint64) {
 		p.phases[s.Phase]++
 		// One copy of each shared string, as the fold keeps them.
 		s.Kind, s.Target, s.Status = p.interned.get(s.Kind), p.interned.get(s.Target), p.interned.get(s.Status)
+		s.Placement = p.interned.placement(s.Placement)
 	}
 	p.problems, p.problemCount = snap.header.Problems, snap.header.ProblemCount
 	p.applied, p.snapshotSeq, p.replayed.SnapshotSeq = snap.header.Seq, snap.header.Seq, snap.header.Seq

@@ -31,6 +31,9 @@ type summary struct {
 	Kind    string `json:"kind,omitempty"`
 	Target  string `json:"target,omitempty"`
 	Status  string `json:"status,omitempty"`
+	// Placement is the spec's, one copy shared by the summaries with its labels:
+	// a list selects by them.
+	Placement *engine.Placement `json:"placement,omitempty"`
 
 	Phase        engine.Phase `json:"state"`
 	ArchivedFrom engine.Phase `json:"archived_from,omitempty"`
@@ -64,7 +67,7 @@ const (
 func summarize(s *engine.State, in *interner) summary {
 	sum := summary{
 		ArmedAt: s.ArmedAt, ID: s.ID, Command: s.Spec.CommandLine(),
-		Kind: in.get(s.Spec.Kind), Target: in.get(s.Spec.Target), Status: in.get(s.Status),
+		Kind: in.get(s.Spec.Kind), Target: in.get(s.Spec.Target), Status: in.get(s.Status), Placement: in.placement(s.Spec.Placement),
 		Phase: s.Phase, ArchivedFrom: s.ArchivedFrom, LastType: s.LastType,
 		Seq: s.Seq, Epoch: s.Epoch, ArchiveSeq: s.ArchiveSeq, Events: s.Events,
 		Occurrence: s.Spec.Occurrence,
@@ -103,10 +106,17 @@ func (sum *summary) finishedAt() time.Time {
 	return sum.ArmedAt
 }
 
+// listed is what a list query selects the summary's task by.
+func (sum *summary) listed() engine.Listed {
+	return engine.Listed{Phase: sum.Phase, Status: sum.Status, Target: sum.Target, Kind: sum.Kind,
+		Placement: sum.Placement, ArmedAt: sum.ArmedAt}
+}
+
 func (sum *summary) state() engine.State {
 	s := engine.State{
 		ID: sum.ID, Phase: sum.Phase, Status: sum.Status, Seq: sum.Seq, Epoch: sum.Epoch,
-		Spec:    engine.Spec{Command: sum.Command, Kind: sum.Kind, Target: sum.Target, Occurrence: sum.Occurrence},
+		Spec: engine.Spec{Command: sum.Command, Kind: sum.Kind, Target: sum.Target, Placement: sum.Placement,
+			Occurrence: sum.Occurrence},
 		ArmedAt: sum.ArmedAt, ArchiveSeq: sum.ArchiveSeq, ArchivedFrom: sum.ArchivedFrom,
 		LastType: sum.LastType, Events: sum.Events,
 	}
@@ -131,27 +141,49 @@ func (sum *summary) state() engine.State {
 	return s
 }
 
-// interner keeps one copy of each of the strings that many summaries share: a
-// status, a kind, a target.
-type interner map[string]string
+// interner keeps one copy of what many summaries share: a status, a kind, a
+// target, a placement.
+type interner struct {
+	strings    map[string]string
+	placements map[string]*engine.Placement
+}
 
 func (in *interner) get(s string) string {
 	if s == "" {
 		return ""
 	}
-	if c, ok := (*in)[s]; ok {
+	if c, ok := in.strings[s]; ok {
 		return c
 	}
-	if len(*in) >= maxInterned {
+	if len(in.strings) >= maxInterned {
 		return s
 	}
-	if *in == nil {
-		*in = interner{}
+	if in.strings == nil {
+		in.strings = map[string]string{}
 	}
-	(*in)[s] = s
+	in.strings[s] = s
 	return s
 }
 
-// maxInterned bounds the strings interned: kinds and targets are free labels,
-// and one per task would only add a map entry to each.
+// placement is p, or the one kept of the placements with its labels.
+func (in *interner) placement(p *engine.Placement) *engine.Placement {
+	if p == nil {
+		return nil
+	}
+	key := p.String()
+	if c, ok := in.placements[key]; ok {
+		return c
+	}
+	if len(in.placements) >= maxInterned {
+		return p
+	}
+	if in.placements == nil {
+		in.placements = map[string]*engine.Placement{}
+	}
+	in.placements[key] = p
+	return p
+}
+
+// maxInterned bounds the strings, and the placements, interned: kinds, targets
+// and labels are free, and one per task would only add a map entry to each.
 const maxInterned = 4096

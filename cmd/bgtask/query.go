@@ -18,16 +18,23 @@ import (
 
 func listCmd(g *globals) *cobra.Command {
 	var (
-		q      engine.ListQuery
-		state  string
-		asJSON bool
+		q            engine.ListQuery
+		state        string
+		labels       []string
+		since, until string
+		asJSON       bool
 	)
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List tasks, newest first",
-		Args:  cobra.NoArgs,
+		Long: "List tasks, newest first. Each filter given must hold: --state, --status, --target, --kind, " +
+			"--label (each KEY=VALUE the task's placement requires), and --since and --until on the time it was registered.",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			q.Phase = engine.Phase(state)
+			if err := listFilters(&q, labels, since, until, time.Now()); err != nil {
+				return err
+			}
 			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
 				reply, err := c.api.List(ctx, q)
 				if err != nil {
@@ -42,9 +49,46 @@ func listCmd(g *globals) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&state, "state", "", "only tasks in this state: "+engine.PhaseNames())
+	f.StringVar(&q.Status, "status", "", "only tasks with this outcome: "+strings.Join(engine.Statuses, ", "))
+	f.StringVar(&q.Target, "target", "", "only tasks whose wake-up goes to this target")
+	f.StringVar(&q.Kind, "kind", "", "only tasks of this kind")
+	f.StringArrayVar(&labels, "label", nil, "only tasks whose placement requires KEY=VALUE (repeatable: all must hold)")
+	f.StringVar(&since, "since", "", "only tasks registered at or after this time: RFC 3339, or a duration ago such as 2h")
+	f.StringVar(&until, "until", "", "only tasks registered before this time: RFC 3339, or a duration ago")
 	f.IntVar(&q.Limit, "limit", 100, "at most this many tasks (0: all)")
 	f.BoolVar(&asJSON, "json", false, `print {"tasks": [...], "total": N}, the API's list reply with every page merged`)
 	return cmd
+}
+
+// listFilters reads list's --label, --since and --until into q.
+func listFilters(q *engine.ListQuery, labels []string, since, until string, now time.Time) error {
+	if len(labels) > 0 {
+		m, err := parseKeyValues("--label", labels)
+		if err != nil {
+			return err
+		}
+		q.Labels = m
+	}
+	var err error
+	if q.Since, err = listTime("--since", since, now); err != nil {
+		return err
+	}
+	q.Until, err = listTime("--until", until, now)
+	return err
+}
+
+// listTime is a time in RFC 3339, or a duration before now; "" is none.
+func listTime(flag, v string, now time.Time) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, usageErr("%s %q: want a time in RFC 3339 (2026-12-01T09:30:00Z) or a duration ago (2h)", flag, v)
 }
 
 func printTaskTable(w io.Writer, reply api.ListReply) error {

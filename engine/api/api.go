@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -530,7 +529,7 @@ func (s *Server) list(_ context.Context, data []byte) (any, error) {
 			return nil, err
 		}
 	}
-	if err := checkListQuery(req.ListQuery); err != nil {
+	if err := req.Check(); err != nil {
 		return nil, err
 	}
 	at, id, err := parseCursor(req.Cursor)
@@ -543,7 +542,9 @@ func (s *Server) list(_ context.Context, data []byte) (any, error) {
 		limit = min(limit, req.Limit)
 	}
 	// One more than the page may hold says whether another page follows.
-	states, total := s.queries.ListAfter(engine.ListQuery{Phase: req.Phase, Limit: limit + 1}, at, id)
+	q := req.ListQuery
+	q.Limit = limit + 1
+	states, total := s.queries.ListAfter(q, at, id)
 	page := listPage{Tasks: []json.RawMessage{}, Total: total}
 	size := 0
 	for i, st := range states {
@@ -592,18 +593,6 @@ func parseCursor(c string) (time.Time, string, error) {
 		return time.Time{}, "", bad
 	}
 	return at, id, nil
-}
-
-// checkListQuery refuses a query that could only answer nothing, so that a
-// misspelt state is an error rather than an empty list.
-func checkListQuery(q engine.ListQuery) error {
-	if q.Phase != "" && !slices.Contains(engine.Phases, q.Phase) {
-		return &Error{Code: 400, Field: "state", Message: fmt.Sprintf("state: %q is no state; the states are %s", q.Phase, engine.PhaseNames())}
-	}
-	if q.Limit < 0 {
-		return &Error{Code: 400, Field: "limit", Message: fmt.Sprintf("limit: %d is negative; 0 means all", q.Limit)}
-	}
-	return nil
 }
 
 func (s *Server) history(ctx context.Context, data []byte) (any, error) {

@@ -208,8 +208,8 @@ func TestConcurrentRegistrationErrorsCarryTheServiceHeaders(t *testing.T) {
 	}
 }
 
-// A list for a state that does not exist is refused, naming the field, rather than
-// answered with nothing; archived tasks can be listed.
+// A list for a state, or another filter's value, that does not exist is refused,
+// naming the field, rather than answered with nothing; archived tasks can be listed.
 func TestListRefusesAStateThatIsNone(t *testing.T) {
 	t.Parallel()
 	srv, _ := serve(t)
@@ -223,6 +223,11 @@ func TestListRefusesAStateThatIsNone(t *testing.T) {
 		{engine.ListQuery{Phase: "finished"}, "state"},
 		{engine.ListQuery{Phase: "Fired"}, "state"},
 		{engine.ListQuery{Limit: -1}, "limit"},
+		{engine.ListQuery{Status: "finished"}, "status"},
+		{engine.ListQuery{Target: "a.b"}, "target"},
+		{engine.ListQuery{Kind: "two\nlines"}, "kind"},
+		{engine.ListQuery{Labels: map[string]string{"pool": "a b"}}, "labels"},
+		{engine.ListQuery{Since: time.Now(), Until: time.Now().Add(-time.Hour)}, "until"},
 	} {
 		_, err := client.List(ctx, tc.q)
 		var apiErr *api.Error

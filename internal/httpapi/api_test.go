@@ -58,7 +58,7 @@ func TestRoutesMirrorTheNATSAPI(t *testing.T) {
 	apiError(t, h.do("POST", "/v1/tasks/"+reg.ID+"/cancel", `{"why":"x"}`), 400, "request")
 	apiError(t, h.do("GET", "/v1/tasks/no-such-task", ""), 404, "id")
 	apiError(t, h.do("GET", "/v1/tasks/no-such-task/history", ""), 404, "id")
-	apiError(t, h.do("GET", "/v1/tasks?status=failed", ""), 400, "status")
+	apiError(t, h.do("GET", "/v1/tasks?status=finished", ""), 400, "status")
 	apiError(t, h.do("GET", "/v1/tasks?state=sleeping", ""), 400, "state")
 	apiError(t, h.do("GET", "/v1/tasks?limit=-1", ""), 400, "limit")
 	apiError(t, h.do("GET", "/v1/tasks?limit=1&limit=2", ""), 400, "limit")

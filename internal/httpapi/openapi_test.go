@@ -39,3 +39,24 @@ func TestTheOpenAPIDocumentListsEveryRoute(t *testing.T) {
 		t.Fatalf("the document lists\n%s\nthe server routes\n%s", strings.Join(documented, "\n"), strings.Join(routed, "\n"))
 	}
 }
+
+// The document's parameters of GET /v1/tasks are the ones the route takes.
+func TestTheOpenAPIDocumentListsTheListsParameters(t *testing.T) {
+	var doc struct {
+		Paths map[string]map[string]struct {
+			Parameters []struct{ Name, In string }
+		}
+	}
+	if err := json.Unmarshal(openAPI, &doc); err != nil {
+		t.Fatal(err)
+	}
+	var documented []string
+	for _, p := range doc.Paths["/v1/tasks"]["get"].Parameters {
+		if p.In == "query" {
+			documented = append(documented, p.Name)
+		}
+	}
+	if !slices.Equal(documented, listParams) {
+		t.Fatalf("the document gives GET /v1/tasks the parameters %v, the route takes %v", documented, listParams)
+	}
+}

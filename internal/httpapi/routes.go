@@ -263,21 +263,68 @@ func (s *Server) register(ctx context.Context, r *http.Request) (reply, error) {
 	return reply{body: out}, nil
 }
 
-// list answers one page of the NATS API's list: the filters it has (state),
-// limit and cursor.
+// list answers one page of the NATS API's list: its filters, limit and cursor.
 func (s *Server) list(ctx context.Context, r *http.Request) (reply, error) {
-	q, err := query(r, "state", "limit", "cursor")
+	q, err := query(r, listParams...)
 	if err != nil {
 		return reply{}, err
 	}
-	limit, err := intParam(q, "limit", 0, 0)
+	lq, err := listQuery(q)
 	if err != nil {
 		return reply{}, err
 	}
-	return s.call(ctx, api.SubjectList, api.ListRequest{
-		ListQuery: engine.ListQuery{Phase: engine.Phase(q.Get("state")), Limit: limit},
-		Cursor:    q.Get("cursor"),
-	})
+	return s.call(ctx, api.SubjectList, api.ListRequest{ListQuery: lq, Cursor: q.Get("cursor")})
+}
+
+// listFilters are the parameters of GET /v1/tasks that select tasks (the
+// dashboard's list keeps them in its links); listParams are all it takes.
+var (
+	listFilters = []string{"state", "status", "target", "kind", "label", "since", "until"}
+	listParams  = append(slices.Clip(listFilters), "limit", "cursor")
+)
+
+// listQuery reads the list's filters and limit from a query; the engine checks
+// the values that name things (a state, a status, a target, a label).
+func listQuery(q url.Values) (engine.ListQuery, error) {
+	lq := engine.ListQuery{Phase: engine.Phase(q.Get("state")), Status: q.Get("status"),
+		Target: q.Get("target"), Kind: q.Get("kind")}
+	var err error
+	if lq.Limit, err = intParam(q, "limit", 0, 0); err != nil {
+		return lq, err
+	}
+	if lq.Since, err = timeParam(q, "since"); err != nil {
+		return lq, err
+	}
+	if lq.Until, err = timeParam(q, "until"); err != nil {
+		return lq, err
+	}
+	if v := q.Get("label"); v != "" {
+		lq.Labels = map[string]string{}
+		for kv := range strings.SplitSeq(v, ",") {
+			k, val, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return lq, badField("label", "%q: want KEY=VALUE, several separated by commas", kv)
+			}
+			lq.Labels[k] = val
+		}
+		if err := engine.ValidateLabels("label", lq.Labels); err != nil {
+			return lq, &api.Error{Code: 400, Field: "label", Message: err.Error()}
+		}
+	}
+	return lq, nil
+}
+
+// timeParam reads a time in RFC 3339; "" is none.
+func timeParam(q url.Values, name string) (time.Time, error) {
+	v := q.Get(name)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, badField(name, "%q: want a time in RFC 3339, such as 2026-12-01T09:30:00Z", v)
+	}
+	return t, nil
 }
 
 // call makes a NATS API request and answers its reply as the engine wrote it.

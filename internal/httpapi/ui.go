@@ -126,24 +126,29 @@ func (s *Server) render(w http.ResponseWriter, r *http.Request, name, fragment s
 	s.page(w, http.StatusOK, name, data)
 }
 
-// listView is the task list page: one page of tasks and the filter that chose them.
+// listView is the task list page: one page of tasks and the filters that chose them.
 type listView struct {
 	Nav, Error   string
 	Tasks        []api.TaskView
 	Total        int
+	Filter       url.Values // the filters given: the list's own parameters
 	State        string
 	Limit        int
 	Cursor, Next string
 	Phases       []engine.Phase
+	Statuses     []string
 	Sizes        []int
 	Self         string // this page's URL, which the live part fetches again
 }
 
-// Link is the list's URL with cursor (and the filter kept).
+// Filtered reports whether a filter is given.
+func (v listView) Filtered() bool { return len(v.Filter) > 0 }
+
+// Link is the list's URL with cursor (and the filters kept).
 func (v listView) Link(cursor string) string {
 	q := url.Values{}
-	if v.State != "" {
-		q.Set("state", v.State)
+	for name, values := range v.Filter {
+		q[name] = values
 	}
 	if v.Limit != pageSizes[0] {
 		q.Set("limit", strconv.Itoa(v.Limit))
@@ -160,10 +165,17 @@ func (v listView) Link(cursor string) string {
 // taskPage is the task list, newest first, a page at a time: the engine pages
 // it (ListAfter), so a home of 100,000 tasks costs what one page does.
 func (s *Server) taskPage(w http.ResponseWriter, r *http.Request) {
-	v := listView{Nav: "tasks", Phases: phases, Sizes: pageSizes, Limit: pageSizes[0]}
-	q, err := query(r, "state", "limit", "cursor")
+	v := listView{Nav: "tasks", Phases: phases, Statuses: engine.Statuses, Sizes: pageSizes, Limit: pageSizes[0],
+		Filter: url.Values{}}
+	q, err := query(r, listParams...)
+	var lq engine.ListQuery
 	if err == nil {
 		v.State, v.Cursor = q.Get("state"), q.Get("cursor")
+		for _, name := range listFilters {
+			if q.Get(name) != "" {
+				v.Filter.Set(name, q.Get(name))
+			}
+		}
 		if v.State != "" && !slices.Contains(phases, engine.Phase(v.State)) {
 			err = badField("state", "%q: want one of %v", v.State, phases)
 		}
@@ -173,9 +185,12 @@ func (s *Server) taskPage(w http.ResponseWriter, r *http.Request) {
 		v.Limit = min(v.Limit, 500)
 	}
 	if err == nil {
+		lq, err = listQuery(q)
+	}
+	if err == nil {
 		var page api.ListReply
-		page, err = s.api.ListPage(r.Context(), api.ListRequest{
-			ListQuery: engine.ListQuery{Phase: engine.Phase(v.State), Limit: v.Limit}, Cursor: v.Cursor})
+		lq.Limit = v.Limit
+		page, err = s.api.ListPage(r.Context(), api.ListRequest{ListQuery: lq, Cursor: v.Cursor})
 		v.Tasks, v.Total, v.Next = page.Tasks, page.Total, page.NextCursor
 	}
 	if err != nil {

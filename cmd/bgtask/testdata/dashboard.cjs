@@ -63,6 +63,13 @@ async function run(page, shot) {
   await page.waitForSelector(`tr[data-id="${long.id}"] .state-running`, { timeout: 30000 });
   await shot('tasks');
 
+  step('filter the list: the filter goes into the URL');
+  await page.fill('input[name=kind]', 'test');
+  await page.press('input[name=kind]', 'Enter');
+  await page.waitForURL(/[?&]kind=test/, { timeout: 15000 });
+  const kinds = await page.$$eval('tr[data-id]', (rows) => rows.map((r) => r.dataset.id));
+  if (kinds.length !== 4 || !kinds.includes(failing.id)) throw new Error('kind=test lists ' + kinds.join(', '));
+
   step('open a task: its output grows while it runs');
   const grow = await api('POST', '/v1/tasks', { command: 'for i in $(seq 1 40); do echo "step $i"; sleep 0.1; done', cwd: TASK_CWD });
   await page.goto(`${base}/tasks/${grow.id}`);

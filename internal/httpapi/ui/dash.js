@@ -88,7 +88,7 @@ document.addEventListener('submit', (e) => {
 
 // A filter applies as soon as it is chosen.
 document.addEventListener('change', (e) => {
-  if (e.target.matches('select[data-autosubmit]')) e.target.form.requestSubmit();
+  if (e.target.matches('[data-autosubmit]')) e.target.form.requestSubmit();
 });
 
 // The output tail: the task's log stream, followed until its end event. Chunks
