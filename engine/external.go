@@ -88,7 +88,7 @@ func (c Complete) decide(s State, _ Meta) (events.Payload, uint64, error) {
 		return nil, 0, fieldErr("result", "%d bytes is over the limit of %d", len(c.Result), MaxExternalResultBytes)
 	case s.Phase == "":
 		return nil, 0, ErrNotFound
-	case s.Phase != PhaseArmed && s.Phase != PhaseRunning:
+	case !s.Phase.Runs():
 		return nil, 0, fmt.Errorf("%w: it is %s (%s)", ErrFinished, s.Phase, s.Status)
 	}
 	return &events.Completed{Status: status, Result: c.Result}, s.Epoch, nil
@@ -97,7 +97,7 @@ func (c Complete) decide(s State, _ Meta) (events.Payload, uint64, error) {
 // completed is a task ended from outside.
 func (s State) completed(rec events.Record, p *events.Completed) (State, error) {
 	at := rec.Time
-	if s.Phase != PhaseArmed && s.Phase != PhaseRunning {
+	if !s.Phase.Runs() {
 		return s, ErrWrongPhase
 	}
 	result := p.Result

@@ -183,7 +183,7 @@ func (r *ScheduleRunner) previous(s Schedule, now time.Time) Previous {
 	if !ok {
 		return Previous{ID: s.LastID, Active: now.Sub(s.LastSlot) < time.Minute}
 	}
-	return Previous{ID: s.LastID, Active: st.Phase == PhaseArmed || st.Phase == PhaseRunning}
+	return Previous{ID: s.LastID, Active: st.Phase.Runs()}
 }
 
 // carryOut cancels and registers as d says, and returns the schedule to store.

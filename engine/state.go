@@ -37,6 +37,11 @@ func PhaseNames() string {
 // Terminal reports whether nothing more will happen to a task in this phase.
 func (p Phase) Terminal() bool { return p == PhaseFired || p == PhaseCancelled || p == PhaseArchived }
 
+// Runs reports whether a task in this phase has a command that may still write
+// output: it waits for a worker, or one runs it. A task past them has all its
+// output in the log (events.LogEOFHeader says why).
+func (p Phase) Runs() bool { return p == PhaseArmed || p == PhaseRunning }
+
 // Outcomes: the status of a finished task.
 const (
 	StatusSucceeded = "succeeded"
@@ -216,7 +221,7 @@ func apply(s State, rec events.Record) (State, error) {
 		s.Paused = pause
 		return s, nil
 	case *events.Cancelled:
-		if s.Phase != PhaseArmed && s.Phase != PhaseRunning {
+		if !s.Phase.Runs() {
 			return s, ErrWrongPhase
 		}
 		s.Phase, s.Status, s.Reason, s.EndedAt = PhaseCancelled, StatusCancelled, p.Reason, &at

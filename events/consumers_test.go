@@ -70,7 +70,7 @@ func TestOneOffReadsLeaveNoConsumerBehind(t *testing.T) {
 			return store.Follow(ctx, "t1", seq-1, func(events.Record, error) bool { return false })
 		}},
 		{"logs", events.LogStreamName, func(int) error {
-			return logs.Read(ctx, "t1", nil, false, func(events.LogChunk) error { return nil })
+			return logs.Read(ctx, "t1", nil, func(events.LogChunk) error { return nil })
 		}},
 		{"inbox recheck", events.InboxStreamName, func(i int) error {
 			_, err := inbox.Deliver(ctx, events.Wakeup{ID: fmt.Sprintf("task-%d", i), Status: "succeeded", Target: "default"}, time.Now().Add(-time.Hour))

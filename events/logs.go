@@ -22,10 +22,12 @@ const (
 )
 
 // Log chunk headers: where the chunk starts in its output stream, and the end mark a
-// worker writes when the output is complete. The end mark rides on the last chunk
-// of the output, or is a message without data (at the output's total size) when
-// the output ended with nothing left to publish; Read hands it on as a chunk of its
-// own either way.
+// worker puts on the last chunk of an output that ended with something left to
+// publish; Read hands it on as a chunk of its own. An output that ended with
+// nothing left to publish (an empty stderr, most often) gets no message for its
+// end: a run's output is in the log before its end is in the task's history, so
+// the task's end says as much, and a message that says nothing new would cost an
+// append to the disk with every task.
 const (
 	LogOffsetHeader = "Bgtask-Offset"
 	LogEOFHeader    = "Bgtask-Eof"
@@ -118,15 +120,36 @@ type LogChunk struct {
 }
 
 // Read calls fn with a task's output chunks in the order they were written, from
-// the given streams (both if none). With follow it waits for more until every
-// stream read has ended or ctx is done; without, it returns at the current end.
-func (l *Logs) Read(ctx context.Context, taskID string, streams []string, follow bool, fn func(LogChunk) error) error {
-	return l.ReadAfter(ctx, taskID, streams, follow, 0, fn)
+// the given streams (both if none), up to the current end.
+func (l *Logs) Read(ctx context.Context, taskID string, streams []string, fn func(LogChunk) error) error {
+	return l.ReadAfter(ctx, taskID, streams, 0, fn)
 }
 
 // ReadAfter is Read from the chunks after the log stream's sequence after (0: all),
 // for a reader that resumes where it stopped.
-func (l *Logs) ReadAfter(ctx context.Context, taskID string, streams []string, follow bool, after uint64, fn func(LogChunk) error) error {
+func (l *Logs) ReadAfter(ctx context.Context, taskID string, streams []string, after uint64, fn func(LogChunk) error) error {
+	return l.read(ctx, taskID, streams, after, closedChannel, fn)
+}
+
+// Follow is ReadAfter that waits for more output until every stream read has its
+// end mark, or taskEnded is closed: then it returns at the end of what the log
+// holds, which is all of the output (see LogEOFHeader). A nil taskEnded waits for
+// the end marks alone.
+func (l *Logs) Follow(ctx context.Context, taskID string, streams []string, after uint64, taskEnded <-chan struct{}, fn func(LogChunk) error) error {
+	return l.read(ctx, taskID, streams, after, taskEnded, fn)
+}
+
+var closedChannel = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// followWait is how long a follower's fetch waits for output: a bound on how late
+// it sees that the task has ended.
+const followWait = 250 * time.Millisecond
+
+func (l *Logs) read(ctx context.Context, taskID string, streams []string, after uint64, taskEnded <-chan struct{}, fn func(LogChunk) error) error {
 	if len(streams) == 0 {
 		streams = []string{Stdout, Stderr}
 	}
@@ -148,11 +171,12 @@ func (l *Logs) ReadAfter(ctx context.Context, taskID string, streams []string, f
 		open[s] = true
 	}
 	for len(open) > 0 {
+		ended := isClosed(taskEnded)
 		var batch jetstream.MessageBatch
-		if follow {
-			batch, err = cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
-		} else {
+		if ended {
 			batch, err = cons.FetchNoWait(256)
+		} else {
+			batch, err = cons.Fetch(256, jetstream.FetchMaxWait(followWait))
 		}
 		if err != nil {
 			return fmt.Errorf("read logs of %s: %w", taskID, err)
@@ -183,11 +207,20 @@ func (l *Logs) ReadAfter(ctx context.Context, taskID string, streams []string, f
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if n == 0 && !follow {
+		if n == 0 && ended {
 			return nil
 		}
 	}
 	return nil
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // End returns where a task's output stream stands in the log: the offset after its
@@ -234,11 +267,8 @@ type LogWriter struct {
 	keptSize int64
 	closed   bool
 	final    bool
-	// endMarked: the end mark went out on the last chunk; endOwed: it is a message
-	// of its own, for EndMark to publish.
-	endMarked, endOwed bool
-	wake               chan struct{}
-	done               chan struct{}
+	wake     chan struct{}
+	done     chan struct{}
 }
 
 type keptChunk struct {
@@ -284,12 +314,10 @@ func (w *LogWriter) signal() {
 	}
 }
 
-// Close publishes what is left, and with final the end mark of the output stream
-// (a run that is followed by another of the same task leaves it to the last one),
-// waiting at most until ctx ends. It returns the total size of the output and how
-// many of its bytes were dropped. The end mark rides on the last chunk; when
-// nothing was left to publish, it is a message of its own, which Close leaves to
-// EndMark: a run's exit need not wait for a write that says nothing new.
+// Close publishes what is left, with final the end mark on its last chunk (a run
+// that is followed by another of the same task leaves it to the last one), waiting
+// at most until ctx ends. It returns the total size of the output and how many of
+// its bytes were dropped. Nothing left to publish, no end mark (LogEOFHeader).
 func (w *LogWriter) Close(ctx context.Context, final bool) (total, dropped int64) {
 	w.mu.Lock()
 	w.closed, w.final = true, final
@@ -325,11 +353,6 @@ func (w *LogWriter) run() {
 		closed, final := w.closed, w.final
 		w.mu.Unlock()
 		if w.flush(closed && final) && closed {
-			if final && !w.endMarked {
-				w.mu.Lock()
-				w.endOwed = true
-				w.mu.Unlock()
-			}
 			return
 		}
 	}
@@ -352,9 +375,6 @@ func (w *LogWriter) flush(final bool) bool {
 		}
 		if !w.publish(chunk, offset, last) {
 			return false
-		}
-		if last {
-			w.endMarked = true
 		}
 	}
 }
@@ -412,22 +432,4 @@ func (w *LogWriter) trim() {
 	w.keptSize -= size
 	w.dropped += size
 	w.mu.Unlock()
-}
-
-// EndMark publishes the end mark that Close left to it, if it did, waiting at most
-// until ctx ends. Readers that follow the output stop at it.
-func (w *LogWriter) EndMark(ctx context.Context) {
-	w.mu.Lock()
-	owed, total := w.endOwed, w.offset+int64(len(w.pending))
-	w.endOwed = false
-	w.mu.Unlock()
-	if !owed {
-		return
-	}
-	msg := &nats.Msg{Subject: w.subject, Header: nats.Header{}}
-	msg.Header.Set(LogOffsetHeader, strconv.FormatInt(total, 10))
-	msg.Header.Set(LogEOFHeader, "1")
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	_, _ = w.logs.js.PublishMsg(ctx, msg)
 }

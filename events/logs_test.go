@@ -24,6 +24,12 @@ func openLogs(t *testing.T) *events.Logs {
 	return logs
 }
 
+var closed = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
 type readResult struct {
 	data    map[string]*bytes.Buffer
 	first   map[string]int64
@@ -37,7 +43,11 @@ func readAll(t *testing.T, logs *events.Logs, task string, follow bool, streams 
 	r := readResult{data: map[string]*bytes.Buffer{}, first: map[string]int64{}, eof: map[string]int64{}, offsets: map[string]int64{}}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err := logs.Read(ctx, task, streams, follow, func(c events.LogChunk) error {
+	var until <-chan struct{} // follow: until the end marks
+	if !follow {
+		until = closed
+	}
+	err := logs.Follow(ctx, task, streams, 0, until, func(c events.LogChunk) error {
 		if c.EOF {
 			r.eof[c.Stream] = c.Offset
 			return nil
@@ -76,9 +86,6 @@ func TestLogWriterKeepsEveryByteInOrder(t *testing.T) {
 		t.Fatalf("stdout total %d dropped %d, want %d and 0", total, dropped, want.Len())
 	}
 	errw.Close(ctx, true)
-	// An end mark with no output left to carry is a message of its own, EndMark's.
-	out.EndMark(ctx)
-	errw.EndMark(ctx)
 
 	r := readAll(t, logs, "t1", false)
 	if got := r.data[events.Stdout].String(); got != want.String() {
@@ -86,9 +93,6 @@ func TestLogWriterKeepsEveryByteInOrder(t *testing.T) {
 	}
 	if got := r.data[events.Stderr].String(); got != "oops\n" {
 		t.Fatalf("stderr = %q", got)
-	}
-	if r.eof[events.Stdout] != int64(want.Len()) || r.eof[events.Stderr] != 5 {
-		t.Fatalf("end marks = %v", r.eof)
 	}
 	only := readAll(t, logs, "t1", false, events.Stderr)
 	if only.data[events.Stdout] != nil || only.data[events.Stderr].String() != "oops\n" {
@@ -123,23 +127,44 @@ func TestLogWriterKeepsTheLastBytesAndCountsTheDrop(t *testing.T) {
 	}
 }
 
-func TestLogReadFollowsUntilTheEndMark(t *testing.T) {
+// A follower of a task's output reads what comes until the task has ended, then
+// what the log holds, and returns: its output was published before its end.
+func TestLogFollowEndsWithTheTask(t *testing.T) {
 	t.Parallel()
 	logs := openLogs(t)
 	w := logs.Writer("live", events.Stdout, 0)
 	w.Write([]byte("first\n"))
-	got := make(chan readResult, 1)
-	go func() { got <- readAll(t, logs, "live", true, events.Stdout) }()
+	ended := make(chan struct{})
+	got := make(chan string, 1)
+	read := make(chan struct{}, 16)
+	go func() {
+		var out bytes.Buffer
+		err := logs.Follow(context.Background(), "live", nil, 0, ended, func(c events.LogChunk) error {
+			out.Write(c.Data)
+			read <- struct{}{}
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- out.String()
+	}()
+	<-read // "first", on a tick: the follower has it and waits for more
 	w.Write([]byte("second\n"))
-	w.Close(context.Background(), true)
-	w.EndMark(context.Background()) // if "second" went out on a tick before the close
+	w.Close(context.Background(), false) // not final: no end mark at all
 	select {
-	case r := <-got:
-		if s := r.data[events.Stdout].String(); s != "first\nsecond\n" {
+	case s := <-got:
+		t.Fatalf("follow ended before the task, with %q", s)
+	case <-time.After(time.Second): // four of its fetches
+	}
+	close(ended)
+	select {
+	case s := <-got:
+		if s != "first\nsecond\n" {
 			t.Fatalf("followed %q", s)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatal("follow did not end at the end mark")
+		t.Fatal("follow did not end with the task")
 	}
 }
 
@@ -174,18 +199,12 @@ func TestTheEndMarkRidesOnTheLastChunk(t *testing.T) {
 		}
 		return map[string]uint64{events.Stdout: info.State.Subjects[events.LogSubject("ends", events.Stdout)], events.Stderr: info.State.Subjects[events.LogSubject("ends", events.Stderr)]}
 	}
-	// An end mark alone waits for EndMark: a run's exit does not wait for it.
+	// An output with nothing left at its end gets no end mark: the task's end says it.
 	if n := messages(); n[events.Stdout] != 1 || n[events.Stderr] != 0 {
 		t.Errorf("after Close: %v messages, want stdout's one (its end mark on its last chunk) and none of stderr", n)
 	}
-	w.EndMark(ctx)
-	empty.EndMark(ctx)
-	empty.EndMark(ctx)
-	if n := messages(); n[events.Stdout] != 1 || n[events.Stderr] != 1 {
-		t.Errorf("after EndMark: %v messages, want one each (stderr's end mark alone, once)", n)
-	}
 	var got []events.LogChunk
-	if err := logs.Read(ctx, "ends", nil, true, func(c events.LogChunk) error {
+	if err := logs.Read(ctx, "ends", nil, func(c events.LogChunk) error {
 		got = append(got, c)
 		return nil
 	}); err != nil {
@@ -194,7 +213,6 @@ func TestTheEndMarkRidesOnTheLastChunk(t *testing.T) {
 	want := []events.LogChunk{
 		{Stream: events.Stdout, Offset: 3, Data: []byte("last\n")},
 		{Stream: events.Stdout, Offset: 8, EOF: true},
-		{Stream: events.Stderr, Offset: 0, EOF: true},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("read %+v, want %+v", got, want)
@@ -225,7 +243,7 @@ func TestLogReadAfterASequenceResumesThere(t *testing.T) {
 		offset += int64(len(part))
 	}
 	var all []events.LogChunk
-	if err := logs.Read(ctx, "resumed", nil, false, func(c events.LogChunk) error {
+	if err := logs.Read(ctx, "resumed", nil, func(c events.LogChunk) error {
 		all = append(all, c)
 		return nil
 	}); err != nil {
@@ -235,7 +253,7 @@ func TestLogReadAfterASequenceResumesThere(t *testing.T) {
 		t.Fatalf("chunks %+v: want three, in the order of their sequences", all)
 	}
 	var after []string
-	if err := logs.ReadAfter(ctx, "resumed", nil, false, all[0].Seq, func(c events.LogChunk) error {
+	if err := logs.ReadAfter(ctx, "resumed", nil, all[0].Seq, func(c events.LogChunk) error {
 		after = append(after, string(c.Data))
 		return nil
 	}); err != nil {

@@ -165,15 +165,6 @@ func (l *runLogs) close(ctx context.Context, final bool) {
 	l.total, l.dropped = ends.stdout+ends.stderr, droppedOut+droppedErr
 }
 
-// markEnds publishes the end marks that close left to be messages of their own
-// (an output with nothing left to publish at its end, such as an empty stderr):
-// after the run's exit is recorded, so that the exit does not wait for them. A
-// worker that dies in between leaves them out, as a worker that dies before its
-// exit does: followers of the log stop a little after the task ended.
-func (l *runLogs) markEnds(ctx context.Context) {
-	l.sideBySide(ctx, l.stdout.EndMark, l.stderr.EndMark)
-}
-
 // sideBySide runs stdout and stderr, each the work of one stream's writer, at
 // once, for at most appendTimeout, even if the worker is stopping.
 func (l *runLogs) sideBySide(ctx context.Context, stdout, stderr func(context.Context)) {
@@ -544,7 +535,6 @@ func (x *watcher) fenced(ctx context.Context) {
 	x.proc.stop(x.r.w.cfg.KillGrace)
 	x.stopCopying()
 	x.logs.close(ctx, true)
-	x.logs.markEnds(ctx)
 	x.r.w.finished.remove(x.proc.dir)
 }
 
@@ -567,7 +557,6 @@ func (x *watcher) end(ctx context.Context, stoppedBy string, kept bool) {
 	default:
 		recorded = x.r.recordEnd(ctx, engine.Exit{Run: result})
 	}
-	x.logs.markEnds(ctx)
 	if recorded {
 		x.r.w.finished.remove(x.proc.dir)
 		return

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -11,10 +9,6 @@ import (
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
 )
-
-// logsGrace is how long `logs --follow` waits for a run's end marks after the task
-// ended: a worker that died cannot write them.
-const logsGrace = 2 * time.Second
 
 const logsLong = `Print the output a task's command wrote, stdout and stderr in the order they
 were written. Each of stdout and stderr keeps its last 4 MiB; when older output
@@ -80,21 +74,26 @@ func (g *globals) printLogs(ctx context.Context, id string, o logsOptions) error
 	if err != nil {
 		return err
 	}
-	readCtx, stopReading := context.WithCancel(ctx)
-	defer stopReading()
-	if o.following {
-		go stopAfterTheEnd(readCtx, c, t.ID, stopReading)
-	}
-	err = logs.Read(readCtx, t.ID, o.streams(), o.following, func(chunk events.LogChunk) error {
+	write := func(chunk events.LogChunk) error {
 		if o.asJSON {
 			return printJSONLine(g.stdout, logLine{Stream: chunk.Stream, Offset: chunk.Offset, Data: string(chunk.Data), EOF: chunk.EOF})
 		}
 		_, err := g.stdout.Write(chunk.Data)
 		return err
-	})
-	if errors.Is(err, context.Canceled) && ctx.Err() == nil {
-		return nil // stopped after the task ended
 	}
+	if !o.following {
+		return logs.Read(ctx, t.ID, o.streams(), write)
+	}
+	watchCtx, stopWatching := context.WithCancel(ctx)
+	taskEnded := make(chan struct{})
+	defer func() { stopWatching(); <-taskEnded }()
+	go func() {
+		defer close(taskEnded)
+		// An error too ends the wait: the task can no longer be followed, and what
+		// its log holds is all there will be to read.
+		_, _ = follow(watchCtx, c, t.ID, func(s engine.State) bool { return !s.Phase.Runs() })
+	}()
+	err = logs.Follow(ctx, t.ID, o.streams(), 0, taskEnded, write)
 	if ctx.Err() != nil {
 		return nil // interrupted
 	}
@@ -108,21 +107,6 @@ func (c *client) logs(ctx context.Context) (*events.Logs, error) {
 		return nil, err
 	}
 	return events.ConnectLogs(ctx, js)
-}
-
-// stopAfterTheEnd stops the reading a little after the task has ended, whatever the
-// end marks of its output say: a run whose worker died writes none.
-func stopAfterTheEnd(ctx context.Context, c *client, id string, stop func()) {
-	_, err := follow(ctx, c, id, func(s engine.State) bool {
-		return s.Phase != engine.PhaseArmed && s.Phase != engine.PhaseRunning
-	})
-	if err == nil {
-		select {
-		case <-ctx.Done():
-		case <-time.After(logsGrace):
-		}
-	}
-	stop() // ended, or the task can no longer be followed
 }
 
 type logLine struct {

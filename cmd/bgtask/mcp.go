@@ -614,7 +614,8 @@ type logsOut struct {
 	Output string `json:"output"`
 	// SkippedBytes came before Output: dropped by bgtask's limit or past max_bytes.
 	SkippedBytes int64 `json:"skipped_bytes"`
-	// Ended: the command's output has ended (every stream read has its end mark).
+	// Ended: the command's output has ended: the task has, or every stream read has
+	// its end mark.
 	Ended bool `json:"ended"`
 }
 
@@ -653,6 +654,8 @@ func (m *mcpServer) logs(ctx context.Context, _ *mcp.CallToolRequest, args json.
 			return err
 		}
 		out, err = lastOutput(ctx, logs, t.ID, streams, limit)
+		// Read after the task was seen ended, the output is whole (events.LogEOFHeader).
+		out.Ended = out.Ended || !t.Phase.Runs()
 		return err
 	})
 	if err != nil {
@@ -682,7 +685,7 @@ func lastOutput(ctx context.Context, logs *events.Logs, id string, streams []str
 	if len(streams) > 0 {
 		want = len(streams)
 	}
-	err := logs.Read(ctx, id, streams, false, func(chunk events.LogChunk) error {
+	err := logs.Read(ctx, id, streams, func(chunk events.LogChunk) error {
 		if !seen[chunk.Stream] {
 			seen[chunk.Stream] = true
 			skipped += chunk.Offset

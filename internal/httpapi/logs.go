@@ -3,17 +3,12 @@ package httpapi
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"time"
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
 )
-
-// logsGrace is how long a followed log waits for its end marks after the task
-// ended: a worker that died writes none.
-const logsGrace = 2 * time.Second
 
 // logChunk is a piece of output as `bgtask logs --json` prints it.
 type logChunk struct {
@@ -82,7 +77,7 @@ func (s *Server) logLines(w http.ResponseWriter, r *http.Request, logs *events.L
 	_ = rc.SetWriteDeadline(time.Now().Add(writeTimeout))
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
-	err := logs.ReadAfter(r.Context(), id, streams, false, after, func(c events.LogChunk) error {
+	err := logs.ReadAfter(r.Context(), id, streams, after, func(c events.LogChunk) error {
 		return enc.Encode(logChunk{Stream: c.Stream, Offset: c.Offset, Data: string(c.Data), EOF: c.EOF})
 	})
 	if err != nil && r.Context().Err() == nil {
@@ -90,56 +85,46 @@ func (s *Server) logLines(w http.ResponseWriter, r *http.Request, logs *events.L
 	}
 }
 
-// followLogs pushes a task's output until every stream read has its end mark,
-// or a little after the task ended (a run whose worker died writes none), then
-// an "end" event.
+// followLogs pushes a task's output until every stream read has its end mark, or
+// the task has ended and its output is read, then an "end" event.
 func (s *Server) followLogs(ctx context.Context, logs *events.Logs, id string, streams []string, after uint64, push func(sseItem) bool) error {
-	readCtx, stopReading := context.WithCancel(ctx)
-	defer stopReading()
 	store, err := s.store(ctx)
 	if err != nil {
 		return err
 	}
-	watched := make(chan struct{})
+	watchCtx, stopWatching := context.WithCancel(ctx)
+	taskEnded := make(chan struct{})
 	go func() {
-		defer close(watched)
-		s.stopAfterTheEnd(readCtx, store, id, stopReading)
+		defer close(taskEnded)
+		watchTheEnd(watchCtx, store, id)
 	}()
-	defer func() { <-watched }()
+	defer func() { stopWatching(); <-taskEnded }()
 	var pushed = true
-	err = logs.ReadAfter(readCtx, id, streams, true, after, func(c events.LogChunk) error {
+	err = logs.Follow(ctx, id, streams, after, taskEnded, func(c events.LogChunk) error {
 		data, _ := json.Marshal(logChunk{Stream: c.Stream, Offset: c.Offset, Data: string(c.Data), EOF: c.EOF})
 		if pushed = push(sseItem{id: c.Seq, data: data}); !pushed {
 			return context.Canceled
 		}
 		return nil
 	})
-	stopReading()
 	switch {
 	case !pushed || ctx.Err() != nil:
 		return nil
-	case err != nil && !errors.Is(err, context.Canceled):
+	case err != nil:
 		return err
 	}
 	push(sseItem{event: "end", data: []byte(`{}`)})
 	return nil
 }
 
-// stopAfterTheEnd calls stop logsGrace after task id has ended, or when it can
-// no longer be followed.
-func (s *Server) stopAfterTheEnd(ctx context.Context, store *events.JetStreamStore, id string, stop func()) {
+// watchTheEnd returns once task id has ended, or can no longer be followed (then
+// what its log holds is all there will be to read too).
+func watchTheEnd(ctx context.Context, store *events.JetStreamStore, id string) {
 	var st engine.State
-	err := store.Follow(ctx, id, 0, func(rec events.Record, decodeErr error) bool {
+	_ = store.Follow(ctx, id, 0, func(rec events.Record, decodeErr error) bool {
 		if decodeErr == nil {
 			st, _ = engine.Apply(st, rec)
 		}
-		return st.Phase == engine.PhaseArmed || st.Phase == engine.PhaseRunning
+		return st.Phase.Runs()
 	})
-	if err == nil {
-		select {
-		case <-ctx.Done():
-		case <-time.After(logsGrace):
-		}
-	}
-	stop()
 }

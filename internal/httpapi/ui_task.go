@@ -51,7 +51,7 @@ func (s *Server) taskDetail(w http.ResponseWriter, r *http.Request) {
 		s.pageError(w, "tasks", err)
 		return
 	}
-	done := t.Phase != engine.PhaseArmed && t.Phase != engine.PhaseRunning
+	done := !t.Phase.Runs()
 	s.render(w, r, "task.html", "task-body", taskView{Nav: "tasks", Task: t, Timeline: timeline(h.Events),
 		RerunKey: "rerun-" + uuid.NewString(), Done: done})
 }
