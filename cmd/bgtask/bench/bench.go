@@ -172,10 +172,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	defer r.cleanup()
 
 	rep := &Report{Quick: opts.Quick, Repeats: r.repeats, Machine: machine(), Started: time.Now().UTC()}
-	if r.selected("throughput") || r.selected("start") || r.selected("memory") {
-		r.tsp, _ = exec.LookPath("tsp")
-		rep.Peer = peerNote(r.tsp)
-	}
+	rep.Peer = r.findPeer()
 	var failed []string
 	for _, sc := range scenarios {
 		if !r.selected(sc.name) {
@@ -219,6 +216,22 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return rep, fmt.Errorf("%d scenario(s) failed: %s", len(failed), strings.Join(failed, ", "))
 	}
 	return rep, nil
+}
+
+// findPeer looks for the peer when a scenario that runs it is selected, and
+// returns the report's line about it.
+func (r *runner) findPeer() string {
+	var withPeer []string
+	for _, name := range []string{"start", "throughput", "memory"} {
+		if r.selected(name) {
+			withPeer = append(withPeer, name)
+		}
+	}
+	if len(withPeer) == 0 {
+		return ""
+	}
+	r.tsp, _ = exec.LookPath("tsp")
+	return peerNote(r.tsp, withPeer)
 }
 
 // selected says whether the run measures the scenario of that name.

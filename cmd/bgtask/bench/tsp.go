@@ -25,10 +25,12 @@ import (
 // under select's FD_SETSIZE) and blocks the clients past that.
 const tspMaxJobs = 900
 
-// peerNote is the report's line about the peer: which one ran, or that none did.
-func peerNote(path string) string {
+// peerNote is the report's line about the peer in the scenarios that run it:
+// which peer ran, or that none did.
+func peerNote(path string, scenarios []string) string {
+	names := strings.Join(scenarios, ", ")
 	if path == "" {
-		return "task-spooler is not installed (no tsp in PATH): throughput, start and memory ran without their peer"
+		return "task-spooler is not installed (no tsp in PATH): " + names + " ran without the peer"
 	}
 	version := "unknown version"
 	if out, err := exec.Command(path, "-V").CombinedOutput(); err == nil {
@@ -36,7 +38,7 @@ func peerNote(path string) string {
 			version = f[2]
 		}
 	}
-	return fmt.Sprintf("task-spooler %s (%s), run beside bgtask in throughput, start and memory", version, path)
+	return fmt.Sprintf("task-spooler %s (%s), run beside bgtask in %s", version, path, names)
 }
 
 // tspServer is one task-spooler server of the run, with its socket, its list and
