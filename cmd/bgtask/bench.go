@@ -23,13 +23,16 @@ Scenarios (in the order they run):
               expected-sequence check
   latency     exit → wake-up p50/p99 with --sync always and interval, against
               sequential conditional JetStream appends
-  start       register → command started p50/p99, against exec.Command
-  throughput  tasks running 'true' with the worker's default parallelism,
-              against a Go program running them as parallel
+  start       register → command started p50/p99, against exec.Command; and
+              task-spooler's, its client's start included
+  throughput  1,000 tasks running 'true' with the worker's default parallelism,
+              against a Go program running them as parallel; and through
+              task-spooler, 'tsp -S 64'
   restart     server start to serving queries on a stream of 1M events,
               against a raw ordered-consumer read of it
   memory      1,000 concurrent 'sleep' tasks on one worker: RSS of the worker
-              and its shims, ticks on time
+              and its shims, ticks on time; the supervisor's RSS and PSS per
+              running task, against task-spooler's (at most 900 sleeps)
   loginenv    a task's start in the login environment, against 'bash -lc true'
   growth      server memory with 200,000 finished tasks in the stream
   timers      server memory with 10,000 pending timers; a burst of 1,000 due
@@ -39,11 +42,15 @@ Scenarios (in the order they run):
               and empty; last member's end → the join's wake-up, against a
               lone task's end → its own wake-up
 
+The peer, task-spooler (Debian's package task-spooler, 'tsp'), runs in the same
+run when it is installed, with a server of its own in the temporary directory;
+the report says when it is not, and those scenarios run without it.
+
 Each measurement is repeated (--repeat); the report gives the median, p50/p99
-where it applies, min and max, the ratio to the baseline and whether the target
-of issue 6 is met. --quick runs every scenario at a small size, in under a
-minute; the full run takes several minutes and a few GB of disk in the temporary
-directory. Everything the bench starts is killed and removed when it ends, on an
+where it applies, min and max, the ratio to the baseline (and to the peer) and
+whether the targets of the issues are met. --quick runs every scenario at a
+small size, in under a minute; the full run takes several minutes and a few GB
+of disk in the temporary directory. Everything the bench starts is killed and removed when it ends, on an
 error or Ctrl-C too.`
 
 func benchCmd(g *globals) *cobra.Command {

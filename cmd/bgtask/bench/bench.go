@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"time"
@@ -56,10 +57,10 @@ type scenario struct {
 var scenarios = []scenario{
 	{"register", "register throughput: tasks armed per second through bgtask.register, against synchronous JetStream publishes with a per-subject expected-sequence check", runRegister},
 	{"latency", "exit → wake-up latency: from the shim's record of the exit to the wake-up readable in the inbox, against sequential conditional JetStream appends", runLatency},
-	{"start", "register → command started latency, against a Go loop that starts the same command with exec.Command", runStart},
-	{"throughput", "end-to-end throughput: tasks running `true` with the worker's default parallelism, against a Go program running the same commands as parallel", runThroughput},
+	{"start", "register → command started latency, against a Go loop that starts the same command with exec.Command, and task-spooler's submit → started when it is installed", runStart},
+	{"throughput", "end-to-end throughput: tasks running `true` with the worker's default parallelism, against a Go program running the same commands as parallel, and task-spooler (tsp -S 64) when it is installed", runThroughput},
 	{"restart", "restart: `bgtask server` start to serving queries on a long stream of finished tasks, against a raw ordered-consumer read of the stream", runRestart},
-	{"memory", "concurrency and memory: concurrently running `sleep` commands on one worker, RSS of the worker and its shims, ticks on time", runMemory},
+	{"memory", "concurrency and memory: concurrently running `sleep` commands on one worker, RSS of the worker and its shims, ticks on time; the supervisor's memory per running task, against task-spooler's when it is installed", runMemory},
 	{"loginenv", "login environment: starting a task in the user's login environment the worker's way, against `bash -lc true` per task", runLoginEnv},
 	{"growth", "stream growth: server memory with many finished tasks in the stream, against an empty server", runGrowth},
 	{"timers", "timers: server memory and start with pending timers, against an empty server; how late a burst of timers due in one second fires, against time.AfterFunc", runTimers},
@@ -105,7 +106,7 @@ type sizes struct {
 
 var (
 	fullSizes = sizes{
-		registers: 2000, sequential: 1000, throughput: 2000,
+		registers: 2000, sequential: 1000, throughput: 1000,
 		restartTasks: 100_000, restartTicks: 5, snapshotEvery: 100_000,
 		concurrent: 1000, tick: 10 * time.Second, watchTicks: 2,
 		loginShells: 9, loginTasks: 300,
@@ -136,6 +137,7 @@ type runner struct {
 
 	shared  map[string]*server    // servers with a worker, by --sync mode
 	samples map[string]*seqResult // the sequential tasks of latency and start, by mode
+	tsp     string                // the peer's binary, task-spooler's tsp; "" when not installed
 }
 
 // Run runs the selected scenarios and returns their report. A scenario that fails
@@ -170,9 +172,10 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	defer r.cleanup()
 
 	rep := &Report{Quick: opts.Quick, Repeats: r.repeats, Machine: machine(), Started: time.Now().UTC()}
+	rep.Peer = r.findPeer()
 	var failed []string
 	for _, sc := range scenarios {
-		if len(opts.Scenarios) > 0 && !slices.Contains(opts.Scenarios, sc.name) {
+		if !r.selected(sc.name) {
 			continue
 		}
 		if ctx.Err() != nil {
@@ -196,6 +199,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			if row.Ratio != nil {
 				line += fmt.Sprintf(" (%s: %s, ratio %s)", row.Against, num(row.Baseline.Median), num(*row.Ratio))
 			}
+			if row.Peer != nil && row.Peer.Ratio != nil {
+				line += fmt.Sprintf(" (peer: %s, ratio %s)", num(row.Peer.Stat.Median), num(*row.Peer.Ratio))
+			}
 			r.progress("%s", line)
 		}
 		rep.Scenarios = append(rep.Scenarios, s)
@@ -210,6 +216,27 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return rep, fmt.Errorf("%d scenario(s) failed: %s", len(failed), strings.Join(failed, ", "))
 	}
 	return rep, nil
+}
+
+// findPeer looks for the peer when a scenario that runs it is selected, and
+// returns the report's line about it.
+func (r *runner) findPeer() string {
+	var withPeer []string
+	for _, name := range []string{"start", "throughput", "memory"} {
+		if r.selected(name) {
+			withPeer = append(withPeer, name)
+		}
+	}
+	if len(withPeer) == 0 {
+		return ""
+	}
+	r.tsp, _ = exec.LookPath("tsp")
+	return peerNote(r.tsp, withPeer)
+}
+
+// selected says whether the run measures the scenario of that name.
+func (r *runner) selected(name string) bool {
+	return len(r.opts.Scenarios) == 0 || slices.Contains(r.opts.Scenarios, name)
 }
 
 func (r *runner) progress(format string, args ...any) {
@@ -238,7 +265,7 @@ func (r *runner) cleanup() {
 func (r *runner) releaseShared(after string) {
 	later := false
 	for _, sc := range scenarios[slices.IndexFunc(scenarios, func(s scenario) bool { return s.name == after })+1:] {
-		if usesShared(sc.name) && (len(r.opts.Scenarios) == 0 || slices.Contains(r.opts.Scenarios, sc.name)) {
+		if usesShared(sc.name) && r.selected(sc.name) {
 			later = true
 		}
 	}

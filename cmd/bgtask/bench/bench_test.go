@@ -2,8 +2,12 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -117,5 +121,83 @@ func TestStartCostRunsInTheEnvironmentGiven(t *testing.T) {
 	}
 	if _, _, err := startCost(context.Background(), 1, workers.ShimEnviron(os.Environ()), "sh", "-c", `test "$GOMAXPROCS" = 1`); err != nil {
 		t.Fatalf("the shim's environment has no GOMAXPROCS=1: %v", err)
+	}
+}
+
+// The peer at a tiny size, as the scenarios run it: task-spooler's throughput,
+// start and memory figures are there and positive, and stopping it leaves none of
+// its processes or files.
+func TestTaskSpoolerPeerFigures(t *testing.T) {
+	path, err := exec.LookPath("tsp")
+	if err != nil {
+		t.Skip("task-spooler is not installed (no tsp in PATH)")
+	}
+	r := &runner{opts: Options{Progress: io.Discard}, root: t.TempDir(), tsp: path, size: quickSizes}
+	r.size.concurrent = 3
+	t.Cleanup(func() { _ = sweep(r.root) }) // on a failure too, before the directory's removal
+	ctx := context.Background()
+	peer, err := r.startTSP(ctx, "test", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rate, err := peer.rate(ctx, 10)
+	if err != nil || rate <= 0 {
+		t.Errorf("throughput: %v tasks/s, %v", rate, err)
+	}
+	started, err := peer.start(ctx)
+	if err != nil || started <= 0 {
+		t.Errorf("start: %v, %v", started, err)
+	}
+	peer.stop()
+	var s Scenario
+	mem, err := peerMemory(ctx, r, &s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rss, pss := mem.perTask(); mem.tasks != 3 || rss <= 0 || pss <= 0 || len(s.Notes) > 0 {
+		t.Errorf("memory: %d sleeps, %v MiB RSS and %v MiB PSS per sleep; notes %q", mem.tasks, rss, pss, s.Notes)
+	}
+	if left := marked(r.root); len(left) > 0 {
+		t.Errorf("processes of the peer left after its stop: %v", left)
+	}
+	if entries, _ := os.ReadDir(r.root); len(entries) > 0 {
+		t.Errorf("files of the peer left after its stop: %v", entries)
+	}
+}
+
+// The peer's figures are in the report for programs and in the one for people.
+func TestReportCarriesThePeer(t *testing.T) {
+	s := Scenario{Name: "throughput"}
+	s.compare("tasks", "tasks/s", Stat{N: 1, Median: 100}, "plain", Stat{N: 1, Median: 400}).
+		against("tsp -S 64", Stat{N: 1, Median: 200})
+	rep := &Report{Peer: "task-spooler 1.0.1", Scenarios: []Scenario{s}}
+	data, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back struct {
+		Peer      string `json:"peer"`
+		Scenarios []struct {
+			Results []struct {
+				Peer struct {
+					Name  string  `json:"name"`
+					Stat  Stat    `json:"stat"`
+					Ratio float64 `json:"ratio"`
+				} `json:"peer"`
+			} `json:"results"`
+		} `json:"scenarios"`
+	}
+	if err := json.Unmarshal(data, &back); err != nil {
+		t.Fatal(err)
+	}
+	if p := back.Scenarios[0].Results[0].Peer; back.Peer == "" || p.Name != "tsp -S 64" || p.Stat.Median != 200 || p.Ratio != 0.5 {
+		t.Errorf("the JSON report's peer: %s", data)
+	}
+	var text strings.Builder
+	rep.Print(&text)
+	for _, want := range []string{"peer: task-spooler 1.0.1", "ratio to peer", "peer: tsp -S 64"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("the printed report has no %q:\n%s", want, text.String())
+		}
 	}
 }

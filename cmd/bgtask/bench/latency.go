@@ -29,6 +29,7 @@ type seqResult struct {
 	wake      []float64 // the shim's exit record (ended_at) → the wake-up seen
 	baseStart []float64 // exec.Command started → the command printed its start
 	baseWake  []float64 // the three writes of the wake-up's path, as raw appends
+	peerStart []float64 // before the tsp client's exec → the command printed its start
 	stages    []stage   // where the time of start and wake goes
 }
 
@@ -64,6 +65,13 @@ func (r *runner) sequentialTasks(ctx context.Context, mode string, alsoStart ...
 	if err != nil {
 		return nil, err
 	}
+	var peer *tspServer
+	if r.tsp != "" && r.selected("start") {
+		if peer, err = r.startTSP(ctx, "start", workers.DefaultMaxTasks); err != nil {
+			return nil, err
+		}
+		defer peer.stop()
+	}
 	spec := srv.spec(startCommand, target)
 	res := &seqResult{}
 	var tasks []seqTask
@@ -91,7 +99,7 @@ func (r *runner) sequentialTasks(ctx context.Context, mode string, alsoStart ...
 			res.start = append(res.start, ms(printed.Sub(called)))
 			res.wake = append(res.wake, ms(a.at.Sub(*a.wakeup.EndedAt)))
 		}
-		if err := res.baselines(ctx, k, raw.js[0], chain); err != nil {
+		if err := res.baselines(ctx, k, raw.js[0], chain, peer); err != nil {
 			return nil, err
 		}
 	}
@@ -120,8 +128,9 @@ type seqTask struct {
 }
 
 // baselines runs k of each baseline: a plain process start and the raw chain of
-// JetStream appends a wake-up takes.
-func (res *seqResult) baselines(ctx context.Context, k int, js jetstream.JetStream, chain [3][]byte) error {
+// JetStream appends a wake-up takes; and k starts through the peer, when there is
+// one.
+func (res *seqResult) baselines(ctx context.Context, k int, js jetstream.JetStream, chain [3][]byte, peer *tspServer) error {
 	for range k {
 		d, err := execStart(ctx)
 		if err != nil {
@@ -136,7 +145,17 @@ func (res *seqResult) baselines(ctx context.Context, k int, js jetstream.JetStre
 		}
 		res.baseWake = append(res.baseWake, ms(d))
 	}
-	return nil
+	if peer == nil {
+		return nil
+	}
+	for range k {
+		d, err := peer.start(ctx)
+		if err != nil {
+			return err
+		}
+		res.peerStart = append(res.peerStart, ms(d))
+	}
+	return peer.clear(ctx)
 }
 
 // stagesOf is where the tasks' time went, from the times of their events.
@@ -313,6 +332,9 @@ func runStart(ctx context.Context, r *runner, s *Scenario) error {
 	s.param("tasks", r.size.sequential)
 	s.param("command", startCommand+" (run by bash -c, in bgtask and in the baseline)")
 	s.param("to", "the start time the command printed, read from the wake-up's tail")
+	if r.tsp != "" {
+		s.param("peer", fmt.Sprintf("task-spooler: tsp -S %d, its own socket and TMPDIR, `tsp bash -c '%s'` one at a time, the time read from its output file (tsp -w, tsp -o); the client's start included", workers.DefaultMaxTasks, startCommand))
+	}
 	for _, mode := range []string{"always", "interval"} {
 		res := r.samples[mode]
 		if res == nil && mode == "always" {
@@ -326,6 +348,13 @@ func runStart(ctx context.Context, r *runner, s *Scenario) error {
 		}
 		row := s.compare("register → started, --sync "+mode, "ms", summarize(res.start, true),
 			"exec.Command → started", summarize(res.baseStart, true))
+		if len(res.peerStart) > 0 {
+			row.against(fmt.Sprintf("tsp -S %d: before the client's exec → started, one at a time", workers.DefaultMaxTasks), summarize(res.peerStart, true))
+			if mode == "always" && row.Peer.Ratio != nil {
+				s.target("p50 ≤ 1.5× task-spooler's, its client's start included (--sync always, issue 23)", *row.Peer.Ratio <= 1.5,
+					"p50 %s ms against %s ms: %s×", num(row.Bgtask.Median), num(row.Peer.Stat.Median), num(*row.Peer.Ratio))
+			}
+		}
 		for _, st := range res.stages {
 			if strings.HasPrefix(st.name, "start:") {
 				s.add("  "+st.name, "ms", summarize(st.samples, true))

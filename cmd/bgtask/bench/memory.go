@@ -60,53 +60,122 @@ func (l *tickLog) gaps(from, to time.Time) map[string]time.Duration {
 	return out
 }
 
+// supervisorMemory is the memory of what supervises the running tasks, summed,
+// in MiB, and how many tasks it supervises.
+type supervisorMemory struct {
+	rss, pss float64
+	tasks    int
+}
+
+func (m supervisorMemory) perTask() (rss, pss float64) {
+	tasks := float64(max(m.tasks, 1))
+	return m.rss / tasks, m.pss / tasks
+}
+
 func runMemory(ctx context.Context, r *runner, s *Scenario) error {
+	sup, err := bgtaskMemory(ctx, r, s)
+	if err != nil {
+		return err
+	}
+	var peer *supervisorMemory
+	if r.tsp != "" {
+		if peer, err = peerMemory(ctx, r, s); err != nil {
+			return err
+		}
+	}
+	rss, pss := sup.perTask()
+	rssRow := s.add("supervisor RSS per running task: server, worker and shims summed", "MiB", summarize([]float64{rss}, false))
+	if peer != nil {
+		peerRSS, _ := peer.perTask()
+		rssRow.against("task-spooler: its server and the tsp client that is each job's parent, summed", summarize([]float64{peerRSS}, false))
+	}
+	pssRow := s.add("supervisor PSS per running task: server, worker and shims summed", "MiB", summarize([]float64{pss}, false))
+	if peer != nil {
+		_, peerPSS := peer.perTask()
+		pssRow.against("task-spooler: its server and the tsp client that is each job's parent, summed", summarize([]float64{peerPSS}, false))
+	}
+	s.target("supervisor PSS ≤ 400 KiB and RSS ≤ 1.2 MiB per running task (issue 23)", pss*1024 <= 400 && rss <= 1.2,
+		"PSS %s KiB, RSS %s MiB", num(pss*1024), num(rss))
+	return nil
+}
+
+// peerMemory runs as many `sleep`s under task-spooler as bgtask ran, or as many
+// as one tsp server holds, and reads its memory while they run.
+func peerMemory(ctx context.Context, r *runner, s *Scenario) (*supervisorMemory, error) {
+	n := min(r.size.concurrent, tspMaxJobs)
+	peer, err := r.startTSP(ctx, "memory", n)
+	if err != nil {
+		return nil, err
+	}
+	defer peer.stop()
+	s.param("peer", peer.describe(fmt.Sprintf("%d `tsp sleep 3600` from 8 concurrent clients; the RSS and PSS of every tsp process once all run", n)))
+	if n < r.size.concurrent {
+		s.note("task-spooler ran %d sleeps, not %d: a tsp server holds at most about 1,000 jobs, one connection each", n, r.size.concurrent)
+	}
+	r.progress("memory: %d sleeps under task-spooler", n)
+	m, err := peer.memory(ctx, n)
+	if err != nil {
+		return nil, err
+	}
+	if m.procs != m.running+1 {
+		s.note("task-spooler: %d tsp processes for %d running sleeps, not one each and the server", m.procs, m.running)
+	}
+	return &supervisorMemory{rss: mib(m.rss), pss: mib(m.pss), tasks: m.running}, nil
+}
+
+// bgtaskMemory runs the sleeps on a worker of its own, watches their ticks and
+// measures the worker and the shims, and returns what supervised them.
+func bgtaskMemory(ctx context.Context, r *runner, s *Scenario) (supervisorMemory, error) {
 	n, tick := r.size.concurrent, r.size.tick
 	s.param("tasks", n)
 	s.param("command", "sleep 3600")
 	s.param("worker", fmt.Sprintf("its own process: bgtask worker --max-tasks %d --tick %v", n, tick))
 	srv, err := r.startServer(ctx, "memory", "--no-worker")
 	if err != nil {
-		return err
+		return supervisorMemory{}, err
 	}
 	defer srv.stop() // kills the worker, the shims and the commands too: all carry the home's marker
 	worker, err := r.spawn(srv.home, "worker", "worker", "--log-level", "warn",
 		"--max-tasks", strconv.Itoa(n), "--tick", tick.String(), "--state-dir", filepath.Join(srv.home, "worker"))
 	if err != nil {
-		return err
+		return supervisorMemory{}, err
 	}
 	defer worker.stop(15 * time.Second)
 	log := &tickLog{ticks: map[string][]time.Time{}}
 	sub, err := srv.nc.Subscribe(events.TypeFilter(events.TypeTick), log.seen)
 	if err != nil {
-		return err
+		return supervisorMemory{}, err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	if err := srv.nc.Flush(); err != nil {
-		return err
+		return supervisorMemory{}, err
 	}
 	clients, err := srv.clients(8)
 	if err != nil {
-		return err
+		return supervisorMemory{}, err
 	}
 	start := time.Now()
 	if _, err := registerAll(ctx, clients, n, srv.spec("sleep 3600", "bench-memory")); err != nil {
-		return err
+		return supervisorMemory{}, err
 	}
 	r.progress("memory: %d tasks registered; waiting for all to run", n)
 	running, allRunning, err := awaitTicking(ctx, r, s, worker, log, n, start)
 	if err != nil {
-		return err
+		return supervisorMemory{}, err
 	}
 	window := time.Duration(r.size.watchTicks)*tick + tick/2
 	r.progress("memory: %d running after %.1f s; watching their ticks for %v", running, allRunning.Seconds(), window)
 	from, to, cpu, err := cpuDuring(ctx, worker.pid(), window)
 	if err != nil {
-		return err
+		return supervisorMemory{}, err
 	}
 	wm, err := readMem(worker.pid())
 	if err != nil {
-		return err
+		return supervisorMemory{}, err
+	}
+	sm, err := readMem(srv.pid())
+	if err != nil {
+		return supervisorMemory{}, err
 	}
 	shimRSS, shimPSS, cmdRSS, shimSum := shimsAndCommands(srv.home)
 	gaps := log.gaps(from, to)
@@ -129,7 +198,11 @@ func runMemory(ctx context.Context, r *runner, s *Scenario) error {
 		perShim = mib(shimSum) / float64(len(shimRSS))
 	}
 	s.target("≤ 2 MiB of shim RSS per running task", perShim <= 2, "%s MiB", num(perShim))
-	return nil
+	sup := supervisorMemory{rss: mib(sm.RSS + total), pss: mib(sm.PSS + wm.PSS), tasks: len(shimRSS)}
+	for _, p := range shimPSS {
+		sup.pss += p
+	}
+	return sup, nil
 }
 
 // awaitTicking waits until each of the n tasks registered at start has ticked

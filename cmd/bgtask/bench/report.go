@@ -15,11 +15,13 @@ import (
 
 // Report is the outcome of a run: the machine, and each scenario's figures.
 type Report struct {
-	Quick     bool       `json:"quick"`
-	Repeats   int        `json:"repeats"`
-	Machine   Machine    `json:"machine"`
-	Started   time.Time  `json:"started"`
-	Seconds   float64    `json:"seconds"`
+	Quick   bool      `json:"quick"`
+	Repeats int       `json:"repeats"`
+	Machine Machine   `json:"machine"`
+	Started time.Time `json:"started"`
+	Seconds float64   `json:"seconds"`
+	// Peer says which peer ran beside bgtask, or that none is installed.
+	Peer      string     `json:"peer,omitempty"`
 	Scenarios []Scenario `json:"scenarios"`
 }
 
@@ -56,6 +58,15 @@ type Row struct {
 	Baseline *Stat    `json:"baseline,omitempty"`
 	Against  string   `json:"baseline_name,omitempty"`
 	Ratio    *float64 `json:"ratio,omitempty"`
+	Peer     *Peer    `json:"peer,omitempty"`
+}
+
+// Peer is a row's quantity measured on another tool doing the same work in the
+// same run (task-spooler), and bgtask's ratio to it, read as Ratio is.
+type Peer struct {
+	Name  string   `json:"name"`
+	Stat  Stat     `json:"stat"`
+	Ratio *float64 `json:"ratio,omitempty"`
 }
 
 // Target is one of the issue's targets, as measured in this run.
@@ -87,6 +98,15 @@ func (s *Scenario) compare(name, unit string, st Stat, against string, base Stat
 		r.Ratio = &ratio
 	}
 	return r
+}
+
+// against sets the row's figure of the peer.
+func (r *Row) against(name string, st Stat) {
+	r.Peer = &Peer{Name: name, Stat: st}
+	if st.Median != 0 {
+		ratio := r.Bgtask.Median / st.Median
+		r.Peer.Ratio = &ratio
+	}
 }
 
 func (s *Scenario) target(goal string, met bool, measured string, args ...any) {
@@ -155,6 +175,9 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "bgtask bench (%s), %d repeats, %.0f s\n", mode, r.Repeats, r.Seconds)
 	fmt.Fprintf(w, "machine: %d CPUs (%s), %d MiB, %s, %s; load average before %s, after %s\n",
 		m.CPUs, m.CPUModel, m.MemoryMiB, m.OS, m.Go, m.LoadBefore, m.LoadAfter)
+	if r.Peer != "" {
+		fmt.Fprintf(w, "peer: %s\n", r.Peer)
+	}
 	for _, s := range r.Scenarios {
 		fmt.Fprintf(w, "\n== %s: %s (%.1f s)\n", s.Name, s.Title, s.Seconds)
 		if len(s.Params) > 0 {
@@ -163,25 +186,7 @@ func (r *Report) Print(w io.Writer) {
 		if s.Error != "" {
 			fmt.Fprintf(w, "   ERROR: %s\n", s.Error)
 		}
-		if len(s.Rows) > 0 {
-			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "   \tunit\tbgtask p50/median\tp99\tmin…max\tbaseline p50/median\tp99\tmin…max\tratio\tbaseline")
-			for _, row := range s.Rows {
-				fmt.Fprintf(tw, "   %s\t%s\t%s", row.Name, row.Unit, formatStat(row.Bgtask))
-				if row.Baseline != nil {
-					fmt.Fprintf(tw, "\t%s", formatStat(*row.Baseline))
-				} else {
-					fmt.Fprint(tw, "\t\t\t")
-				}
-				if row.Ratio != nil {
-					fmt.Fprintf(tw, "\t%s", num(*row.Ratio))
-				} else {
-					fmt.Fprint(tw, "\t")
-				}
-				fmt.Fprintf(tw, "\t%s\n", row.Against)
-			}
-			tw.Flush()
-		}
+		printRows(w, s.Rows)
 		for _, t := range s.Targets {
 			verdict := "MET"
 			if !t.Met {
@@ -193,6 +198,54 @@ func (r *Report) Print(w io.Writer) {
 			fmt.Fprintf(w, "   note: %s\n", n)
 		}
 	}
+}
+
+// printRows writes a scenario's rows as a table, with the peer's columns when a
+// row has a peer figure, then the peers the rows were measured against.
+func printRows(w io.Writer, rows []Row) {
+	if len(rows) == 0 {
+		return
+	}
+	var peers []string
+	for _, row := range rows {
+		if row.Peer != nil && !slices.Contains(peers, row.Peer.Name) {
+			peers = append(peers, row.Peer.Name)
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	header := "   \tunit\tbgtask p50/median\tp99\tmin…max\tbaseline p50/median\tp99\tmin…max\tratio"
+	if len(peers) > 0 {
+		header += "\tpeer p50/median\tp99\tmin…max\tratio to peer"
+	}
+	fmt.Fprintln(tw, header+"\tbaseline")
+	for _, row := range rows {
+		fmt.Fprintf(tw, "   %s\t%s\t%s", row.Name, row.Unit, formatStat(row.Bgtask))
+		if row.Baseline != nil {
+			fmt.Fprintf(tw, "\t%s", formatStat(*row.Baseline))
+		} else {
+			fmt.Fprint(tw, "\t\t\t")
+		}
+		fmt.Fprintf(tw, "\t%s", formatRatio(row.Ratio))
+		if len(peers) > 0 {
+			if row.Peer != nil {
+				fmt.Fprintf(tw, "\t%s\t%s", formatStat(row.Peer.Stat), formatRatio(row.Peer.Ratio))
+			} else {
+				fmt.Fprint(tw, "\t\t\t\t")
+			}
+		}
+		fmt.Fprintf(tw, "\t%s\n", row.Against)
+	}
+	tw.Flush()
+	for _, p := range peers {
+		fmt.Fprintf(w, "   peer: %s\n", p)
+	}
+}
+
+func formatRatio(ratio *float64) string {
+	if ratio == nil {
+		return ""
+	}
+	return num(*ratio)
 }
 
 func formatParams(p map[string]any) string {

@@ -19,34 +19,20 @@ func runThroughput(ctx context.Context, r *runner, s *Scenario) error {
 	s.param("command", "true (run by bash -c, in bgtask and in the baseline)")
 	s.param("parallelism", parallel)
 	s.param("clock", "from the first registration (8 clients) to the last wake-up in the inbox")
+	var peer *tspServer
+	if r.tsp != "" {
+		var err error
+		if peer, err = r.startTSP(ctx, "throughput", parallel); err != nil {
+			return err
+		}
+		defer peer.stop()
+		s.param("peer", peer.describe("`tsp bash -c true` from 8 concurrent clients, from the first submission to the last job's end; interleaved with --sync always"))
+	}
 	for _, mode := range []string{"always", "interval"} {
-		srv, err := r.sharedServer(ctx, mode, "interval")
-		if err != nil {
+		if err := throughputOf(ctx, r, s, mode, peer); err != nil {
 			return err
 		}
-		clients, err := srv.clients(8)
-		if err != nil {
-			return err
-		}
-		var rates, base, serverCPU []float64
-		for i := range r.repeats {
-			r.progress("throughput, --sync %s: repeat %d of %d", mode, i+1, r.repeats)
-			rate, cpu, err := tasksRate(ctx, srv, clients, n, fmt.Sprintf("bench-tp-%d", i))
-			if err != nil {
-				return err
-			}
-			rates, serverCPU = append(rates, rate), append(serverCPU, ms(cpu)/float64(n))
-			if rate, err = plainRate(ctx, n, parallel); err != nil {
-				return err
-			}
-			base = append(base, rate)
-		}
-		row := s.compare("tasks to wake-up, --sync "+mode, "tasks/s", summarize(rates, false),
-			fmt.Sprintf("Go program: bash -c true, %d at a time", parallel), summarize(base, false))
-		s.add("  server CPU per task (its own threads: engine, projector, dispatcher, worker, NATS)", "ms", summarize(serverCPU, false))
-		if mode == "always" {
-			s.target("≥ 70% of the plain program's throughput (--sync always, the default)", *row.Ratio >= 0.7, "%.0f%%", *row.Ratio*100)
-		}
+		peer = nil // measured beside the durable default only
 	}
 	// What a process start costs: each task's shim, started as a worker starts it,
 	// then bash.
@@ -60,6 +46,53 @@ func runThroughput(ctx context.Context, r *runner, s *Scenario) error {
 		return err
 	}
 	s.compare("CPU of one start of the shim, "+filepath.Base(shim[0])+" (in a worker's shim environment)", "ms", summarize(shimCPU, true), "bash -c true", summarize(bashCPU, true))
+	return nil
+}
+
+// throughputOf measures the shared server of a --sync mode in repeats, each
+// followed by the plain program and the peer, when there is one.
+func throughputOf(ctx context.Context, r *runner, s *Scenario, mode string, peer *tspServer) error {
+	n, parallel := r.size.throughput, workers.DefaultMaxTasks
+	srv, err := r.sharedServer(ctx, mode, "interval")
+	if err != nil {
+		return err
+	}
+	clients, err := srv.clients(8)
+	if err != nil {
+		return err
+	}
+	var rates, base, peerRates, serverCPU []float64
+	for i := range r.repeats {
+		r.progress("throughput, --sync %s: repeat %d of %d", mode, i+1, r.repeats)
+		rate, cpu, err := tasksRate(ctx, srv, clients, n, fmt.Sprintf("bench-tp-%d", i))
+		if err != nil {
+			return err
+		}
+		rates, serverCPU = append(rates, rate), append(serverCPU, ms(cpu)/float64(n))
+		if rate, err = plainRate(ctx, n, parallel); err != nil {
+			return err
+		}
+		base = append(base, rate)
+		if peer != nil {
+			if rate, err = peer.rate(ctx, n); err != nil {
+				return err
+			}
+			peerRates = append(peerRates, rate)
+		}
+	}
+	row := s.compare("tasks to wake-up, --sync "+mode, "tasks/s", summarize(rates, false),
+		fmt.Sprintf("Go program: bash -c true, %d at a time", parallel), summarize(base, false))
+	if peer != nil {
+		row.against(fmt.Sprintf("tsp -S %d: bash -c true from 8 clients, to the last job's end", parallel), summarize(peerRates, false))
+	}
+	ratio, vsPeer := *row.Ratio, row.Peer // row is not to be read after the next add
+	s.add("  server CPU per task (its own threads: engine, projector, dispatcher, worker, NATS)", "ms", summarize(serverCPU, false))
+	if mode == "always" {
+		s.target("≥ 70% of the plain program's throughput (--sync always, the default)", ratio >= 0.7, "%.0f%%", ratio*100)
+	}
+	if vsPeer != nil && vsPeer.Ratio != nil {
+		s.target(fmt.Sprintf("≥ 1.0× task-spooler's throughput, tsp -S %d (--sync always, issue 23)", parallel), *vsPeer.Ratio >= 1, "%s×", num(*vsPeer.Ratio))
+	}
 	return nil
 }
 
