@@ -23,7 +23,8 @@ package workers
 //	                 without it never had its shim started (errShimNotStarted).
 //	exit.json.tmp    the shim, before the command starts: the exit file's blocks,
 //	                 so that a full disk loses no exit.
-//	starting         the shim, just before it starts the command. Beside it,
+//	starting         the shim, just before it starts the command (by renaming
+//	                 starting.tmp, where a recycled directory has it). Beside it,
 //	                 with no pid.json and the lock free: the shim died starting
 //	                 it, and the command with it (errShimDied).
 //	pid.json         shimPIDs, by the shim, once the command started, whole (by
@@ -41,10 +42,12 @@ package workers
 //	                 (decisionOf).
 //
 // Until the start is recorded (pid.json, or a start error in exit.json) the shim's
-// stdout and stderr are a pipe the worker reads (launchShim). A worker removes the
-// directory once the run's end is in the log (a run watched to its end through the
-// sweeper, sweepDelay later), or, at its next start, when the log says the run is
-// not its own (reattach). The shim's side of all this is package shim.
+// stdout and stderr are a pipe the worker reads (launchShim). Once the run's end is
+// in the log, a run watched to its end has its directory emptied for the next run
+// (the sweeper, sweepDelay later; runPool), which finds its files' temp files and
+// writes them as it would new ones; a worker removes a run's directory, at its next
+// start, when the log says the run is not its own (reattach). The shim's side of
+// all this is package shim.
 
 import (
 	"encoding/json"

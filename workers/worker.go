@@ -16,6 +16,7 @@ import (
 	"maps"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -131,8 +132,10 @@ type Worker struct {
 	lock   *os.File
 	// notify tells the runs when their files change: one inotify instance for all.
 	notify *notifier
-	// finished removes the directories of runs whose end is recorded.
+	// finished recycles the directories of runs whose end is recorded into pool,
+	// where the runs to come take theirs.
 	finished sweeper
+	pool     *runPool
 
 	liveness *events.Liveness
 }
@@ -198,8 +201,9 @@ func New(nc *nats.Conn, js jetstream.JetStream, store events.Store, cfg Config) 
 		cfg: cfg, host: hostname(), nc: nc, js: js, store: store,
 		slots: make(chan struct{}, cfg.MaxTasks), runs: map[string]*run{}, taking: map[string]bool{},
 		state: events.WorkerStarting, started: time.Now().UTC(), drained: make(chan struct{}),
-		finished: sweeper{delay: sweepDelay},
+		pool: newRunPool(filepath.Join(cfg.StateDir, "runs"), 2*cfg.MaxTasks),
 	}
+	w.finished = sweeper{delay: sweepDelay, drop: w.pool.recycle}
 	w.env = sync.OnceValue(func() []string {
 		if cfg.Env != nil {
 			return secretenv.Without(cfg.Env)
@@ -314,6 +318,7 @@ func (w *Worker) abort(err error) error {
 	w.unsubscribe()
 	w.notify.close()
 	w.finished.flush()
+	w.pool.drain()
 	return err
 }
 
@@ -385,6 +390,7 @@ func (w *Worker) Stop() {
 	w.wg.Wait()
 	w.notify.close()
 	w.finished.flush()
+	w.pool.drain()
 	ctx, cancel := context.WithTimeout(context.Background(), appendTimeout)
 	defer cancel()
 	var err error

@@ -157,11 +157,9 @@ func (r Run) start(env []string) (pid int, err error) {
 	}
 	// From here on the command may be running before its PIDs are recorded: a worker
 	// that finds this file and no pid.json knows the shim died starting it.
-	starting, err := open(join(r.Dir, StartingFile), syscall.O_WRONLY|syscall.O_CREAT|syscall.O_TRUNC, 0o600)
-	if err != nil {
+	if err := markStarting(r.Dir); err != nil {
 		return 0, err
 	}
-	syscall.Close(starting)
 	// Where the kernel has a parent-death signal (commandAttr), it follows the
 	// thread that started the command: the shim's main goroutine keeps that
 	// thread until the shim ends.
@@ -176,6 +174,20 @@ func (r Run) start(env []string) (pid int, err error) {
 		return 0, &fileError{"fork/exec", r.Path, err}
 	}
 	return pid, nil
+}
+
+// markStarting makes the starting file: from its temp file where a recycled run
+// directory keeps one (the worker's runPool), so that no inode is made for it.
+func markStarting(dir string) error {
+	path := join(dir, StartingFile)
+	if syscall.Rename(path+".tmp", path) == nil {
+		return nil
+	}
+	fd, err := open(path, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	return syscall.Close(fd)
 }
 
 // exitReserveBytes is the room the exit file is given before the command starts:

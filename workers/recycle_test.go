@@ -1,0 +1,139 @@
+package workers
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/bgtask/bgtask/workers/shim"
+)
+
+// finishedRun makes the directory of a run as its worker and shim leave it: every
+// file written, the output and the environment not empty.
+func finishedRun(t *testing.T, runs, name string) string {
+	t.Helper()
+	dir := filepath.Join(runs, name)
+	if err := writeIntent(dir); err != nil {
+		t.Fatal(err)
+	}
+	for file, data := range map[string]string{
+		shim.StdoutFile: "out of the first run\n", shim.StderrFile: "err\n", shim.EnvironFile: "TOKEN=secret\x00",
+		runFile: `{"task_id":"a"}`, shim.PIDFile: `{"shim":{"pid":1}}`, shim.ExitFile: `{"exit_code":3}`,
+		shim.StartingFile: "", decisionFile: `{"stopped_by":"match"}`, shim.PIDFile + ".tmp": "left by a crash",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func inode(t *testing.T, path string) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+func names(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list []string
+	for _, e := range entries {
+		list = append(list, e.Name())
+	}
+	return list
+}
+
+// A finished run's directory becomes the next run's with its files' inodes, and
+// with nothing of the first run in it: the files the next run makes are absent
+// (their temp files are there to be opened), the others empty.
+func TestARunDirectoryIsRecycledEmptyWithItsInodes(t *testing.T) {
+	runs := filepath.Join(t.TempDir(), "runs")
+	first := finishedRun(t, runs, "a-1")
+	inodes := map[string]uint64{}
+	for _, f := range []string{shim.StdoutFile, shim.ExitFile, runFile} {
+		inodes[f] = inode(t, filepath.Join(first, f))
+	}
+	pool := newRunPool(runs, 4)
+	pool.recycle(first)
+	if _, err := os.Stat(first); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the finished run's directory is still there: %v", err)
+	}
+
+	next := filepath.Join(runs, "b-1")
+	if err := pool.intent(next); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{shim.EnvironFile, shim.ExitFile + ".tmp", shim.PIDFile + ".tmp", runFile + ".tmp", shim.StartingFile + ".tmp", shim.StderrFile, shim.StdoutFile}
+	if got := names(t, next); !slices.Equal(got, want) {
+		t.Fatalf("the next run's directory holds %v, want %v", got, want)
+	}
+	for _, f := range []string{shim.StdoutFile, shim.StderrFile, shim.EnvironFile} {
+		if info, err := os.Stat(filepath.Join(next, f)); err != nil || info.Size() != 0 {
+			t.Errorf("%s: %v, %v: want it there and empty", f, info, err)
+		}
+	}
+	for f, ino := range inodes {
+		path := filepath.Join(next, f)
+		if f != shim.StdoutFile {
+			path += ".tmp"
+		}
+		if got := inode(t, path); got != ino {
+			t.Errorf("%s: inode %d, want the first run's %d", path, got, ino)
+		}
+	}
+	if names(t, runs)[0] != "b-1" || len(names(t, runs)) != 1 {
+		t.Fatalf("runs holds %v, want the next run alone", names(t, runs))
+	}
+}
+
+// A run directory is made only where none is: a free one is not put over it.
+func TestARecycledIntentRefusesADirectoryThatExists(t *testing.T) {
+	runs := filepath.Join(t.TempDir(), "runs")
+	pool := newRunPool(runs, 4)
+	pool.recycle(finishedRun(t, runs, "a-1"))
+	held := filepath.Join(runs, "b-1")
+	if err := writeIntent(held); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.intent(held); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("intent over an existing run directory: %v, want fs.ErrExist", err)
+	}
+	if pool.take() == "" {
+		t.Fatal("the free directory was not given back")
+	}
+}
+
+// A directory whose shim still holds the start lock, or one past the pool's
+// room, is removed rather than kept: the lock would be the next run's.
+func TestARunDirectoryNotFitForAnotherRunIsRemoved(t *testing.T) {
+	runs := filepath.Join(t.TempDir(), "runs")
+	pool := newRunPool(runs, 1)
+	locked := finishedRun(t, runs, "a-1")
+	lock, err := os.Open(locked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	pool.recycle(locked)
+	pool.recycle(finishedRun(t, runs, "b-1"))
+	pool.recycle(finishedRun(t, runs, "c-1")) // the pool holds one
+	if got := names(t, runs); len(got) != 1 || pool.take() == "" {
+		t.Fatalf("runs holds %v, want one free directory", got)
+	}
+	pool.drain()
+}
