@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 )
 
 // Placement limits which workers may take a task: every label it names must be one
@@ -22,9 +23,11 @@ const HostLabel = "host"
 // MaxLabels bounds the labels of a placement or a worker.
 const MaxLabels = 16
 
+// Compiled at their first use: their counted repetitions make them large
+// programs, which every start of the binary, a client command's too, would build.
 var (
-	labelKey   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
-	labelValue = regexp.MustCompile(`^[A-Za-z0-9._:/@+-]{1,128}$`)
+	labelKey   = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`) })
+	labelValue = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9._:/@+-]{1,128}$`) })
 )
 
 // ValidateLabels checks a set of labels; field names the labels in errors (a spec's
@@ -34,10 +37,10 @@ func ValidateLabels(field string, labels map[string]string) error {
 		return fieldErr(field, "%d labels is more than %d", len(labels), MaxLabels)
 	}
 	for _, k := range slices.Sorted(maps.Keys(labels)) {
-		if !labelKey.MatchString(k) {
+		if !labelKey().MatchString(k) {
 			return fieldErr(field, "label name %q: use 1-63 letters, digits, '.', '_', '/' or '-', starting with a letter or digit", k)
 		}
-		if !labelValue.MatchString(labels[k]) {
+		if !labelValue().MatchString(labels[k]) {
 			return fieldErr(field, "label %s=%q: the value must be 1-128 letters, digits or ._:/@+-", k, labels[k])
 		}
 	}

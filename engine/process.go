@@ -3,6 +3,7 @@ package engine
 import (
 	"regexp"
 	"strconv"
+	"sync"
 
 	"github.com/bgtask/bgtask/events"
 )
@@ -21,7 +22,8 @@ type Process struct {
 	Boot string `json:"boot"`
 }
 
-var bootIDPattern = regexp.MustCompile(`^[A-Za-z0-9-]{1,64}$`)
+// bootIDPattern is compiled at its first use, as labelKey is.
+var bootIDPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9-]{1,64}$`) })
 
 // validateProcess checks the spec of a task that watches a process: its
 // identity, the host it runs on, and nothing that only a command has.
@@ -35,7 +37,7 @@ func (s *Spec) validateProcess() error {
 		return fieldErr("process.pid", "%d: want the id of a running process, above 0", p.PID)
 	case p.Start == 0:
 		return fieldErr("process.start", "required: the process's start time in clock ticks after boot (Linux: field 22 of /proc/PID/stat), so that a reused PID is not taken for it")
-	case !bootIDPattern.MatchString(p.Boot):
+	case !bootIDPattern().MatchString(p.Boot):
 		return fieldErr("process.boot", "%q: want the boot id of the process's host (Linux: /proc/sys/kernel/random/boot_id)", p.Boot)
 	case s.Placement == nil || s.Placement.Labels[HostLabel] == "":
 		return fieldErr("placement.labels.host", "required with process: the host the process runs on, the only one whose worker can watch it")

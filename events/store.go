@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -51,11 +52,13 @@ func TypeFilter(t Type) string { return SubjectPrefix + ".*." + string(t) }
 // InboxSubject is where the wake-ups for a target are published.
 func InboxSubject(target string) string { return InboxPrefix + "." + target }
 
-var tokenPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+// tokenPattern is compiled at its first use: its {1,128} makes it a large program,
+// which every start of the binary, a client command's too, would build.
+var tokenPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`) })
 
 // ValidToken reports whether s can be used as one subject token (a task id or a
 // target): no dots, wildcards or spaces.
-func ValidToken(s string) bool { return tokenPattern.MatchString(s) }
+func ValidToken(s string) bool { return tokenPattern().MatchString(s) }
 
 // Store is the event log. Implementations must make Append atomic with its
 // condition and idempotent by event id.

@@ -47,8 +47,9 @@ const maxSnapshotLine = 64 << 20
 var (
 	castagnoli = crc32.MakeTable(crc32.Castagnoli)
 	// stateFingerprint changes whenever engine.State's fields or their types do,
-	// or the summary's.
-	stateFingerprint = mustFingerprint(reflect.TypeFor[snapshotState]())
+	// or the summary's. It is worked out at the first snapshot read or written,
+	// not at every start of the binary, a client command's too.
+	stateFingerprint = sync.OnceValue(func() string { return mustFingerprint(reflect.TypeFor[snapshotState]()) })
 	trailerPrefix    = []byte(`{"crc32c":`)
 )
 
@@ -107,7 +108,7 @@ func writeSnapshotFile(ctx context.Context, path string, h snapshotHeader, state
 			os.Remove(f.Name())
 		}
 	}()
-	h.Format, h.Version, h.Fingerprint, h.Tasks = snapshotFormat, snapshotVersion, stateFingerprint, len(states)+len(sums)
+	h.Format, h.Version, h.Fingerprint, h.Tasks = snapshotFormat, snapshotVersion, stateFingerprint(), len(states)+len(sums)
 	buf := bufio.NewWriterSize(f, 1<<20)
 	crc := crc32.New(castagnoli)
 	enc := json.NewEncoder(io.MultiWriter(buf, crc))
@@ -196,9 +197,9 @@ func readSnapshot(path, build string, accept func(snapshotHeader) error) (*snaps
 	switch {
 	case h.Format != snapshotFormat:
 		return nil, fmt.Errorf("format %q is not %q", h.Format, snapshotFormat)
-	case h.Version != snapshotVersion || h.Fingerprint != stateFingerprint || h.Build != build:
+	case h.Version != snapshotVersion || h.Fingerprint != stateFingerprint() || h.Build != build:
 		return nil, fmt.Errorf("it holds the state of another version of bgtask (%d/%s/%s, this is %d/%s/%s)",
-			h.Version, h.Fingerprint, h.Build, snapshotVersion, stateFingerprint, build)
+			h.Version, h.Fingerprint, h.Build, snapshotVersion, stateFingerprint(), build)
 	case h.Tasks < 0 || int64(h.Tasks) > info.Size()/2:
 		return nil, fmt.Errorf("the header says %d tasks, in %d bytes", h.Tasks, info.Size())
 	}

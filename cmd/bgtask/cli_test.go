@@ -45,7 +45,7 @@ type testServer struct {
 
 // startServer runs a server with home until the test ends (or stop), and returns
 // once it serves: its discovery file is written last.
-func startServer(t *testing.T, home string) *testServer {
+func startServer(t testing.TB, home string) *testServer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &syncBuffer{}

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/bgtask/bgtask/engine"
@@ -29,12 +30,16 @@ var (
 	uiFiles embed.FS
 
 	assets, _ = fs.Sub(uiFiles, "ui")
-	pages     = template.Must(template.New("").Funcs(template.FuncMap{
-		"short": short,
-		"when":  when,
-		"ago":   ago,
-		"title": func(title, nav string) headView { return headView{title, nav} },
-	}).ParseFS(templateFiles, "templates/*.html"))
+	// pages are parsed at the first page served, not at every start of the
+	// binary, a client command's too.
+	pages = sync.OnceValue(func() *template.Template {
+		return template.Must(template.New("").Funcs(template.FuncMap{
+			"short": short,
+			"when":  when,
+			"ago":   ago,
+			"title": func(title, nav string) headView { return headView{title, nav} },
+		}).ParseFS(templateFiles, "templates/*.html"))
+	})
 )
 
 // headView is what the layout needs: the page's title, and its tab in the navigation.
@@ -102,7 +107,7 @@ func timeOf(v any) time.Time {
 // template named fragment.
 func (s *Server) page(w http.ResponseWriter, status int, name string, data any) {
 	var buf bytes.Buffer
-	if err := pages.ExecuteTemplate(&buf, name, data); err != nil {
+	if err := pages().ExecuteTemplate(&buf, name, data); err != nil {
 		s.log.Error("render page", "page", name, "err", err)
 		http.Error(w, "the page could not be rendered", http.StatusInternalServerError)
 		return
