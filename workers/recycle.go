@@ -147,11 +147,19 @@ func clean(dir string) error {
 	return shim.SyncDir(dir)
 }
 
+// truncateDurably empties a file, on disk: one that is empty already costs no
+// sync (the output of a quiet command).
 func truncateDurably(path string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
+	if info, err := f.Stat(); err != nil || info.Size() == 0 {
+		return err
+	}
+	if err := f.Truncate(0); err != nil {
+		return err
+	}
 	return f.Sync()
 }
