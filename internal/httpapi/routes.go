@@ -142,7 +142,8 @@ type errorBody struct {
 // fail answers err as the API's error object.
 func (s *Server) fail(w http.ResponseWriter, err error) {
 	e := asError(err)
-	if e.Code >= 500 {
+	// A request cancelled is a client that went away: nothing failed.
+	if e.Code >= 500 && !errors.Is(err, context.Canceled) {
 		s.log.Error("HTTP request failed", "err", err)
 	}
 	if e.Code == http.StatusUnauthorized {
