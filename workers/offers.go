@@ -103,7 +103,25 @@ func (w *Worker) take(ctx context.Context, id string) (events.OfferReply, *run, 
 		return events.OfferReply{Reason: events.DeclineError}, nil, logAt
 	}
 	r := &run{w: w, state: armed, cancelled: make(chan struct{})}
-	switch held, err := r.claim(ctx); {
+	// The run's directory is written while its spawn is appended: a worker that
+	// stops in between finds a run whose shim never started, as it would had it
+	// stopped after the spawn, and settles it from the log.
+	ready := make(chan preparedRun, 1)
+	if armed.Spec.Process == nil {
+		epoch := armed.Epoch + 1
+		run := r.shimRun(dir, epoch, logAt)
+		go func() {
+			run, err := prepareRun(dir, run, armed.Spec)
+			ready <- preparedRun{epoch: epoch, run: run, err: err}
+		}()
+	} else {
+		close(ready) // a watch of a process: nothing to start
+	}
+	held, err := r.claim(ctx)
+	if p, ok := <-ready; ok {
+		r.prepared = &p
+	}
+	switch {
 	case held:
 		w.hold(r)
 		return events.OfferReply{Taken: true}, r, logAt

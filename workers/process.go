@@ -38,13 +38,9 @@ type process struct {
 	stopped      chan struct{}
 }
 
-// startProcess writes a run directory and starts the shim that runs the spec's
-// command, in a new session of its own.
-func startProcess(n *notifier, shimCmd []string, dir string, run shimRun, spec engine.Spec) (*process, error) {
-	run, err := prepareRun(dir, run, spec)
-	if err != nil {
-		return nil, err
-	}
+// launchProcess starts the shim of a prepared run (prepareRun), in a new session of
+// its own, and watches the command it starts.
+func launchProcess(n *notifier, shimCmd []string, dir string, run shimRun) (*process, error) {
 	if err := launchShim(shimCmd, dir, run); err != nil {
 		return nil, err
 	}

@@ -34,6 +34,16 @@ type run struct {
 	state      engine.State
 	cancelOnce sync.Once
 	cancelled  chan struct{}
+	// prepared is the first run's directory, written while its spawn was appended
+	// (take), if it was: a task's start need not wait for the two one after the other.
+	prepared *preparedRun
+}
+
+// preparedRun is a run directory written by prepareRun for the run at epoch.
+type preparedRun struct {
+	epoch uint64
+	run   shimRun
+	err   error
 }
 
 func (r *run) cancel() { r.cancelOnce.Do(func() { close(r.cancelled) }) }
@@ -193,20 +203,12 @@ func (r *run) runOnce(ctx context.Context, logAt *offsets) (respawn bool) {
 		}
 		return false
 	}
-	cwd := spec.Cwd
-	if cwd == "" {
-		cwd = homeDir()
-	}
 	dir := w.runDir(id, r.state.Epoch)
-	run := shimRun{
-		TaskID: id, Epoch: r.state.Epoch, Dir: cwd, LogOffsets: *logAt,
-		Env:      mergeEnv(w.env(), spec.Env, "BGTASK_TASK_ID="+id, runMarker(dir)),
-		Deadline: spec.DeadlineTime(), KillGrace: w.cfg.KillGrace,
+	run, err := r.prepare(dir, *logAt)
+	var proc *process
+	if err == nil {
+		proc, err = launchProcess(w.notify, w.cfg.Shim, dir, run)
 	}
-	if spec.OnStall == engine.OnStallKill {
-		run.StallAfter = spec.StallDuration() // notify and respawn need the worker
-	}
-	proc, err := startProcess(w.notify, w.cfg.Shim, dir, run, spec)
 	// The run's directory goes once its end is in the log, not before: a worker that
 	// stops in between finds it at its next start and settles the task from it.
 	if errors.Is(err, errShimDied) {
@@ -226,6 +228,35 @@ func (r *run) runOnce(ctx context.Context, logAt *offsets) (respawn bool) {
 	}
 	log.Info("task started", "task", id, "pid", proc.pids.Command.PID, "command", spec.CommandLine())
 	return r.watch(ctx, proc, run, logAt, nil)
+}
+
+// shimRun is what the shim of the task's run at epoch starts, in dir, its log going
+// on at logAt.
+func (r *run) shimRun(dir string, epoch uint64, logAt offsets) shimRun {
+	id, spec := r.state.ID, r.state.Spec
+	cwd := spec.Cwd
+	if cwd == "" {
+		cwd = homeDir()
+	}
+	run := shimRun{
+		TaskID: id, Epoch: epoch, Dir: cwd, LogOffsets: logAt,
+		Env:      mergeEnv(r.w.env(), spec.Env, "BGTASK_TASK_ID="+id, runMarker(dir)),
+		Deadline: spec.DeadlineTime(), KillGrace: r.w.cfg.KillGrace,
+	}
+	if spec.OnStall == engine.OnStallKill {
+		run.StallAfter = spec.StallDuration() // notify and respawn need the worker
+	}
+	return run
+}
+
+// prepare writes the directory of the current run for its shim, unless take
+// wrote it already.
+func (r *run) prepare(dir string, logAt offsets) (shimRun, error) {
+	if p := r.prepared; p != nil && p.epoch == r.state.Epoch {
+		r.prepared = nil
+		return p.run, p.err
+	}
+	return prepareRun(dir, r.shimRun(dir, r.state.Epoch, logAt), r.state.Spec)
 }
 
 // foundAgain is what a worker finds of a run its previous process watched.
