@@ -76,12 +76,6 @@ func prepareRun(dir string, run shimRun, spec engine.Spec) (shimRun, error) {
 		}
 		f.Close()
 	}
-	// Written before run.json, which says the run is ready to start: no rename
-	// needed. The directory is the worker's alone (0700); the environment may hold
-	// secrets.
-	if err := os.WriteFile(filepath.Join(dir, shim.EnvironFile), shim.JoinEnviron(run.Env), 0o600); err != nil {
-		return run, err
-	}
 	return run, writeJSONAtomic(filepath.Join(dir, runFile), run)
 }
 
@@ -103,11 +97,13 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 	if err != nil {
 		return fmt.Errorf("start the shim: %w", err)
 	}
-	devnull, err := os.Open(os.DevNull)
+	// The command's environment goes to the shim on its stdin (shim.EnvironFD).
+	envOut, envIn, err := os.Pipe()
 	if err != nil {
 		return err
 	}
-	defer devnull.Close()
+	defer envIn.Close()
+	defer envOut.Close()
 	out, in, err := os.Pipe()
 	if err != nil {
 		return err
@@ -120,13 +116,17 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 	pidfd := -1
 	proc, err := os.StartProcess(path, append(slices.Clone(shimCmd), run.shimArgs(dir)...), &os.ProcAttr{
 		Env:   ShimEnviron(os.Environ()),
-		Files: []*os.File{devnull, in, in, lock}, // lock: shim.StartLockFD
+		Files: []*os.File{envOut, in, in, lock}, // lock: shim.StartLockFD
 		Sys:   shimAttr(&pidfd),
 	})
+	envOut.Close()
 	in.Close()
 	if err != nil {
 		return fmt.Errorf("start the shim: %w", err)
 	}
+	// A shim that ended before it read all of it says why on its output, read next.
+	_, _ = envIn.Write(shim.JoinEnviron(run.Env))
+	envIn.Close()
 	said, _ := io.ReadAll(out)
 	if recorded(dir) {
 		adoptShim(proc, shimRef(proc, pidfd))
@@ -148,7 +148,7 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 // unset, the Go runtime of every shim start reads the cgroup's CPU limit, sets up
 // a scheduler for each CPU and starts a goroutine that follows the limit, which
 // is a tenth or so of a shim's start. The command's environment is the run's
-// environ file, not this.
+// environment is run.json's, handed on the shim's stdin, not this.
 func ShimEnviron(env []string) []string {
 	env = slices.DeleteFunc(secretenv.Without(env), func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") })
 	return append(env, "GOMAXPROCS=1")

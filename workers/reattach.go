@@ -104,18 +104,10 @@ func (w *Worker) reattachRun(ctx context.Context, dir string) error {
 // the command. The shim of a run whose run.json is written may still be starting
 // (this worker's previous process died meanwhile): what it does is awaited first.
 func (w *Worker) awaitRun(dir string, sr *shimRun) (*process, error) {
+	// It holds the run's environment too, which a result command runs in.
 	if readJSON(filepath.Join(dir, runFile), sr) != nil {
 		return nil, errShimNotStarted
 	}
-	// The run's environment is the shim's; a result command runs in it too. It was
-	// written before run.json: without it (a damaged directory) the run is watched
-	// as any, and only its result command, if it has one, fails.
-	env, err := shim.ReadEnviron(dir)
-	if err != nil {
-		w.cfg.Base.Logger.Warn("the environment of a run cannot be read: its result command will not run", "task", sr.TaskID, "err", err)
-		env = nil
-	}
-	sr.Env = env
 	return awaitShim(w.notify, dir, func() {
 		w.cfg.Base.Logger.Info("the shim of a run is still starting its command: waiting for it", "task", sr.TaskID)
 	})

@@ -20,7 +20,7 @@ import (
 // looks for a free one: with a run's eight files made and removed for every task,
 // that look was a fifth of all the CPU a short task cost. A directory keeps its
 // files' inodes: each file the worker and the shim write is already there, either
-// under its own name (the output files and the environment, emptied) or under the
+// under its own name (the output files, emptied) or under the
 // name of its temp file (run.json, pid.json, exit.json and starting), which its
 // writer opens and renames into place as it would a new one.
 //
@@ -130,8 +130,8 @@ func clean(dir string) error {
 	for _, e := range entries {
 		name, path := e.Name(), filepath.Join(dir, e.Name())
 		switch {
-		case name == shim.StdoutFile || name == shim.StderrFile || name == shim.EnvironFile:
-			// Emptied: the environment may hold secrets, the output be large.
+		case name == shim.StdoutFile || name == shim.StderrFile:
+			// Emptied: the output may be large.
 			err = truncateDurably(path)
 		case slices.Contains(recycled, name):
 			err = os.Rename(path, path+".tmp")
@@ -143,6 +143,11 @@ func clean(dir string) error {
 		if err != nil {
 			return err
 		}
+	}
+	// The environment of the run (run.json) may hold secrets: not left in a free
+	// directory. Nothing reads the temp file, so this need not reach the disk.
+	if err := os.Truncate(filepath.Join(dir, runFile+".tmp"), 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
 	}
 	return shim.SyncDir(dir)
 }

@@ -22,8 +22,8 @@ func finishedRun(t *testing.T, runs, name string) string {
 		t.Fatal(err)
 	}
 	for file, data := range map[string]string{
-		shim.StdoutFile: "out of the first run\n", shim.StderrFile: "err\n", shim.EnvironFile: "TOKEN=secret\x00",
-		runFile: `{"task_id":"a"}`, shim.PIDFile: `{"shim":{"pid":1}}`, shim.ExitFile: `{"exit_code":3}`,
+		shim.StdoutFile: "out of the first run\n", shim.StderrFile: "err\n", "environ": "from a layout gone",
+		runFile: `{"task_id":"a","env":["TOKEN=secret"]}`, shim.PIDFile: `{"shim":{"pid":1}}`, shim.ExitFile: `{"exit_code":3}`,
 		shim.StartingFile: "", decisionFile: `{"stopped_by":"match"}`, shim.PIDFile + ".tmp": "left by a crash",
 	} {
 		if err := os.WriteFile(filepath.Join(dir, file), []byte(data), 0o600); err != nil {
@@ -75,11 +75,11 @@ func TestARunDirectoryIsRecycledEmptyWithItsInodes(t *testing.T) {
 	if err := pool.intent(next); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{shim.EnvironFile, shim.ExitFile + ".tmp", shim.PIDFile + ".tmp", runFile + ".tmp", shim.StartingFile + ".tmp", shim.StderrFile, shim.StdoutFile}
+	want := []string{shim.ExitFile + ".tmp", shim.PIDFile + ".tmp", runFile + ".tmp", shim.StartingFile + ".tmp", shim.StderrFile, shim.StdoutFile}
 	if got := names(t, next); !slices.Equal(got, want) {
 		t.Fatalf("the next run's directory holds %v, want %v", got, want)
 	}
-	for _, f := range []string{shim.StdoutFile, shim.StderrFile, shim.EnvironFile} {
+	for _, f := range []string{shim.StdoutFile, shim.StderrFile, runFile + ".tmp"} { // run.json's env may hold secrets
 		if info, err := os.Stat(filepath.Join(next, f)); err != nil || info.Size() != 0 {
 			t.Errorf("%s: %v, %v: want it there and empty", f, info, err)
 		}

@@ -30,12 +30,12 @@ func (b *limitedBuffer) Write(p []byte) (int, error) {
 // resultCommand runs a spec's result command after its run ended, in the task's
 // cwd and environment, and returns its stdout, the stdout's full size, and why it
 // has none if it failed. The engine truncates the result to the spec's
-// max_result_bytes; this keeps at most the limit of that setting. A nil env (the
-// run's cannot be read) runs nothing: the command would get the worker's own
-// environment, credentials and all.
+// max_result_bytes; this keeps at most the limit of that setting. A nil env (none
+// recorded) runs nothing: the command would get the worker's own environment,
+// credentials and all.
 func resultCommand(ctx context.Context, res engine.Result, env []string, dir string) (string, int, string) {
 	if env == nil {
-		return "", 0, "the run's environment cannot be read (see the worker's log): the result command was not run"
+		return "", 0, "the run has no environment recorded: the result command was not run"
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), res.ResultTimeout())
 	defer cancel()

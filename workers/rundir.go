@@ -4,8 +4,9 @@ package workers
 // one run of a task meet, and what a restarted worker finds the run again by. Who
 // writes each file, when, and what a reader may take from it:
 //
-//	(the directory)  the worker, before it appends the spawn (writeIntent), made
-//	                 durable: no task is taken without a trace on disk. Its name
+//	(the directory)  the worker, before it appends the spawn (writeIntent, or
+//	                 runPool.intent), made durable: no task is taken without a
+//	                 trace on disk. Its name
 //	                 says the task and epoch (intentOf). It is also the run's
 //	                 start lock: the worker locks it (flock) before it starts the
 //	                 shim and hands it down (shim.StartLockFD); the shim holds it
@@ -16,11 +17,11 @@ package workers
 //	                 log and the completion rule, and frees the blocks no restart
 //	                 reads again (boundOutput): a reader may find a hole where
 //	                 old output was.
-//	environ          the command's environment, by the worker, before run.json
-//	                 (so not renamed: nothing reads it before run.json is there);
-//	                 the shim's command and the run's result command run in it.
-//	run.json         shimRun, by the worker, atomically and durably, last: a run
-//	                 without it never had its shim started (errShimNotStarted).
+//	run.json         shimRun, by the worker, atomically and durably, last (while
+//	                 the spawn is appended, for a task's first run): a run without
+//	                 it never had its shim started (errShimNotStarted). It holds
+//	                 the command's environment, which the worker hands the shim on
+//	                 its stdin (shim.EnvironFD) and a result command runs in.
 //	exit.json.tmp    the shim, before the command starts: the exit file's blocks,
 //	                 so that a full disk loses no exit.
 //	starting         the shim, just before it starts the command (by renaming
@@ -113,7 +114,7 @@ type shimRun struct {
 	Epoch  uint64   `json:"epoch"`
 	Path   string   `json:"path"`
 	Args   []string `json:"args"`
-	Env    []string `json:"-"` // in the shim's environ file
+	Env    []string `json:"env"` // the command's: it may hold secrets (0600, in a 0700 directory)
 	Dir    string   `json:"dir"`
 	// LogOffsets is where the task's log streams stood when this run started.
 	LogOffsets offsets       `json:"log_offsets"`

@@ -3,6 +3,7 @@
 package shim
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -57,9 +58,6 @@ func TestAFullDiskKeepsTheCommandsExit(t *testing.T) {
 	if err := os.Mkdir(run, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(run, EnvironFile), JoinEnviron([]string{"PATH=" + os.Getenv("PATH")}), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	sh, err := exec.LookPath("sh")
 	if err != nil {
 		t.Fatal(err)
@@ -72,6 +70,7 @@ func TestAFullDiskKeepsTheCommandsExit(t *testing.T) {
 	}
 	defer out.Close()
 	cmd.Stdout = in
+	cmd.Stdin = bytes.NewReader(JoinEnviron([]string{"PATH=" + os.Getenv("PATH")})) // EnvironFD
 	err = cmd.Start()
 	in.Close()
 	if err != nil {

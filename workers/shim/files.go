@@ -142,9 +142,15 @@ func SyncDir(path string) error {
 	return nil
 }
 
-// ReadEnviron reads the environment of the run in dir.
-func ReadEnviron(dir string) ([]string, error) {
-	data, err := readFile(join(dir, EnvironFile))
+// EnvironFD is the shim's descriptor that the worker writes the command's
+// environment to (JoinEnviron), and closes: its standard input. The worker keeps
+// it in run.json, which the shim cannot read without the JSON packages it does
+// without (see the package comment).
+const EnvironFD = 0
+
+// readEnviron reads the command's environment from EnvironFD.
+func readEnviron() ([]string, error) {
+	data, err := readAll(EnvironFD, "the environment on standard input")
 	return splitEnviron(data), err
 }
 
@@ -168,7 +174,7 @@ func splitNUL(data []byte) []string {
 	return list
 }
 
-// JoinEnviron writes env as an environ file holds it.
+// JoinEnviron writes env as the shim reads it on EnvironFD.
 func JoinEnviron(env []string) []byte {
 	var b []byte
 	for _, kv := range env {

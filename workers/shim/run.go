@@ -20,8 +20,9 @@ const synopsis = "bgtask-shim --dir=DIR [--cwd=DIR] [--deadline-unix-ns=N] [--st
 
 const usage = synopsis + `
 
-Runs PROGRAM as the command of the bgtask run in DIR, with the environment in
-DIR/environ, and records its PIDs and its exit there. Workers start it; it is no
+Runs PROGRAM as the command of the bgtask run in DIR, with the environment read
+from standard input (NUL-separated NAME=value), and records its PIDs and its
+exit in DIR. Workers start it; it is no
 command for people.
 `
 

@@ -27,7 +27,6 @@ import (
 
 // The files of a run directory the shim reads or writes.
 const (
-	EnvironFile  = "environ"
 	StdoutFile   = "stdout"
 	StderrFile   = "stderr"
 	StartingFile = "starting"
@@ -93,7 +92,7 @@ func (r Run) supervise() error {
 	if reserveErr != nil {
 		return fail(errors.New("reserve the exit file, so that a full disk cannot lose the command's exit: " + reserveErr.Error()))
 	}
-	env, err := ReadEnviron(r.Dir)
+	env, err := readEnviron()
 	if err != nil {
 		return fail(err)
 	}

@@ -34,6 +34,11 @@ func readFile(path string) ([]byte, error) {
 		return nil, err
 	}
 	defer syscall.Close(fd)
+	return readAll(fd, path)
+}
+
+// readAll reads fd, named name in errors, to its end.
+func readAll(fd int, name string) ([]byte, error) {
 	buf := make([]byte, 0, 512)
 	for {
 		if len(buf) == cap(buf) {
@@ -43,7 +48,7 @@ func readFile(path string) ([]byte, error) {
 		switch {
 		case err == syscall.EINTR:
 		case err != nil:
-			return nil, &fileError{"read", path, err}
+			return nil, &fileError{"read", name, err}
 		case n == 0:
 			return buf, nil
 		default:
