@@ -147,8 +147,8 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 // Go scheduler thread (GOMAXPROCS=1). A shim waits, one goroutine at a time; with GOMAXPROCS
 // unset, the Go runtime of every shim start reads the cgroup's CPU limit, sets up
 // a scheduler for each CPU and starts a goroutine that follows the limit, which
-// is a tenth or so of a shim's start. The command's environment is the run's
-// environment is run.json's, handed on the shim's stdin, not this.
+// is a tenth or so of a shim's start. The command's own environment is not this
+// but the run's (in run.json), which the shim reads on its stdin.
 func ShimEnviron(env []string) []string {
 	env = slices.DeleteFunc(secretenv.Without(env), func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") })
 	return append(env, "GOMAXPROCS=1")

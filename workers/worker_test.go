@@ -929,15 +929,18 @@ func TestARunTakesTheDirectoryOfOneThatEnded(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	state := t.TempDir()
-	b.startWorker(t, workers.Config{StateDir: state})
+	w := b.startWorker(t, workers.Config{StateDir: state})
 	runs := filepath.Join(state, "runs")
 	first := b.arm(t, engine.Spec{Command: "echo first-output; echo first-error >&2; exit 3", Cwd: t.TempDir(), Env: map[string]string{"TOKEN": "first-secret"}})
 	b.waitFor(t, first, 20*time.Second, "ended", ended)
-	var free []string
+	// Renamed to a free name first, the directory is cleaned and then kept.
 	eventually(t, 10*time.Second, "the first run's directory kept for the next", func() bool {
-		free, _ = filepath.Glob(filepath.Join(runs, ".free-*"))
-		return len(free) == 1
+		return workers.FreeRuns(w) == 1
 	})
+	free, _ := filepath.Glob(filepath.Join(runs, ".free-*"))
+	if len(free) != 1 {
+		t.Fatalf("free run directories %q, want one", free)
+	}
 	// Each file the next run writes, by the name it will have once written.
 	before := map[string]os.FileInfo{}
 	for _, name := range []string{"stdout", "stderr", "run.json.tmp", "pid.json.tmp", "starting.tmp", "exit.json.tmp"} {
