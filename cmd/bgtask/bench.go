@@ -22,7 +22,8 @@ Scenarios (in the order they run):
               against raw synchronous JetStream publishes with a per-subject
               expected-sequence check
   latency     exit → wake-up p50/p99 with --sync always and interval, against
-              sequential conditional JetStream appends
+              sequential conditional JetStream appends, with and without the
+              output's last chunk published before them
   start       register → command started p50/p99, against exec.Command; and
               task-spooler's, its client's start included
   throughput  1,000 tasks running 'true' with the worker's default parallelism,

@@ -56,7 +56,7 @@ type scenario struct {
 // scenarios, in the order they run.
 var scenarios = []scenario{
 	{"register", "register throughput: tasks armed per second through bgtask.register, against synchronous JetStream publishes with a per-subject expected-sequence check", runRegister},
-	{"latency", "exit → wake-up latency: from the shim's record of the exit to the wake-up readable in the inbox, against sequential conditional JetStream appends", runLatency},
+	{"latency", "exit → wake-up latency: from the shim's record of the exit to the wake-up readable in the inbox, against sequential conditional JetStream appends, with and without the output's last chunk published before them", runLatency},
 	{"start", "register → command started latency, against a Go loop that starts the same command with exec.Command, and task-spooler's submit → started when it is installed", runStart},
 	{"throughput", "end-to-end throughput: tasks running `true` with the worker's default parallelism, against a Go program running the same commands as parallel, and task-spooler (tsp -S 64) when it is installed", runThroughput},
 	{"restart", "restart: `bgtask server` start to serving queries on a long stream of finished tasks, against a raw ordered-consumer read of the stream", runRestart},

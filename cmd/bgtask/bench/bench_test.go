@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -199,5 +200,54 @@ func TestReportCarriesThePeer(t *testing.T) {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("the printed report has no %q:\n%s", want, text.String())
 		}
+	}
+}
+
+// The latency baseline of a command that prints writes the output's last chunk, as
+// the worker flushes it, before the three appends of the wake-up's path; the plain
+// baseline writes the three alone.
+func TestTheRawChainOfACommandThatPrintsWritesItsOutputFirst(t *testing.T) {
+	ctx := context.Background()
+	raw, err := startRawJetStream(ctx, t.TempDir(), false, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.stop()
+	path, err := wakeupPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	subjects := func() []string {
+		stream, err := raw.js[0].Stream(ctx, rawStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := stream.Info(ctx, jetstream.WithSubjectFilter(">"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+			msg, err := stream.GetMsg(ctx, seq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kind := msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:]
+			if strings.HasPrefix(msg.Subject, rawPrefix+".log.") {
+				kind = "log:" + string(msg.Data) + ":" + msg.Header.Get(events.LogEOFHeader)
+			}
+			got = append(got, kind)
+		}
+		return got
+	}
+	if _, err := rawChain(ctx, raw.js[0], path, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rawChain(ctx, raw.js[0], path, []byte("printed\n")); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"0", "1", "2", "log:printed\n:1", "0", "1", "2"}
+	if got := subjects(); !slices.Equal(got, want) {
+		t.Fatalf("the raw stream holds %q, want %q", got, want)
 	}
 }
