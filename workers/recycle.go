@@ -15,14 +15,16 @@ import (
 )
 
 // runPool keeps the directories of finished runs, cleaned, for the runs to come: a
-// run then makes no new file. Each new file costs the file system an inode, and
+// run then makes few new files. Each new file costs the file system an inode, and
 // ext4 without a journal skips every inode deleted in the last few seconds when it
-// looks for a free one: with a run's eight files made and removed for every task,
-// that look was a fifth of all the CPU a short task cost. A directory keeps its
-// files' inodes: each file the worker and the shim write is already there, either
-// under its own name (the output files, emptied) or under the
-// name of its temp file (run.json, pid.json, exit.json and starting), which its
-// writer opens and renames into place as it would a new one.
+// looks for a free one: with a run's directory and its files made and removed for
+// every task, that look was a fifth of all the CPU a short task cost. A directory
+// keeps the inodes of the files its own writers alone write, under the name of
+// their temp file (run.json, pid.json, exit.json and starting), which each writer
+// opens and renames into place as it would a new one. The output files are new
+// for every run: whoever the command handed them to, or left running past its
+// shim (a process that escaped its containment), may write to them still, and
+// must not write into another task's output.
 //
 // A free directory is named freePrefix and a number, which no task's run has
 // (intentOf): a worker that starts again removes it with what else is not a run.
@@ -114,9 +116,9 @@ func (p *runPool) drain() {
 var errShimLingers = errors.New("the shim of the run still holds its start lock")
 
 // clean readies the directory of a finished run for another: as the worker makes a
-// new one, with the inodes of its files kept (runPool). What it does is on disk
-// before it returns: a crash of the host must not bring the files of one run back
-// into the next.
+// new one, with the inodes of its own files kept (runPool). What it renames and
+// removes is on disk before it returns: a crash of the host must not bring the
+// files of one run back into the next.
 func clean(dir string) error {
 	// A shim that outlives its exit file (stopping what its command left) holds the
 	// run's start lock, which is the directory: the next run's would be held too.
@@ -130,14 +132,11 @@ func clean(dir string) error {
 	for _, e := range entries {
 		name, path := e.Name(), filepath.Join(dir, e.Name())
 		switch {
-		case name == shim.StdoutFile || name == shim.StderrFile:
-			// Emptied: the output may be large.
-			err = truncateDurably(path)
 		case slices.Contains(recycled, name):
 			err = os.Rename(path, path+".tmp")
 		case strings.HasSuffix(name, ".tmp") && slices.Contains(recycled, strings.TrimSuffix(name, ".tmp")):
 			// Left by a writer that died before its rename; opened with truncation.
-		default: // stop.json, and anything else
+		default: // the output files, stop.json, and anything else
 			err = os.RemoveAll(path)
 		}
 		if err != nil {
@@ -145,26 +144,11 @@ func clean(dir string) error {
 		}
 	}
 	// The environment of the run (run.json) may hold secrets: not left in a free
-	// directory. Nothing reads the temp file, so this need not reach the disk.
+	// directory. Not made durable: after a crash of the host the temp file may hold
+	// it still, in the worker's own state directory (0600), as run.json did while
+	// the run went on, until the next run's write truncates it.
 	if err := os.Truncate(filepath.Join(dir, runFile+".tmp"), 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
 	return shim.SyncDir(dir)
-}
-
-// truncateDurably empties a file, on disk: one that is empty already costs no
-// sync (the output of a quiet command).
-func truncateDurably(path string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if info, err := f.Stat(); err != nil || info.Size() == 0 {
-		return err
-	}
-	if err := f.Truncate(0); err != nil {
-		return err
-	}
-	return f.Sync()
 }

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/workers/shim"
 )
 
@@ -55,14 +56,15 @@ func names(t *testing.T, dir string) []string {
 	return list
 }
 
-// A finished run's directory becomes the next run's with its files' inodes, and
-// with nothing of the first run in it: the files the next run makes are absent
-// (their temp files are there to be opened), the others empty.
+// A finished run's directory becomes the next run's with the inodes of the files
+// its worker and shim alone write, and with nothing of the first run in it: those
+// files are absent (their temp files are there to be opened, the environment's
+// empty), and so are the output files, which the next run makes anew.
 func TestARunDirectoryIsRecycledEmptyWithItsInodes(t *testing.T) {
 	runs := filepath.Join(t.TempDir(), "runs")
 	first := finishedRun(t, runs, "a-1")
 	inodes := map[string]uint64{}
-	for _, f := range []string{shim.StdoutFile, shim.ExitFile, runFile} {
+	for _, f := range []string{shim.ExitFile, runFile, shim.PIDFile, shim.StartingFile} {
 		inodes[f] = inode(t, filepath.Join(first, f))
 	}
 	pool := newRunPool(runs, 4)
@@ -75,26 +77,50 @@ func TestARunDirectoryIsRecycledEmptyWithItsInodes(t *testing.T) {
 	if err := pool.intent(next); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{shim.ExitFile + ".tmp", shim.PIDFile + ".tmp", runFile + ".tmp", shim.StartingFile + ".tmp", shim.StderrFile, shim.StdoutFile}
+	want := []string{shim.ExitFile + ".tmp", shim.PIDFile + ".tmp", runFile + ".tmp", shim.StartingFile + ".tmp"}
 	if got := names(t, next); !slices.Equal(got, want) {
 		t.Fatalf("the next run's directory holds %v, want %v", got, want)
 	}
-	for _, f := range []string{shim.StdoutFile, shim.StderrFile, runFile + ".tmp"} { // run.json's env may hold secrets
-		if info, err := os.Stat(filepath.Join(next, f)); err != nil || info.Size() != 0 {
-			t.Errorf("%s: %v, %v: want it there and empty", f, info, err)
-		}
+	if info, err := os.Stat(filepath.Join(next, runFile+".tmp")); err != nil || info.Size() != 0 { // its env may hold secrets
+		t.Errorf("run.json's temp file: %v, %v: want it there and empty", info, err)
 	}
 	for f, ino := range inodes {
-		path := filepath.Join(next, f)
-		if f != shim.StdoutFile {
-			path += ".tmp"
-		}
-		if got := inode(t, path); got != ino {
-			t.Errorf("%s: inode %d, want the first run's %d", path, got, ino)
+		if got := inode(t, filepath.Join(next, f+".tmp")); got != ino {
+			t.Errorf("%s.tmp: inode %d, want the first run's %d", f, got, ino)
 		}
 	}
 	if names(t, runs)[0] != "b-1" || len(names(t, runs)) != 1 {
 		t.Fatalf("runs holds %v, want the next run alone", names(t, runs))
+	}
+}
+
+// A process that still holds a finished run's output (one the command left
+// running past its shim, or handed the file to) writes nothing into the output of
+// the run that takes the directory next.
+func TestOutputWrittenAfterARunEndedStaysOutOfTheNextRun(t *testing.T) {
+	runs := filepath.Join(t.TempDir(), "runs")
+	first := finishedRun(t, runs, "a-1")
+	leftover, err := os.OpenFile(filepath.Join(first, shim.StdoutFile), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leftover.Close()
+	pool := newRunPool(runs, 4)
+	pool.recycle(first)
+	next := filepath.Join(runs, "b-1")
+	if err := pool.intent(next); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := prepareRun(next, shimRun{TaskID: "b", Epoch: 1, Env: os.Environ(), Dir: t.TempDir()}, engine.Spec{Command: "true"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leftover.WriteString("written by a process the first run left\n"); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{shim.StdoutFile, shim.StderrFile} {
+		if data, err := os.ReadFile(filepath.Join(next, f)); err != nil || len(data) != 0 {
+			t.Errorf("the next run's %s: %q, %v: want it empty", f, data, err)
+		}
 	}
 }
 

@@ -12,8 +12,9 @@ package workers
 //	                 shim and hands it down (shim.StartLockFD); the shim holds it
 //	                 while it lives, so a lock found free means no shim of the run
 //	                 is alive or ever will be (shimAlive).
-//	stdout, stderr   made empty by the worker (prepareRun); the command appends
-//	                 to them directly. The worker reads them into the tail, the
+//	stdout, stderr   made by the worker (prepareRun), new for every run: a
+//	                 process an earlier run left may hold that run's still. The
+//	                 command appends to them directly. The worker reads them into the tail, the
 //	                 log and the completion rule, and frees the blocks no restart
 //	                 reads again (boundOutput): a reader may find a hole where
 //	                 old output was.
@@ -45,8 +46,8 @@ package workers
 // Until the start is recorded (pid.json, or a start error in exit.json) the shim's
 // stdout and stderr are a pipe the worker reads (launchShim). Once the run's end is
 // in the log, a run watched to its end has its directory emptied for the next run
-// (the sweeper, sweepDelay later; runPool), which finds its files' temp files and
-// writes them as it would new ones; a worker removes a run's directory, at its next
+// (the sweeper, sweepDelay later; runPool), which finds the temp files of run.json,
+// pid.json, exit.json and starting, and writes them as it would new ones; a worker removes a run's directory, at its next
 // start, when the log says the run is not its own (reattach). The shim's side of
 // all this is package shim.
 

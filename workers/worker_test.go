@@ -923,8 +923,9 @@ func TestTheFirstTickIsLeftOutWhenTheCommandHasEnded(t *testing.T) {
 	})
 }
 
-// A run takes the directory of one that ended, files and all, and finds none of
-// its output, environment or records there: its own output, exit and tail alone.
+// A run takes the directory of one that ended, with the files its worker and shim
+// write (its output files are new), and finds none of its output, environment or
+// records there: its own output, exit and tail alone.
 func TestARunTakesTheDirectoryOfOneThatEnded(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -941,9 +942,10 @@ func TestARunTakesTheDirectoryOfOneThatEnded(t *testing.T) {
 	if len(free) != 1 {
 		t.Fatalf("free run directories %q, want one", free)
 	}
-	// Each file the next run writes, by the name it will have once written.
+	// Each file the next run writes but its output, by the name it will have once
+	// written.
 	before := map[string]os.FileInfo{}
-	for _, name := range []string{"stdout", "stderr", "run.json.tmp", "pid.json.tmp", "starting.tmp", "exit.json.tmp"} {
+	for _, name := range []string{"run.json.tmp", "pid.json.tmp", "starting.tmp", "exit.json.tmp"} {
 		info, err := os.Stat(filepath.Join(free[0], name))
 		if err != nil {
 			t.Fatal(err)
