@@ -114,7 +114,8 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 	// and reapShims collects it then through the pidfd the start opens; if the
 	// worker ends first, init does.
 	pidfd := -1
-	proc, err := os.StartProcess(path, append(slices.Clone(shimCmd), run.shimArgs(dir)...), &os.ProcAttr{
+	env := shim.JoinEnviron(run.Env)
+	proc, err := os.StartProcess(path, append(slices.Clone(shimCmd), run.shimArgs(dir, len(env))...), &os.ProcAttr{
 		Env:   ShimEnviron(os.Environ()),
 		Files: []*os.File{envOut, in, in, lock}, // lock: shim.StartLockFD
 		Sys:   shimAttr(&pidfd),
@@ -124,8 +125,9 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 	if err != nil {
 		return fmt.Errorf("start the shim: %w", err)
 	}
-	// A shim that ended before it read all of it says why on its output, read next.
-	_, _ = envIn.Write(shim.JoinEnviron(run.Env))
+	// A shim that ended before it read all of it says why on its output, read next;
+	// one that reads less than all of it starts nothing.
+	_, _ = envIn.Write(env)
 	envIn.Close()
 	said, _ := io.ReadAll(out)
 	if recorded(dir) {

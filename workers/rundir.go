@@ -124,11 +124,12 @@ type shimRun struct {
 	KillGrace  time.Duration `json:"kill_grace,omitempty"`
 }
 
-// shimArgs are the arguments of the shim that starts run in dir.
-func (r shimRun) shimArgs(dir string) []string {
+// shimArgs are the arguments of the shim that starts run in dir, with envBytes of
+// environment on its standard input.
+func (r shimRun) shimArgs(dir string, envBytes int) []string {
 	run := shim.Run{
 		Dir: dir, Cwd: r.Dir, Path: r.Path, Args: r.Args,
-		StallAfter: int64(r.StallAfter), KillGrace: int64(r.KillGrace),
+		StallAfter: int64(r.StallAfter), KillGrace: int64(r.KillGrace), EnvBytes: int64(envBytes),
 	}
 	if !r.Deadline.IsZero() {
 		run.Deadline = r.Deadline.UnixNano()

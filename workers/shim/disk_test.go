@@ -62,7 +62,8 @@ func TestAFullDiskKeepsTheCommandsExit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := Run{Dir: run, Cwd: "/", Path: sh, Args: []string{"sh", "-c", `while [ ! -e "$0" ]; do sleep 0.01; done; exit 3`, gate}}
+	env := JoinEnviron([]string{"PATH=" + os.Getenv("PATH")})
+	r := Run{Dir: run, Cwd: "/", Path: sh, Args: []string{"sh", "-c", `while [ ! -e "$0" ]; do sleep 0.01; done; exit 3`, gate}, EnvBytes: int64(len(env))}
 	cmd := exec.Command(os.Args[0], append([]string{"shim"}, r.ShimArgs()...)...)
 	out, in, err := os.Pipe()
 	if err != nil {
@@ -70,7 +71,7 @@ func TestAFullDiskKeepsTheCommandsExit(t *testing.T) {
 	}
 	defer out.Close()
 	cmd.Stdout = in
-	cmd.Stdin = bytes.NewReader(JoinEnviron([]string{"PATH=" + os.Getenv("PATH")})) // EnvironFD
+	cmd.Stdin = bytes.NewReader(env) // EnvironFD
 	err = cmd.Start()
 	in.Close()
 	if err != nil {

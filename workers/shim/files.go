@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"errors"
 	"slices"
 	"syscall"
 	"unicode/utf8"
@@ -148,9 +149,14 @@ func SyncDir(path string) error {
 // without (see the package comment).
 const EnvironFD = 0
 
-// readEnviron reads the command's environment from EnvironFD.
-func readEnviron() ([]string, error) {
-	data, err := readAll(EnvironFD, "the environment on standard input")
+// readEnviron reads the command's environment from EnvironFD: want bytes, or it
+// is not whole.
+func readEnviron(want int64) ([]string, error) {
+	const name = "the environment on standard input"
+	data, err := readAll(EnvironFD, name, int(want))
+	if err == nil && int64(len(data)) != want {
+		err = errors.New(name + ": " + string(appendInt(nil, int64(len(data)))) + " bytes of " + string(appendInt(nil, want)) + ": not whole")
+	}
 	return splitEnviron(data), err
 }
 

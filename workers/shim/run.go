@@ -14,21 +14,26 @@ type Run struct {
 	Deadline   int64 // Unix nanoseconds; 0: none
 	StallAfter int64 // kill when the output is quiet this long; 0: never
 	KillGrace  int64 // between TERM and KILL
+	// EnvBytes is the length of the environment the worker writes on the shim's
+	// standard input: fewer bytes before its end are not the whole of it (the
+	// worker died handing it over), and no command starts in part of its
+	// environment.
+	EnvBytes int64
 }
 
-const synopsis = "bgtask-shim --dir=DIR [--cwd=DIR] [--deadline-unix-ns=N] [--stall-after-ns=N] [--kill-grace-ns=N] -- PROGRAM ARGV0 [ARG...]"
+const synopsis = "bgtask-shim --dir=DIR --env-bytes=N [--cwd=DIR] [--deadline-unix-ns=N] [--stall-after-ns=N] [--kill-grace-ns=N] -- PROGRAM ARGV0 [ARG...]"
 
 const usage = synopsis + `
 
 Runs PROGRAM as the command of the bgtask run in DIR, with the environment read
-from standard input (NUL-separated NAME=value), and records its PIDs and its
-exit in DIR. Workers start it; it is no
+from standard input (NUL-separated NAME=value, N bytes in all; fewer, and no
+command starts), and records its PIDs and its exit in DIR. Workers start it; it is no
 command for people.
 `
 
 // ShimArgs are the shim's arguments for r: flags, then "--", the program and its argv.
 func (r Run) ShimArgs() []string {
-	args := []string{"--dir=" + r.Dir, "--cwd=" + r.Cwd}
+	args := []string{"--dir=" + r.Dir, "--env-bytes=" + string(appendInt(nil, r.EnvBytes)), "--cwd=" + r.Cwd}
 	if r.Deadline != 0 {
 		args = append(args, "--deadline-unix-ns="+string(appendInt(nil, r.Deadline)))
 	}
@@ -43,6 +48,7 @@ func (r Run) ShimArgs() []string {
 
 // parseArgs reads what ShimArgs wrote.
 func parseArgs(args []string) (r Run, err error) {
+	r.EnvBytes = -1
 	for len(args) > 0 && args[0] != "--" {
 		name, value, ok := cut(args[0], '=')
 		if !ok {
@@ -54,6 +60,8 @@ func parseArgs(args []string) (r Run, err error) {
 			r.Dir = value
 		case "--cwd":
 			r.Cwd = value
+		case "--env-bytes":
+			number = &r.EnvBytes
 		case "--deadline-unix-ns":
 			number = &r.Deadline
 		case "--stall-after-ns":
@@ -65,12 +73,12 @@ func parseArgs(args []string) (r Run, err error) {
 		}
 		if number != nil {
 			if *number, ok = parseInt64(value); !ok {
-				return Run{}, errors.New("shim: " + name + ": " + value + " is no whole number of nanoseconds")
+				return Run{}, errors.New("shim: " + name + ": " + value + " is no whole number")
 			}
 		}
 		args = args[1:]
 	}
-	if len(args) < 3 || r.Dir == "" {
+	if len(args) < 3 || r.Dir == "" || r.EnvBytes < 0 {
 		return Run{}, errors.New("shim: usage: " + synopsis)
 	}
 	r.Path, r.Args = args[1], args[2:]

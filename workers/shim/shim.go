@@ -76,6 +76,13 @@ func (r Run) supervise() error {
 	// open until this process ends; keepInherited below keeps it from the command.
 	adoptOrphans()
 	started := wallClock()
+	// The environment comes whole, or the worker that started this shim died handing
+	// it over: then nothing is recorded and no command starts, and the run is one
+	// whose shim never started, which the worker starts at its next start.
+	env, err := readEnviron(r.EnvBytes)
+	if err != nil {
+		return err
+	}
 	// The exit file's blocks are taken now, before anything runs: a disk that
 	// fills while the command runs must not lose how it ended.
 	exitFile, reserveErr := reserveExit(r.Dir)
@@ -91,10 +98,6 @@ func (r Run) supervise() error {
 	}
 	if reserveErr != nil {
 		return fail(errors.New("reserve the exit file, so that a full disk cannot lose the command's exit: " + reserveErr.Error()))
-	}
-	env, err := readEnviron()
-	if err != nil {
-		return fail(err)
 	}
 	// Descriptors the worker inherited (a pipe its caller reads) must not reach a
 	// command that outlives it: its reader would never see EOF.

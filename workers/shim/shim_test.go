@@ -1,10 +1,12 @@
 package shim
 
 import (
+	"bytes"
 	"encoding/json"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -116,7 +118,7 @@ func TestProcStatReadsWhatTheKernelSays(t *testing.T) {
 func TestArgumentsReadBackTheSameRun(t *testing.T) {
 	for _, want := range []Run{
 		{Dir: "/state/runs/a.1", Cwd: "/home/u", Path: "/bin/bash", Args: []string{"bash", "-c", "echo --dir=x -- y"}},
-		{Dir: "/d", Cwd: "/", Path: "/bin/sleep", Args: []string{"sleep", "--", "1"},
+		{Dir: "/d", Cwd: "/", Path: "/bin/sleep", Args: []string{"sleep", "--", "1"}, EnvBytes: 4096,
 			Deadline: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC).UnixNano(), StallAfter: int64(90 * time.Second), KillGrace: int64(1500 * time.Millisecond)},
 	} {
 		got, err := parseArgs(want.ShimArgs())
@@ -127,7 +129,9 @@ func TestArgumentsReadBackTheSameRun(t *testing.T) {
 	for _, bad := range [][]string{
 		nil,
 		{"--dir=/d"},
-		{"--dir=/d", "--", "/bin/true"},
+		{"--dir=/d", "--env-bytes=0", "--", "/bin/true"},
+		{"--dir=/d", "--", "/bin/true", "true"}, // the environment's length
+		{"--dir=/d", "--env-bytes=-1", "--", "/bin/true", "true"},
 		{"--cwd=/", "--", "/bin/true", "true"},
 		{"--dir=/d", "--bogus=1", "--", "/bin/true", "true"},
 		{"--dir=/d", "--kill-grace-ns=soon", "--", "/bin/true", "true"},
@@ -162,5 +166,36 @@ func TestArgsAreThoseOfTheProcess(t *testing.T) {
 	got, err := Args()
 	if err != nil || !slices.Equal(got, os.Args[1:]) {
 		t.Fatalf("Args() = %q, %v; want %q", got, err, os.Args[1:])
+	}
+}
+
+// A shim whose environment ends short of the length it was given (its worker died
+// while it wrote it) starts nothing and records nothing: the run is one whose
+// shim never started, which the worker starts at its next start. Given all of
+// it, the same shim runs the command in it.
+func TestAShimGivenPartOfItsEnvironmentStartsNothing(t *testing.T) {
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := JoinEnviron([]string{"PATH=" + os.Getenv("PATH"), "MARK=whole"})
+	for _, given := range [][]byte{nil, env[:len(env)-3], env} {
+		dir, marker := t.TempDir(), filepath.Join(t.TempDir(), "ran")
+		r := Run{Dir: dir, Cwd: "/", Path: sh, Args: []string{"sh", "-c", `echo "$MARK" > "$0"`, marker}, EnvBytes: int64(len(env))}
+		cmd := exec.Command(os.Args[0], append([]string{"shim"}, r.ShimArgs()...)...)
+		cmd.Stdin = bytes.NewReader(given)
+		out, err := cmd.CombinedOutput()
+		ran, _ := os.ReadFile(marker)
+		files, _ := os.ReadDir(dir)
+		if len(given) == len(env) {
+			if err != nil || string(ran) != "whole\n" {
+				t.Fatalf("given its whole environment: %v, %s; the command wrote %q, want \"whole\"", err, out, ran)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(string(out), "not whole") || ran != nil || len(files) != 0 {
+			t.Errorf("given %d bytes of %d: %v, %q; the command wrote %q; the run directory holds %v: want an error, no command, no file",
+				len(given), len(env), err, out, ran, files)
+		}
 	}
 }

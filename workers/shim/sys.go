@@ -34,12 +34,12 @@ func readFile(path string) ([]byte, error) {
 		return nil, err
 	}
 	defer syscall.Close(fd)
-	return readAll(fd, path)
+	return readAll(fd, path, 512)
 }
 
 // readAll reads fd, named name in errors, to its end.
-func readAll(fd int, name string) ([]byte, error) {
-	buf := make([]byte, 0, 512)
+func readAll(fd int, name string, size int) ([]byte, error) {
+	buf := make([]byte, 0, size+1) // room to read the end at once
 	for {
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
