@@ -117,7 +117,7 @@ var (
 		timers: 10_000, timerBurst: 1000,
 		joinMembers: 1000, joinWindow: 10 * time.Second,
 		pids: 1000, pidsWindow: 10 * time.Second, pidsSettle: 2 * time.Second,
-		burst: 10_000, burstSettle: burstSettle{interval: time.Second, quiet: 10, limit: time.Minute},
+		burst: 10_000, burstSettle: burstSettle{interval: time.Second, quiet: 30, limit: 2 * time.Minute},
 	}
 	quickSizes = sizes{
 		registers: 200, sequential: 20, throughput: 30,
