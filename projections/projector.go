@@ -218,8 +218,8 @@ var releaseMemory = func() {
 // Go runtime keeps whole when the server goes idle: it collects an idle heap
 // every 2 minutes only, and gives back what exceeds its next goal, twice the heap
 // live at the last collection, so the server would keep the burst's size for as
-// long as it stays idle (a burst of 10,000 tasks: 150 MiB, against 35 MiB idle
-// and 65 MiB once released; bgtask bench --scenario burst). releaseQuiet is
+// long as it stays idle (a burst of 10,000 tasks: 157 MiB, against 33 MiB idle
+// and 66 MiB once released; bgtask bench --scenario burst). releaseQuiet is
 // longer than NATS's file store keeps a block's cache after its last use (10 s),
 // so that its buffers are garbage by then.
 var (
