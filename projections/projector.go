@@ -212,39 +212,47 @@ var releaseMemory = func() {
 	debug.FreeOSMemory()
 }
 
-// releaseBurst and releaseQuiet are when the memory of work done live is given
-// back: once the stream has been quiet for releaseQuiet after at least
-// releaseBurst events since the last release. A burst of tasks leaves a heap the
-// Go runtime keeps whole when the server goes idle: it collects an idle heap
-// every 2 minutes only, and gives back what exceeds its next goal, twice the heap
-// live at the last collection, so the server would keep the burst's size for as
-// long as it stays idle (a burst of 10,000 tasks: 157 MiB, against 33 MiB idle
-// and 66 MiB once released; bgtask bench --scenario burst). releaseQuiet is
-// longer than NATS's file store keeps a block's cache after its last use (10 s),
-// so that its buffers are garbage by then.
+// releaseBurst, releaseQuiet and releaseTrickle are when the memory of work done
+// live is given back: once the stream has had at most releaseTrickle events in
+// releaseQuiet, after at least releaseBurst events since the last release. A
+// burst of tasks leaves a heap the Go runtime keeps whole when the server goes
+// idle: it collects an idle heap every 2 minutes only, and gives back only what
+// exceeds its next goal, twice the heap live at the last collection, so the
+// server would keep the burst's size for as long as it stays idle (a burst of
+// 10,000 tasks: 157 MiB, against 33 MiB idle and 66 MiB once released; bgtask
+// bench --scenario burst). releaseQuiet is longer than NATS's file store keeps a
+// block's cache after its last use (10 s), so that its buffers are garbage by
+// then; the trickle lets a few running tasks tick (one tick each 10 s) without
+// holding the release off.
 var (
-	releaseBurst uint64 = 10_000
-	releaseQuiet        = 15 * time.Second
+	releaseBurst   uint64 = 10_000
+	releaseQuiet          = 15 * time.Second
+	releaseTrickle uint64 = 100
 )
 
-// releaseWhenQuiet gives the memory back each time the stream has been quiet for
-// releaseQuiet after releaseBurst events or more since mark, until ctx ends.
+// releaseWhenQuiet gives the memory back each time the stream has had at most
+// releaseTrickle events in releaseQuiet after releaseBurst events or more since
+// mark, until ctx ends.
 func (p *Projector) releaseWhenQuiet(ctx context.Context, mark uint64, done chan<- struct{}) {
 	defer close(done)
-	tick := time.NewTicker(releaseQuiet / 3)
+	const looks = 3 // per releaseQuiet
+	tick := time.NewTicker(releaseQuiet / looks)
 	defer tick.Stop()
-	last, quietSince := mark, time.Now()
-	for {
+	// seen is the sequence applied at each of the last looks, the oldest first.
+	var seen [looks + 1]uint64
+	for i := range seen {
+		seen[i] = mark
+	}
+	for n := 0; ; n++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
-		applied := p.Applied()
-		switch {
-		case applied != last:
-			last, quietSince = applied, time.Now()
-		case applied-mark >= releaseBurst && time.Since(quietSince) >= releaseQuiet:
+		copy(seen[:], seen[1:])
+		seen[looks] = p.Applied()
+		applied := seen[looks]
+		if n >= looks-1 && applied-seen[0] <= releaseTrickle && applied-mark >= releaseBurst {
 			releaseMemory()
 			mark = applied
 		}

@@ -186,7 +186,8 @@ func TestALongReplayReleasesItsGarbage(t *testing.T) {
 
 // A burst of events applied live is given back to the system once the stream has
 // been quiet for a while, once a burst: not for fewer events, and not again while
-// the stream stays quiet. (The Go runtime would keep an idle server's heap at the
+// the stream stays quiet; a trickle of events, as a few running tasks' ticks make,
+// does not hold it off. (The Go runtime would keep an idle server's heap at the
 // burst's size: bgtask bench --scenario burst.)
 func TestABurstReleasesItsGarbageOnceQuiet(t *testing.T) {
 	srv := eventstest.Run(t)
@@ -195,17 +196,18 @@ func TestABurstReleasesItsGarbageOnceQuiet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func(burst uint64, quiet time.Duration, release func()) {
-		releaseBurst, releaseQuiet, releaseMemory = burst, quiet, release
-	}(releaseBurst, releaseQuiet, releaseMemory)
+	defer func(burst, trickle uint64, quiet time.Duration, release func()) {
+		releaseBurst, releaseTrickle, releaseQuiet, releaseMemory = burst, trickle, quiet, release
+	}(releaseBurst, releaseTrickle, releaseQuiet, releaseMemory)
 	var released atomic.Int64
-	releaseBurst, releaseQuiet, releaseMemory = 5, 60*time.Millisecond, func() { released.Add(1) }
+	releaseBurst, releaseTrickle, releaseQuiet = 5, 2, 60*time.Millisecond
+	releaseMemory = func() { released.Add(1) }
 	p := New(store, nil, engine.Base{})
 	if err := p.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer p.Stop()
-	recs := finishedRecords(t, 2)
+	recs := finishedRecords(t, 3)
 	lastOf, appended := map[string]uint64{}, 0
 	appendUpTo := func(n uint64) {
 		t.Helper()
@@ -235,6 +237,14 @@ func TestABurstReleasesItsGarbageOnceQuiet(t *testing.T) {
 	quiet()
 	if n := released.Load(); n != 1 {
 		t.Fatalf("a quiet stream after the release released the memory %d times more", n-1)
+	}
+	appendUpTo(2 * releaseBurst)
+	for released.Load() == 1 && appended < len(recs) {
+		time.Sleep(releaseQuiet * 2 / 3) // at most releaseTrickle events in releaseQuiet
+		appendUpTo(uint64(appended + 1))
+	}
+	if n := released.Load(); n != 2 {
+		t.Fatalf("a second burst then a trickle of %d events released the memory %d times in all, want twice", appended-2*int(releaseBurst), n)
 	}
 }
 
