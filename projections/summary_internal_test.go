@@ -184,6 +184,70 @@ func TestALongReplayReleasesItsGarbage(t *testing.T) {
 	}
 }
 
+// A burst of events applied live is given back to the system once the stream has
+// been quiet for a while, once a burst: not for fewer events, and not again while
+// the stream stays quiet; a trickle of events, as a few running tasks' ticks make,
+// does not hold it off. (The Go runtime would keep an idle server's heap at the
+// burst's size: bgtask bench --scenario burst.)
+func TestABurstReleasesItsGarbageOnceQuiet(t *testing.T) {
+	srv := eventstest.Run(t)
+	ctx := context.Background()
+	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func(burst, trickle uint64, quiet time.Duration, release func()) {
+		releaseBurst, releaseTrickle, releaseQuiet, releaseMemory = burst, trickle, quiet, release
+	}(releaseBurst, releaseTrickle, releaseQuiet, releaseMemory)
+	var released atomic.Int64
+	releaseBurst, releaseTrickle, releaseQuiet = 5, 2, 60*time.Millisecond
+	releaseMemory = func() { released.Add(1) }
+	p := New(store, nil, engine.Base{})
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	recs := finishedRecords(t, 3)
+	lastOf, appended := map[string]uint64{}, 0
+	appendUpTo := func(n uint64) {
+		t.Helper()
+		for ; appended < int(n); appended++ {
+			rec := recs[appended]
+			if lastOf[rec.TaskID], err = store.Append(ctx, rec.Event, lastOf[rec.TaskID]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := p.WaitFor(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	quiet := func() { time.Sleep(6 * releaseQuiet) }
+	appendUpTo(releaseBurst - 1)
+	quiet()
+	if n := released.Load(); n != 0 {
+		t.Fatalf("%d events, fewer than a burst, released the memory %d times", releaseBurst-1, n)
+	}
+	appendUpTo(releaseBurst)
+	for deadline := time.Now().Add(5 * time.Second); released.Load() == 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := released.Load(); n != 1 {
+		t.Fatalf("a burst of %d events then a quiet stream released the memory %d times, want once", releaseBurst, n)
+	}
+	quiet()
+	if n := released.Load(); n != 1 {
+		t.Fatalf("a quiet stream after the release released the memory %d times more", n-1)
+	}
+	appendUpTo(2 * releaseBurst)
+	for released.Load() == 1 && appended < len(recs) {
+		time.Sleep(releaseQuiet * 2 / 3) // at most releaseTrickle events in releaseQuiet
+		appendUpTo(uint64(appended + 1))
+	}
+	if n := released.Load(); n != 2 {
+		t.Fatalf("a second burst then a trickle of %d events released the memory %d times in all, want twice", appended-2*int(releaseBurst), n)
+	}
+}
+
 // What the engine recovers at its start is the unsettled tasks alone: their whole
 // states, and none of the settled ones, which need nothing more.
 func TestUnsettledIsEveryTaskButTheSettledOnes(t *testing.T) {

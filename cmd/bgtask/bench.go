@@ -42,6 +42,10 @@ Scenarios (in the order they run):
               server CPU and RSS while they run, against the same server idle
               and empty; last member's end → the join's wake-up, against a
               lone task's end → its own wake-up
+  burst       10,000 tasks running 'true' at once: the server's RSS idle, at
+              its peak and once it stops falling after them, against the same
+              server idle before (target ≤ 1.2×) and one restarted on the
+              same home (what the finished tasks hold)
 
 The peer, task-spooler (Debian's package task-spooler, 'tsp'), runs in the same
 run when it is installed, with a server of its own in the temporary directory;

@@ -65,6 +65,7 @@ var scenarios = []scenario{
 	{"growth", "stream growth: server memory with many finished tasks in the stream, against an empty server", runGrowth},
 	{"timers", "timers: server memory and start with pending timers, against an empty server; how late a burst of timers due in one second fires, against time.AfterFunc", runTimers},
 	{"join", "join: server CPU and memory while many members run and one join --all waits for them, against the same server idle and empty; the last member's end to the join's wake-up, against a lone task's end to its own", runJoin},
+	{"burst", "burst: server RSS idle, at its peak and once it stops falling after a burst of tasks running `true`, against the same server idle before it and one restarted on the same home", runBurst},
 	{"pids", "watched PIDs: server and worker CPU and RSS while processes bgtask did not start are watched, and each end to its wake-up, against as many commands bgtask runs itself", runPIDs},
 }
 
@@ -102,6 +103,8 @@ type sizes struct {
 	pids          int           // processes watched by PID in the pids scenario
 	pidsWindow    time.Duration // how long their CPU is measured there
 	pidsSettle    time.Duration // how long a server idles before each measure there
+	burst         int           // tasks of the burst scenario
+	burstSettle   burstSettle   // how it reads a settled RSS
 }
 
 var (
@@ -114,6 +117,7 @@ var (
 		timers: 10_000, timerBurst: 1000,
 		joinMembers: 1000, joinWindow: 10 * time.Second,
 		pids: 1000, pidsWindow: 10 * time.Second, pidsSettle: 2 * time.Second,
+		burst: 10_000, burstSettle: burstSettle{interval: time.Second, quiet: 30, limit: 2 * time.Minute},
 	}
 	quickSizes = sizes{
 		registers: 200, sequential: 20, throughput: 30,
@@ -124,6 +128,7 @@ var (
 		timers: 500, timerBurst: 100,
 		joinMembers: 20, joinWindow: 2 * time.Second,
 		pids: 20, pidsWindow: time.Second, pidsSettle: 500 * time.Millisecond,
+		burst: 100, burstSettle: burstSettle{interval: 200 * time.Millisecond, quiet: 5, limit: 5 * time.Second},
 	}
 )
 

@@ -251,3 +251,25 @@ func TestTheRawChainOfACommandThatPrintsWritesItsOutputFirst(t *testing.T) {
 		t.Fatalf("the raw stream holds %q, want %q", got, want)
 	}
 }
+
+// The burst scenario's RSS is settled once its last samples stop moving, not
+// while it still falls or rises by more than 1%.
+func TestSettledWaitsUntilTheRSSStopsMoving(t *testing.T) {
+	const mb = 1 << 20
+	for _, c := range []struct {
+		name    string
+		samples []int64
+		want    bool
+	}{
+		{"too few samples", []int64{100 * mb, 100 * mb}, false},
+		{"flat", []int64{100 * mb, 100 * mb, 100 * mb, 100 * mb}, true},
+		{"still falling", []int64{130 * mb, 120 * mb, 110 * mb, 100 * mb}, false},
+		{"fell, then flat", []int64{130 * mb, 100 * mb, 100 * mb, 100 * mb, 100 * mb}, true},
+		{"within 1%", []int64{100_000_000, 99_500_000, 99_200_000, 99_100_000}, true},
+		{"rising", []int64{100 * mb, 102 * mb, 104 * mb, 106 * mb}, false},
+	} {
+		if got := settled(c.samples, 3); got != c.want {
+			t.Errorf("%s: settled(%v, 3) = %v, want %v", c.name, c.samples, got, c.want)
+		}
+	}
+}
