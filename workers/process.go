@@ -220,10 +220,11 @@ var (
 func awaitShim(n *notifier, dir string, waiting func()) (*process, error) {
 	outcome := func() (*process, error, bool) {
 		var exit shimExit
-		if readJSON(filepath.Join(dir, shim.ExitFile), &exit) == nil && exit.StartError != "" {
+		if readRecord(dir, shim.ExitFile, &exit) == nil && exit.StartError != "" {
 			return nil, errors.New(exit.StartError), true
 		}
-		if _, err := os.Stat(filepath.Join(dir, shim.PIDFile)); err == nil {
+		var pids shimPIDs
+		if readRecord(dir, shim.PIDFile, &pids) == nil {
 			p, err := attachProcess(n, dir)
 			return p, err, true
 		}
@@ -266,7 +267,7 @@ func shimAlive(dir string) bool {
 // start, or after the worker restarted.
 func attachProcess(n *notifier, dir string) (*process, error) {
 	p := &process{dir: dir, exited: make(chan struct{}), commandEnded: make(chan struct{}), quit: make(chan struct{}), stopped: make(chan struct{})}
-	if err := readJSON(filepath.Join(dir, shim.PIDFile), &p.pids); err != nil {
+	if err := readRecord(dir, shim.PIDFile, &p.pids); err != nil {
 		return nil, fmt.Errorf("run %s: %w", dir, err)
 	}
 	p.commandWatch = watchEnd(p.pids.Command, func() { close(p.commandEnded) })
@@ -304,7 +305,7 @@ func (p *process) watch(changes *waiter) {
 
 func (p *process) readExit() bool {
 	var exit shimExit
-	if readJSON(filepath.Join(p.dir, shim.ExitFile), &exit) != nil {
+	if readRecord(p.dir, shim.ExitFile, &exit) != nil {
 		return false
 	}
 	p.result = events.Exited{ExitCode: exit.ExitCode, Signal: exit.Signal, StoppedBy: exit.StoppedBy, StartedAt: exit.StartedAt, EndedAt: exit.EndedAt}

@@ -90,7 +90,7 @@ func (r Run) supervise() error {
 	// A start that failed is recorded in the exit file; if even that fails, the
 	// error goes to the worker on the shim's stderr, which it still reads.
 	fail := func(err error) error {
-		if werr := exitFile.write(exitRecord{startError: err.Error(), startedAt: started, endedAt: wallClock()}); werr != nil {
+		if werr := exitFile.write(exitRecord{run: baseOf(r.Dir), startError: err.Error(), startedAt: started, endedAt: wallClock()}); werr != nil {
 			return errors.New(err.Error() + "; and its record: " + werr.Error())
 		}
 		releaseOutput()
@@ -117,7 +117,7 @@ func (r Run) supervise() error {
 	}
 	self, _ := ProcStart(syscall.Getpid())
 	child, _ := ProcStart(pid)
-	pids := pidsRecord{shim: ProcRef{PID: syscall.Getpid(), Start: self}, command: ProcRef{PID: pid, Start: child}, startedAt: started}
+	pids := pidsRecord{run: baseOf(r.Dir), shim: ProcRef{PID: syscall.Getpid(), Start: self}, command: ProcRef{PID: pid, Start: child}, startedAt: started}
 	exited := make(chan syscall.WaitStatus, 1)
 	go reap(pid, exited, ended[1])
 	// Not made durable: after a crash of the host nothing it names is alive, and a
@@ -130,7 +130,7 @@ func (r Run) supervise() error {
 	}
 	releaseOutput()
 	stoppedBy, ws := r.watchTimers(pid, exited, ended[0])
-	exit := exitRecord{exitCode: ws.ExitStatus(), stoppedBy: stoppedBy, startedAt: started, endedAt: wallClock()}
+	exit := exitRecord{run: baseOf(r.Dir), exitCode: ws.ExitStatus(), stoppedBy: stoppedBy, startedAt: started, endedAt: wallClock()}
 	if ws.Signaled() {
 		exit.exitCode, exit.signal = 128+int(ws.Signal()), signalName(ws.Signal())
 	}
