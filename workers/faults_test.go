@@ -3,6 +3,7 @@ package workers_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -166,6 +167,35 @@ func TestATaskTakenButNotStartedBeforeARestartIsStarted(t *testing.T) {
 		_, err := os.Stat(runDir)
 		return errors.Is(err, os.ErrNotExist)
 	})
+}
+
+// A run written in an earlier boot of the host, with no record of its command's
+// start, may have started it before the host went down (neither the starting
+// file nor pid.json is durable): its task is lost, and the command does not run a
+// second time.
+func TestARunStartingWhenTheHostRestartedIsLostNotStartedAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state, dir := t.TempDir(), t.TempDir()
+	id := b.arm(t, engine.Spec{Command: "echo ran > marker", Cwd: dir})
+	runDir := filepath.Join(state, "runs", id+"-1")
+	if err := os.MkdirAll(runDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	run := fmt.Sprintf(`{"task_id":%q,"epoch":1,"path":"/bin/sh","args":["sh","-c","echo ran > marker"],"env":[],"dir":%q,"boot":"an-earlier-boot"}`, id, dir)
+	if err := os.WriteFile(filepath.Join(runDir, "run.json"), []byte(run), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.spawnAs(t, id, "stable")
+
+	b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
+	end := b.waitFor(t, id, 20*time.Second, "ended", ended)
+	if end.Status != engine.StatusLost || end.Reason != workers.ReasonHostRestarted {
+		t.Fatalf("ended %s (%q), want lost: %q", end.Status, end.Reason, workers.ReasonHostRestarted)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "marker")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the command ran again after the host restarted: %v", err)
+	}
 }
 
 // A run directory whose task never got its spawn (the worker died between the

@@ -64,6 +64,11 @@ func (w *Worker) reattachRun(ctx context.Context, dir string) error {
 	}
 	r := &run{w: w, state: state, cancelled: make(chan struct{})}
 	switch {
+	case errors.Is(perr, errShimNotStarted) && sr.Boot != "" && sr.Boot != hostBoot():
+		log.Error("a run was starting when the host restarted: not started again", "task", sr.TaskID)
+		if r.recordEnd(ctx, engine.Lose{Reason: ReasonHostRestarted}) {
+			_ = os.RemoveAll(dir)
+		}
 	case errors.Is(perr, errShimNotStarted):
 		// Taken, but the worker stopped before its shim started the command: start
 		// it now.

@@ -21,6 +21,11 @@ import (
 // without recording how the command ended; what was left of the command is killed.
 const ReasonShimDied = "the shim of its run died without recording how the command ended; what was left of the command was killed"
 
+// ReasonHostRestarted is the reason of a task lost to a restart of its worker's
+// host while its command was starting: whether it started is not known, and it
+// is not started a second time.
+const ReasonHostRestarted = "the host restarted while the command of its run was starting: whether it started is not known, so it was not started again"
+
 // errFenced: the task changed under the worker (cancelled, or taken over); the
 // worker no longer owns it and must not touch it again.
 var errFenced = errors.New("worker no longer owns the task")
@@ -241,7 +246,7 @@ func (r *run) shimRun(dir string, epoch uint64, logAt offsets) shimRun {
 	run := shimRun{
 		TaskID: id, Epoch: epoch, Dir: cwd, LogOffsets: logAt,
 		Env:      mergeEnv(r.w.env(), spec.Env, "BGTASK_TASK_ID="+id, runMarker(dir)),
-		Deadline: spec.DeadlineTime(), KillGrace: r.w.cfg.KillGrace,
+		Deadline: spec.DeadlineTime(), KillGrace: r.w.cfg.KillGrace, Boot: hostBoot(),
 	}
 	if spec.OnStall == engine.OnStallKill {
 		run.StallAfter = spec.StallDuration() // notify and respawn need the worker

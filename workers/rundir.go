@@ -20,7 +20,9 @@ package workers
 //	                 old output was.
 //	run.json         shimRun, by the worker, atomically and durably, last (while
 //	                 the spawn is appended, for a task's first run): a run without
-//	                 it never had its shim started (errShimNotStarted). It holds
+//	                 it never had its shim started (errShimNotStarted); one of an
+//	                 earlier boot of the host with no start recorded may have
+//	                 started its command, and is lost (ReasonHostRestarted). It holds
 //	                 the command's environment, which the worker hands the shim on
 //	                 its stdin (shim.EnvironFD) and a result command runs in.
 //	exit.json.tmp    the shim, before the command starts: the exit file's blocks,
@@ -66,6 +68,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/proc"
 	"github.com/bgtask/bgtask/workers/shim"
 )
 
@@ -128,6 +131,10 @@ type shimRun struct {
 	Deadline   time.Time     `json:"deadline,omitempty"`
 	StallAfter time.Duration `json:"stall_after,omitempty"`
 	KillGrace  time.Duration `json:"kill_grace,omitempty"`
+	// Boot names the host's boot the run was written in (proc.Boot). Neither
+	// starting nor pid.json is durable: after a crash of the host, a run with
+	// neither may have started its command before it, and is not started again.
+	Boot string `json:"boot,omitempty"`
 }
 
 // shimArgs are the arguments of the shim that starts run in dir, with envBytes of
@@ -216,4 +223,10 @@ func writeJSONAtomic(path string, v any) error {
 		return err
 	}
 	return shim.WriteDurable(path, data)
+}
+
+// hostBoot names this boot of the host, or is empty where it cannot be read.
+func hostBoot() string {
+	boot, _ := proc.Boot()
+	return boot
 }

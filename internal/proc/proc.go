@@ -28,6 +28,9 @@ type Identity struct {
 	Boot string `json:"boot"`
 }
 
+// Boot names this boot of the host (Identity.Boot).
+func Boot() (string, error) { return bootID() }
+
 // ErrGone is a process that is not running: it never was, it has ended (a
 // zombie, not yet reaped by its parent, has ended), its PID now names another
 // process, or the host has restarted since. A *GoneError says which.
