@@ -46,6 +46,9 @@ Scenarios (in the order they run):
               its peak and once it stops falling after them, against the same
               server idle before (target ≤ 1.2×) and one restarted on the
               same home (what the finished tasks hold)
+  pids        1,000 watched PIDs of processes bgtask did not start: server and
+              worker CPU and RSS, each end → its wake-up, against as many
+              commands bgtask runs itself
 
 The peer, task-spooler (Debian's package task-spooler, 'tsp'), runs in the same
 run when it is installed, with a server of its own in the temporary directory;

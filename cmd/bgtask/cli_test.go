@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/cmd/bgtask/bench"
 )
 
 // The CLI's contract, through Run with a real server started in-process: exit
@@ -450,5 +452,14 @@ func TestASpecFileWithARepeatedKeyIsRefused(t *testing.T) {
 	r := bgtask(t, t.TempDir(), "add", "--spec", spec)
 	if r.code != exitUsage || !strings.Contains(r.stderr, "command: the key is given twice") {
 		t.Fatalf("add --spec with a repeated key: exit %d, stderr %q; want %d naming the key", r.code, r.stderr, exitUsage)
+	}
+}
+
+// bgtask bench --help tells every scenario there is.
+func TestBenchHelpNamesEveryScenario(t *testing.T) {
+	for _, name := range bench.Names() {
+		if !strings.Contains(benchLong, "\n  "+name+" ") {
+			t.Errorf("bench --help does not tell the scenario %q", name)
+		}
 	}
 }
