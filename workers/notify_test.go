@@ -10,8 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -420,6 +422,42 @@ type chunks chan string
 func (c chunks) Write(p []byte) (int, error) {
 	c <- string(p)
 	return len(p), nil
+}
+
+// Copies waiting for output hold no buffer of their own: they borrow one for each
+// look at the file.
+func TestCopiesWaitingForOutputHoldNoBuffer(t *testing.T) {
+	const copies = 100
+	n := newTestNotifier(t)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer close(done)
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	looked := make(chunks, copies)
+	for range copies {
+		path := filepath.Join(t.TempDir(), shim.StdoutFile)
+		appendTo(t, path, "x")
+		wg.Go(func() { copyGrowing(n, path, 0, looked, done) })
+	}
+	for range copies {
+		<-looked // each has read what there was, and goes on to wait
+	}
+	limit := int64(copies * copyBufferBytes / 4)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		runtime.GC() // twice at least: a pool keeps what it holds through one
+		var now runtime.MemStats
+		runtime.ReadMemStats(&now)
+		grown := int64(now.HeapAlloc) - int64(before.HeapAlloc)
+		if grown < limit {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d copies waiting for output hold %d bytes of heap, want under %d", copies, grown, limit)
+		}
+	}
 }
 
 func TestCopyGrowingFollowsWrites(t *testing.T) {
