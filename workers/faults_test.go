@@ -169,11 +169,50 @@ func TestATaskTakenButNotStartedBeforeARestartIsStarted(t *testing.T) {
 	})
 }
 
-// A run written in an earlier boot of the host, with no record of its command's
-// start, may have started it before the host went down (neither the starting
-// file nor pid.json is durable): its task is lost, and the command does not run a
-// second time.
+// A run found with no record of its command's start is started again in the
+// same boot of the host, and lost after a restart of the host: its command may
+// have started before the host went down (neither the starting file nor pid.json
+// is durable), and must not run a second time.
 func TestARunStartingWhenTheHostRestartedIsLostNotStartedAgain(t *testing.T) {
+	t.Parallel()
+	current, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Skip("no boot id here:", err)
+	}
+	for _, c := range []struct {
+		boot       string
+		status     string
+		reason     string
+		markerMade bool
+	}{
+		{"an-earlier-boot", engine.StatusLost, workers.ReasonHostRestarted, false},
+		{strings.TrimSpace(string(current)), engine.StatusSucceeded, "", true},
+	} {
+		b := setup(t)
+		state, dir := t.TempDir(), t.TempDir()
+		id := b.arm(t, engine.Spec{Command: "echo ran > marker", Cwd: dir})
+		runDir := filepath.Join(state, "runs", id+"-1")
+		if err := os.MkdirAll(runDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		writeRunJSON(t, runDir, id, dir, c.boot)
+		b.spawnAs(t, id, "stable")
+
+		b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
+		end := b.waitFor(t, id, 20*time.Second, "ended", ended)
+		if end.Status != c.status || end.Reason != c.reason {
+			t.Fatalf("boot %s: ended %s (%q), want %s (%q)", c.boot, end.Status, end.Reason, c.status, c.reason)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "marker")); (err == nil) != c.markerMade {
+			t.Fatalf("boot %s: the command's marker: %v, want made %v", c.boot, err, c.markerMade)
+		}
+	}
+}
+
+// A run whose exit file reached the disk and whose pid.json did not (it is not
+// durable; the host crashed) ended as its exit file says: its command is not
+// started again, and its exit is not lost.
+func TestARunWithItsExitOnDiskAndNoPIDsEndsAsItsExitSays(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	state, dir := t.TempDir(), t.TempDir()
@@ -182,19 +221,32 @@ func TestARunStartingWhenTheHostRestartedIsLostNotStartedAgain(t *testing.T) {
 	if err := os.MkdirAll(runDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	run := fmt.Sprintf(`{"task_id":%q,"epoch":1,"path":"/bin/sh","args":["sh","-c","echo ran > marker"],"env":[],"dir":%q,"boot":"an-earlier-boot"}`, id, dir)
-	if err := os.WriteFile(filepath.Join(runDir, "run.json"), []byte(run), 0o600); err != nil {
-		t.Fatal(err)
+	writeRunJSON(t, runDir, id, dir, "")
+	exit := fmt.Sprintf(`{"run":%q,"exit_code":7,"started_at":"2026-12-01T10:00:00Z","ended_at":"2026-12-01T10:00:01Z"}`, id+"-1")
+	for _, name := range []string{"exit.json", "starting"} {
+		if err := os.WriteFile(filepath.Join(runDir, name), []byte(exit), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	b.spawnAs(t, id, "stable")
 
 	b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
 	end := b.waitFor(t, id, 20*time.Second, "ended", ended)
-	if end.Status != engine.StatusLost || end.Reason != workers.ReasonHostRestarted {
-		t.Fatalf("ended %s (%q), want lost: %q", end.Status, end.Reason, workers.ReasonHostRestarted)
+	if end.Status != engine.StatusFailed || end.Run == nil || end.Run.ExitCode != 7 {
+		t.Fatalf("ended %s with %+v, want failed with exit code 7", end.Status, end.Run)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "marker")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("the command ran again after the host restarted: %v", err)
+		t.Fatalf("the command ran again: %v", err)
+	}
+}
+
+// writeRunJSON writes the run.json a worker writes for a task's first run in dir,
+// written in boot.
+func writeRunJSON(t *testing.T, runDir, id, dir, boot string) {
+	t.Helper()
+	run := fmt.Sprintf(`{"task_id":%q,"epoch":1,"path":"/bin/sh","args":["sh","-c","echo ran > marker"],"env":[],"dir":%q,"boot":%q}`, id, dir, boot)
+	if err := os.WriteFile(filepath.Join(runDir, "run.json"), []byte(run), 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -220,13 +220,19 @@ var (
 func awaitShim(n *notifier, dir string, waiting func()) (*process, error) {
 	outcome := func() (*process, error, bool) {
 		var exit shimExit
-		if readRecord(dir, shim.ExitFile, &exit) == nil && exit.StartError != "" {
+		hasExit := readRecord(dir, shim.ExitFile, &exit) == nil
+		if hasExit && exit.StartError != "" {
 			return nil, errors.New(exit.StartError), true
 		}
 		var pids shimPIDs
 		if readRecord(dir, shim.PIDFile, &pids) == nil {
 			p, err := attachProcess(n, dir)
 			return p, err, true
+		}
+		if hasExit {
+			// The exit is on disk and the PIDs are not: pid.json is not durable, the
+			// exit file is, and the host crashed. The run ended as the file says.
+			return endedProcess(dir), nil, true
 		}
 		return nil, nil, false
 	}
@@ -261,6 +267,17 @@ func shimAlive(dir string) bool {
 	}
 	defer f.Close() // releases the lock if this took it
 	return errors.Is(unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB), unix.EWOULDBLOCK)
+}
+
+// endedProcess is a run whose exit file is all that is left of it: ended, with
+// no process to watch or signal.
+func endedProcess(dir string) *process {
+	p := &process{dir: dir, exited: make(chan struct{}), commandEnded: make(chan struct{}), quit: make(chan struct{}), stopped: make(chan struct{})}
+	p.readExit()
+	close(p.exited)
+	close(p.commandEnded)
+	close(p.stopped)
+	return p
 }
 
 // attachProcess watches a run that a shim started, from its directory: after a
@@ -357,6 +374,9 @@ func (p *process) stop(grace time.Duration) {
 // group with the same number has a leader with that PID and another start time.
 func (p *process) signalGroup(sig unix.Signal) {
 	pgid := p.pids.Command.PID
+	if pgid <= 0 {
+		return // no PIDs known (endedProcess): kill(0) would signal the worker's own group
+	}
 	if start, err := shim.ProcStart(pgid); err == nil && start != p.pids.Command.Start {
 		return // the PID now names another process: the group is not ours
 	}

@@ -64,7 +64,7 @@ func (w *Worker) reattachRun(ctx context.Context, dir string) error {
 	}
 	r := &run{w: w, state: state, cancelled: make(chan struct{})}
 	switch {
-	case errors.Is(perr, errShimNotStarted) && sr.Boot != "" && sr.Boot != hostBoot():
+	case errors.Is(perr, errShimNotStarted) && bootedSince(sr.Boot):
 		log.Error("a run was starting when the host restarted: not started again", "task", sr.TaskID)
 		if r.recordEnd(ctx, engine.Lose{Reason: ReasonHostRestarted}) {
 			_ = os.RemoveAll(dir)

@@ -132,8 +132,10 @@ type shimRun struct {
 	StallAfter time.Duration `json:"stall_after,omitempty"`
 	KillGrace  time.Duration `json:"kill_grace,omitempty"`
 	// Boot names the host's boot the run was written in (proc.Boot). Neither
-	// starting nor pid.json is durable: after a crash of the host, a run with
-	// neither may have started its command before it, and is not started again.
+	// starting nor pid.json is durable until the exit file is: after a crash of
+	// the host, a run with no record of its start may have started its command
+	// before it, and is not started again. Where a boot cannot be read, such a
+	// run is started again.
 	Boot string `json:"boot,omitempty"`
 }
 
@@ -229,4 +231,11 @@ func writeJSONAtomic(path string, v any) error {
 func hostBoot() string {
 	boot, _ := proc.Boot()
 	return boot
+}
+
+// bootedSince says whether the host has restarted since boot, a run's: known
+// only where both boots are.
+func bootedSince(boot string) bool {
+	now := hostBoot()
+	return boot != "" && now != "" && boot != now
 }

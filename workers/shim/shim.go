@@ -78,7 +78,8 @@ func (r Run) supervise() error {
 	started := wallClock()
 	// The environment comes whole, or the worker that started this shim died handing
 	// it over: then nothing is recorded and no command starts, and the run is one
-	// whose shim never started, which the worker starts at its next start.
+	// whose shim never started, which the worker starts at its next start (in the
+	// same boot of the host).
 	env, err := readEnviron(r.EnvBytes)
 	if err != nil {
 		return err
