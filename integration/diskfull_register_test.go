@@ -17,7 +17,7 @@ func TestTheFirstRegistrationOnAFullDiskIsRefusedAtOnce(t *testing.T) {
 	t.Parallel()
 	home, dir := t.TempDir(), t.TempDir()
 	mountTmpfs(t, home, diskBytes)
-	startServer(t, home)
+	srv := startServer(t, home)
 	nc, _ := connect(t, home)
 	spec, err := json.Marshal(map[string]any{"command": "exit 3", "cwd": dir})
 	if err != nil {
@@ -42,7 +42,7 @@ func TestTheFirstRegistrationOnAFullDiskIsRefusedAtOnce(t *testing.T) {
 	if err := os.Remove(ballast); err != nil {
 		t.Fatal(err)
 	}
-	tr := &trial{t: t, plan: trialPlan{tasks: []trialTask{{kind: exitsWithCode, code: 3}}}, home: home, dir: dir, began: time.Now()}
+	tr := &trial{t: t, plan: trialPlan{tasks: []trialTask{{kind: exitsWithCode, code: 3}}}, home: home, dir: dir, server: srv, began: time.Now()}
 	makeGate(t, dir, gateName(0))
 	openGate(t, dir, gateName(0))
 	id := tr.registerRefused(nc, 0)
