@@ -5,6 +5,7 @@ package workers
 import (
 	"bufio"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -486,4 +487,25 @@ func TestCopyGrowingFollowsWrites(t *testing.T) {
 		t.Fatalf("copied up to %d", offset)
 	}
 	next("last")
+}
+
+// A pid.json that names another run (a recycled directory's, after a crash of the
+// host) is no record of this run's start: the run is found as its start file
+// says, not attached to the process that file names.
+func TestAnotherRunsPIDsAreNoRecordOfTheStart(t *testing.T) {
+	n, dir := newTestNotifier(t), t.TempDir()
+	self, err := shim.ProcStart(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := shim.ProcRef{PID: os.Getpid(), Start: self}
+	if err := writeJSONAtomic(filepath.Join(dir, shim.PIDFile), shimPIDs{Run: "another-task-1", Shim: live, Command: live}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, shim.StartingFile), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := awaitShim(n, dir, nil); !errors.Is(err, errShimDied) {
+		t.Fatalf("awaitShim = %v, %v; want errShimDied", p, err)
+	}
 }
