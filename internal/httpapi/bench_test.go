@@ -95,42 +95,68 @@ func BenchmarkList(b *testing.B) {
 	})
 }
 
+// storeFollower appends events to a test server's store and times their arrival
+// at a JetStream ordered consumer (Follow), the baseline of the SSE benchmarks.
+type storeFollower struct {
+	b        *testing.B
+	ctx      context.Context
+	store    *events.JetStreamStore
+	followed chan string
+	stop     func()
+}
+
+// followStore follows h's event stream from its end until stop.
+func followStore(b *testing.B, ctx context.Context, h *harness) *storeFollower {
+	ctx, cancel := context.WithCancel(ctx)
+	store, err := events.ConnectStore(ctx, h.nats.JS)
+	if err != nil {
+		cancel()
+		b.Fatal(err)
+	}
+	last, _ := store.LastSeq(ctx)
+	f := &storeFollower{b: b, ctx: ctx, store: store, followed: make(chan string, 1)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = store.Follow(ctx, "", last, func(rec events.Record, _ error) bool {
+			f.followed <- rec.TaskID
+			return true
+		})
+	}()
+	f.stop = func() { cancel(); <-done }
+	return f
+}
+
+// appendOne appends an event of a new task and returns the task, when the append
+// began, and how long the event took to reach the follower.
+func (f *storeFollower) appendOne() (id string, t0 time.Time, followed time.Duration) {
+	id = uuid.NewString()
+	ev, err := events.New(id, "bench", 0, time.Now(), &events.Cancelled{Reason: "bench"})
+	if err != nil {
+		f.b.Fatal(err)
+	}
+	t0 = time.Now()
+	if _, err := f.store.Append(f.ctx, ev, 0); err != nil {
+		f.b.Fatal(err)
+	}
+	for got := ""; got != id; got = <-f.followed {
+	}
+	return id, t0, time.Since(t0)
+}
+
 // BenchmarkEventDelivery appends an event and times its arrival at an SSE client
 // of /v1/events and at a JetStream ordered consumer (Follow) opened beside it.
 func BenchmarkEventDelivery(b *testing.B) {
 	h := start(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	store, err := events.ConnectStore(ctx, h.nats.JS)
-	if err != nil {
-		b.Fatal(err)
-	}
-	last, _ := store.LastSeq(ctx)
-	followed := make(chan string, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = store.Follow(ctx, "", last, func(rec events.Record, _ error) bool {
-			followed <- rec.TaskID
-			return true
-		})
-	}()
-	defer func() { cancel(); <-done }()
+	f := followStore(b, ctx, h)
+	defer f.stop()
 	sse := h.open("/v1/events")
 	var viaSSE, viaFollow []time.Duration
 	for b.Loop() {
-		id := uuid.NewString()
-		ev, err := events.New(id, "bench", 0, time.Now(), &events.Cancelled{Reason: "bench"})
-		if err != nil {
-			b.Fatal(err)
-		}
-		t0 := time.Now()
-		if _, err := store.Append(ctx, ev, 0); err != nil {
-			b.Fatal(err)
-		}
-		for got := ""; got != id; got = <-followed {
-		}
-		viaFollow = append(viaFollow, time.Since(t0))
+		id, t0, followed := f.appendOne()
+		viaFollow = append(viaFollow, followed)
 		for {
 			_, rec := sse.record()
 			if rec.TaskID == id {

@@ -12,10 +12,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/google/uuid"
-
-	"github.com/bgtask/bgtask/events"
 )
 
 // browserTools finds node, chromium and playwright-core (on NODE_PATH, as
@@ -50,38 +46,15 @@ func BenchmarkEventDeliveryToABrowser(b *testing.B) {
 	h := start(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	store, err := events.ConnectStore(ctx, h.nats.JS)
-	if err != nil {
-		b.Fatal(err)
-	}
 	var link struct{ URL string }
 	h.call(b, "POST", "/v1/login", "", 201, &link)
 	page := openPage(b, ctx, node, chromium, link.URL)
-	last, _ := store.LastSeq(ctx)
-	followed := make(chan string, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = store.Follow(ctx, "", last, func(rec events.Record, _ error) bool {
-			followed <- rec.TaskID
-			return true
-		})
-	}()
-	defer func() { cancel(); <-done }()
+	f := followStore(b, ctx, h)
+	defer f.stop()
 	var viaPage, viaFollow, offsets []time.Duration
 	for b.Loop() {
-		id := uuid.NewString()
-		ev, err := events.New(id, "bench", 0, time.Now(), &events.Cancelled{Reason: "bench"})
-		if err != nil {
-			b.Fatal(err)
-		}
-		t0 := time.Now()
-		if _, err := store.Append(ctx, ev, 0); err != nil {
-			b.Fatal(err)
-		}
-		for got := ""; got != id; got = <-followed {
-		}
-		viaFollow = append(viaFollow, time.Since(t0))
+		id, t0, followed := f.appendOne()
+		viaFollow = append(viaFollow, followed)
 		at, offset := page.arrival(id)
 		if at.Before(t0) {
 			b.Fatalf("the page got event %s %s before its append: the clocks disagree", id, t0.Sub(at))
