@@ -190,14 +190,7 @@ func TestARunStartingWhenTheHostRestartedIsLostNotStartedAgain(t *testing.T) {
 	} {
 		b := setup(t)
 		state, dir := t.TempDir(), t.TempDir()
-		id := b.arm(t, engine.Spec{Command: "echo ran > marker", Cwd: dir})
-		runDir := filepath.Join(state, "runs", id+"-1")
-		if err := os.MkdirAll(runDir, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		writeRunJSON(t, runDir, id, dir, c.boot)
-		b.spawnAs(t, id, "stable")
-
+		id, _ := takenBeforeARestart(t, b, state, dir, c.boot)
 		b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
 		end := b.waitFor(t, id, 20*time.Second, "ended", ended)
 		if end.Status != c.status || end.Reason != c.reason {
@@ -216,20 +209,13 @@ func TestARunWithItsExitOnDiskAndNoPIDsEndsAsItsExitSays(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	state, dir := t.TempDir(), t.TempDir()
-	id := b.arm(t, engine.Spec{Command: "echo ran > marker", Cwd: dir})
-	runDir := filepath.Join(state, "runs", id+"-1")
-	if err := os.MkdirAll(runDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	writeRunJSON(t, runDir, id, dir, "")
+	id, runDir := takenBeforeARestart(t, b, state, dir, "")
 	exit := fmt.Sprintf(`{"run":%q,"exit_code":7,"started_at":"2026-12-01T10:00:00Z","ended_at":"2026-12-01T10:00:01Z"}`, id+"-1")
-	for _, name := range []string{"exit.json", "starting"} {
-		if err := os.WriteFile(filepath.Join(runDir, name), []byte(exit), 0o600); err != nil {
+	for name, data := range map[string]string{"exit.json": exit, "starting": ""} {
+		if err := os.WriteFile(filepath.Join(runDir, name), []byte(data), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	b.spawnAs(t, id, "stable")
-
 	b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
 	end := b.waitFor(t, id, 20*time.Second, "ended", ended)
 	if end.Status != engine.StatusFailed || end.Run == nil || end.Run.ExitCode != 7 {
@@ -240,14 +226,22 @@ func TestARunWithItsExitOnDiskAndNoPIDsEndsAsItsExitSays(t *testing.T) {
 	}
 }
 
-// writeRunJSON writes the run.json a worker writes for a task's first run in dir,
-// written in boot.
-func writeRunJSON(t *testing.T, runDir, id, dir, boot string) {
+// takenBeforeARestart is what a worker "stable" that died after it wrote the
+// run.json of a task's first run (in boot) and appended its spawn leaves: the task,
+// whose command writes dir/marker, and its run directory in state.
+func takenBeforeARestart(t *testing.T, b *bundle, state, dir, boot string) (id, runDir string) {
 	t.Helper()
+	id = b.arm(t, engine.Spec{Command: "echo ran > marker", Cwd: dir})
+	runDir = filepath.Join(state, "runs", id+"-1")
+	if err := os.MkdirAll(runDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	run := fmt.Sprintf(`{"task_id":%q,"epoch":1,"path":"/bin/sh","args":["sh","-c","echo ran > marker"],"env":[],"dir":%q,"boot":%q}`, id, dir, boot)
 	if err := os.WriteFile(filepath.Join(runDir, "run.json"), []byte(run), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	b.spawnAs(t, id, "stable")
+	return id, runDir
 }
 
 // A run directory whose task never got its spawn (the worker died between the
