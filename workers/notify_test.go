@@ -292,10 +292,7 @@ func attachPIDs(t *testing.T, n *notifier, dir string, pids shimPIDs) *process {
 	if err := writeJSONAtomic(filepath.Join(dir, shim.PIDFile), pids); err != nil {
 		t.Fatal(err)
 	}
-	p, err := attachProcess(n, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := attachProcess(n, dir, pids)
 	t.Cleanup(p.detach)
 	return p
 }

@@ -226,13 +226,12 @@ func awaitShim(n *notifier, dir string, waiting func()) (*process, error) {
 		}
 		var pids shimPIDs
 		if readRecord(dir, shim.PIDFile, &pids) == nil {
-			p, err := attachProcess(n, dir)
-			return p, err, true
+			return attachProcess(n, dir, pids), nil, true
 		}
 		if hasExit {
 			// The exit is on disk and the PIDs are not: pid.json is not durable, the
 			// exit file is, and the host crashed. The run ended as the file says.
-			return endedProcess(dir), nil, true
+			return endedProcess(dir, exit), nil, true
 		}
 		return nil, nil, false
 	}
@@ -269,30 +268,27 @@ func shimAlive(dir string) bool {
 	return errors.Is(unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB), unix.EWOULDBLOCK)
 }
 
-// endedProcess is a run whose exit file is all that is left of it: ended, with
-// no process to watch or signal.
-func endedProcess(dir string) *process {
+// endedProcess is a run whose exit file, exit, is all that is left of it: ended,
+// with no process to watch or signal.
+func endedProcess(dir string, exit shimExit) *process {
 	p := &process{dir: dir, exited: make(chan struct{}), commandEnded: make(chan struct{}), quit: make(chan struct{}), stopped: make(chan struct{})}
-	p.readExit()
+	p.take(exit)
 	close(p.exited)
 	close(p.commandEnded)
 	close(p.stopped)
 	return p
 }
 
-// attachProcess watches a run that a shim started, from its directory: after a
-// start, or after the worker restarted.
-func attachProcess(n *notifier, dir string) (*process, error) {
-	p := &process{dir: dir, exited: make(chan struct{}), commandEnded: make(chan struct{}), quit: make(chan struct{}), stopped: make(chan struct{})}
-	if err := readRecord(dir, shim.PIDFile, &p.pids); err != nil {
-		return nil, fmt.Errorf("run %s: %w", dir, err)
-	}
+// attachProcess watches a run that a shim started, with the PIDs it recorded in
+// its directory: after a start, or after the worker restarted.
+func attachProcess(n *notifier, dir string, pids shimPIDs) *process {
+	p := &process{dir: dir, pids: pids, exited: make(chan struct{}), commandEnded: make(chan struct{}), quit: make(chan struct{}), stopped: make(chan struct{})}
 	p.commandWatch = watchEnd(p.pids.Command, func() { close(p.commandEnded) })
 	// Armed before the first look: an exit that lands in between still wakes it.
 	changes := n.watch(dir, shim.ExitFile)
 	changes.watchProcess(p.pids.Shim)
 	go p.watch(changes)
-	return p, nil
+	return p
 }
 
 // watch waits for the exit file, the truth of how the command ended (the shim
@@ -325,9 +321,14 @@ func (p *process) readExit() bool {
 	if readRecord(p.dir, shim.ExitFile, &exit) != nil {
 		return false
 	}
+	p.take(exit)
+	return true
+}
+
+// take takes how the run ended from its exit file.
+func (p *process) take(exit shimExit) {
 	p.result = events.Exited{ExitCode: exit.ExitCode, Signal: exit.Signal, StoppedBy: exit.StoppedBy, StartedAt: exit.StartedAt, EndedAt: exit.EndedAt}
 	p.failure = exit.StartError
-	return true
 }
 
 // ended says whether the command has ended: exited closes soon.
