@@ -21,10 +21,11 @@ import (
 // every task, that look was a fifth of all the CPU a short task cost. A directory
 // keeps the inodes of the files its own writers alone write, under the name of
 // their temp file (run.json, pid.json, exit.json and starting), which each writer
-// opens and renames into place as it would a new one. The output files are new
-// for every run: whoever the command handed them to, or left running past its
-// shim (a process that escaped its containment), may write to them still, and
-// must not write into another task's output.
+// opens and renames into place as it would a new one. The output files are kept,
+// emptied, only where no process has them open for writing (unwritten): whoever
+// the command handed them to, or left running past its shim (a process that
+// escaped its containment), may write to them still, and must not write into
+// another task's output; such a file is removed, and the next run makes its own.
 //
 // A free directory is named freePrefix and a number, which no task's run has
 // (intentOf): a worker that starts again removes it with what else is not a run.
@@ -89,6 +90,23 @@ func (p *runPool) recycle(dir string) {
 	p.put(free)
 }
 
+// emptyDurably truncates a file, if it is not empty, and makes that durable: a
+// crash of the host must not bring a run's output back into the next run's.
+func emptyDurably(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if info, err := f.Stat(); err != nil || info.Size() == 0 {
+		return err
+	}
+	if err := f.Truncate(0); err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
 func (p *runPool) take() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -136,7 +154,9 @@ func clean(dir string) error {
 			err = os.Rename(path, path+".tmp")
 		case strings.HasSuffix(name, ".tmp") && slices.Contains(recycled, strings.TrimSuffix(name, ".tmp")):
 			// Left by a writer that died before its rename; opened with truncation.
-		default: // the output files, stop.json, and anything else
+		case (name == shim.StdoutFile || name == shim.StderrFile) && unwritten(path):
+			err = emptyDurably(path)
+		default: // output someone may still write, stop.json, and anything else
 			err = os.RemoveAll(path)
 		}
 		if err != nil {

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -56,15 +58,16 @@ func names(t *testing.T, dir string) []string {
 	return list
 }
 
-// A finished run's directory becomes the next run's with the inodes of the files
-// its worker and shim alone write, and with nothing of the first run in it: those
-// files are absent (their temp files are there to be opened, the environment's
-// empty), and so are the output files, which the next run makes anew.
+// A finished run's directory becomes the next run's with the inodes of its files
+// and with nothing of the first run in it: the files its worker and shim alone
+// write are absent (their temp files are there to be opened, the environment's
+// empty), and the output files, which no process holds any more, are empty.
 func TestARunDirectoryIsRecycledEmptyWithItsInodes(t *testing.T) {
 	runs := filepath.Join(t.TempDir(), "runs")
 	first := finishedRun(t, runs, "a-1")
 	inodes := map[string]uint64{}
-	for _, f := range []string{shim.ExitFile, runFile, shim.PIDFile, shim.StartingFile} {
+	kept := []string{shim.ExitFile, runFile, shim.PIDFile, shim.StartingFile}
+	for _, f := range append(kept, shim.StdoutFile, shim.StderrFile) {
 		inodes[f] = inode(t, filepath.Join(first, f))
 	}
 	pool := newRunPool(runs, 4)
@@ -78,15 +81,29 @@ func TestARunDirectoryIsRecycledEmptyWithItsInodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{shim.ExitFile + ".tmp", shim.PIDFile + ".tmp", runFile + ".tmp", shim.StartingFile + ".tmp"}
+	outputKept := runtime.GOOS == "linux" // elsewhere no process can be told to hold none
+	if outputKept {
+		want = append(want, shim.StderrFile, shim.StdoutFile)
+	}
+	slices.Sort(want)
 	if got := names(t, next); !slices.Equal(got, want) {
 		t.Fatalf("the next run's directory holds %v, want %v", got, want)
 	}
-	if info, err := os.Stat(filepath.Join(next, runFile+".tmp")); err != nil || info.Size() != 0 { // its env may hold secrets
-		t.Errorf("run.json's temp file: %v, %v: want it there and empty", info, err)
+	for _, f := range []string{runFile + ".tmp", shim.StdoutFile, shim.StderrFile} { // the env may hold secrets
+		if info, err := os.Stat(filepath.Join(next, f)); (err == nil || outputKept) && (err != nil || info.Size() != 0) {
+			t.Errorf("%s: %v, %v: want it empty", f, info, err)
+		}
 	}
 	for f, ino := range inodes {
-		if got := inode(t, filepath.Join(next, f+".tmp")); got != ino {
-			t.Errorf("%s.tmp: inode %d, want the first run's %d", f, got, ino)
+		path := filepath.Join(next, f+".tmp")
+		if !slices.Contains(kept, f) {
+			if !outputKept {
+				continue
+			}
+			path = filepath.Join(next, f)
+		}
+		if got := inode(t, path); got != ino {
+			t.Errorf("%s: inode %d, want the first run's %d", filepath.Base(path), got, ino)
 		}
 	}
 	if names(t, runs)[0] != "b-1" || len(names(t, runs)) != 1 {
@@ -100,11 +117,23 @@ func TestARunDirectoryIsRecycledEmptyWithItsInodes(t *testing.T) {
 func TestOutputWrittenAfterARunEndedStaysOutOfTheNextRun(t *testing.T) {
 	runs := filepath.Join(t.TempDir(), "runs")
 	first := finishedRun(t, runs, "a-1")
-	leftover, err := os.OpenFile(filepath.Join(first, shim.StdoutFile), os.O_WRONLY|os.O_APPEND, 0)
+	out, err := os.OpenFile(filepath.Join(first, shim.StdoutFile), os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer leftover.Close()
+	// A process of its own holds it, and writes to it once told to.
+	holder := exec.Command("sh", "-c", `read _; echo "written by a process the first run left" >&3`)
+	holder.ExtraFiles = []*os.File{out}
+	tell, err := holder.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	out.Close()
+	defer func() { _ = holder.Process.Kill(); _ = holder.Wait() }()
+
 	pool := newRunPool(runs, 4)
 	pool.recycle(first)
 	next := filepath.Join(runs, "b-1")
@@ -114,8 +143,9 @@ func TestOutputWrittenAfterARunEndedStaysOutOfTheNextRun(t *testing.T) {
 	if _, err := prepareRun(next, shimRun{TaskID: "b", Epoch: 1, Env: os.Environ(), Dir: t.TempDir()}, engine.Spec{Command: "true"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := leftover.WriteString("written by a process the first run left\n"); err != nil {
-		t.Fatal(err)
+	tell.Close()
+	if err := holder.Wait(); err != nil {
+		t.Fatalf("the process holding the first run's output: %v", err)
 	}
 	for _, f := range []string{shim.StdoutFile, shim.StderrFile} {
 		if data, err := os.ReadFile(filepath.Join(next, f)); err != nil || len(data) != 0 {

@@ -12,9 +12,9 @@ package workers
 //	                 shim and hands it down (shim.StartLockFD); the shim holds it
 //	                 while it lives, so a lock found free means no shim of the run
 //	                 is alive or ever will be (shimAlive).
-//	stdout, stderr   made by the worker (prepareRun), new for every run: a
-//	                 process an earlier run left may hold that run's still. The
-//	                 command appends to them directly. The worker reads them into the tail, the
+//	stdout, stderr   made by the worker (prepareRun), or kept empty from a run
+//	                 before where no process has them open to write (runPool).
+//	                 The command appends to them directly. The worker reads them into the tail, the
 //	                 log and the completion rule, and frees the blocks no restart
 //	                 reads again (boundOutput): a reader may find a hole where
 //	                 old output was.
