@@ -33,3 +33,12 @@ func FreeRuns(w *Worker) int {
 	defer w.pool.mu.Unlock()
 	return len(w.pool.free)
 }
+
+// launchShim starts the shim of a prepared run and hands it the run at once.
+func launchShim(shimCmd []string, dir string, run shimRun) error {
+	s, err := startShim(shimCmd, dir, run)
+	if err != nil {
+		return err
+	}
+	return s.hand()
+}

@@ -28,3 +28,30 @@ func TestAShimThatCannotRecordItsStartSaysWhy(t *testing.T) {
 		t.Fatalf("launch = %v, want the shim's reasons: no room reserved for the exit file, none written", err)
 	}
 }
+
+// A shim started while its task's spawn is appended starts nothing if the spawn is
+// not the worker's: cancelled, it ends without the command having run.
+func TestAShimCancelledBeforeItsRunStartsNothing(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, ran := t.TempDir(), filepath.Join(t.TempDir(), "ran")
+	run := shimRun{Path: "/bin/sh", Args: []string{"sh", "-c", `touch "$0"`, ran}, Dir: dir, Env: []string{"PATH=/usr/bin:/bin"}}
+	s, err := startShim([]string{self, "shim"}, dir, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.cancel() // returns once the shim has ended
+	if _, err := os.Stat(ran); err == nil {
+		t.Fatal("the command of a cancelled shim ran")
+	}
+	for _, f := range []string{shim.StartingFile, shim.PIDFile, shim.ExitFile} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
+			t.Errorf("a cancelled shim wrote %s", f)
+		}
+	}
+	if shimAlive(dir) {
+		t.Error("a cancelled shim still holds the run's start lock")
+	}
+}

@@ -38,10 +38,16 @@ type process struct {
 	stopped      chan struct{}
 }
 
-// launchProcess starts the shim of a prepared run (prepareRun), in a new session of
-// its own, and watches the command it starts.
-func launchProcess(n *notifier, shimCmd []string, dir string, run shimRun) (*process, error) {
-	if err := launchShim(shimCmd, dir, run); err != nil {
+// launchProcess hands a prepared run (prepareRun) to its shim, started already
+// (startShim) or else now, and watches the command it starts.
+func launchProcess(n *notifier, shimCmd []string, dir string, run shimRun, started *startingShim) (*process, error) {
+	if started == nil {
+		var err error
+		if started, err = startShim(shimCmd, dir, run); err != nil {
+			return nil, err
+		}
+	}
+	if err := started.hand(); err != nil {
 		return nil, err
 	}
 	return awaitShim(n, dir, nil)
@@ -50,6 +56,15 @@ func launchProcess(n *notifier, shimCmd []string, dir string, run shimRun) (*pro
 // prepareRun writes what the shim of a run needs into its directory, and returns
 // the run with the program it starts.
 func prepareRun(dir string, run shimRun, spec engine.Spec) (shimRun, error) {
+	run, err := resolveRun(run, spec)
+	if err != nil {
+		return run, err
+	}
+	return run, writeRun(dir, run)
+}
+
+// resolveRun finds the program a run starts, in the command's PATH.
+func resolveRun(run shimRun, spec engine.Spec) (shimRun, error) {
 	if spec.Command != "" {
 		bash, err := lookPath("bash", run.Env, run.Dir)
 		if err != nil {
@@ -66,82 +81,114 @@ func prepareRun(dir string, run shimRun, spec engine.Spec) (shimRun, error) {
 	if info, err := os.Stat(run.Dir); err != nil || !info.IsDir() {
 		return run, errors.New("working directory " + run.Dir + " does not exist")
 	}
+	return run, nil
+}
+
+// writeRun writes a resolved run's files into its directory.
+func writeRun(dir string, run shimRun) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return run, err
+		return err
 	}
 	for _, name := range []string{shim.StdoutFile, shim.StderrFile} {
 		f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE, 0o600)
 		if err != nil {
-			return run, err
+			return err
 		}
 		f.Close()
 	}
-	return run, writeJSONAtomic(filepath.Join(dir, runFile), run)
+	return writeJSONAtomic(filepath.Join(dir, runFile), run)
 }
 
-// launchShim starts the shim of a prepared run in a session of its own, handing it
-// the run's start lock, and returns once the shim has recorded how the command's
-// start went (or ended): it reads the shim's output until the shim lets go of it.
-func launchShim(shimCmd []string, dir string, run shimRun) error {
+// startingShim is the shim of a prepared run, started in a session of its own
+// with the run's start lock, which starts no command until it is handed the
+// command's environment (hand): a task's shim starts while its spawn is appended,
+// and its command once the spawn is in the log.
+type startingShim struct {
+	dir   string
+	proc  *os.Process
+	pidfd int
+	env   []byte
+	envIn *os.File // the shim's stdin (shim.EnvironFD)
+	out   *os.File // the shim's stdout and stderr, until it lets go of them
+}
+
+// startShim starts the shim of a prepared run.
+func startShim(shimCmd []string, dir string, run shimRun) (*startingShim, error) {
 	// The run's directory is its start lock: a lock file would be one more file made
 	// and removed with every run.
 	lock, err := os.Open(dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer lock.Close() // the shim holds it from here
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
-		return err
+		return nil, err
 	}
 	path, err := exec.LookPath(shimCmd[0])
 	if err != nil {
-		return fmt.Errorf("start the shim: %w", err)
+		return nil, fmt.Errorf("start the shim: %w", err)
 	}
-	// The command's environment goes to the shim on its stdin (shim.EnvironFD).
 	envOut, envIn, err := os.Pipe()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer envIn.Close()
 	defer envOut.Close()
 	out, in, err := os.Pipe()
 	if err != nil {
-		return err
+		envIn.Close()
+		return nil, err
 	}
-	defer out.Close()
+	defer in.Close()
 	// Started directly, not through a process that detaches it: one program start
 	// less in every task's start. The shim is this process's child until it ends,
 	// and reapShims collects it then through the pidfd the start opens; if the
 	// worker ends first, init does.
-	pidfd := -1
-	env := shim.JoinEnviron(run.Env)
-	proc, err := os.StartProcess(path, append(slices.Clone(shimCmd), run.shimArgs(dir, len(env))...), &os.ProcAttr{
+	s := &startingShim{dir: dir, pidfd: -1, env: shim.JoinEnviron(run.Env), envIn: envIn, out: out}
+	s.proc, err = os.StartProcess(path, append(slices.Clone(shimCmd), run.shimArgs(dir, len(s.env))...), &os.ProcAttr{
 		Env:   ShimEnviron(os.Environ()),
 		Files: []*os.File{envOut, in, in, lock}, // lock: shim.StartLockFD
-		Sys:   shimAttr(&pidfd),
+		Sys:   shimAttr(&s.pidfd),
 	})
-	envOut.Close()
-	in.Close()
 	if err != nil {
-		return fmt.Errorf("start the shim: %w", err)
+		envIn.Close()
+		out.Close()
+		return nil, fmt.Errorf("start the shim: %w", err)
 	}
+	return s, nil
+}
+
+// hand gives the shim the command's environment, and returns once the shim has
+// recorded how the command's start went (or ended): it reads the shim's output
+// until the shim lets go of it.
+func (s *startingShim) hand() error {
+	defer s.out.Close()
 	// A shim that ended before it read all of it says why on its output, read next;
 	// one that reads less than all of it starts nothing.
-	_, _ = envIn.Write(env)
-	envIn.Close()
-	said, _ := io.ReadAll(out)
-	if recorded(dir) {
-		adoptShim(proc, shimRef(proc, pidfd))
+	_, _ = s.envIn.Write(s.env)
+	s.envIn.Close()
+	said, _ := io.ReadAll(s.out)
+	if recorded(s.dir) {
+		adoptShim(s.proc, shimRef(s.proc, s.pidfd))
 		return nil
 	}
-	closeShimRef(pidfd)
+	closeShimRef(s.pidfd)
 	// It ended, or is ending, without a record of the start: awaitShim tells what
 	// became of the command; a shim that could not even begin says why.
-	state, err := proc.Wait()
-	if err == nil && state.ExitCode() > 0 && !exists(filepath.Join(dir, shim.StartingFile)) {
+	state, err := s.proc.Wait()
+	if err == nil && state.ExitCode() > 0 && !exists(filepath.Join(s.dir, shim.StartingFile)) {
 		return fmt.Errorf("start the shim: %v: %s", state, bytes.TrimSpace(said))
 	}
 	return nil
+}
+
+// cancel ends a shim that was handed nothing: it reads less than the whole
+// environment, starts nothing, and is waited for.
+func (s *startingShim) cancel() {
+	s.envIn.Close()
+	_, _ = io.Copy(io.Discard, s.out)
+	s.out.Close()
+	closeShimRef(s.pidfd)
+	_, _ = s.proc.Wait()
 }
 
 // ShimEnviron is the shim's own environment: the worker's without its

@@ -44,11 +44,21 @@ type run struct {
 	prepared *preparedRun
 }
 
-// preparedRun is a run directory written by prepareRun for the run at epoch.
+// preparedRun is a run directory written by prepareRun for the run at epoch, and
+// its shim, started and waiting to be handed the run.
 type preparedRun struct {
 	epoch uint64
 	run   shimRun
+	shim  *startingShim
 	err   error
+}
+
+// dropPrepared ends the shim of a prepared run no run was handed to.
+func (r *run) dropPrepared() {
+	if p := r.prepared; p != nil && p.shim != nil {
+		p.shim.cancel()
+	}
+	r.prepared = nil
 }
 
 func (r *run) cancel() { r.cancelOnce.Do(func() { close(r.cancelled) }) }
@@ -105,6 +115,7 @@ func (r *run) resync(ctx context.Context) bool {
 func (r *run) execute(ctx context.Context, logAt offsets, first func(*offsets) bool) {
 	w, id := r.w, r.state.ID
 	defer w.release(id) // held by whoever started the run
+	defer r.dropPrepared()
 	for respawn := first(&logAt); respawn; respawn = r.runOnce(ctx, &logAt) {
 		dir := w.runDir(id, r.state.Epoch+1)
 		if err := w.pool.intent(dir); err != nil {
@@ -209,10 +220,10 @@ func (r *run) runOnce(ctx context.Context, logAt *offsets) (respawn bool) {
 		return false
 	}
 	dir := w.runDir(id, r.state.Epoch)
-	run, err := r.prepare(dir, *logAt)
+	run, started, err := r.prepare(dir, *logAt)
 	var proc *process
 	if err == nil {
-		proc, err = launchProcess(w.notify, w.cfg.Shim, dir, run)
+		proc, err = launchProcess(w.notify, w.cfg.Shim, dir, run, started)
 	}
 	// The run's directory goes once its end is in the log, not before: a worker that
 	// stops in between finds it at its next start and settles the task from it.
@@ -255,13 +266,15 @@ func (r *run) shimRun(dir string, epoch uint64, logAt offsets) shimRun {
 }
 
 // prepare writes the directory of the current run for its shim, unless take
-// wrote it already.
-func (r *run) prepare(dir string, logAt offsets) (shimRun, error) {
+// wrote it already (and started its shim, then returned too).
+func (r *run) prepare(dir string, logAt offsets) (shimRun, *startingShim, error) {
 	if p := r.prepared; p != nil && p.epoch == r.state.Epoch {
 		r.prepared = nil
-		return p.run, p.err
+		return p.run, p.shim, p.err
 	}
-	return prepareRun(dir, r.shimRun(dir, r.state.Epoch, logAt), r.state.Spec)
+	r.dropPrepared()
+	run, err := prepareRun(dir, r.shimRun(dir, r.state.Epoch, logAt), r.state.Spec)
+	return run, nil, err
 }
 
 // foundAgain is what a worker finds of a run its previous process watched.
