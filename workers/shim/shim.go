@@ -211,7 +211,8 @@ type exitFile struct {
 func reserveExit(dir string) (exitFile, error) {
 	e := exitFile{dir: dir, fd: -1}
 	tmp := join(dir, ExitFile) + ".tmp"
-	fd, err := open(tmp, syscall.O_RDWR|syscall.O_CREAT|syscall.O_TRUNC, 0o600)
+	// Not truncated: a recycled directory's temp file has its blocks already.
+	fd, err := open(tmp, syscall.O_RDWR|syscall.O_CREAT, 0o600)
 	if err != nil {
 		return e, err
 	}
@@ -239,19 +240,8 @@ func (e exitFile) write(exit exitRecord) error {
 		return writeFile(path, exit.appendJSON(nil), syncAfterRename)
 	}
 	tmp := path + ".tmp"
-	data := exit.appendJSON(nil)
-	for off := 0; off < len(data); {
-		n, err := syscall.Pwrite(e.fd, data[off:], int64(off))
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return &fileError{"write", tmp, err}
-		}
-		off += n
-	}
-	if err := syscall.Ftruncate(e.fd, int64(len(data))); err != nil {
-		return &fileError{"truncate", tmp, err}
+	if err := overwrite(e.fd, tmp, exit.appendJSON(nil)); err != nil {
+		return err
 	}
 	if err := syscall.Rename(tmp, path); err != nil {
 		return &fileError{"rename", tmp, err}
