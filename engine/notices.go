@@ -157,9 +157,9 @@ func (s State) NoticeWakeup(p *events.Notice) events.Wakeup {
 }
 
 // noticeRecheckAfter is how old a notice may be before its delivery searches the
-// inbox for an earlier one: a second attempt sooner is caught by JetStream's
-// dedupe window (two minutes by default), which is keyed by message id.
-const noticeRecheckAfter = time.Minute
+// inbox for an earlier one: a second attempt sooner is caught by the inbox's
+// dedupe window, which is keyed by message id.
+const noticeRecheckAfter = events.DefaultDuplicates / 2
 
 // deliverNotices delivers, in order, the notices of a task not known to be in
 // its inbox. A task this process has not delivered notices of (after a restart)

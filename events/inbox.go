@@ -40,7 +40,7 @@ func OpenInbox(ctx context.Context, js jetstream.JetStream, cfg InboxConfig) (*J
 		cfg.MaxAge = 30 * 24 * time.Hour
 	}
 	if cfg.Duplicates == 0 {
-		cfg.Duplicates = 2 * time.Minute
+		cfg.Duplicates = DefaultDuplicates
 	}
 	stream, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        InboxStreamName,

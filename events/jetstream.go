@@ -13,10 +13,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// DefaultDuplicates is the event stream's dedupe window unless configured: NATS
-// keeps every event id of the last two minutes, and rebuilds that set when it
-// restarts.
-const DefaultDuplicates = 2 * time.Minute
+// DefaultDuplicates is the event stream's and the inbox's dedupe window unless
+// configured. NATS keeps every message id of the window in memory (about 100
+// bytes each: 7 of them a task), and reads the window's messages back to rebuild
+// that set when it restarts. The window need only outlast a retry of one append
+// (a worker's is bounded by 10 s); a retry after it is still resolved, by the
+// task's last event id or by searching the inbox.
+const DefaultDuplicates = 30 * time.Second
 
 // StreamConfig is how the event stream is created.
 type StreamConfig struct {
