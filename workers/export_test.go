@@ -42,3 +42,10 @@ func launchShim(shimCmd []string, dir string, run shimRun) error {
 	}
 	return s.hand()
 }
+
+// SpareShims is the number of idle shims w keeps for its next runs.
+func SpareShims(w *Worker) int {
+	w.spares.mu.Lock()
+	defer w.spares.mu.Unlock()
+	return len(w.spares.idle)
+}

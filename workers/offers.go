@@ -145,7 +145,7 @@ func (w *Worker) prepareFirst(dir string, epoch uint64, run shimRun, spec engine
 	if p.run, p.err = resolveRun(run, spec); p.err != nil {
 		return p
 	}
-	if p.shim, p.err = startShim(w.cfg.Shim, dir, p.run); p.err != nil {
+	if p.shim, p.err = w.shimFor(dir, p.run); p.err != nil {
 		return p
 	}
 	if p.err = writeRun(dir, p.run); p.err != nil {

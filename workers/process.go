@@ -38,19 +38,13 @@ type process struct {
 	stopped      chan struct{}
 }
 
-// launchProcess hands a prepared run (prepareRun) to its shim, started already
-// (startShim) or else now, and watches the command it starts.
-func launchProcess(n *notifier, shimCmd []string, dir string, run shimRun, started *startingShim) (*process, error) {
-	if started == nil {
-		var err error
-		if started, err = startShim(shimCmd, dir, run); err != nil {
-			return nil, err
-		}
-	}
+// launchProcess hands a prepared run (prepareRun) to its shim, and watches the
+// command it starts.
+func launchProcess(n *notifier, started *startingShim) (*process, error) {
 	if err := started.hand(); err != nil {
 		return nil, err
 	}
-	return awaitShim(n, dir, nil)
+	return awaitShim(n, started.dir, nil)
 }
 
 // prepareRun writes what the shim of a run needs into its directory, and returns
@@ -99,43 +93,48 @@ func writeRun(dir string, run shimRun) error {
 	return writeJSONAtomic(filepath.Join(dir, runFile), run)
 }
 
-// startingShim is the shim of a prepared run, started in a session of its own
-// with the run's start lock, which starts no command until it is handed the
-// command's environment (hand): a task's shim starts while its spawn is appended,
-// and its command once the spawn is in the log.
+// startingShim is the shim of a prepared run, which starts no command until it is
+// handed the command's environment (hand): a task's shim starts while its spawn
+// is appended, and its command once the spawn is in the log. It is a shim started
+// for the run in a session of its own with the run's start lock, or an idle one
+// whose run has ended (spareShims), which gets the lock with the run.
 type startingShim struct {
-	dir   string
+	dir     string
+	shimCmd []string
+	run     shimRun
+	env     []byte
+	sh      *liveShim
+	out     *os.File    // a started shim's stdout and stderr, until it lets go of them
+	spares  *spareShims // where the shim goes once its run is over; nil: it ends then
+}
+
+// liveShim is a shim process this worker started, and its end of the shim's stdin.
+type liveShim struct {
 	proc  *os.Process
 	pidfd int
-	env   []byte
-	envIn *os.File // the shim's stdin (shim.EnvironFD)
-	out   *os.File // the shim's stdout and stderr, until it lets go of them
+	sock  *os.File // a socket (shim.EnvironFD; see shim.nextRun)
+	idle  time.Time
 }
 
 // startShim starts the shim of a prepared run.
 func startShim(shimCmd []string, dir string, run shimRun) (*startingShim, error) {
-	// The run's directory is its start lock: a lock file would be one more file made
-	// and removed with every run.
-	lock, err := os.Open(dir)
+	lock, err := lockRun(dir)
 	if err != nil {
 		return nil, err
 	}
 	defer lock.Close() // the shim holds it from here
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
-		return nil, err
-	}
 	path, err := exec.LookPath(shimCmd[0])
 	if err != nil {
 		return nil, fmt.Errorf("start the shim: %w", err)
 	}
-	envOut, envIn, err := os.Pipe()
+	ours, theirs, err := socketPair()
 	if err != nil {
 		return nil, err
 	}
-	defer envOut.Close()
+	defer theirs.Close()
 	out, in, err := os.Pipe()
 	if err != nil {
-		envIn.Close()
+		ours.Close()
 		return nil, err
 	}
 	defer in.Close()
@@ -143,52 +142,110 @@ func startShim(shimCmd []string, dir string, run shimRun) (*startingShim, error)
 	// less in every task's start. The shim is this process's child until it ends,
 	// and reapShims collects it then through the pidfd the start opens; if the
 	// worker ends first, init does.
-	s := &startingShim{dir: dir, pidfd: -1, env: shim.JoinEnviron(run.Env), envIn: envIn, out: out}
-	s.proc, err = os.StartProcess(path, append(slices.Clone(shimCmd), run.shimArgs(dir, len(s.env))...), &os.ProcAttr{
+	s := &startingShim{dir: dir, shimCmd: shimCmd, run: run, env: shim.JoinEnviron(run.Env), out: out, sh: &liveShim{pidfd: -1, sock: ours}}
+	s.sh.proc, err = os.StartProcess(path, append(slices.Clone(shimCmd), run.shimArgs(dir, len(s.env))...), &os.ProcAttr{
 		Env:   ShimEnviron(os.Environ()),
-		Files: []*os.File{envOut, in, in, lock}, // lock: shim.StartLockFD
-		Sys:   shimAttr(&s.pidfd),
+		Files: []*os.File{theirs, in, in, lock}, // lock: shim.StartLockFD
+		Sys:   shimAttr(&s.sh.pidfd),
 	})
 	if err != nil {
-		envIn.Close()
+		ours.Close()
 		out.Close()
 		return nil, fmt.Errorf("start the shim: %w", err)
 	}
 	return s, nil
 }
 
-// hand gives the shim the command's environment, and returns once the shim has
-// recorded how the command's start went (or ended): it reads the shim's output
-// until the shim lets go of it.
+// lockRun takes a run's start lock: its directory, which a lock file would be
+// one more file made and removed with every run.
+func lockRun(dir string) (*os.File, error) {
+	lock, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	return lock, nil
+}
+
+// hand gives the shim the run, and returns once the shim has recorded how the
+// command's start went (or ended).
 func (s *startingShim) hand() error {
+	if s.out == nil {
+		return s.handToSpare()
+	}
 	defer s.out.Close()
 	// A shim that ended before it read all of it says why on its output, read next;
 	// one that reads less than all of it starts nothing.
-	_, _ = s.envIn.Write(s.env)
-	s.envIn.Close()
+	_, _ = s.sh.sock.Write(s.env)
 	said, _ := io.ReadAll(s.out)
 	if recorded(s.dir) {
-		adoptShim(s.proc, shimRef(s.proc, s.pidfd))
+		adoptShim(s.sh.proc, shimRef(s.sh.proc, s.sh.pidfd))
+		s.afterRun()
 		return nil
 	}
-	closeShimRef(s.pidfd)
+	s.sh.sock.Close()
+	closeShimRef(s.sh.pidfd)
 	// It ended, or is ending, without a record of the start: awaitShim tells what
 	// became of the command; a shim that could not even begin says why.
-	state, err := s.proc.Wait()
+	state, err := s.sh.proc.Wait()
 	if err == nil && state.ExitCode() > 0 && !exists(filepath.Join(s.dir, shim.StartingFile)) {
 		return fmt.Errorf("start the shim: %v: %s", state, bytes.TrimSpace(said))
 	}
 	return nil
 }
 
-// cancel ends a shim that was handed nothing: it reads less than the whole
-// environment, starts nothing, and is waited for.
+// handToSpare hands the run to an idle shim. One that ends before it took the
+// run (its wait for a run was over) leaves the run to a shim started for it.
+func (s *startingShim) handToSpare() error {
+	if s.sh.send(s.dir, s.run.shimArgs(s.dir, len(s.env)), s.env) == nil && s.sh.await(shim.Recorded) {
+		s.afterRun()
+		return nil
+	}
+	s.sh.sock.Close()
+	if recorded(s.dir) || exists(filepath.Join(s.dir, shim.StartingFile)) {
+		return nil // awaitShim tells what became of the command
+	}
+	fresh, err := startShim(s.shimCmd, s.dir, s.run)
+	if err != nil {
+		return err
+	}
+	fresh.spares = s.spares
+	return fresh.hand()
+}
+
+// afterRun has the shim, once its run is over, wait among the spares for the next
+// one; or end, where there are none.
+func (s *startingShim) afterRun() {
+	if s.spares == nil || !s.spares.running(s.sh) {
+		s.sh.sock.Close()
+		return
+	}
+	go func() {
+		if s.sh.await(shim.Idle) {
+			s.sh.idle = time.Now()
+			s.spares.put(s.sh)
+		} else {
+			s.spares.forget(s.sh)
+		}
+	}()
+}
+
+// cancel ends a shim that was handed nothing: a shim started for the run reads
+// less than the whole environment, starts nothing, and is waited for; a spare
+// goes back.
 func (s *startingShim) cancel() {
-	s.envIn.Close()
+	if s.out == nil {
+		s.spares.put(s.sh)
+		return
+	}
+	s.sh.sock.Close()
 	_, _ = io.Copy(io.Discard, s.out)
 	s.out.Close()
-	closeShimRef(s.pidfd)
-	_, _ = s.proc.Wait()
+	closeShimRef(s.sh.pidfd)
+	_, _ = s.sh.proc.Wait()
 }
 
 // ShimEnviron is the shim's own environment: the worker's without its
@@ -304,8 +361,8 @@ func awaitShim(n *notifier, dir string, waiting func()) (*process, error) {
 	}
 }
 
-// shimAlive reports whether a shim of the run in dir holds its start lock, the
-// directory.
+// shimAlive reports whether a shim holds the start lock of the run in dir, the
+// directory: it works on the run.
 func shimAlive(dir string) bool {
 	f, err := os.Open(dir)
 	if err != nil {

@@ -221,9 +221,12 @@ func (r *run) runOnce(ctx context.Context, logAt *offsets) (respawn bool) {
 	}
 	dir := w.runDir(id, r.state.Epoch)
 	run, started, err := r.prepare(dir, *logAt)
+	if err == nil && started == nil {
+		started, err = w.shimFor(dir, run)
+	}
 	var proc *process
 	if err == nil {
-		proc, err = launchProcess(w.notify, w.cfg.Shim, dir, run, started)
+		proc, err = launchProcess(w.notify, started)
 	}
 	// The run's directory goes once its end is in the log, not before: a worker that
 	// stops in between finds it at its next start and settles the task from it.

@@ -9,9 +9,10 @@ package workers
 //	                 trace on disk. Its name
 //	                 says the task and epoch (intentOf). It is also the run's
 //	                 start lock: the worker locks it (flock) before it starts the
-//	                 shim and hands it down (shim.StartLockFD); the shim holds it
-//	                 while it lives, so a lock found free means no shim of the run
-//	                 is alive or ever will be (shimAlive).
+//	                 shim and hands it down (shim.StartLockFD), or sends it with
+//	                 the run to an idle shim (spareShims); the shim holds it until
+//	                 the run is over, so a lock found free means no shim works on
+//	                 the run or ever will (shimAlive).
 //	stdout, stderr   made by the worker (prepareRun), or kept empty from a run
 //	                 before where no process has them open to write (runPool).
 //	                 The command appends to them directly. The worker reads them into the tail, the
@@ -145,6 +146,7 @@ func (r shimRun) shimArgs(dir string, envBytes int) []string {
 	run := shim.Run{
 		Dir: dir, Cwd: r.Dir, Path: r.Path, Args: r.Args,
 		StallAfter: int64(r.StallAfter), KillGrace: int64(r.KillGrace), EnvBytes: int64(envBytes),
+		IdleAfter: int64(shimIdleAfter),
 	}
 	if !r.Deadline.IsZero() {
 		run.Deadline = r.Deadline.UnixNano()

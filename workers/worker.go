@@ -136,6 +136,8 @@ type Worker struct {
 	// where the runs to come take theirs.
 	finished sweeper
 	pool     *runPool
+	// spares are the shims whose runs have ended, waiting for another.
+	spares *spareShims
 
 	liveness *events.Liveness
 }
@@ -201,7 +203,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, store events.Store, cfg Config) 
 		cfg: cfg, host: hostname(), nc: nc, js: js, store: store,
 		slots: make(chan struct{}, cfg.MaxTasks), runs: map[string]*run{}, taking: map[string]bool{},
 		state: events.WorkerStarting, started: time.Now().UTC(), drained: make(chan struct{}),
-		pool: newRunPool(filepath.Join(cfg.StateDir, "runs"), 2*cfg.MaxTasks),
+		pool: newRunPool(filepath.Join(cfg.StateDir, "runs"), 2*cfg.MaxTasks), spares: &spareShims{max: min(cfg.MaxTasks, maxSpareShims)},
 	}
 	w.finished = sweeper{delay: sweepDelay, drop: w.pool.recycle}
 	w.env = sync.OnceValue(func() []string {
@@ -319,6 +321,7 @@ func (w *Worker) abort(err error) error {
 	w.notify.close()
 	w.finished.flush()
 	w.pool.drain()
+	w.spares.close()
 	return err
 }
 
@@ -391,6 +394,7 @@ func (w *Worker) Stop() {
 	w.notify.close()
 	w.finished.flush()
 	w.pool.drain()
+	w.spares.close()
 	ctx, cancel := context.WithTimeout(context.Background(), appendTimeout)
 	defer cancel()
 	var err error

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -973,5 +974,39 @@ func TestARunTakesTheDirectoryOfOneThatEnded(t *testing.T) {
 	s := b.waitFor(t, second, 20*time.Second, "ended", ended)
 	if s.Run == nil || s.Run.ExitCode != 0 || !slices.Equal(s.Run.Tail, []string{"0", "second-output"}) {
 		t.Fatalf("second run ended %+v, want exit 0 and its own output alone", s.Run)
+	}
+}
+
+// A shim whose run is over takes the worker's next run: the second task's command
+// is a child of the first task's shim. One killed while it waits leaves the next
+// run to a shim started for it, and the run goes on as any other.
+func TestAShimWhoseRunIsOverTakesTheNextOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	w := b.startWorker(t, workers.Config{StateDir: t.TempDir()})
+	parentOf := func() int {
+		t.Helper()
+		id := b.arm(t, engine.Spec{Command: "echo $PPID", Cwd: t.TempDir()})
+		s := b.waitFor(t, id, 20*time.Second, "ended", ended)
+		if s.Run == nil || s.Run.ExitCode != 0 || len(s.Run.Tail) != 1 {
+			t.Fatalf("ended %+v, want exit 0 and its parent's PID", s.Run)
+		}
+		pid, err := strconv.Atoi(s.Run.Tail[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "its shim idle", func() bool { return workers.SpareShims(w) == 1 })
+		return pid
+	}
+	first := parentOf()
+	if second := parentOf(); second != first {
+		t.Fatalf("the second task ran under shim %d, want the first's, %d, which was idle", second, first)
+	}
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the killed shim gone", func() bool { return !alive(first) })
+	if third := parentOf(); third == first {
+		t.Fatalf("the third task ran under the killed shim %d", third)
 	}
 }

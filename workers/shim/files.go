@@ -170,21 +170,36 @@ func SyncDir(path string) error {
 	return nil
 }
 
-// EnvironFD is the shim's descriptor that the worker writes the command's
-// environment to (JoinEnviron), and closes: its standard input. The worker keeps
-// it in run.json, which the shim cannot read without the JSON packages it does
-// without (see the package comment).
+// EnvironFD is the shim's standard input, where the worker writes the command's
+// environment (JoinEnviron). The worker keeps it in run.json, which the shim
+// cannot read without the JSON packages it does without (see the package
+// comment). Where it is a socket, the shim answers on it too (nextRun).
 const EnvironFD = 0
 
 // readEnviron reads the command's environment from EnvironFD: want bytes, or it
 // is not whole.
 func readEnviron(want int64) ([]string, error) {
-	const name = "the environment on standard input"
-	data, err := readAll(EnvironFD, name, int(want))
-	if err == nil && int64(len(data)) != want {
-		err = errors.New(name + ": " + string(appendInt(nil, int64(len(data)))) + " bytes of " + string(appendInt(nil, want)) + ": not whole")
-	}
+	data, err := readFull(EnvironFD, "the environment on standard input", int(want))
 	return splitEnviron(data), err
+}
+
+// readFull reads n bytes from fd, named name in errors: fewer before its end are
+// not the whole of them.
+func readFull(fd int, name string, n int) ([]byte, error) {
+	buf := make([]byte, n)
+	for got := 0; got < n; {
+		k, err := syscall.Read(fd, buf[got:])
+		switch {
+		case err == syscall.EINTR:
+		case err != nil:
+			return nil, &fileError{"read", name, err}
+		case k == 0:
+			return nil, errors.New(name + ": " + string(appendInt(nil, int64(got))) + " bytes of " + string(appendInt(nil, int64(n))) + ": not whole")
+		default:
+			got += k
+		}
+	}
+	return buf, nil
 }
 
 // splitEnviron reads NUL-separated NAME=value entries, as in /proc/PID/environ.

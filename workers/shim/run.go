@@ -19,16 +19,20 @@ type Run struct {
 	// worker died handing it over), and no command starts in part of its
 	// environment.
 	EnvBytes int64
+	// IdleAfter is how long a shim whose run has ended waits for another (see
+	// nextRun); 0: it ends with its run.
+	IdleAfter int64
 }
 
-const synopsis = "bgtask-shim --dir=DIR --env-bytes=N [--cwd=DIR] [--deadline-unix-ns=N] [--stall-after-ns=N] [--kill-grace-ns=N] -- PROGRAM ARGV0 [ARG...]"
+const synopsis = "bgtask-shim --dir=DIR --env-bytes=N [--cwd=DIR] [--deadline-unix-ns=N] [--stall-after-ns=N] [--kill-grace-ns=N] [--idle-ns=N] -- PROGRAM ARGV0 [ARG...]"
 
 const usage = synopsis + `
 
 Runs PROGRAM as the command of the bgtask run in DIR, with the environment read
 from standard input (NUL-separated NAME=value, N bytes in all; fewer, and no
-command starts), and records its PIDs and its exit in DIR. Workers start it; it is no
-command for people.
+command starts), and records its PIDs and its exit in DIR. With --idle-ns, it then
+waits that long for its worker to hand it another run on standard input. Workers
+start it; it is no command for people.
 `
 
 // ShimArgs are the shim's arguments for r: flags, then "--", the program and its argv.
@@ -42,6 +46,9 @@ func (r Run) ShimArgs() []string {
 	}
 	if r.KillGrace > 0 {
 		args = append(args, "--kill-grace-ns="+string(appendInt(nil, r.KillGrace)))
+	}
+	if r.IdleAfter > 0 {
+		args = append(args, "--idle-ns="+string(appendInt(nil, r.IdleAfter)))
 	}
 	return append(append(args, "--", r.Path), r.Args...)
 }
@@ -68,6 +75,8 @@ func parseArgs(args []string) (r Run, err error) {
 			number = &r.StallAfter
 		case "--kill-grace-ns":
 			number = &r.KillGrace
+		case "--idle-ns":
+			number = &r.IdleAfter
 		default:
 			return Run{}, errors.New("shim: unknown argument " + name)
 		}

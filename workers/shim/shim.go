@@ -1,4 +1,4 @@
-// Package shim is the command's real parent. A worker starts one shim per run, in
+// Package shim is the command's real parent. Each run has a shim of its own, in
 // a new session, so it outlives the worker: a worker that stops, is killed or
 // upgraded leaves its commands running. The shim starts the command in its own
 // process group with stdout and stderr going straight to files (nothing copies
@@ -9,8 +9,9 @@
 // one place, at the top of workers/rundir.go.
 //
 // The worker starts the shim directly in a new session and reaps it when it ends.
-// One shim lives per running task and starts with every task, so its size is
-// what a running task costs, and its start part of every task's: the package
+// One shim lives per running task, so its size is what a running task costs; it
+// starts with a task unless one whose run is over takes the task (nextRun), so
+// its start is part of many tasks' starts: the package
 // calls the kernel through package syscall alone, without os, time, strconv or
 // the reflection-based packages: a Go program's text is resident whole in each of
 // its processes here, and those packages would add about a quarter to a shim's RSS
@@ -36,9 +37,10 @@ const (
 
 // StartLockFD is the descriptor of the run's start lock in a shim: the run
 // directory, which the worker locks (flock) before it starts the shim and hands
-// down, and the shim keeps open for as long as it lives: whoever finds the lock
-// free knows that no shim of the run is alive, or ever will be, so a worker that
-// died while its shim started can tell a shim still starting from one gone.
+// down (or sends with a next run, nextRun), and the shim keeps open until the run
+// is over: whoever finds the lock free knows that no shim works on the run, or
+// ever will, so a worker that died while its shim started can tell a shim still
+// starting from one gone.
 const StartLockFD = 3
 
 // Why the shim stopped a command, in Exit.StoppedBy.
@@ -65,25 +67,46 @@ func Main(args []string) error {
 	if err != nil {
 		return err
 	}
-	return run.supervise()
+	// The environment comes whole, or the worker that started this shim died handing
+	// it over: then nothing is recorded and no command starts, and the run is one
+	// whose shim never started, which the worker starts at its next start (in the
+	// same boot of the host).
+	env, err := readEnviron(run.EnvBytes)
+	if err != nil {
+		return err
+	}
+	// The run's start lock is StartLockFD, if the worker handed one down, until the
+	// run is over; keepInherited keeps it from the command.
+	for lock := inheritedLock(); ; {
+		if err := run.supervise(env); err != nil || run.IdleAfter <= 0 {
+			return err
+		}
+		if lock >= 0 {
+			syscall.Close(lock) // no shim works on the run any more
+		}
+		var ok bool
+		if run, env, lock, ok = nextRun(run.IdleAfter); !ok {
+			return nil
+		}
+	}
+}
+
+// inheritedLock is StartLockFD if the worker handed a start lock down (a
+// directory), or -1.
+func inheritedLock() int {
+	var st syscall.Stat_t
+	if syscall.Fstat(StartLockFD, &st) != nil || st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return -1
+	}
+	return StartLockFD
 }
 
 // supervise runs the command to its end. The worker started the shim in a session
 // of its own, so that the shim outlives the worker and no signal to the worker's
 // process group reaches it.
-func (r Run) supervise() error {
-	// The start lock (descriptor StartLockFD, if the worker handed one down) stays
-	// open until this process ends; keepInherited below keeps it from the command.
+func (r Run) supervise(env []string) error {
 	adoptOrphans()
 	started := wallClock()
-	// The environment comes whole, or the worker that started this shim died handing
-	// it over: then nothing is recorded and no command starts, and the run is one
-	// whose shim never started, which the worker starts at its next start (in the
-	// same boot of the host).
-	env, err := readEnviron(r.EnvBytes)
-	if err != nil {
-		return err
-	}
 	// The exit file's blocks are taken now, before anything runs: a disk that
 	// fills while the command runs must not lose how it ended.
 	exitFile, reserveErr := reserveExit(r.Dir)
@@ -108,6 +131,8 @@ func (r Run) supervise() error {
 	if err := pipeCloexec(ended[:]); err != nil {
 		return fail(errors.New("pipe: " + err.Error()))
 	}
+	defer syscall.Close(ended[0])
+	defer syscall.Close(ended[1])
 	pid, err := r.start(env)
 	if err != nil {
 		return fail(err)
@@ -259,16 +284,16 @@ func (e exitFile) close() {
 	}
 }
 
-// releaseOutput points the shim's stdout and stderr, a pipe the worker reads until
-// it closes, at /dev/null: the worker then knows the command's start is recorded.
+// releaseOutput tells the worker that the command's start is recorded: it points
+// the shim's stdout and stderr, a pipe the worker reads until it closes, at
+// /dev/null, and says so on EnvironFD where that is a socket (nextRun).
 func releaseOutput() {
-	devnull, err := open("/dev/null", syscall.O_WRONLY, 0)
-	if err != nil {
-		return
+	if devnull, err := open("/dev/null", syscall.O_WRONLY, 0); err == nil {
+		_ = dup(devnull, 1)
+		_ = dup(devnull, 2)
+		syscall.Close(devnull)
 	}
-	defer syscall.Close(devnull)
-	_ = dup(devnull, 1)
-	_ = dup(devnull, 2)
+	_ = writeAll(EnvironFD, []byte{Recorded})
 }
 
 // reap waits for every child, the command and the orphans reparented to the shim,
@@ -281,8 +306,9 @@ func reap(pid int, exited chan<- syscall.WaitStatus, wake int) {
 			continue
 		}
 		if err != nil || got == pid {
-			exited <- ws
+			// The wake-up first: once the status is received, wake may be closed.
 			_ = writeAll(wake, []byte{1})
+			exited <- ws
 			return
 		}
 	}

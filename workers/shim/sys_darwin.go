@@ -57,3 +57,6 @@ func awaitReadable(fd int, until int64) bool {
 		}
 	}
 }
+
+// recvCloexec: macOS has no MSG_CMSG_CLOEXEC; receiveLock sets the flag after.
+const recvCloexec = 0

@@ -60,3 +60,6 @@ func awaitReadable(fd int, until int64) bool {
 		}
 	}
 }
+
+// recvCloexec makes descriptors received on a socket close-on-exec at once.
+const recvCloexec = syscall.MSG_CMSG_CLOEXEC

@@ -1,0 +1,134 @@
+package shim
+
+import (
+	"encoding/binary"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+)
+
+// nextRunShim starts a shim whose stdin is a socket, with its first run; it
+// returns the test's end of the socket.
+func nextRunShim(t *testing.T, first Run, env []byte) (*os.File, *exec.Cmd) {
+	t.Helper()
+	syscall.ForkLock.RLock() // the test's end must not reach the shim
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err == nil {
+		syscall.CloseOnExec(fds[0])
+		syscall.CloseOnExec(fds[1])
+	}
+	syscall.ForkLock.RUnlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours, theirs := os.NewFile(uintptr(fds[0]), "ours"), os.NewFile(uintptr(fds[1]), "theirs")
+	defer theirs.Close()
+	cmd := exec.Command(os.Args[0], append([]string{"shim"}, first.ShimArgs()...)...)
+	cmd.Stdin = theirs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ours.Close(); _ = cmd.Wait() })
+	if _, err := ours.Write(env); err != nil {
+		t.Fatal(err)
+	}
+	return ours, cmd
+}
+
+// says reads what the shim says until want; false if it ends first.
+func says(sock *os.File, want byte) bool {
+	var b [1]byte
+	for {
+		if n, _ := sock.Read(b[:]); n == 0 {
+			return false
+		}
+		if b[0] == want {
+			return true
+		}
+	}
+}
+
+// sendRun hands the shim a run with dir's start lock: all of it, or the first
+// part bytes of what follows the lock.
+func sendRun(t *testing.T, sock *os.File, r Run, env []byte, part int) {
+	t.Helper()
+	lock, err := os.Open(r.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	var args []byte
+	for _, a := range r.ShimArgs() {
+		args = append(append(args, a...), 0)
+	}
+	head := binary.LittleEndian.AppendUint32(nil, uint32(len(args)))
+	if err := syscall.Sendmsg(int(sock.Fd()), head, syscall.UnixRights(int(lock.Fd())), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	rest := append(args, env...)
+	if _, err := sock.Write(rest[:min(part, len(rest))]); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A shim whose run is over takes the next run handed to it whole, in its own run
+// directory, and says when its start is recorded and when it is idle again; a
+// run handed over in part starts nothing, and the shim ends.
+func TestAShimTakesTheNextRunHandedToItWhole(t *testing.T) {
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := JoinEnviron([]string{"PATH=" + os.Getenv("PATH")})
+	run := func(code string) Run {
+		return Run{Dir: t.TempDir(), Cwd: "/", Path: sh, Args: []string{"sh", "-c", "exit " + code}, EnvBytes: int64(len(env)), IdleAfter: 20e9}
+	}
+	first, second, third := run("3"), run("4"), run("5")
+	sock, cmd := nextRunShim(t, first, env)
+	if !says(sock, Recorded) || !says(sock, Idle) {
+		t.Fatal("the shim did not say its first run's start was recorded, then that it was idle")
+	}
+	sendRun(t, sock, second, env, 1<<20)
+	if !says(sock, Recorded) || !says(sock, Idle) {
+		t.Fatal("the shim did not take the second run")
+	}
+	for _, r := range []struct {
+		Run
+		code int
+	}{{first, 3}, {second, 4}} {
+		data, err := os.ReadFile(filepath.Join(r.Dir, ExitFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := `"exit_code":` + string(appendInt(nil, int64(r.code)))
+		if !contains(string(data), want) || !contains(string(data), `"run":"`+baseOf(r.Dir)+`"`) {
+			t.Errorf("%s: %s, want %s and its run's name", r.Dir, data, want)
+		}
+		if lock, err := os.Open(r.Dir); err == nil {
+			if syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+				t.Errorf("%s: the start lock is still held once the run is over", r.Dir)
+			}
+			lock.Close()
+		}
+	}
+
+	sendRun(t, sock, third, env, 5) // the worker died handing it over
+	sock.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the shim, handed part of a run: %v", err)
+	}
+	if files, _ := os.ReadDir(third.Dir); len(files) != 0 {
+		t.Errorf("a run handed over in part left %v", files)
+	}
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
