@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -94,10 +95,9 @@ func writeRun(dir string, run shimRun) error {
 }
 
 // startingShim is the shim of a prepared run, which starts no command until it is
-// handed the command's environment (hand): a task's shim starts while its spawn
-// is appended, and its command once the spawn is in the log. It is a shim started
-// for the run in a session of its own with the run's start lock, or an idle one
-// whose run has ended (spareShims), which gets the lock with the run.
+// handed the run (hand): a task's shim starts while its spawn is appended, and its
+// command once the spawn is in the log. It is a shim started for the run in a
+// session of its own, or an idle one whose run is over (spareShims).
 type startingShim struct {
 	dir     string
 	shimCmd []string
@@ -112,17 +112,12 @@ type startingShim struct {
 type liveShim struct {
 	proc  *os.Process
 	pidfd int
-	sock  *os.File // a socket (shim.EnvironFD; see shim.nextRun)
+	sock  *os.File // a socket (shim.EnvironFD; see shim.receiveRun)
 	idle  time.Time
 }
 
-// startShim starts the shim of a prepared run.
+// startShim starts a shim for a prepared run.
 func startShim(shimCmd []string, dir string, run shimRun) (*startingShim, error) {
-	lock, err := lockRun(dir)
-	if err != nil {
-		return nil, err
-	}
-	defer lock.Close() // the shim holds it from here
 	path, err := exec.LookPath(shimCmd[0])
 	if err != nil {
 		return nil, fmt.Errorf("start the shim: %w", err)
@@ -143,9 +138,9 @@ func startShim(shimCmd []string, dir string, run shimRun) (*startingShim, error)
 	// and reapShims collects it then through the pidfd the start opens; if the
 	// worker ends first, init does.
 	s := &startingShim{dir: dir, shimCmd: shimCmd, run: run, env: shim.JoinEnviron(run.Env), out: out, sh: &liveShim{pidfd: -1, sock: ours}}
-	s.sh.proc, err = os.StartProcess(path, append(slices.Clone(shimCmd), run.shimArgs(dir, len(s.env))...), &os.ProcAttr{
+	s.sh.proc, err = os.StartProcess(path, append(slices.Clone(shimCmd), "--idle-ns="+strconv.FormatInt(int64(shimIdleAfter), 10)), &os.ProcAttr{
 		Env:   ShimEnviron(os.Environ()),
-		Files: []*os.File{theirs, in, in, lock}, // lock: shim.StartLockFD
+		Files: []*os.File{theirs, in, in},
 		Sys:   shimAttr(&s.sh.pidfd),
 	})
 	if err != nil {
@@ -177,11 +172,11 @@ func (s *startingShim) hand() error {
 		return s.handToSpare()
 	}
 	defer s.out.Close()
-	// A shim that ended before it read all of it says why on its output, read next;
-	// one that reads less than all of it starts nothing.
-	_, _ = s.sh.sock.Write(s.env)
+	// A shim that ended before it read all of the run says why on its output, read
+	// next; one that reads less than all of it starts nothing.
+	sent := s.sh.send(s.dir, s.run.shimArgs(s.dir, len(s.env)), s.env)
 	said, _ := io.ReadAll(s.out)
-	if recorded(s.dir) {
+	if sent == nil && recorded(s.dir) {
 		adoptShim(s.sh.proc, shimRef(s.sh.proc, s.sh.pidfd))
 		s.afterRun()
 		return nil
@@ -191,6 +186,9 @@ func (s *startingShim) hand() error {
 	// It ended, or is ending, without a record of the start: awaitShim tells what
 	// became of the command; a shim that could not even begin says why.
 	state, err := s.sh.proc.Wait()
+	if sent != nil {
+		return sent
+	}
 	if err == nil && state.ExitCode() > 0 && !exists(filepath.Join(s.dir, shim.StartingFile)) {
 		return fmt.Errorf("start the shim: %v: %s", state, bytes.TrimSpace(said))
 	}

@@ -8,9 +8,8 @@ package workers
 //	                 runPool.intent), made durable: no task is taken without a
 //	                 trace on disk. Its name
 //	                 says the task and epoch (intentOf). It is also the run's
-//	                 start lock: the worker locks it (flock) before it starts the
-//	                 shim and hands it down (shim.StartLockFD), or sends it with
-//	                 the run to an idle shim (spareShims); the shim holds it until
+//	                 start lock: the worker locks it (flock) and sends it to the
+//	                 shim with the run (shim.receiveRun); the shim holds it until
 //	                 the run is over, so a lock found free means no shim works on
 //	                 the run or ever will (shimAlive).
 //	stdout, stderr   made by the worker (prepareRun), or kept empty from a run
@@ -51,7 +50,7 @@ package workers
 // none (readRecord).
 //
 // Until the start is recorded (pid.json, or a start error in exit.json) the shim's
-// stdout and stderr are a pipe the worker reads (launchShim). Once the run's end is
+// stdout and stderr are a pipe the worker reads (startingShim.hand). Once the run's end is
 // in the log, a run watched to its end has its directory emptied for the next run
 // (the sweeper, sweepDelay later; runPool), which finds the temp files of run.json,
 // pid.json, exit.json and starting, and writes them as it would new ones; a worker removes a run's directory, at its next
@@ -146,7 +145,6 @@ func (r shimRun) shimArgs(dir string, envBytes int) []string {
 	run := shim.Run{
 		Dir: dir, Cwd: r.Dir, Path: r.Path, Args: r.Args,
 		StallAfter: int64(r.StallAfter), KillGrace: int64(r.KillGrace), EnvBytes: int64(envBytes),
-		IdleAfter: int64(shimIdleAfter),
 	}
 	if !r.Deadline.IsZero() {
 		run.Deadline = r.Deadline.UnixNano()

@@ -13,7 +13,7 @@ import (
 )
 
 // A shim whose run has ended waits a while for the worker's next run (see
-// shim.nextRun), so that a short task costs no program start and end of its own:
+// shim.receiveRun), so that a short task costs no program start and end of its own:
 // on the machines measured, those were half of a shim's CPU and a sixth of a task's.
 // Each run still has a shim of its own for its whole life, and its own start lock.
 const (

@@ -3,7 +3,6 @@
 package shim
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -64,19 +63,14 @@ func TestAFullDiskKeepsTheCommandsExit(t *testing.T) {
 	}
 	env := JoinEnviron([]string{"PATH=" + os.Getenv("PATH")})
 	r := Run{Dir: run, Cwd: "/", Path: sh, Args: []string{"sh", "-c", `while [ ! -e "$0" ]; do sleep 0.01; done; exit 3`, gate}, EnvBytes: int64(len(env))}
-	cmd := exec.Command(os.Args[0], append([]string{"shim"}, r.ShimArgs()...)...)
 	out, in, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer out.Close()
-	cmd.Stdout = in
-	cmd.Stdin = bytes.NewReader(env) // EnvironFD
-	err = cmd.Start()
+	sock, cmd := testShim(t, 0, in)
 	in.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	sendRun(t, sock, r, env, 1<<20)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	t.Cleanup(func() {

@@ -173,7 +173,7 @@ func SyncDir(path string) error {
 // EnvironFD is the shim's standard input, where the worker writes the command's
 // environment (JoinEnviron). The worker keeps it in run.json, which the shim
 // cannot read without the JSON packages it does without (see the package
-// comment). Where it is a socket, the shim answers on it too (nextRun).
+// comment). It is a socket, on which the shim answers too (receiveRun).
 const EnvironFD = 0
 
 // readEnviron reads the command's environment from EnvironFD: want bytes, or it

@@ -1,45 +1,56 @@
 package shim
 
-import "syscall"
+import (
+	"errors"
+	"syscall"
+)
 
-// A shim whose run has ended can take its worker's next run, so that a short
-// task does not pay for the start and the end of a program of its own. Its
-// standard input (EnvironFD) is then a socket, on which the two speak:
+// A shim reads its runs on its standard input (EnvironFD), a socket, on which it
+// also answers: it can then take its worker's next run once its own is over, so
+// that a short task does not pay for the start and the end of a program of its
+// own. The two speak:
 //
-//	shim → worker  Recorded  the run's start is recorded (releaseOutput)
-//	shim → worker  Idle      the run is over: its exit is written, what the command
-//	                         left is stopped, its start lock closed
 //	worker → shim  a run     its arguments' length (4 bytes, little-endian) with the
 //	                         run's start lock (SCM_RIGHTS), its arguments
 //	                         (ShimArgs, each NUL-terminated), its environment
 //	                         (EnvBytes, JoinEnviron)
+//	shim → worker  Recorded  the run's start is recorded (releaseOutput)
+//	shim → worker  Idle      the run is over: its exit is written, what the command
+//	                         left is stopped, its start lock closed
 //
 // A run comes whole or not at all: a worker that dies handing it over leaves a
 // shim that reads less, starts nothing and ends, and whose end frees the lock.
-// One run at a time, each with its own lock: a lock found free still means that
-// no shim works on the run, or ever will.
+// One run at a time, each with its own lock, held until the run is over: a lock
+// found free means that no shim works on the run, or ever will.
 const (
 	Recorded = 'R'
 	Idle     = 'I'
 )
 
-// nextRun says Idle and waits idleAfter nanoseconds at most for the next run. It
-// is false when none came whole in that time.
-func nextRun(idleAfter int64) (r Run, env []string, lock int, ok bool) {
-	if writeAll(EnvironFD, []byte{Idle}) != nil || !awaitReadable(EnvironFD, monotonic()+idleAfter) {
-		return r, nil, -1, false
+// receiveRun waits until the monotonic time until (-1: for ever) for a run. It
+// returns no run, and no error, where none came in that time, or the worker
+// closed its end; and an error where a run came in part.
+func receiveRun(until int64) (r Run, env []string, lock int, err error) {
+	const name = "the run on standard input"
+	if !awaitReadable(EnvironFD, until) {
+		return r, nil, -1, nil
 	}
 	var head [4]byte
 	n, lock, err := receiveLock(EnvironFD, head[:])
-	if err != nil || lock < 0 {
-		return r, nil, -1, false
+	if err != nil || n == 0 {
+		return r, nil, -1, err
 	}
-	const name = "the next run on standard input"
+	if lock < 0 {
+		return r, nil, -1, errors.New(name + ": no start lock came with it")
+	}
+	fail := func(err error) (Run, []string, int, error) {
+		syscall.Close(lock)
+		return Run{}, nil, -1, err
+	}
 	if n < len(head) {
 		rest, err := readFull(EnvironFD, name, len(head)-n)
 		if err != nil {
-			syscall.Close(lock)
-			return r, nil, -1, false
+			return fail(err)
 		}
 		copy(head[n:], rest)
 	}
@@ -52,10 +63,9 @@ func nextRun(idleAfter int64) (r Run, env []string, lock int, ok bool) {
 		env, err = readEnviron(r.EnvBytes)
 	}
 	if err != nil {
-		syscall.Close(lock)
-		return r, nil, -1, false
+		return fail(err)
 	}
-	return r, env, lock, true
+	return r, env, lock, nil
 }
 
 // receiveLock reads into buf from the socket fd, with the descriptor sent beside
@@ -69,7 +79,7 @@ func receiveLock(fd int, buf []byte) (n, lock int, err error) {
 			continue
 		}
 		if err != nil || n == 0 {
-			return 0, -1, syscall.EPIPE
+			return 0, -1, nil // the worker's end is closed
 		}
 		lock = -1
 		msgs, _ := syscall.ParseSocketControlMessage(oob[:oobn])

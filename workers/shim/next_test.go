@@ -1,17 +1,22 @@
 package shim
 
 import (
+	"bytes"
 	"encoding/binary"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 )
 
-// nextRunShim starts a shim whose stdin is a socket, with its first run; it
-// returns the test's end of the socket.
-func nextRunShim(t *testing.T, first Run, env []byte) (*os.File, *exec.Cmd) {
+// testShim starts a shim, this test binary, whose stdin is a socket, waiting idle
+// nanoseconds for another run once one is over; its stdout and stderr go to out
+// (nil: nowhere). It returns the test's end of the socket, closed when the test
+// ends.
+func testShim(t *testing.T, idle int64, out io.Writer) (*os.File, *exec.Cmd) {
 	t.Helper()
 	syscall.ForkLock.RLock() // the test's end must not reach the shim
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
@@ -25,15 +30,12 @@ func nextRunShim(t *testing.T, first Run, env []byte) (*os.File, *exec.Cmd) {
 	}
 	ours, theirs := os.NewFile(uintptr(fds[0]), "ours"), os.NewFile(uintptr(fds[1]), "theirs")
 	defer theirs.Close()
-	cmd := exec.Command(os.Args[0], append([]string{"shim"}, first.ShimArgs()...)...)
-	cmd.Stdin = theirs
+	cmd := exec.Command(os.Args[0], "shim", "--idle-ns="+strconv.FormatInt(idle, 10))
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = theirs, out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ours.Close(); _ = cmd.Wait() })
-	if _, err := ours.Write(env); err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(func() { ours.Close() })
 	return ours, cmd
 }
 
@@ -50,8 +52,8 @@ func says(sock *os.File, want byte) bool {
 	}
 }
 
-// sendRun hands the shim a run with dir's start lock: all of it, or the first
-// part bytes of what follows the lock.
+// sendRun hands the shim a run with its directory's start lock: all of it, or
+// the first part bytes of what follows the lock.
 func sendRun(t *testing.T, sock *os.File, r Run, env []byte, part int) {
 	t.Helper()
 	lock, err := os.Open(r.Dir)
@@ -83,16 +85,16 @@ func TestAShimTakesTheNextRunHandedToItWhole(t *testing.T) {
 	}
 	env := JoinEnviron([]string{"PATH=" + os.Getenv("PATH")})
 	run := func(code string) Run {
-		return Run{Dir: t.TempDir(), Cwd: "/", Path: sh, Args: []string{"sh", "-c", "exit " + code}, EnvBytes: int64(len(env)), IdleAfter: 20e9}
+		return Run{Dir: t.TempDir(), Cwd: "/", Path: sh, Args: []string{"sh", "-c", "exit " + code}, EnvBytes: int64(len(env))}
 	}
 	first, second, third := run("3"), run("4"), run("5")
-	sock, cmd := nextRunShim(t, first, env)
-	if !says(sock, Recorded) || !says(sock, Idle) {
-		t.Fatal("the shim did not say its first run's start was recorded, then that it was idle")
-	}
-	sendRun(t, sock, second, env, 1<<20)
-	if !says(sock, Recorded) || !says(sock, Idle) {
-		t.Fatal("the shim did not take the second run")
+	var said bytes.Buffer
+	sock, cmd := testShim(t, 20e9, &said)
+	for _, r := range []Run{first, second} {
+		sendRun(t, sock, r, env, 1<<20)
+		if !says(sock, Recorded) || !says(sock, Idle) {
+			t.Fatalf("the shim did not say its run's start was recorded, then that it was idle: %s", said.Bytes())
+		}
 	}
 	for _, r := range []struct {
 		Run
@@ -116,8 +118,8 @@ func TestAShimTakesTheNextRunHandedToItWhole(t *testing.T) {
 
 	sendRun(t, sock, third, env, 5) // the worker died handing it over
 	sock.Close()
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("the shim, handed part of a run: %v", err)
+	if err := cmd.Wait(); err == nil { // its stderr went with its first run's start
+		t.Fatal("the shim, handed part of a run, ended as if all was well")
 	}
 	if files, _ := os.ReadDir(third.Dir); len(files) != 0 {
 		t.Errorf("a run handed over in part left %v", files)

@@ -3,9 +3,10 @@ package shim
 import "errors"
 
 // Run is what a shim starts and the timers it enforces itself, so they hold while
-// no worker watches. The worker passes it as the shim's arguments (ShimArgs), which
-// also makes a shim's command line in ps say what it runs. Times are in
-// nanoseconds, as time.Time.UnixNano and time.Duration have them.
+// no worker watches. The worker hands it to the shim as arguments (ShimArgs) on the
+// shim's standard input (receiveRun), not on its command line: a command is found
+// by its own (pgrep -f), not by its shim's. Times are in nanoseconds, as
+// time.Time.UnixNano and time.Duration have them.
 type Run struct {
 	Dir        string // the run directory
 	Cwd        string // the command's working directory
@@ -19,21 +20,43 @@ type Run struct {
 	// worker died handing it over), and no command starts in part of its
 	// environment.
 	EnvBytes int64
-	// IdleAfter is how long a shim whose run has ended waits for another (see
-	// nextRun); 0: it ends with its run.
-	IdleAfter int64
 }
 
-const synopsis = "bgtask-shim --dir=DIR --env-bytes=N [--cwd=DIR] [--deadline-unix-ns=N] [--stall-after-ns=N] [--kill-grace-ns=N] [--idle-ns=N] -- PROGRAM ARGV0 [ARG...]"
+const synopsis = "bgtask-shim [--idle-ns=N]"
 
 const usage = synopsis + `
 
-Runs PROGRAM as the command of the bgtask run in DIR, with the environment read
-from standard input (NUL-separated NAME=value, N bytes in all; fewer, and no
-command starts), and records its PIDs and its exit in DIR. With --idle-ns, it then
-waits that long for its worker to hand it another run on standard input. Workers
-start it; it is no command for people.
+Reads bgtask runs on standard input, a socket, one at a time: each the run's
+arguments (--dir=DIR --env-bytes=N [--cwd=DIR] [--deadline-unix-ns=N]
+[--stall-after-ns=N] [--kill-grace-ns=N] -- PROGRAM ARGV0 [ARG...]), its
+environment (NUL-separated NAME=value, N bytes in all; fewer, and no command
+starts) and its start lock. Runs PROGRAM as the command of the run in DIR and
+records its PIDs and its exit there; then, with --idle-ns, waits that long for
+another run. Workers start it; it is no command for people.
 `
+
+// parseIdle reads the shim's own arguments: how long it waits for another run
+// once one is over, in nanoseconds (0: it does not).
+func parseIdle(args []string) (int64, error) {
+	var idle int64
+	for _, arg := range args {
+		value, ok := cutPrefix(arg, "--idle-ns=")
+		if ok {
+			idle, ok = parseInt64(value)
+		}
+		if !ok {
+			return 0, errors.New("shim: argument " + arg + ": usage: " + synopsis)
+		}
+	}
+	return idle, nil
+}
+
+func cutPrefix(s, prefix string) (string, bool) {
+	if len(s) < len(prefix) || s[:len(prefix)] != prefix {
+		return s, false
+	}
+	return s[len(prefix):], true
+}
 
 // ShimArgs are the shim's arguments for r: flags, then "--", the program and its argv.
 func (r Run) ShimArgs() []string {
@@ -46,9 +69,6 @@ func (r Run) ShimArgs() []string {
 	}
 	if r.KillGrace > 0 {
 		args = append(args, "--kill-grace-ns="+string(appendInt(nil, r.KillGrace)))
-	}
-	if r.IdleAfter > 0 {
-		args = append(args, "--idle-ns="+string(appendInt(nil, r.IdleAfter)))
 	}
 	return append(append(args, "--", r.Path), r.Args...)
 }
@@ -75,8 +95,6 @@ func parseArgs(args []string) (r Run, err error) {
 			number = &r.StallAfter
 		case "--kill-grace-ns":
 			number = &r.KillGrace
-		case "--idle-ns":
-			number = &r.IdleAfter
 		default:
 			return Run{}, errors.New("shim: unknown argument " + name)
 		}
@@ -88,7 +106,7 @@ func parseArgs(args []string) (r Run, err error) {
 		args = args[1:]
 	}
 	if len(args) < 3 || r.Dir == "" || r.EnvBytes < 0 {
-		return Run{}, errors.New("shim: usage: " + synopsis)
+		return Run{}, errors.New("shim: the run's arguments: want --dir=DIR --env-bytes=N ... -- PROGRAM ARGV0 [ARG...]")
 	}
 	r.Path, r.Args = args[1], args[2:]
 	return r, nil

@@ -10,7 +10,7 @@
 //
 // The worker starts the shim directly in a new session and reaps it when it ends.
 // One shim lives per running task, so its size is what a running task costs; it
-// starts with a task unless one whose run is over takes the task (nextRun), so
+// starts with a task unless one whose run is over takes the task (receiveRun), so
 // its start is part of many tasks' starts: the package
 // calls the kernel through package syscall alone, without os, time, strconv or
 // the reflection-based packages: a Go program's text is resident whole in each of
@@ -35,14 +35,6 @@ const (
 	ExitFile     = "exit.json"
 )
 
-// StartLockFD is the descriptor of the run's start lock in a shim: the run
-// directory, which the worker locks (flock) before it starts the shim and hands
-// down (or sends with a next run, nextRun), and the shim keeps open until the run
-// is over: whoever finds the lock free knows that no shim works on the run, or
-// ever will, so a worker that died while its shim started can tell a shim still
-// starting from one gone.
-const StartLockFD = 3
-
 // Why the shim stopped a command, in Exit.StoppedBy.
 const (
 	StoppedByDeadline = "deadline"
@@ -55,50 +47,35 @@ const (
 	CrashAfterStart = "shim-after-start" // the command started, its PID not recorded
 )
 
-// Main runs a shim with its arguments (Run.ShimArgs). It returns when the command
-// has ended and its exit file is written. Meanwhile, once the command's start is
-// recorded (its PIDs, or its start error), it lets go of its stdout and stderr: the
-// worker that started it reads them until then.
+// Main runs a shim with its arguments: --idle-ns=N at most. It reads its runs on
+// its standard input (receiveRun), one at a time, and returns when a run's
+// command has ended and its exit file is written, and no other run came within
+// the idle time. Meanwhile, once a command's start is recorded (its PIDs, or its
+// start error), it lets go of its stdout and stderr: the worker that started it
+// reads them until then.
 func Main(args []string) error {
 	if len(args) == 1 && (args[0] == "--help" || args[0] == "-h") {
 		return writeAll(1, []byte("usage: "+usage))
 	}
-	run, err := parseArgs(args)
+	idleAfter, err := parseIdle(args)
 	if err != nil {
 		return err
 	}
-	// The environment comes whole, or the worker that started this shim died handing
-	// it over: then nothing is recorded and no command starts, and the run is one
-	// whose shim never started, which the worker starts at its next start (in the
-	// same boot of the host).
-	env, err := readEnviron(run.EnvBytes)
-	if err != nil {
-		return err
-	}
-	// The run's start lock is StartLockFD, if the worker handed one down, until the
-	// run is over; keepInherited keeps it from the command.
-	for lock := inheritedLock(); ; {
-		if err := run.supervise(env); err != nil || run.IdleAfter <= 0 {
+	// A run comes whole, or the worker that started this shim died handing it over:
+	// then nothing is recorded and no command starts, and the run is one whose shim
+	// never started, which the worker starts at its next start (in the same boot of
+	// the host).
+	for until := int64(-1); ; until = monotonic() + idleAfter {
+		run, env, lock, err := receiveRun(until)
+		if err != nil || run.Dir == "" {
 			return err
 		}
-		if lock >= 0 {
-			syscall.Close(lock) // no shim works on the run any more
-		}
-		var ok bool
-		if run, env, lock, ok = nextRun(run.IdleAfter); !ok {
-			return nil
+		err = run.supervise(env)
+		syscall.Close(lock) // no shim works on the run any more
+		if err != nil || idleAfter <= 0 || writeAll(EnvironFD, []byte{Idle}) != nil {
+			return err
 		}
 	}
-}
-
-// inheritedLock is StartLockFD if the worker handed a start lock down (a
-// directory), or -1.
-func inheritedLock() int {
-	var st syscall.Stat_t
-	if syscall.Fstat(StartLockFD, &st) != nil || st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
-		return -1
-	}
-	return StartLockFD
 }
 
 // supervise runs the command to its end. The worker started the shim in a session
@@ -286,7 +263,7 @@ func (e exitFile) close() {
 
 // releaseOutput tells the worker that the command's start is recorded: it points
 // the shim's stdout and stderr, a pipe the worker reads until it closes, at
-// /dev/null, and says so on EnvironFD where that is a socket (nextRun).
+// /dev/null, and says so on EnvironFD, a socket (receiveRun).
 func releaseOutput() {
 	if devnull, err := open("/dev/null", syscall.O_WRONLY, 0); err == nil {
 		_ = dup(devnull, 1)

@@ -184,9 +184,12 @@ func TestAShimGivenPartOfItsEnvironmentStartsNothing(t *testing.T) {
 	for _, given := range [][]byte{nil, env[:len(env)-3], env} {
 		dir, marker := t.TempDir(), filepath.Join(t.TempDir(), "ran")
 		r := Run{Dir: dir, Cwd: "/", Path: sh, Args: []string{"sh", "-c", `echo "$MARK" > "$0"`, marker}, EnvBytes: int64(len(env))}
-		cmd := exec.Command(os.Args[0], append([]string{"shim"}, r.ShimArgs()...)...)
-		cmd.Stdin = bytes.NewReader(given)
-		out, err := cmd.CombinedOutput()
+		var said bytes.Buffer
+		sock, cmd := testShim(t, 0, &said)
+		sendRun(t, sock, r, given, 1<<20)
+		sock.Close()
+		err := cmd.Wait()
+		out := said.Bytes()
 		ran, _ := os.ReadFile(marker)
 		files, _ := os.ReadDir(dir)
 		if len(given) == len(env) {
