@@ -414,6 +414,19 @@ func processGone(pid int) bool {
 	return len(fields) > 0 && fields[0] == "Z"
 }
 
+// holdsFileUnder reports whether process pid has a file or directory under dir
+// open.
+func holdsFileUnder(pid int, dir string) bool {
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, fd := range fds {
+		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		if err == nil && strings.HasPrefix(target, dir+"/") {
+			return true
+		}
+	}
+	return false
+}
+
 // killGroup ends a process group a test left running on purpose.
 func killGroup(pgid int) error { return syscall.Kill(-pgid, syscall.SIGKILL) }
 
