@@ -55,3 +55,28 @@ func TestAShimCancelledBeforeItsRunStartsNothing(t *testing.T) {
 		t.Error("a cancelled shim still holds the run's start lock")
 	}
 }
+
+// A bgtask-shim beside the binary is used only if it speaks the worker's
+// protocol: one of another build would start no run.
+func TestABgtaskShimOfAnotherProtocolIsNotUsed(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	exe := filepath.Join(dir, "bgtask")
+	for _, c := range []struct {
+		script string
+		use    bool
+	}{
+		{"#!/bin/sh\nexec " + self + " shim \"$@\"\n", true},
+		{"#!/bin/sh\necho bgtask-shim protocol 1\n", false},
+	} {
+		if err := os.WriteFile(filepath.Join(dir, "bgtask-shim"), []byte(c.script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := LightShim(exe); ok != c.use {
+			t.Errorf("bgtask-shim %q: used %v, want %v", c.script, ok, c.use)
+		}
+	}
+}

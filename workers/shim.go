@@ -1,8 +1,12 @@
 package workers
 
 import (
+	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
+
+	"github.com/bgtask/bgtask/workers/shim"
 )
 
 // DefaultShim is how a worker starts shims: bgtask-shim from the directory of its
@@ -17,9 +21,15 @@ func DefaultShim() []string {
 	return []string{selfExe, "shim"}
 }
 
-// LightShim is bgtask-shim beside the bgtask binary exe, if it is there.
+// LightShim is bgtask-shim beside the bgtask binary exe, if it is there and
+// speaks this worker's protocol (shim.Protocol): one left from another build
+// would start no run this worker hands it.
 func LightShim(exe string) (string, bool) {
 	light := filepath.Join(filepath.Dir(exe), "bgtask-shim")
 	info, err := os.Stat(light)
-	return light, err == nil && info.Mode().IsRegular() && info.Mode()&0o111 != 0
+	if err != nil || !info.Mode().IsRegular() || info.Mode()&0o111 == 0 {
+		return light, false
+	}
+	said, err := exec.Command(light, "--protocol").Output()
+	return light, err == nil && string(bytes.TrimSpace(said)) == shim.Protocol
 }

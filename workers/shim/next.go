@@ -27,6 +27,10 @@ const (
 	Idle     = 'I'
 )
 
+// Protocol names how a worker and a shim speak, which `bgtask-shim --protocol`
+// prints: a worker uses a bgtask-shim of another build only if it says the same.
+const Protocol = "bgtask-shim protocol 2: runs on stdin"
+
 // receiveRun waits until the monotonic time until (-1: for ever) for a run. It
 // returns no run, and no error, where none came in that time, or the worker
 // closed its end; and an error where a run came in part.

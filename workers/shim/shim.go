@@ -57,6 +57,9 @@ func Main(args []string) error {
 	if len(args) == 1 && (args[0] == "--help" || args[0] == "-h") {
 		return writeAll(1, []byte("usage: "+usage))
 	}
+	if len(args) == 1 && args[0] == "--protocol" {
+		return writeAll(1, []byte(Protocol+"\n"))
+	}
 	idleAfter, err := parseIdle(args)
 	if err != nil {
 		return err
