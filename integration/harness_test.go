@@ -414,13 +414,13 @@ func processGone(pid int) bool {
 	return len(fields) > 0 && fields[0] == "Z"
 }
 
-// holdsFileUnder reports whether process pid has a file or directory under dir
-// open.
-func holdsFileUnder(pid int, dir string) bool {
+// holdsFileOf reports whether process pid has a file or directory open whose
+// path holds part.
+func holdsFileOf(pid int, part string) bool {
 	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	for _, fd := range fds {
 		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
-		if err == nil && strings.HasPrefix(target, dir+"/") {
+		if err == nil && strings.Contains(target, part) {
 			return true
 		}
 	}
@@ -480,8 +480,10 @@ func openGate(t *testing.T, dir, name string) {
 	t.Helper()
 	touch(t, filepath.Join(dir, name+".open"))
 	// ENXIO: nobody reads the FIFO (yet, or any more); they find the .open file.
+	// A line for each command that may wait on it: two runs of a task can (one
+	// being stopped as the other starts), and each read takes one.
 	if f, err := os.OpenFile(filepath.Join(dir, name+".fifo"), os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-		_, _ = f.WriteString("\n")
+		_, _ = f.WriteString(strings.Repeat("\n", 64))
 		f.Close()
 	}
 }

@@ -496,10 +496,10 @@ func (tr *trial) openWhileDown(part, parts int) {
 			continue
 		}
 		// Each line is a run's command and its shim; a shim whose run is over may
-		// wait for another, and has then let go of the run's directory.
+		// take another, and has let go of this task's run directory.
 		for k, pid := range tr.pids("pids", i) {
 			eventually(tr.t, 30*time.Second, fmt.Sprintf("task %d's command did not end after its gate opened", i), func() bool {
-				return processGone(pid) || k%2 == 1 && !holdsFileUnder(pid, tr.home)
+				return processGone(pid) || k%2 == 1 && !holdsFileOf(pid, "/runs/"+tr.ids[i]+"-")
 			})
 		}
 	}
