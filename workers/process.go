@@ -166,52 +166,45 @@ func lockRun(dir string) (*os.File, error) {
 }
 
 // hand gives the shim the run, and returns once the shim has recorded how the
-// command's start went (or ended).
+// command's start went (it says so: shim.Recorded), or has ended.
 func (s *startingShim) hand() error {
-	if s.out == nil {
-		return s.handToSpare()
-	}
-	defer s.out.Close()
-	// A shim that ended before it read all of the run says why on its output, read
-	// next; one that reads less than all of it starts nothing.
 	sent := s.sh.send(s.dir, s.run.shimArgs(s.dir, len(s.env)), s.env)
-	said, _ := io.ReadAll(s.out)
-	if sent == nil && recorded(s.dir) {
-		adoptShim(s.sh.proc, shimRef(s.sh.proc, s.sh.pidfd))
+	if sent == nil && s.sh.await(shim.Recorded) {
+		if s.out != nil { // a shim started for the run: this process reaps it
+			s.out.Close()
+			adoptShim(s.sh.proc, shimRef(s.sh.proc, s.sh.pidfd))
+		}
 		s.afterRun()
 		return nil
 	}
 	s.sh.sock.Close()
+	if s.out == nil {
+		// A spare that ended before it took the run (its wait for one was over)
+		// leaves it to a shim started for it.
+		if recorded(s.dir) || exists(filepath.Join(s.dir, shim.StartingFile)) {
+			return nil // awaitShim tells what became of the command
+		}
+		fresh, err := startShim(s.shimCmd, s.dir, s.run)
+		if err != nil {
+			return err
+		}
+		fresh.spares = s.spares
+		return fresh.hand()
+	}
+	// It ended, or is ending, without saying the start is recorded: awaitShim tells
+	// what became of the command; a shim that could not even begin says why on its
+	// output.
+	said, _ := io.ReadAll(s.out)
+	s.out.Close()
 	closeShimRef(s.sh.pidfd)
-	// It ended, or is ending, without a record of the start: awaitShim tells what
-	// became of the command; a shim that could not even begin says why.
 	state, err := s.sh.proc.Wait()
 	if sent != nil {
 		return sent
 	}
-	if err == nil && state.ExitCode() > 0 && !exists(filepath.Join(s.dir, shim.StartingFile)) {
+	if err == nil && state.ExitCode() > 0 && !recorded(s.dir) && !exists(filepath.Join(s.dir, shim.StartingFile)) {
 		return fmt.Errorf("start the shim: %v: %s", state, bytes.TrimSpace(said))
 	}
 	return nil
-}
-
-// handToSpare hands the run to an idle shim. One that ends before it took the
-// run (its wait for a run was over) leaves the run to a shim started for it.
-func (s *startingShim) handToSpare() error {
-	if s.sh.send(s.dir, s.run.shimArgs(s.dir, len(s.env)), s.env) == nil && s.sh.await(shim.Recorded) {
-		s.afterRun()
-		return nil
-	}
-	s.sh.sock.Close()
-	if recorded(s.dir) || exists(filepath.Join(s.dir, shim.StartingFile)) {
-		return nil // awaitShim tells what became of the command
-	}
-	fresh, err := startShim(s.shimCmd, s.dir, s.run)
-	if err != nil {
-		return err
-	}
-	fresh.spares = s.spares
-	return fresh.hand()
 }
 
 // afterRun has the shim, once its run is over, wait among the spares for the next

@@ -22,7 +22,7 @@ import (
 // keeps the inodes of the files its own writers alone write, under the name of
 // their temp file (run.json, pid.json, exit.json and starting), which each writer
 // opens and renames into place as it would a new one. The output files are kept,
-// emptied, only where no process has them open for writing (unwritten): whoever
+// emptied, only where no process has them open for writing (emptyIfUnwritten): whoever
 // the command handed them to, or left running past its shim (a process that
 // escaped its containment), may write to them still, and must not write into
 // another task's output; such a file is removed, and the next run makes its own.
@@ -90,23 +90,6 @@ func (p *runPool) recycle(dir string) {
 	p.put(free)
 }
 
-// emptyDurably truncates a file, if it is not empty, and makes that durable: a
-// crash of the host must not bring a run's output back into the next run's.
-func emptyDurably(path string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if info, err := f.Stat(); err != nil || info.Size() == 0 {
-		return err
-	}
-	if err := f.Truncate(0); err != nil {
-		return err
-	}
-	return f.Sync()
-}
-
 func (p *runPool) take() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -154,9 +137,12 @@ func clean(dir string) error {
 			err = os.Rename(path, path+".tmp")
 		case strings.HasSuffix(name, ".tmp") && slices.Contains(recycled, strings.TrimSuffix(name, ".tmp")):
 			// Left by a writer that died before its rename; opened with truncation.
-		case (name == shim.StdoutFile || name == shim.StderrFile) && unwritten(path):
-			err = emptyDurably(path)
-		default: // output someone may still write, stop.json, and anything else
+		case name == shim.StdoutFile || name == shim.StderrFile:
+			var kept bool
+			if kept, err = emptyIfUnwritten(path); err == nil && !kept {
+				err = os.Remove(path) // someone may still write it
+			}
+		default: // stop.json, and anything else
 			err = os.RemoveAll(path)
 		}
 		if err != nil {

@@ -83,7 +83,7 @@ func receiveLock(fd int, buf []byte) (n, lock int, err error) {
 			continue
 		}
 		if err != nil || n == 0 {
-			return 0, -1, nil // the worker's end is closed
+			return 0, -1, nil // the worker's end is closed, or unusable: no run comes
 		}
 		lock = -1
 		msgs, _ := syscall.ParseSocketControlMessage(oob[:oobn])

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -105,7 +106,7 @@ func TestAShimTakesTheNextRunHandedToItWhole(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := `"exit_code":` + string(appendInt(nil, int64(r.code)))
-		if !contains(string(data), want) || !contains(string(data), `"run":"`+baseOf(r.Dir)+`"`) {
+		if !strings.Contains(string(data), want) || !strings.Contains(string(data), `"run":"`+baseOf(r.Dir)+`"`) {
 			t.Errorf("%s: %s, want %s and its run's name", r.Dir, data, want)
 		}
 		if lock, err := os.Open(r.Dir); err == nil {
@@ -124,13 +125,4 @@ func TestAShimTakesTheNextRunHandedToItWhole(t *testing.T) {
 	if files, _ := os.ReadDir(third.Dir); len(files) != 0 {
 		t.Errorf("a run handed over in part left %v", files)
 	}
-}
-
-func contains(s, sub string) bool {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if s[i:i+len(sub)] == sub {
-			return true
-		}
-	}
-	return false
 }
