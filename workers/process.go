@@ -166,12 +166,22 @@ func lockRun(dir string) (*os.File, error) {
 }
 
 // hand gives the shim the run, and returns once the shim has recorded how the
-// command's start went (it says so: shim.Recorded), or has ended.
+// command's start went, or has ended. A spare says it is recorded on its socket
+// (shim.Recorded); a shim started for the run lets go of its output, which it
+// also says why on if it ends first.
 func (s *startingShim) hand() error {
 	sent := s.sh.send(s.dir, s.run.shimArgs(s.dir, len(s.env)), s.env)
-	if sent == nil && s.sh.await(shim.Recorded) {
+	var said []byte
+	var ok bool
+	if s.out != nil {
+		said, _ = io.ReadAll(s.out)
+		s.out.Close()
+		ok = sent == nil && recorded(s.dir)
+	} else {
+		ok = sent == nil && s.sh.await(shim.Recorded)
+	}
+	if ok {
 		if s.out != nil { // a shim started for the run: this process reaps it
-			s.out.Close()
 			adoptShim(s.sh.proc, shimRef(s.sh.proc, s.sh.pidfd))
 		}
 		s.afterRun()
@@ -191,17 +201,14 @@ func (s *startingShim) hand() error {
 		fresh.spares = s.spares
 		return fresh.hand()
 	}
-	// It ended, or is ending, without saying the start is recorded: awaitShim tells
-	// what became of the command; a shim that could not even begin says why on its
-	// output.
-	said, _ := io.ReadAll(s.out)
-	s.out.Close()
+	// It ended, or is ending, without a record of the start: awaitShim tells what
+	// became of the command; a shim that could not even begin says why.
 	closeShimRef(s.sh.pidfd)
 	state, err := s.sh.proc.Wait()
 	if sent != nil {
 		return sent
 	}
-	if err == nil && state.ExitCode() > 0 && !recorded(s.dir) && !exists(filepath.Join(s.dir, shim.StartingFile)) {
+	if err == nil && state.ExitCode() > 0 && !exists(filepath.Join(s.dir, shim.StartingFile)) {
 		return fmt.Errorf("start the shim: %v: %s", state, bytes.TrimSpace(said))
 	}
 	return nil
