@@ -38,6 +38,13 @@ type Dispatcher struct {
 	run     lifecycle
 }
 
+// Deliveries is how many wake-ups an engine's dispatcher delivers at once. Each
+// waits on three writes in turn, every one fsynced before it is acknowledged, so
+// a few at a time fall behind tasks that end together: their wake-ups would wait
+// for seconds behind each other's writes. A server takes as many registrations
+// at once (api's maxRegistering).
+const Deliveries = 32
+
 // NewDispatcher returns a dispatcher with workers parallel deliveries.
 func NewDispatcher(store events.Store, inbox events.Inbox, tasks TaskReader, writer string, workers int, base Base) *Dispatcher {
 	if workers < 1 {

@@ -384,6 +384,57 @@ func TestDispatcherDeliversWhatItIsNotified(t *testing.T) {
 	}
 }
 
+// gatedInbox holds every delivery until open of them wait at once.
+type gatedInbox struct {
+	events.Inbox
+	open    int
+	mu      sync.Mutex
+	waiting int
+	opened  chan struct{}
+}
+
+func (g *gatedInbox) Deliver(ctx context.Context, w events.Wakeup, recheckSince time.Time) (uint64, error) {
+	g.mu.Lock()
+	if g.waiting++; g.waiting == g.open {
+		close(g.opened)
+	}
+	g.mu.Unlock()
+	select {
+	case <-g.opened:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	return g.Inbox.Deliver(ctx, w, recheckSince)
+}
+
+// Tasks that end together are delivered together: a wake-up whose writes wait on
+// the disk does not hold back the others. Each delivery here waits until 32 are
+// waiting, as many as the registrations a server takes at once.
+func TestADispatcherDeliversTheWakeupsOfABurstAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const burst = 32
+	inbox := &gatedInbox{Inbox: b.inbox, open: burst, opened: make(chan struct{})}
+	d := engine.NewDispatcher(b.store, inbox, noReader{}, engineWriter, engine.Deliveries, engine.Base{})
+	var ids []string
+	for range burst {
+		s := b.ended(t, `{"command":"true"}`)
+		ids = append(ids, s.ID)
+		d.Notify(s)
+	}
+	if err := d.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop) // also when the test fails before its own Stop
+	for _, id := range ids {
+		waitForPhase(t, b.store, id, events.TypeFired)
+	}
+	d.Stop()
+	for _, id := range ids {
+		b.checkDeliveredOnce(t, id)
+	}
+}
+
 func TestDispatcherRecoversUnfinishedDeliveries(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

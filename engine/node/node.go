@@ -84,9 +84,6 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// deliveries is how many wake-ups the dispatcher delivers at once.
-const deliveries = 4
-
 // Node is one engine. It is an engine.Component: Start, then Stop.
 type Node struct {
 	cfg  Config
@@ -217,7 +214,7 @@ func (n *Node) wire(st streams) {
 	n.metrics = metrics.New(n.projector.Phases, func() []engine.WorkerStatus { return n.scheduler.Workers() })
 	// The engine's appends, whose conflicts the metrics count.
 	store := n.metrics.CountConflicts(st.store)
-	n.dispatcher = engine.NewDispatcher(store, st.inbox, n.projector, writer, deliveries, base)
+	n.dispatcher = engine.NewDispatcher(store, st.inbox, n.projector, writer, engine.Deliveries, base)
 	n.timers = engine.NewTimers(store, n.projector, writer, base)
 	n.depends = engine.NewDependencies(store, n.projector, writer, func() { n.scheduler.Kick() }, base)
 	n.leases = engine.NewLeases(store, n.projector, st.liveness, writer, base)

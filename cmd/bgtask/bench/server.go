@@ -290,6 +290,20 @@ func (w *inboxWatch) waitCount(ctx context.Context, n int) (time.Time, error) {
 	}
 }
 
+// sinceExit is, for each wake-up seen, the milliseconds from its command's exit
+// (the shim's ended_at) to its arrival.
+func (w *inboxWatch) sinceExit() []float64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []float64
+	for _, a := range w.got {
+		if a.wakeup.EndedAt != nil {
+			out = append(out, ms(a.at.Sub(*a.wakeup.EndedAt)))
+		}
+	}
+	return out
+}
+
 // registerAll registers n copies of spec through the clients concurrently and
 // returns the ids.
 func registerAll(ctx context.Context, clients []*api.Client, n int, spec []byte) ([]string, error) {

@@ -61,14 +61,15 @@ func throughputOf(ctx context.Context, r *runner, s *Scenario, mode string, peer
 	if err != nil {
 		return err
 	}
-	var rates, base, peerRates, serverCPU []float64
+	var rates, base, peerRates, serverCPU, wakes []float64
 	for i := range r.repeats {
 		r.progress("throughput, --sync %s: repeat %d of %d", mode, i+1, r.repeats)
-		rate, cpu, err := tasksRate(ctx, srv, clients, n, fmt.Sprintf("bench-tp-%d", i))
+		rate, cpu, wake, err := tasksRate(ctx, srv, clients, n, fmt.Sprintf("bench-tp-%d", i))
 		if err != nil {
 			return err
 		}
 		rates, serverCPU = append(rates, rate), append(serverCPU, ms(cpu)/float64(n))
+		wakes = append(wakes, wake...)
 		if rate, err = plainRate(ctx, n, parallel); err != nil {
 			return err
 		}
@@ -87,6 +88,7 @@ func throughputOf(ctx context.Context, r *runner, s *Scenario, mode string, peer
 	}
 	ratio, vsPeer := *row.Ratio, row.Peer // row is not to be read after the next add
 	s.add("  server CPU per task (its own threads: engine, projector, dispatcher, worker, NATS)", "ms", summarize(serverCPU, false))
+	s.add("  exit → wake-up meanwhile (the shim's ended_at → the wake-up seen), every task", "ms", summarize(wakes, true))
 	if mode == "always" {
 		s.target("≥ 70% of the plain program's throughput (--sync always, the default)", ratio >= 0.7, "%.0f%%", ratio*100)
 	}
@@ -106,32 +108,33 @@ func (r *runner) shim() []string {
 }
 
 // tasksRate registers n tasks running `true` and returns tasks per second from
-// the first registration to the last wake-up, and the CPU the server used.
-func tasksRate(ctx context.Context, srv *server, clients []*api.Client, n int, target string) (float64, time.Duration, error) {
+// the first registration to the last wake-up, the CPU the server used, and each
+// task's exit → wake-up in milliseconds.
+func tasksRate(ctx context.Context, srv *server, clients []*api.Client, n int, target string) (rate float64, cpu time.Duration, wake []float64, err error) {
 	w, err := watchInbox(srv.nc, target)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, nil, err
 	}
 	defer w.close()
 	cpu0, err := cpuTime(srv.pid())
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, nil, err
 	}
 	start := time.Now()
-	if _, err := registerAll(ctx, clients, n, srv.spec("true", target)); err != nil {
-		return 0, 0, err
+	if _, err = registerAll(ctx, clients, n, srv.spec("true", target)); err != nil {
+		return 0, 0, nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	last, err := w.waitCount(ctx, n)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, nil, err
 	}
 	cpu1, err := cpuTime(srv.pid())
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, nil, err
 	}
-	return float64(n) / last.Sub(start).Seconds(), cpu1 - cpu0, nil
+	return float64(n) / last.Sub(start).Seconds(), cpu1 - cpu0, w.sinceExit(), nil
 }
 
 // plainRate runs `bash -c true` n times, parallel at a time, and returns commands
