@@ -9,7 +9,8 @@ import (
 
 // StartRunAndDie does what a worker does to start a task's command in runDir, up
 // to handing it to its shim, and then nothing more, as a worker killed at that
-// moment: the shim (started through shim) records the command's start later, or
+// moment: the run is sent to the shim (started through shim), holding the run's
+// start lock, when it returns; the shim records the command's start later, or
 // never. launched receives the result of the shim's first stage.
 func StartRunAndDie(shim []string, runDir, taskID string, epoch uint64, spec engine.Spec) (launched <-chan error, err error) {
 	if err := writeIntent(runDir); err != nil {
@@ -19,8 +20,13 @@ func StartRunAndDie(shim []string, runDir, taskID string, epoch uint64, spec eng
 	if err != nil {
 		return nil, err
 	}
+	s, err := startShim(shim, runDir, run)
+	if err != nil {
+		return nil, err
+	}
+	sent := s.sh.send(s.dir, s.run.shimArgs(s.dir, len(s.env)), s.env)
 	done := make(chan error, 1)
-	go func() { done <- launchShim(shim, runDir, run) }()
+	go func() { done <- s.handed(sent) }()
 	return done, nil
 }
 

@@ -361,10 +361,6 @@ func TestAWorkerThatDiedWhileItsShimStartedWaitsForTheShim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = os.WriteFile(gate, nil, 0o600)
-		<-launched
-	})
 
 	var logged syncLog
 	w := workers.New(b.srv.Conn, b.srv.JS, b.store, workers.Config{
@@ -374,8 +370,12 @@ func TestAWorkerThatDiedWhileItsShimStartedWaitsForTheShim(t *testing.T) {
 	started := make(chan error, 1)
 	go func() { started <- w.Start(context.Background()) }()
 	t.Cleanup(func() {
+		// Open first: a worker that fails the test waiting on the gated shim must
+		// not hold its Stop, and the test, until the run times out.
+		_ = os.WriteFile(gate, nil, 0o600)
 		w.Stop()
 		killRuns(t, state)
+		<-launched
 	})
 	eventually(t, 20*time.Second, "the worker waiting for the shim, or recording the run's end", func() bool {
 		h := b.history(t, id)

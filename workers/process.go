@@ -170,7 +170,12 @@ func lockRun(dir string) (*os.File, error) {
 // (shim.Recorded); a shim started for the run lets go of its output, which it
 // also says why on if it ends first.
 func (s *startingShim) hand() error {
-	sent := s.sh.send(s.dir, s.run.shimArgs(s.dir, len(s.env)), s.env)
+	return s.handed(s.sh.send(s.dir, s.run.shimArgs(s.dir, len(s.env)), s.env))
+}
+
+// handed is the rest of hand once the run is sent to the shim (sent is how that
+// went): it waits for the shim's record of the start.
+func (s *startingShim) handed(sent error) error {
 	var said []byte
 	var ok bool
 	if s.out != nil {
