@@ -24,7 +24,7 @@ func StartRunAndDie(shim []string, runDir, taskID string, epoch uint64, spec eng
 	if err != nil {
 		return nil, err
 	}
-	sent := s.sh.send(s.dir, s.run.shimArgs(s.dir, len(s.env)), s.env)
+	sent := s.send()
 	done := make(chan error, 1)
 	go func() { done <- s.handed(sent) }()
 	return done, nil

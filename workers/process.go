@@ -169,8 +169,11 @@ func lockRun(dir string) (*os.File, error) {
 // command's start went, or has ended. A spare says it is recorded on its socket
 // (shim.Recorded); a shim started for the run lets go of its output, which it
 // also says why on if it ends first.
-func (s *startingShim) hand() error {
-	return s.handed(s.sh.send(s.dir, s.run.shimArgs(s.dir, len(s.env)), s.env))
+func (s *startingShim) hand() error { return s.handed(s.send()) }
+
+// send sends the shim its run, with the run's start lock.
+func (s *startingShim) send() error {
+	return s.sh.send(s.dir, s.run.shimArgs(s.dir, len(s.env)), s.env)
 }
 
 // handed is the rest of hand once the run is sent to the shim (sent is how that
