@@ -8,6 +8,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/bgtask/bgtask/workers/shim"
+	_ "github.com/bgtask/bgtask/workers/shim/waiter" // its shims hibernate, as bgtask-shim's do
 )
 
 // TestMain doubles as the shim: workers without a bgtask-shim beside their binary

@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/bgtask/bgtask/workers/shim"
+	_ "github.com/bgtask/bgtask/workers/shim/waiter" // its shims hibernate
 )
 
 func main() {

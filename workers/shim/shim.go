@@ -17,12 +17,14 @@
 // its processes here, and those packages would add about a quarter to a shim's RSS
 // and to the time a short command takes under it.
 // It runs as its own small binary, bgtask-shim, or as `bgtask shim` where that is
-// missing.
+// missing. A shim whose command runs long hibernates (hibernate.go): it becomes a
+// waiter in C, which holds a tenth of a Go shim's memory, until the command ends.
 package shim
 
 import (
 	"errors"
 	"runtime"
+	"sync"
 	"syscall"
 )
 
@@ -52,7 +54,7 @@ const (
 // command has ended and its exit file is written, and no other run came within
 // the idle time. Meanwhile, once a command's start is recorded (its PIDs, or its
 // start error), it lets go of its stdout and stderr: the worker that started it
-// reads them until then.
+// reads them until then. A shim that hibernated comes back with --woken (hibernate.go).
 func Main(args []string) error {
 	if len(args) == 1 && (args[0] == "--help" || args[0] == "-h") {
 		return writeAll(1, []byte("usage: "+usage))
@@ -60,31 +62,78 @@ func Main(args []string) error {
 	if len(args) == 1 && args[0] == "--protocol" {
 		return writeAll(1, []byte(Protocol+"\n"))
 	}
+	var self []string // the command line up to args, which a hibernation runs again
+	if hibernation {
+		self = commandLine(len(args))
+	}
+	if len(args) > 0 && args[0] == wokenFlag {
+		c, ended, err := parseWoken(args[1:])
+		if err != nil {
+			return err
+		}
+		c.self = self
+		if more, err := runOver(c.lock, c.resume(ended), c.idleAfter); !more {
+			return err
+		}
+		return serve(self, c.idleAfter, monotonic()+c.idleAfter)
+	}
 	idleAfter, err := parseIdle(args)
 	if err != nil {
 		return err
 	}
+	return serve(self, idleAfter, -1)
+}
+
+// serve takes runs until none comes by the monotonic time until (-1: for ever),
+// then in idleAfter after each run.
+func serve(self []string, idleAfter, until int64) error {
 	// A run comes whole, or the worker that started this shim died handing it over:
 	// then nothing is recorded and no command starts, and the run is one whose shim
 	// never started, which the worker starts at its next start (in the same boot of
 	// the host).
-	for until := int64(-1); ; until = monotonic() + idleAfter {
+	for ; ; until = monotonic() + idleAfter {
 		run, env, lock, err := receiveRun(until)
 		if err != nil || run.Dir == "" {
 			return err
 		}
-		err = run.supervise(env)
-		syscall.Close(lock) // no shim works on the run any more
-		if err != nil || idleAfter <= 0 || writeAll(EnvironFD, []byte{Idle}) != nil {
+		if more, err := runOver(lock, run.supervise(env, running{lock: lock, idleAfter: idleAfter, self: self}), idleAfter); !more {
 			return err
 		}
 	}
 }
 
-// supervise runs the command to its end. The worker started the shim in a session
-// of its own, so that the shim outlives the worker and no signal to the worker's
-// process group reaches it.
-func (r Run) supervise(env []string) error {
+// runOver ends a run whose exit is written (or failed to be, err): it lets go of
+// its start lock and, where the shim waits for another run, says so to the
+// worker. It says whether the shim waits.
+func runOver(lock int, err error, idleAfter int64) (bool, error) {
+	syscall.Close(lock) // no shim works on the run any more
+	if err != nil || idleAfter <= 0 || writeAll(EnvironFD, []byte{Idle}) != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// running is a run whose command has started: what the shim needs until its end
+// is recorded, all of which a hibernation carries to the shim that wakes.
+type running struct {
+	Run                // Dir, Deadline, StallAfter and KillGrace are used
+	pid       int      // the command's, and its process group's
+	startedAt int64    // Unix nanoseconds
+	exit      exitFile // its reserved exit file
+	lock      int      // the run's start lock
+	idleAfter int64    // the shim's --idle-ns
+	self      []string // the shim's command line before its arguments; nil: it cannot hibernate
+	output    outputSeen
+}
+
+// outputSeen is what the stall watch saw of the command's output: its size, and
+// when (monotonic nanoseconds) that size was first seen.
+type outputSeen struct{ size, since int64 }
+
+// supervise runs the command to its end, c holding what the shim has for it. The
+// worker started the shim in a session of its own, so that the shim outlives
+// the worker and no signal to the worker's process group reaches it.
+func (r Run) supervise(env []string, c running) error {
 	adoptOrphans()
 	started := wallClock()
 	// The exit file's blocks are taken now, before anything runs: a disk that
@@ -106,13 +155,11 @@ func (r Run) supervise(env []string) error {
 	// Descriptors the worker inherited (a pipe its caller reads) must not reach a
 	// command that outlives it: its reader would never see EOF.
 	keepInherited()
-	// The command's end wakes the shim's wait through this pipe (reap).
-	var ended [2]int
-	if err := pipeCloexec(ended[:]); err != nil {
-		return fail(errors.New("pipe: " + err.Error()))
+	reap, err := newReaper()
+	if err != nil {
+		return fail(err)
 	}
-	defer syscall.Close(ended[0])
-	defer syscall.Close(ended[1])
+	defer reap.close()
 	pid, err := r.start(env)
 	if err != nil {
 		return fail(err)
@@ -124,25 +171,30 @@ func (r Run) supervise(env []string) error {
 	self, _ := ProcStart(syscall.Getpid())
 	child, _ := ProcStart(pid)
 	pids := pidsRecord{run: baseOf(r.Dir), shim: ProcRef{PID: syscall.Getpid(), Start: self}, command: ProcRef{PID: pid, Start: child}, startedAt: started}
-	exited := make(chan syscall.WaitStatus, 1)
-	go reap(pid, exited, ended[1])
+	go reap.wait(pid)
 	// Not made durable: after a crash of the host nothing it names is alive, and a
 	// missing pid.json beside the starting file says the same (the shim died).
 	if err := writeFile(join(r.Dir, PIDFile), pids.appendJSON(nil), notDurable); err != nil {
 		// Unwatchable: stop it rather than leave it running unknown.
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
-		<-exited
+		<-reap.exited
 		return fail(errors.New("record the command's pid: " + err.Error()))
 	}
 	releaseOutput()
-	stoppedBy, ws := r.watchTimers(pid, exited, ended[0])
-	exit := exitRecord{run: baseOf(r.Dir), exitCode: ws.ExitStatus(), stoppedBy: stoppedBy, startedAt: started, endedAt: wallClock()}
+	c.Run, c.pid, c.startedAt, c.exit = r, pid, started, exitFile
+	c.output = outputSeen{r.outputSize(), monotonic()}
+	return c.end(c.watch(reap))
+}
+
+// end records how the command ended and stops what it left.
+func (c running) end(stoppedBy string, ws syscall.WaitStatus) error {
+	exit := exitRecord{run: baseOf(c.Dir), exitCode: ws.ExitStatus(), stoppedBy: stoppedBy, startedAt: c.startedAt, endedAt: wallClock()}
 	if ws.Signaled() {
 		exit.exitCode, exit.signal = 128+int(ws.Signal()), signalName(ws.Signal())
 	}
-	err = exitFile.write(exit)
+	err := c.exit.write(exit)
 	// The exit is recorded: nothing waits for what the command left behind.
-	stopLeftovers(pid, max(r.KillGrace, 1e9))
+	stopLeftovers(c.pid, max(c.KillGrace, 1e9))
 	return err
 }
 
@@ -276,64 +328,100 @@ func releaseOutput() {
 	_ = writeAll(EnvironFD, []byte{Recorded})
 }
 
-// reap waits for every child, the command and the orphans reparented to the shim,
-// and when the command has ended sends its status and writes to wake.
-func reap(pid int, exited chan<- syscall.WaitStatus, wake int) {
+// reaper waits for every child, the command and the orphans reparented to the
+// shim, and passes on the command's status when it ends.
+type reaper struct {
+	// mu is held while a child is reaped, and by a hibernation from its last look
+	// at ended to its exec: a status reaped is passed on before any exec.
+	mu     sync.Mutex
+	ended  [2]int // a pipe, written once the command's status is on exited
+	exited chan syscall.WaitStatus
+}
+
+func newReaper() (*reaper, error) {
+	r := &reaper{exited: make(chan syscall.WaitStatus, 1)}
+	if err := pipeCloexec(r.ended[:]); err != nil {
+		return nil, errors.New("pipe: " + err.Error())
+	}
+	return r, nil
+}
+
+func (r *reaper) close() {
+	syscall.Close(r.ended[0])
+	syscall.Close(r.ended[1])
+}
+
+// wait reaps children until the command (pid) has ended.
+func (r *reaper) wait(pid int) {
 	for {
+		awaitChild()
+		r.mu.Lock()
 		var ws syscall.WaitStatus
-		got, err := syscall.Wait4(-1, &ws, 0, nil)
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil || got == pid {
-			// The wake-up first: once the status is received, wake may be closed.
-			_ = writeAll(wake, []byte{1})
-			exited <- ws
+		got, err := syscall.Wait4(-1, &ws, reapFlags, nil)
+		if err != syscall.EINTR && (err != nil || got == pid) {
+			// The wake-up first: once the status is received, ended may be closed.
+			_ = writeAll(r.ended[1], []byte{1})
+			r.exited <- ws
+			r.mu.Unlock()
 			return
 		}
+		r.mu.Unlock()
 	}
 }
 
-// watchTimers waits for the command to end, stopping its process group when its
-// deadline passes or it stalls, and says which did. ended can be read once the
-// command's status is on exited.
-func (r Run) watchTimers(pgid int, exited <-chan syscall.WaitStatus, ended int) (string, syscall.WaitStatus) {
+// hibernateAfter is how long a command runs under a Go shim before the shim
+// hibernates: a short task keeps its shim, which may take the worker's next run.
+const hibernateAfter = 1e9
+
+// watch waits for the command to end, stopping its process group when its
+// deadline passes or it stalls, and says which did. A shim that can hibernates
+// once the command has run hibernateAfter.
+func (c *running) watch(reap *reaper) (string, syscall.WaitStatus) {
 	stallCheck := int64(-1)
-	if r.StallAfter > 0 {
-		stallCheck = max(r.StallAfter/10, 50e6)
+	if c.StallAfter > 0 {
+		stallCheck = max(c.StallAfter/10, 50e6)
 	}
-	lastSize, lastChange := r.outputSize(), monotonic()
+	hibernateAt := int64(-1)
+	if c.self != nil {
+		hibernateAt = monotonic() + hibernateAfter
+	}
 	stop := func(by string) (string, syscall.WaitStatus) {
-		_ = syscall.Kill(-pgid, syscall.SIGTERM)
-		if !awaitReadable(ended, monotonic()+max(r.KillGrace, 1e9)) {
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		_ = syscall.Kill(-c.pid, syscall.SIGTERM)
+		if !awaitReadable(reap.ended[0], monotonic()+max(c.KillGrace, 1e9)) {
+			_ = syscall.Kill(-c.pid, syscall.SIGKILL)
 		}
-		return by, <-exited
+		return by, <-reap.exited
 	}
 	for {
-		until := int64(-1)
-		if r.Deadline != 0 {
-			left := r.Deadline - wallClock()
+		until := hibernateAt
+		if c.Deadline != 0 {
+			left := c.Deadline - wallClock()
 			if left <= 0 {
 				return stop(StoppedByDeadline)
 			}
-			until = monotonic() + left
+			if next := monotonic() + left; until < 0 || next < until {
+				until = next
+			}
 		}
 		if stallCheck > 0 {
 			if next := monotonic() + stallCheck; until < 0 || next < until {
 				until = next
 			}
 		}
-		if awaitReadable(ended, until) {
-			return "", <-exited
+		if awaitReadable(reap.ended[0], until) {
+			return "", <-reap.exited
 		}
-		if r.StallAfter > 0 {
-			now := monotonic()
-			if size := r.outputSize(); size != lastSize {
-				lastSize, lastChange = size, now
-			} else if now-lastChange >= r.StallAfter {
+		now := monotonic()
+		if c.StallAfter > 0 {
+			if size := c.outputSize(); size != c.output.size {
+				c.output = outputSeen{size, now}
+			} else if now-c.output.since >= c.StallAfter {
 				return stop(StoppedByStall)
 			}
+		}
+		if hibernateAt >= 0 && now >= hibernateAt {
+			c.hibernate(reap) // returns if it did not
+			hibernateAt = -1
 		}
 	}
 }

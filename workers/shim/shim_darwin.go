@@ -57,3 +57,12 @@ func pipeCloexec(p []int) error {
 func allocate(fd int, size int64) error { return syscall.EOPNOTSUPP }
 
 func dup(from, to int) error { return syscall.Dup2(from, to) }
+
+func clearCloexec(fd int) {
+	_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_SETFD, 0)
+}
+
+// reapFlags make the reap of a child wait for one: nothing hibernates here.
+const reapFlags = 0
+
+func awaitChild() {}

@@ -1,6 +1,9 @@
 package shim
 
-import "syscall"
+import (
+	"syscall"
+	"unsafe"
+)
 
 // Args are this process's arguments after its name, for a main without package
 // os (which is where Go keeps them), from the kernel's copy.
@@ -26,3 +29,18 @@ func pipeCloexec(p []int) error { return syscall.Pipe2(p, syscall.O_CLOEXEC) }
 func allocate(fd int, size int64) error { return syscall.Fallocate(fd, 0, 0, size) }
 
 func dup(from, to int) error { return syscall.Dup3(from, to, 0) }
+
+func clearCloexec(fd int) {
+	_, _, _ = syscall.RawSyscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_SETFD, 0)
+}
+
+// reapFlags make the reap of a child not wait: awaitChild has waited.
+const reapFlags = syscall.WNOHANG
+
+// awaitChild waits until a child has ended, and leaves it to be reaped
+// (WNOWAIT): a hibernation must not exec between a status reaped and passed on.
+func awaitChild() {
+	const pAll, wExited, wNowait = 0, 4, 0x1000000
+	var info [128]byte // siginfo_t
+	_, _, _ = syscall.Syscall6(syscall.SYS_WAITID, pAll, 0, uintptr(unsafe.Pointer(&info)), wExited|wNowait, 0, 0)
+}

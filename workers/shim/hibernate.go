@@ -1,0 +1,130 @@
+package shim
+
+import (
+	"errors"
+	"syscall"
+)
+
+// A shim whose command runs long hibernates: it execs its own binary as a waiter
+// written in C (package waiter), which does only what the shim must while the
+// command runs (reap its children, watch its deadline and its output for a
+// stall) in a few pages of memory, where a Go runtime holds half a MiB for each
+// running task. The process stays the command's parent and subreaper, with its
+// PID, its start lock and its reserved exit file; when the command ends, or a
+// timer is due, the waiter execs the Go side again (--woken), which carries on
+// where it left off: stops the command if a timer is due, writes the exit, and
+// may take the worker's next run.
+const (
+	hibernatedFlag = "--hibernated" // the waiter's arguments, read by its C side
+	wokenFlag      = "--woken"      // the shim's, once the waiter is done
+)
+
+// hibernation says whether this binary has the waiter, which registers itself.
+var hibernation bool
+
+// EnableHibernation is called by package waiter as it is linked in.
+func EnableHibernation() { hibernation = true }
+
+// commandLine is this process's command line before its last n arguments: what
+// runs the shim again.
+func commandLine(n int) []string {
+	cmdline, err := readFile("/proc/self/cmdline")
+	if err != nil {
+		return nil
+	}
+	args := splitNUL(cmdline)
+	if len(args) <= n {
+		return nil
+	}
+	return args[:len(args)-n]
+}
+
+// hibernate execs the waiter, unless the command's end is already passed on. It
+// returns where it did not.
+func (c *running) hibernate(reap *reaper) {
+	reap.mu.Lock()
+	defer reap.mu.Unlock()
+	if awaitReadable(reap.ended[0], 0) {
+		return
+	}
+	argv := append(append([]string(nil), c.self...), hibernatedFlag)
+	argv = append(argv, c.flags()...)
+	keep := []int{c.exit.fd, c.lock}
+	for _, fd := range keep {
+		if fd >= 0 {
+			clearCloexec(fd)
+		}
+	}
+	_ = syscall.Exec("/proc/self/exe", argv, syscall.Environ())
+	for _, fd := range keep { // the exec failed: the shim carries on
+		if fd >= 0 {
+			syscall.CloseOnExec(fd)
+		}
+	}
+}
+
+// flags are the arguments that carry c through a hibernation.
+func (c *running) flags() []string {
+	n := func(name string, v int64) string { return name + "=" + string(appendInt(nil, v)) }
+	return []string{
+		n("--pid", int64(c.pid)), "--dir=" + c.Dir,
+		n("--deadline-unix-ns", c.Deadline), n("--stall-after-ns", c.StallAfter), n("--kill-grace-ns", c.KillGrace),
+		n("--started-at-ns", c.startedAt), n("--exit-fd", int64(c.exit.fd)), n("--lock-fd", int64(c.lock)),
+		n("--idle-ns", c.idleAfter), n("--stall-size", c.output.size), n("--stall-since-ns", c.output.since),
+	}
+}
+
+// parseWoken reads what flags wrote, and what the waiter added: a later flag
+// wins. ended is the command's status if it has ended.
+func parseWoken(args []string) (c running, ended *syscall.WaitStatus, err error) {
+	var pid, exitFD, lock, status int64 = 0, -1, -1, -1
+	numbers := map[string]*int64{
+		"--pid": &pid, "--deadline-unix-ns": &c.Deadline, "--stall-after-ns": &c.StallAfter, "--kill-grace-ns": &c.KillGrace,
+		"--started-at-ns": &c.startedAt, "--exit-fd": &exitFD, "--lock-fd": &lock, "--idle-ns": &c.idleAfter,
+		"--stall-size": &c.output.size, "--stall-since-ns": &c.output.since, "--status": &status,
+	}
+	for _, arg := range args {
+		name, value, _ := cut(arg, '=')
+		if name == "--dir" {
+			c.Dir = value
+			continue
+		}
+		number, ok := numbers[name]
+		if ok {
+			*number, ok = parseInt64(value)
+		}
+		if !ok {
+			return running{}, nil, errors.New("shim: " + wokenFlag + ": argument " + arg + ": only a hibernated shim wakes so")
+		}
+	}
+	if pid <= 0 || c.Dir == "" || lock < 0 {
+		return running{}, nil, errors.New("shim: " + wokenFlag + ": want --pid, --dir and --lock-fd")
+	}
+	c.pid, c.exit, c.lock = int(pid), exitFile{dir: c.Dir, fd: int(exitFD)}, int(lock)
+	for _, fd := range []int{c.exit.fd, c.lock} {
+		if fd >= 0 {
+			syscall.CloseOnExec(fd)
+		}
+	}
+	if status >= 0 {
+		ws := syscall.WaitStatus(status)
+		ended = &ws
+	}
+	return c, ended, nil
+}
+
+// resume carries on with a run after a hibernation: it watches the command again
+// unless it has ended, and records its end.
+func (c *running) resume(ended *syscall.WaitStatus) error {
+	defer c.exit.close()
+	if ended != nil {
+		return c.end("", *ended)
+	}
+	reap, err := newReaper()
+	if err != nil {
+		return err
+	}
+	defer reap.close()
+	go reap.wait(c.pid)
+	return c.end(c.watch(reap))
+}

@@ -1,0 +1,207 @@
+//go:build linux && cgo && !bgtask_portable
+
+package shim
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// awaitHibernated waits until the shim pid has become the waiter: one thread, no
+// Go runtime, its arguments those of a hibernation and its name kept.
+func awaitHibernated(t *testing.T, pid int) {
+	t.Helper()
+	if !hibernation {
+		t.Fatal("package waiter is linked in (waiter_test.go), and its shims do not hibernate")
+	}
+	proc := "/proc/" + strconv.Itoa(pid)
+	name := filepath.Base(os.Args[0])
+	name = name[:min(15, len(name))] // the kernel's limit
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		cmdline, _ := os.ReadFile(proc + "/cmdline")
+		status, _ := os.ReadFile(proc + "/status")
+		comm, _ := os.ReadFile(proc + "/comm")
+		// The name is set by the waiter as it starts: exec'd as /proc/self/exe,
+		// the kernel names it "exe".
+		if bytes.Contains(cmdline, []byte("\x00"+hibernatedFlag+"\x00")) && bytes.Contains(status, []byte("\nThreads:\t1\n")) &&
+			strings.TrimSpace(string(comm)) == name {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the shim did not hibernate, named %s: its command line %q, name %q, status %s", name, cmdline, comm, status)
+		}
+	}
+}
+
+type exitJSON struct {
+	Run       string    `json:"run"`
+	ExitCode  int       `json:"exit_code"`
+	Signal    string    `json:"signal"`
+	StoppedBy string    `json:"stopped_by"`
+	StartedAt time.Time `json:"started_at"`
+}
+
+func readExit(t *testing.T, dir string) exitJSON {
+	t.Helper()
+	var e exitJSON
+	data, err := os.ReadFile(filepath.Join(dir, ExitFile))
+	if err == nil {
+		err = json.Unmarshal(data, &e)
+	}
+	if err != nil {
+		t.Fatalf("exit file: %v (%s)", err, data)
+	}
+	return e
+}
+
+func shRun(t *testing.T, env []byte, script string, args ...string) Run {
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Run{Dir: t.TempDir(), Cwd: "/", Path: sh, Args: append([]string{"sh", "-c", script}, args...), EnvBytes: int64(len(env))}
+}
+
+// A shim whose command runs long becomes the waiter, and wakes when the command
+// ends: the exit it records is the command's, with the start the shim recorded,
+// and the shim takes the worker's next run as one that never hibernated does.
+func TestAShimWhoseCommandRunsLongHibernatesAndRecordsItsExit(t *testing.T) {
+	env := JoinEnviron([]string{"PATH=" + os.Getenv("PATH")})
+	fifo := filepath.Join(t.TempDir(), "go")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	long, next := shRun(t, env, `read x < "$0"; exit 7`, fifo), shRun(t, env, "exit 4")
+	var said bytes.Buffer
+	sock, cmd := testShim(t, 20e9, &said)
+	sendRun(t, sock, long, env, 1<<20)
+	if !says(sock, Recorded) {
+		t.Fatalf("no start recorded: %s", said.Bytes())
+	}
+	awaitHibernated(t, cmd.Process.Pid)
+	if err := os.WriteFile(fifo, []byte("go\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if !says(sock, Idle) {
+		t.Fatalf("the shim did not wake to say it was idle: %s", said.Bytes())
+	}
+	var pids struct {
+		Shim      ProcRef   `json:"shim"`
+		StartedAt time.Time `json:"started_at"`
+	}
+	data, _ := os.ReadFile(filepath.Join(long.Dir, PIDFile))
+	if err := json.Unmarshal(data, &pids); err != nil || pids.Shim.PID != cmd.Process.Pid {
+		t.Fatalf("pid.json %s (%v), want the shim's PID %d", data, err, cmd.Process.Pid)
+	}
+	if e := readExit(t, long.Dir); e.ExitCode != 7 || e.Run != baseOf(long.Dir) || !e.StartedAt.Equal(pids.StartedAt) {
+		t.Errorf("exit %+v, want exit code 7 of run %s, started at %v", e, baseOf(long.Dir), pids.StartedAt)
+	}
+	if lock, err := os.Open(long.Dir); err == nil {
+		if syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+			t.Error("the start lock is still held once the run is over")
+		}
+		lock.Close()
+	}
+	sendRun(t, sock, next, env, 1<<20)
+	if !says(sock, Recorded) || !says(sock, Idle) {
+		t.Fatalf("the woken shim did not take the next run: %s", said.Bytes())
+	}
+	if e := readExit(t, next.Dir); e.ExitCode != 4 {
+		t.Errorf("the next run's exit %+v, want exit code 4", e)
+	}
+	sock.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("the shim ended with %v: %s", err, said.Bytes())
+	}
+}
+
+// The waiter keeps the command's deadline and its stall kill, and the shim's
+// subreaping: what the command left is stopped once its exit is written.
+func TestAHibernatedShimKeepsTheCommandsTimersAndStopsWhatItLeft(t *testing.T) {
+	env := JoinEnviron([]string{"PATH=" + os.Getenv("PATH")})
+	leftover := filepath.Join(t.TempDir(), "leftover")
+	deadline := shRun(t, env, "exec sleep 60")
+	deadline.Deadline = time.Now().Add(4 * time.Second).UnixNano()
+	stall := shRun(t, env, "echo once; exec sleep 60")
+	stall.StallAfter = int64(3 * time.Second)
+	left := shRun(t, env, `setsid sleep 60 & echo $! > "$0"; read x < "$0.go"`, leftover)
+	if err := syscall.Mkfifo(leftover+".go", 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name   string
+		run    Run
+		by     string
+		signal string
+	}{{"deadline", deadline, StoppedByDeadline, "TERM"}, {"stall", stall, StoppedByStall, "TERM"}, {"leftover", left, "", ""}} {
+		t.Run(c.name, func(t *testing.T) {
+			var said bytes.Buffer
+			sock, cmd := testShim(t, 0, &said)
+			sendRun(t, sock, c.run, env, 1<<20)
+			if !says(sock, Recorded) {
+				t.Fatalf("no start recorded: %s", said.Bytes())
+			}
+			awaitHibernated(t, cmd.Process.Pid)
+			if c.name == "leftover" {
+				if err := os.WriteFile(leftover+".go", []byte("go\n"), 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("the shim ended with %v: %s", err, said.Bytes())
+			}
+			if e := readExit(t, c.run.Dir); e.StoppedBy != c.by || e.Signal != c.signal {
+				t.Errorf("exit %+v, want stopped by %q with signal %q", e, c.by, c.signal)
+			}
+			if c.name != "leftover" {
+				return
+			}
+			data, _ := os.ReadFile(leftover)
+			pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+			if err != nil {
+				t.Fatalf("the command's leftover PID: %q", data)
+			}
+			if syscall.Kill(pid, 0) == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				t.Error("what the command left runs on after its hibernated shim ended")
+			}
+		})
+	}
+}
+
+// The command dies with its hibernated shim, as with a shim that never
+// hibernated: nothing runs on unwatched.
+func TestACommandDiesWithItsHibernatedShim(t *testing.T) {
+	env := JoinEnviron([]string{"PATH=" + os.Getenv("PATH")})
+	r := shRun(t, env, "exec sleep 60")
+	var said bytes.Buffer
+	sock, cmd := testShim(t, 0, &said)
+	sendRun(t, sock, r, env, 1<<20)
+	if !says(sock, Recorded) {
+		t.Fatalf("no start recorded: %s", said.Bytes())
+	}
+	awaitHibernated(t, cmd.Process.Pid)
+	var pids struct {
+		Command ProcRef `json:"command"`
+	}
+	data, _ := os.ReadFile(filepath.Join(r.Dir, PIDFile))
+	if err := json.Unmarshal(data, &pids); err != nil || !pids.Command.Alive() {
+		t.Fatalf("pid.json %s (%v): want its command alive while the shim hibernates", data, err)
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	for deadline := time.Now().Add(10 * time.Second); pids.Command.Alive(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(pids.Command.PID, syscall.SIGKILL)
+			t.Fatal("the command runs on after its hibernated shim was killed")
+		}
+	}
+}

@@ -1,0 +1,133 @@
+//go:build linux && cgo && !bgtask_portable
+
+package waiter
+
+/*
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+// The waiter a shim becomes while its command runs long (see hibernate): it runs
+// from the binary's constructor, before the Go runtime starts, and never returns
+// to it. It reaps the shim's children, and when the command ends, its deadline
+// passes or its output stalls, it execs the shim's Go side again with what it saw.
+
+static int64_t clock_ns(clockid_t id) {
+	struct timespec ts;
+	clock_gettime(id, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int flag_value(const char *arg, const char *name, const char **value) {
+	size_t n = strlen(name);
+	if (strncmp(arg, name, n) != 0 || arg[n] != '=') return 0;
+	*value = arg + n + 1;
+	return 1;
+}
+
+static int64_t file_size(const char *dir, const char *name) {
+	char path[4096];
+	struct stat st;
+	if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path || stat(path, &st) != 0) return 0;
+	return st.st_size;
+}
+
+// wake execs the shim's Go side, argv with its flag at argv[at] made "--woken"
+// and what the waiter saw added; later flags win there.
+static void wake(int argc, char **argv, int at, const char *status, int64_t size, int64_t since) {
+	char **next = calloc(argc + 4, sizeof *next);
+	char sizeArg[64], sinceArg[64];
+	if (next == NULL) _exit(125);
+	memcpy(next, argv, argc * sizeof *next);
+	next[at] = "--woken";
+	snprintf(sizeArg, sizeof sizeArg, "--stall-size=%lld", (long long)size);
+	snprintf(sinceArg, sizeof sinceArg, "--stall-since-ns=%lld", (long long)since);
+	int n = argc;
+	next[n++] = sizeArg;
+	next[n++] = sinceArg;
+	if (status != NULL) next[n++] = (char *)status;
+	next[n] = NULL;
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	// The binary is the one running, replaced on disk or not; an exec that still
+	// fails leaves the command's end unrecorded, as a shim that crashed does.
+	for (int tries = 0; tries < 50; tries++) {
+		execv("/proc/self/exe", next);
+		if (errno != EAGAIN && errno != ENOMEM && errno != ETXTBSY) break;
+		struct timespec pause = {0, 100000000};
+		nanosleep(&pause, NULL);
+	}
+	_exit(126);
+}
+
+static void hibernate(int argc, char **argv, int at) {
+	int64_t pid = 0, deadline = 0, stallAfter = 0, size = 0, since = clock_ns(CLOCK_MONOTONIC);
+	const char *dir = NULL, *v;
+	for (int i = at + 1; i < argc; i++) {
+		if (flag_value(argv[i], "--pid", &v)) pid = strtoll(v, NULL, 10);
+		else if (flag_value(argv[i], "--dir", &v)) dir = v;
+		else if (flag_value(argv[i], "--deadline-unix-ns", &v)) deadline = strtoll(v, NULL, 10);
+		else if (flag_value(argv[i], "--stall-after-ns", &v)) stallAfter = strtoll(v, NULL, 10);
+		else if (flag_value(argv[i], "--stall-size", &v)) size = strtoll(v, NULL, 10);
+		else if (flag_value(argv[i], "--stall-since-ns", &v)) since = strtoll(v, NULL, 10);
+	}
+	if (pid <= 0 || dir == NULL) return; // not a shim's: the Go side says so
+	// The command's end is awaited as SIGCHLD, blocked so that none is missed
+	// between a look at the children and the wait.
+	signal(SIGCHLD, SIG_DFL);
+	sigset_t chld;
+	sigemptyset(&chld);
+	sigaddset(&chld, SIGCHLD);
+	sigprocmask(SIG_SETMASK, &chld, NULL);
+	int64_t check = stallAfter > 0 ? (stallAfter / 10 > 50000000 ? stallAfter / 10 : 50000000) : -1;
+	for (;;) {
+		int status;
+		pid_t got;
+		while ((got = waitpid(-1, &status, WNOHANG)) > 0) {
+			if (got == pid) {
+				char statusArg[32];
+				snprintf(statusArg, sizeof statusArg, "--status=%d", status);
+				wake(argc, argv, at, statusArg, size, since);
+			}
+		}
+		if (got < 0 && errno == ECHILD) wake(argc, argv, at, NULL, size, since); // the Go side's reap sees it
+		int64_t wait = -1;
+		if (deadline != 0) {
+			wait = deadline - clock_ns(CLOCK_REALTIME);
+			if (wait <= 0) wake(argc, argv, at, NULL, size, since);
+		}
+		if (check > 0) {
+			int64_t now = clock_ns(CLOCK_MONOTONIC), seen = file_size(dir, "stdout") + file_size(dir, "stderr");
+			if (seen != size) size = seen, since = now;
+			else if (now - since >= stallAfter) wake(argc, argv, at, NULL, size, since);
+			if (wait < 0 || check < wait) wait = check;
+		}
+		struct timespec ts = {wait / 1000000000, wait % 1000000000};
+		sigtimedwait(&chld, NULL, wait < 0 ? NULL : &ts);
+	}
+}
+
+__attribute__((constructor)) static void bgtask_shim_constructor(int argc, char **argv, char **envp) {
+	(void)envp;
+	int at = argc > 2 && strcmp(argv[1], "shim") == 0 ? 2 : 1;
+	if (argc <= at || (strcmp(argv[at], "--hibernated") != 0 && strcmp(argv[at], "--woken") != 0)) return;
+	// Exec'd as /proc/self/exe, the process would be named "exe".
+	const char *name = strrchr(argv[0], '/');
+	prctl(PR_SET_NAME, name != NULL ? name + 1 : argv[0], 0, 0, 0);
+	if (strcmp(argv[at], "--hibernated") == 0) hibernate(argc, argv, at);
+}
+*/
+import "C"
+
+import "github.com/bgtask/bgtask/workers/shim"
+
+func init() { shim.EnableHibernation() }
