@@ -25,20 +25,6 @@ var hibernation bool
 // EnableHibernation is called by package waiter as it is linked in.
 func EnableHibernation() { hibernation = true }
 
-// commandLine is this process's command line before its last n arguments: what
-// runs the shim again.
-func commandLine(n int) []string {
-	cmdline, err := readFile("/proc/self/cmdline")
-	if err != nil {
-		return nil
-	}
-	args := splitNUL(cmdline)
-	if len(args) <= n {
-		return nil
-	}
-	return args[:len(args)-n]
-}
-
 // hibernate execs the waiter, unless the command's end is already passed on. It
 // returns where it did not.
 func (c *running) hibernate(reap *reaper) {
@@ -47,18 +33,28 @@ func (c *running) hibernate(reap *reaper) {
 	if awaitReadable(reap.ended[0], 0) {
 		return
 	}
-	argv := append(append([]string(nil), c.self...), hibernatedFlag)
-	argv = append(argv, c.flags()...)
-	keep := []int{c.exit.fd, c.lock}
-	for _, fd := range keep {
-		if fd >= 0 {
-			clearCloexec(fd)
-		}
+	line, err := commandLine()
+	if err != nil || len(line) <= c.args {
+		return
 	}
+	// The shim's own arguments give way to the waiter's; what ran the shim
+	// (bgtask-shim, or a binary and its "shim") stays, and runs it again.
+	argv := append(append(line[:len(line)-c.args:len(line)-c.args], hibernatedFlag), c.flags()...)
+	keep := []int{c.exit.fd, c.lock}
+	setCloexec(keep, false)
 	_ = syscall.Exec("/proc/self/exe", argv, syscall.Environ())
-	for _, fd := range keep { // the exec failed: the shim carries on
-		if fd >= 0 {
+	setCloexec(keep, true) // the exec failed: the shim carries on
+}
+
+// setCloexec marks the descriptors fds (-1: none) close-on-exec, or not.
+func setCloexec(fds []int, on bool) {
+	for _, fd := range fds {
+		switch {
+		case fd < 0:
+		case on:
 			syscall.CloseOnExec(fd)
+		default:
+			clearCloexec(fd)
 		}
 	}
 }
@@ -101,11 +97,7 @@ func parseWoken(args []string) (c running, ended *syscall.WaitStatus, err error)
 		return running{}, nil, errors.New("shim: " + wokenFlag + ": want --pid, --dir and --lock-fd")
 	}
 	c.pid, c.exit, c.lock = int(pid), exitFile{dir: c.Dir, fd: int(exitFD)}, int(lock)
-	for _, fd := range []int{c.exit.fd, c.lock} {
-		if fd >= 0 {
-			syscall.CloseOnExec(fd)
-		}
-	}
+	setCloexec([]int{c.exit.fd, c.lock}, true)
 	if status >= 0 {
 		ws := syscall.WaitStatus(status)
 		ended = &ws

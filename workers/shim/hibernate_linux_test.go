@@ -52,14 +52,34 @@ type exitJSON struct {
 func readExit(t *testing.T, dir string) exitJSON {
 	t.Helper()
 	var e exitJSON
-	data, err := os.ReadFile(filepath.Join(dir, ExitFile))
+	readRecord(t, filepath.Join(dir, ExitFile), &e)
+	return e
+}
+
+// readRecord reads one of the JSON files the shim writes into v.
+func readRecord(t *testing.T, path string, v any) {
+	t.Helper()
+	data, err := os.ReadFile(path)
 	if err == nil {
-		err = json.Unmarshal(data, &e)
+		err = json.Unmarshal(data, v)
 	}
 	if err != nil {
-		t.Fatalf("exit file: %v (%s)", err, data)
+		t.Fatalf("%s: %v (%s)", path, err, data)
 	}
-	return e
+}
+
+// hibernatedShim starts a shim (testShim) with run r, and returns once its
+// command has started and the shim has hibernated.
+func hibernatedShim(t *testing.T, idle int64, r Run, env []byte) (*os.File, *exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	said := new(bytes.Buffer)
+	sock, cmd := testShim(t, idle, said)
+	sendRun(t, sock, r, env, 1<<20)
+	if !says(sock, Recorded) {
+		t.Fatalf("no start recorded: %s", said.Bytes())
+	}
+	awaitHibernated(t, cmd.Process.Pid)
+	return sock, cmd, said
 }
 
 func shRun(t *testing.T, env []byte, script string, args ...string) Run {
@@ -80,13 +100,7 @@ func TestAShimWhoseCommandRunsLongHibernatesAndRecordsItsExit(t *testing.T) {
 		t.Fatal(err)
 	}
 	long, next := shRun(t, env, `read x < "$0"; exit 7`, fifo), shRun(t, env, "exit 4")
-	var said bytes.Buffer
-	sock, cmd := testShim(t, 20e9, &said)
-	sendRun(t, sock, long, env, 1<<20)
-	if !says(sock, Recorded) {
-		t.Fatalf("no start recorded: %s", said.Bytes())
-	}
-	awaitHibernated(t, cmd.Process.Pid)
+	sock, cmd, said := hibernatedShim(t, 20e9, long, env)
 	if err := os.WriteFile(fifo, []byte("go\n"), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -97,9 +111,9 @@ func TestAShimWhoseCommandRunsLongHibernatesAndRecordsItsExit(t *testing.T) {
 		Shim      ProcRef   `json:"shim"`
 		StartedAt time.Time `json:"started_at"`
 	}
-	data, _ := os.ReadFile(filepath.Join(long.Dir, PIDFile))
-	if err := json.Unmarshal(data, &pids); err != nil || pids.Shim.PID != cmd.Process.Pid {
-		t.Fatalf("pid.json %s (%v), want the shim's PID %d", data, err, cmd.Process.Pid)
+	readRecord(t, filepath.Join(long.Dir, PIDFile), &pids)
+	if pids.Shim.PID != cmd.Process.Pid {
+		t.Fatalf("pid.json names shim %d, want the shim's PID %d", pids.Shim.PID, cmd.Process.Pid)
 	}
 	if e := readExit(t, long.Dir); e.ExitCode != 7 || e.Run != baseOf(long.Dir) || !e.StartedAt.Equal(pids.StartedAt) {
 		t.Errorf("exit %+v, want exit code 7 of run %s, started at %v", e, baseOf(long.Dir), pids.StartedAt)
@@ -143,13 +157,7 @@ func TestAHibernatedShimKeepsTheCommandsTimersAndStopsWhatItLeft(t *testing.T) {
 		signal string
 	}{{"deadline", deadline, StoppedByDeadline, "TERM"}, {"stall", stall, StoppedByStall, "TERM"}, {"leftover", left, "", ""}} {
 		t.Run(c.name, func(t *testing.T) {
-			var said bytes.Buffer
-			sock, cmd := testShim(t, 0, &said)
-			sendRun(t, sock, c.run, env, 1<<20)
-			if !says(sock, Recorded) {
-				t.Fatalf("no start recorded: %s", said.Bytes())
-			}
-			awaitHibernated(t, cmd.Process.Pid)
+			_, cmd, said := hibernatedShim(t, 0, c.run, env)
 			if c.name == "leftover" {
 				if err := os.WriteFile(leftover+".go", []byte("go\n"), 0); err != nil {
 					t.Fatal(err)
@@ -182,19 +190,13 @@ func TestAHibernatedShimKeepsTheCommandsTimersAndStopsWhatItLeft(t *testing.T) {
 func TestACommandDiesWithItsHibernatedShim(t *testing.T) {
 	env := JoinEnviron([]string{"PATH=" + os.Getenv("PATH")})
 	r := shRun(t, env, "exec sleep 60")
-	var said bytes.Buffer
-	sock, cmd := testShim(t, 0, &said)
-	sendRun(t, sock, r, env, 1<<20)
-	if !says(sock, Recorded) {
-		t.Fatalf("no start recorded: %s", said.Bytes())
-	}
-	awaitHibernated(t, cmd.Process.Pid)
+	_, cmd, _ := hibernatedShim(t, 0, r, env)
 	var pids struct {
 		Command ProcRef `json:"command"`
 	}
-	data, _ := os.ReadFile(filepath.Join(r.Dir, PIDFile))
-	if err := json.Unmarshal(data, &pids); err != nil || !pids.Command.Alive() {
-		t.Fatalf("pid.json %s (%v): want its command alive while the shim hibernates", data, err)
+	readRecord(t, filepath.Join(r.Dir, PIDFile), &pids)
+	if !pids.Command.Alive() {
+		t.Fatalf("the command %+v is not alive while its shim hibernates", pids.Command)
 	}
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()

@@ -62,31 +62,27 @@ func Main(args []string) error {
 	if len(args) == 1 && args[0] == "--protocol" {
 		return writeAll(1, []byte(Protocol+"\n"))
 	}
-	var self []string // the command line up to args, which a hibernation runs again
-	if hibernation {
-		self = commandLine(len(args))
-	}
 	if len(args) > 0 && args[0] == wokenFlag {
 		c, ended, err := parseWoken(args[1:])
 		if err != nil {
 			return err
 		}
-		c.self = self
+		c.args = len(args)
 		if more, err := runOver(c.lock, c.resume(ended), c.idleAfter); !more {
 			return err
 		}
-		return serve(self, c.idleAfter, monotonic()+c.idleAfter)
+		return serve(len(args), c.idleAfter, monotonic()+c.idleAfter)
 	}
 	idleAfter, err := parseIdle(args)
 	if err != nil {
 		return err
 	}
-	return serve(self, idleAfter, -1)
+	return serve(len(args), idleAfter, -1)
 }
 
 // serve takes runs until none comes by the monotonic time until (-1: for ever),
-// then in idleAfter after each run.
-func serve(self []string, idleAfter, until int64) error {
+// then in idleAfter after each run. args is how many arguments the shim has.
+func serve(args int, idleAfter, until int64) error {
 	// A run comes whole, or the worker that started this shim died handing it over:
 	// then nothing is recorded and no command starts, and the run is one whose shim
 	// never started, which the worker starts at its next start (in the same boot of
@@ -96,7 +92,7 @@ func serve(self []string, idleAfter, until int64) error {
 		if err != nil || run.Dir == "" {
 			return err
 		}
-		if more, err := runOver(lock, run.supervise(env, running{lock: lock, idleAfter: idleAfter, self: self}), idleAfter); !more {
+		if more, err := runOver(lock, run.supervise(env, running{lock: lock, idleAfter: idleAfter, args: args}), idleAfter); !more {
 			return err
 		}
 	}
@@ -122,7 +118,7 @@ type running struct {
 	exit      exitFile // its reserved exit file
 	lock      int      // the run's start lock
 	idleAfter int64    // the shim's --idle-ns
-	self      []string // the shim's command line before its arguments; nil: it cannot hibernate
+	args      int      // how many of the shim's command line are its own arguments
 	output    outputSeen
 }
 
@@ -382,7 +378,7 @@ func (c *running) watch(reap *reaper) (string, syscall.WaitStatus) {
 		stallCheck = max(c.StallAfter/10, 50e6)
 	}
 	hibernateAt := int64(-1)
-	if c.self != nil {
+	if hibernation {
 		hibernateAt = monotonic() + hibernateAfter
 	}
 	stop := func(by string) (string, syscall.WaitStatus) {

@@ -58,6 +58,9 @@ func allocate(fd int, size int64) error { return syscall.EOPNOTSUPP }
 
 func dup(from, to int) error { return syscall.Dup2(from, to) }
 
+// commandLine is this process's name and arguments.
+func commandLine() ([]string, error) { return os.Args, nil }
+
 func clearCloexec(fd int) {
 	_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_SETFD, 0)
 }

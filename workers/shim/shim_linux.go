@@ -8,15 +8,20 @@ import (
 // Args are this process's arguments after its name, for a main without package
 // os (which is where Go keeps them), from the kernel's copy.
 func Args() ([]string, error) {
+	args, err := commandLine()
+	if err != nil || len(args) == 0 {
+		return nil, err
+	}
+	return args[1:], nil
+}
+
+// commandLine is this process's name and arguments, from the kernel's copy.
+func commandLine() ([]string, error) {
 	cmdline, err := readFile("/proc/self/cmdline")
 	if err != nil {
 		return nil, err
 	}
-	args := splitNUL(cmdline)
-	if len(args) == 0 {
-		return nil, nil
-	}
-	return args[1:], nil
+	return splitNUL(cmdline), nil
 }
 
 // keepInherited marks every descriptor from 3 up close-on-exec.
