@@ -212,27 +212,32 @@ var releaseMemory = func() {
 	debug.FreeOSMemory()
 }
 
-// releaseBurst, releaseQuiet and releaseTrickle are when the memory of work done
-// live is given back: once the stream has had at most releaseTrickle events in
-// releaseQuiet, after at least releaseBurst events since the last release. A
-// burst of tasks leaves a heap the Go runtime keeps whole when the server goes
-// idle: it collects an idle heap every 2 minutes only, and gives back only what
-// exceeds its next goal, twice the heap live at the last collection, so the
-// server would keep the burst's size for as long as it stays idle (a burst of
+// releaseBurst, releaseQuiet, releaseTrickle and releaseShare are when the memory
+// of work done live is given back: once the stream has had at most releaseTrickle
+// events in releaseQuiet, or at most 1/releaseShare of the events of its busiest
+// releaseQuiet since the last release, after at least releaseBurst events since
+// that release. A burst of tasks leaves a heap the Go runtime keeps whole when the
+// server goes idle: it collects an idle heap every 2 minutes only, and gives back
+// only what exceeds its next goal, twice the heap live at the last collection, so
+// the server would keep the burst's size for as long as it stays idle (a burst of
 // 10,000 tasks: 157 MiB, against 33 MiB idle and 66 MiB once released; bgtask
 // bench --scenario burst). releaseQuiet is longer than NATS's file store keeps a
 // block's cache after its last use (10 s), so that its buffers are garbage by
-// then; the trickle lets a few running tasks tick (one tick each 10 s) without
-// holding the release off.
+// then. A running task ticks once in 10 s: the trickle is the ticks of a few,
+// and the share those of any number that a burst outnumbers (120 running tasks
+// make 180 events in releaseQuiet, a burst of 10,000 tasks 60,000 in 40 s). A
+// steady stream is never quiet by its share, and needs no release: its
+// collections keep its heap to their goal.
 var (
 	releaseBurst   uint64 = 10_000
 	releaseQuiet          = 15 * time.Second
 	releaseTrickle uint64 = 100
+	releaseShare   uint64 = 10
 )
 
-// releaseWhenQuiet gives the memory back each time the stream has had at most
-// releaseTrickle events in releaseQuiet after releaseBurst events or more since
-// mark, until ctx ends.
+// releaseWhenQuiet gives the memory back each time the stream has gone quiet
+// (releaseTrickle, releaseShare) after releaseBurst events or more since mark,
+// until ctx ends.
 func (p *Projector) releaseWhenQuiet(ctx context.Context, mark uint64, done chan<- struct{}) {
 	defer close(done)
 	const looks = 3 // per releaseQuiet
@@ -243,6 +248,8 @@ func (p *Projector) releaseWhenQuiet(ctx context.Context, mark uint64, done chan
 	for i := range seen {
 		seen[i] = mark
 	}
+	// busiest is the most events in releaseQuiet since mark.
+	var busiest uint64
 	for n := 0; ; n++ {
 		select {
 		case <-ctx.Done():
@@ -251,10 +258,12 @@ func (p *Projector) releaseWhenQuiet(ctx context.Context, mark uint64, done chan
 		}
 		copy(seen[:], seen[1:])
 		seen[looks] = p.Applied()
-		applied := seen[looks]
-		if n >= looks-1 && applied-seen[0] <= releaseTrickle && applied-mark >= releaseBurst {
+		applied, recent := seen[looks], seen[looks]-seen[0]
+		busiest = max(busiest, recent)
+		quiet := recent <= releaseTrickle || recent <= busiest/releaseShare
+		if n >= looks-1 && quiet && applied-mark >= releaseBurst {
 			releaseMemory()
-			mark = applied
+			mark, busiest = applied, 0
 		}
 	}
 }

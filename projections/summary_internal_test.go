@@ -248,6 +248,56 @@ func TestABurstReleasesItsGarbageOnceQuiet(t *testing.T) {
 	}
 }
 
+// A burst is given back once the stream has calmed to a small share of it, even
+// where what goes on is more than a trickle: many running tasks tick, each once in
+// 10 s, and would otherwise keep the server at its peak for as long as they run.
+func TestABurstIsReleasedBesideTheTicksOfManyRunningTasks(t *testing.T) {
+	srv := eventstest.Run(t)
+	ctx := context.Background()
+	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func(burst, trickle, share uint64, quiet time.Duration, release func()) {
+		releaseBurst, releaseTrickle, releaseShare, releaseQuiet, releaseMemory = burst, trickle, share, quiet, release
+	}(releaseBurst, releaseTrickle, releaseShare, releaseQuiet, releaseMemory)
+	var released atomic.Int64
+	// A burst of 120 events, then about 8 in each releaseQuiet: more than the
+	// trickle, at most a tenth of the burst.
+	releaseBurst, releaseTrickle, releaseShare, releaseQuiet = 100, 2, 10, 240*time.Millisecond
+	const pause = 30 * time.Millisecond
+	releaseMemory = func() { released.Add(1) }
+	p := New(store, nil, engine.Base{})
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	recs := finishedRecords(t, 40)
+	lastOf := map[string]uint64{}
+	appendOne := func(i int) {
+		t.Helper()
+		rec := recs[i]
+		if lastOf[rec.TaskID], err = store.Append(ctx, rec.Event, lastOf[rec.TaskID]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const burst = 120
+	for i := range burst {
+		appendOne(i)
+	}
+	if err := p.WaitFor(ctx, burst); err != nil {
+		t.Fatal(err)
+	}
+	i := burst
+	for ; released.Load() == 0 && i < len(recs); i++ {
+		time.Sleep(pause)
+		appendOne(i)
+	}
+	if released.Load() == 0 {
+		t.Fatalf("a burst of %d events then %d more, one each %s, never released the memory", burst, i-burst, pause)
+	}
+}
+
 // What the engine recovers at its start is the unsettled tasks alone: their whole
 // states, and none of the settled ones, which need nothing more.
 func TestUnsettledIsEveryTaskButTheSettledOnes(t *testing.T) {
