@@ -5,6 +5,7 @@ package shim
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,26 +20,34 @@ import (
 // Go runtime, its arguments those of a hibernation and its name kept.
 func awaitHibernated(t *testing.T, pid int) {
 	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		ok, seen := hibernated(t, pid)
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the shim did not hibernate: " + seen)
+		}
+	}
+}
+
+// hibernated says whether process pid is a hibernated shim now, and what it saw.
+func hibernated(t *testing.T, pid int) (bool, string) {
+	t.Helper()
 	if !hibernation {
 		t.Fatal("package waiter is linked in (waiter_test.go), and its shims do not hibernate")
 	}
 	proc := "/proc/" + strconv.Itoa(pid)
 	name := filepath.Base(os.Args[0])
 	name = name[:min(15, len(name))] // the kernel's limit
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		cmdline, _ := os.ReadFile(proc + "/cmdline")
-		status, _ := os.ReadFile(proc + "/status")
-		comm, _ := os.ReadFile(proc + "/comm")
-		// The name is set by the waiter as it starts: exec'd as /proc/self/exe,
-		// the kernel names it "exe".
-		if bytes.Contains(cmdline, []byte("\x00"+hibernatedFlag+"\x00")) && bytes.Contains(status, []byte("\nThreads:\t1\n")) &&
-			strings.TrimSpace(string(comm)) == name {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the shim did not hibernate, named %s: its command line %q, name %q, status %s", name, cmdline, comm, status)
-		}
-	}
+	cmdline, _ := os.ReadFile(proc + "/cmdline")
+	status, _ := os.ReadFile(proc + "/status")
+	comm, _ := os.ReadFile(proc + "/comm")
+	// The name is set by the waiter as it starts: exec'd as /proc/self/exe,
+	// the kernel names it "exe".
+	ok := bytes.Contains(cmdline, []byte("\x00"+hibernatedFlag+"\x00")) && bytes.Contains(status, []byte("\nThreads:\t1\n")) &&
+		strings.TrimSpace(string(comm)) == name
+	return ok, fmt.Sprintf("named %s: its command line %q, name %q, status %s", name, cmdline, comm, status)
 }
 
 type exitJSON struct {
@@ -204,6 +213,68 @@ func TestACommandDiesWithItsHibernatedShim(t *testing.T) {
 		if time.Now().After(deadline) {
 			_ = syscall.Kill(pids.Command.PID, syscall.SIGKILL)
 			t.Fatal("the command runs on after its hibernated shim was killed")
+		}
+	}
+}
+
+// A shim woken to look at a stall, whose command printed meanwhile, carries on
+// and hibernates again, from its main thread: in a woken shim that thread is
+// the command's parent, and an exec from another would end it first, and the
+// command with it (its parent-death signal). The command makes orphans for the
+// woken shim to reap and the shim runs on one P, where its main goroutine had
+// moved to another thread in most runs.
+func TestAShimHibernatesAgainAndItsCommandLivesOn(t *testing.T) {
+	t.Setenv("GOMAXPROCS", "1") // the shim's
+	env := JoinEnviron([]string{"PATH=" + os.Getenv("PATH")})
+	for trial := range 3 {
+		fifo := filepath.Join(t.TempDir(), "go")
+		if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r := shRun(t, env, `echo a; read x < "$0"; echo b; while :; do (sleep 0.01 &); sleep 0.02; done`, fifo)
+		r.StallAfter = int64(2 * time.Second)
+		_, cmd, said := hibernatedShim(t, 0, r, env)
+		var pids struct {
+			Command ProcRef `json:"command"`
+		}
+		readRecord(t, filepath.Join(r.Dir, PIDFile), &pids)
+		awaitCommandLine(t, cmd.Process.Pid, wokenFlag) // the stall's timer is due
+		if err := os.WriteFile(fifo, []byte("go\n"), 0); err != nil {
+			t.Fatal(err)
+		}
+		// Hibernated again, and some time after, as long as a command the exec
+		// killed would take to die.
+		until := time.Now().Add(20 * time.Second)
+		for again := false; time.Now().Before(until); time.Sleep(5 * time.Millisecond) {
+			if !pids.Command.Alive() {
+				_ = cmd.Wait()
+				t.Fatalf("trial %d: the command died as its shim hibernated again: exit %+v (%s)", trial, readExit(t, r.Dir), said.Bytes())
+			}
+			if ok, _ := hibernated(t, cmd.Process.Pid); ok && !again {
+				again, until = true, time.Now().Add(300*time.Millisecond)
+			}
+		}
+		if ok, seen := hibernated(t, cmd.Process.Pid); !ok {
+			t.Fatalf("trial %d: the shim did not hibernate again: %s", trial, seen)
+		}
+		_ = syscall.Kill(-pids.Command.PID, syscall.SIGKILL)
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("trial %d: the shim ended with %v: %s", trial, err, said.Bytes())
+		}
+	}
+}
+
+// awaitCommandLine waits until the command line of process pid holds flag.
+func awaitCommandLine(t *testing.T, pid int, flag string) {
+	t.Helper()
+	path := "/proc/" + strconv.Itoa(pid) + "/cmdline"
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		cmdline, _ := os.ReadFile(path)
+		if bytes.Contains(cmdline, []byte("\x00"+flag+"\x00")) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d's command line never held %s: %q", pid, flag, cmdline)
 		}
 	}
 }

@@ -218,7 +218,7 @@ func (r Run) start(env []string) (pid int, err error) {
 	}
 	// Where the kernel has a parent-death signal (commandAttr), it follows the
 	// thread that started the command: the shim's main goroutine keeps that
-	// thread until the shim ends.
+	// thread until the shim ends (the main thread, in a shim that can hibernate).
 	runtime.LockOSThread()
 	pid, err = syscall.ForkExec(r.Path, r.Args, &syscall.ProcAttr{
 		Dir:   r.Cwd,
