@@ -4,6 +4,7 @@ package waiter
 
 /*
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -116,14 +117,50 @@ static void hibernate(int argc, char **argv, int at) {
 	}
 }
 
-__attribute__((constructor)) static void bgtask_shim_constructor(int argc, char **argv, char **envp) {
-	(void)envp;
+// arguments reads this process's arguments, NUL-terminated, from the kernel: a
+// constructor gets them from glibc, and from no other C library (musl's passes
+// none). NULL if they cannot be read.
+static char **arguments(int *argc) {
+	int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+	if (fd < 0) return NULL;
+	size_t size = 4096, len = 0;
+	char *buf = malloc(size);
+	while (buf != NULL) {
+		ssize_t n = read(fd, buf + len, size - len - 1);
+		if (n < 0 && errno == EINTR) continue;
+		if (n <= 0) break;
+		len += n;
+		if (len + 1 == size) {
+			char *more = realloc(buf, size *= 2);
+			if (more == NULL) free(buf);
+			buf = more;
+		}
+	}
+	close(fd);
+	if (buf == NULL || len == 0) return NULL;
+	buf[len] = '\0'; // the last argument's end, where the kernel cut a long one
+	int n = 0;
+	for (size_t i = 0; i < len; i++) n += buf[i] == '\0';
+	char **argv = calloc(n + 2, sizeof *argv);
+	if (argv == NULL) return NULL;
+	*argc = 0;
+	for (size_t i = 0; i < len; i += strlen(buf + i) + 1) argv[(*argc)++] = buf + i;
+	return argv;
+}
+
+__attribute__((constructor)) static void bgtask_shim_constructor(void) {
+	int argc = 0;
+	char **argv = arguments(&argc);
+	if (argv == NULL) return; // a hibernated shim's Go side then says it is not one
 	int at = argc > 2 && strcmp(argv[1], "shim") == 0 ? 2 : 1;
-	if (argc <= at || (strcmp(argv[at], "--hibernated") != 0 && strcmp(argv[at], "--woken") != 0)) return;
-	// Exec'd as /proc/self/exe, the process would be named "exe".
-	const char *name = strrchr(argv[0], '/');
-	prctl(PR_SET_NAME, name != NULL ? name + 1 : argv[0], 0, 0, 0);
-	if (strcmp(argv[at], "--hibernated") == 0) hibernate(argc, argv, at);
+	if (argc > at && (strcmp(argv[at], "--hibernated") == 0 || strcmp(argv[at], "--woken") == 0)) {
+		// Exec'd as /proc/self/exe, the process would be named "exe".
+		const char *name = strrchr(argv[0], '/');
+		prctl(PR_SET_NAME, name != NULL ? name + 1 : argv[0], 0, 0, 0);
+		if (strcmp(argv[at], "--hibernated") == 0) hibernate(argc, argv, at);
+	}
+	free(argv[0]); // the arguments' buffer
+	free(argv);
 }
 */
 import "C"
