@@ -7,8 +7,11 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
+# bgtask without cgo; bgtask-shim with it (the image's gcc, and glibc in the image it
+# runs in), so that a long-running command's shim hibernates (workers/shim/waiter).
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath -o /out/ ./cmd/bgtask ./cmd/bgtask-shim
+    CGO_ENABLED=0 go build -trimpath -o /out/ ./cmd/bgtask \
+ && go build -trimpath -o /out/ ./cmd/bgtask-shim
 
 FROM debian:bookworm-slim
 RUN apt-get update \
