@@ -117,51 +117,51 @@ static void hibernate(int argc, char **argv, int at) {
 	}
 }
 
-// arguments reads this process's arguments, NUL-terminated, from the kernel: a
-// constructor gets them from glibc, and from no other C library (musl's passes
-// none). NULL if they cannot be read.
-static char **arguments(int *argc) {
+// begin runs the waiter if the shim is exec'd as one (--hibernated), and names a
+// shim exec'd by one (--woken) as it was named.
+static void begin(int argc, char **argv) {
+	int at = argc > 2 && strcmp(argv[1], "shim") == 0 ? 2 : 1;
+	if (argc <= at || (strcmp(argv[at], "--hibernated") != 0 && strcmp(argv[at], "--woken") != 0)) return;
+	// Exec'd as /proc/self/exe, the process would be named "exe".
+	const char *name = strrchr(argv[0], '/');
+	prctl(PR_SET_NAME, name != NULL ? name + 1 : argv[0], 0, 0, 0);
+	if (strcmp(argv[at], "--hibernated") == 0) hibernate(argc, argv, at);
+}
+
+#ifdef __GLIBC__
+// glibc passes a constructor the program's arguments.
+__attribute__((constructor)) static void bgtask_shim_constructor(int argc, char **argv, char **envp) {
+	(void)envp;
+	begin(argc, argv);
+}
+#else
+// Other C libraries (musl) pass a constructor none: they are read from the
+// kernel, into static memory (a waiter holds a few pages, and starts no malloc).
+// Longer than a shim's ever are, they are not its.
+__attribute__((constructor)) static void bgtask_shim_constructor(void) {
+	static char buf[65536];
+	static char *argv[256];
 	int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
-	if (fd < 0) return NULL;
-	size_t size = 4096, len = 0;
-	char *buf = malloc(size);
-	while (buf != NULL) {
-		ssize_t n = read(fd, buf + len, size - len - 1);
+	if (fd < 0) return; // a hibernated shim's Go side then says it is not one
+	size_t len = 0;
+	for (;;) {
+		ssize_t n = read(fd, buf + len, sizeof buf - 1 - len);
 		if (n < 0 && errno == EINTR) continue;
 		if (n <= 0) break;
 		len += n;
-		if (len + 1 == size) {
-			char *more = realloc(buf, size *= 2);
-			if (more == NULL) free(buf);
-			buf = more;
-		}
 	}
 	close(fd);
-	if (buf == NULL || len == 0) return NULL;
+	if (len == 0 || len == sizeof buf - 1) return;
 	buf[len] = '\0'; // the last argument's end, where the kernel cut a long one
-	int n = 0;
-	for (size_t i = 0; i < len; i++) n += buf[i] == '\0';
-	char **argv = calloc(n + 2, sizeof *argv);
-	if (argv == NULL) return NULL;
-	*argc = 0;
-	for (size_t i = 0; i < len; i += strlen(buf + i) + 1) argv[(*argc)++] = buf + i;
-	return argv;
-}
-
-__attribute__((constructor)) static void bgtask_shim_constructor(void) {
 	int argc = 0;
-	char **argv = arguments(&argc);
-	if (argv == NULL) return; // a hibernated shim's Go side then says it is not one
-	int at = argc > 2 && strcmp(argv[1], "shim") == 0 ? 2 : 1;
-	if (argc > at && (strcmp(argv[at], "--hibernated") == 0 || strcmp(argv[at], "--woken") == 0)) {
-		// Exec'd as /proc/self/exe, the process would be named "exe".
-		const char *name = strrchr(argv[0], '/');
-		prctl(PR_SET_NAME, name != NULL ? name + 1 : argv[0], 0, 0, 0);
-		if (strcmp(argv[at], "--hibernated") == 0) hibernate(argc, argv, at);
+	for (size_t i = 0; i < len; i += strlen(buf + i) + 1) {
+		if (argc == (int)(sizeof argv / sizeof *argv) - 1) return;
+		argv[argc++] = buf + i;
 	}
-	free(argv[0]); // the arguments' buffer
-	free(argv);
+	argv[argc] = NULL;
+	begin(argc, argv);
 }
+#endif
 */
 import "C"
 
