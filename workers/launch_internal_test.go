@@ -1,10 +1,13 @@
 package workers
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/bgtask/bgtask/workers/shim"
 )
@@ -53,6 +56,33 @@ func TestAShimCancelledBeforeItsRunStartsNothing(t *testing.T) {
 	}
 	if shimAlive(dir) {
 		t.Error("a cancelled shim still holds the run's start lock")
+	}
+}
+
+// A shim that could not be sent its run (here its directory is gone, and with it
+// the start lock) ends with nothing started, and the hand returns why: the run's
+// slot is not held for ever by a shim waiting for the rest of its run.
+func TestAShimNotSentItsRunEndsAndTheHandReturns(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "gone")
+	s, err := startShim([]string{self, "shim"}, dir, shimRun{Path: "/bin/true", Args: []string{"true"}, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handed := make(chan error, 1)
+	go func() { handed <- s.hand() }()
+	select {
+	case err = <-handed:
+	case <-time.After(10 * time.Second):
+		s.sh.sock.Close() // lets the hand and the shim end
+		<-handed
+		t.Fatal("the hand still waits, after 10 s, on a shim that was never sent its run")
+	}
+	if err == nil || !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("hand = %v, want the send's error: the run's directory does not exist", err)
 	}
 }
 

@@ -181,6 +181,11 @@ func (s *startingShim) send() error {
 func (s *startingShim) handed(sent error) error {
 	var said []byte
 	var ok bool
+	if sent != nil {
+		// The shim has part of its run or none, and waits for the rest: without
+		// its socket it starts nothing and ends, letting go of its output.
+		s.sh.sock.Close()
+	}
 	if s.out != nil {
 		said, _ = io.ReadAll(s.out)
 		s.out.Close()
