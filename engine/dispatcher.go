@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -108,7 +109,13 @@ func (d *Dispatcher) next() (id string, notice, ok bool) {
 		if d.busy[id] {
 			continue
 		}
-		d.queue = append(d.queue[:i:i], d.queue[i+1:]...)
+		// In place: a recovery queues every task that ended unfired at once.
+		if i == 0 {
+			d.queue[0] = ""
+			d.queue = d.queue[1:]
+		} else {
+			d.queue = slices.Delete(d.queue, i, i+1)
+		}
 		notice = d.notices[id]
 		delete(d.queued, id)
 		delete(d.notices, id)
