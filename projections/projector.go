@@ -225,7 +225,7 @@ var releaseMemory = func() {
 // block's cache after its last use (10 s), so that its buffers are garbage by
 // then. A running task ticks once in 10 s: the trickle is the ticks of a few,
 // and the share those of any number that a burst outnumbers (120 running tasks
-// make 180 events in releaseQuiet, a burst of 10,000 tasks 60,000 in 40 s). A
+// make 180 events in releaseQuiet, a burst of 10,000 tasks about 52,000 in 40 s). A
 // steady stream is never quiet by its share, and needs no release: its
 // collections keep its heap to their goal.
 var (

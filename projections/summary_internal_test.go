@@ -184,67 +184,84 @@ func TestALongReplayReleasesItsGarbage(t *testing.T) {
 	}
 }
 
-// A burst of events applied live is given back to the system once the stream has
-// been quiet for a while, once a burst: not for fewer events, and not again while
-// the stream stays quiet; a trickle of events, as a few running tasks' ticks make,
-// does not hold it off. (The Go runtime would keep an idle server's heap at the
-// burst's size: bgtask bench --scenario burst.)
-func TestABurstReleasesItsGarbageOnceQuiet(t *testing.T) {
+// releases is a projector following a stream of the finished records of tasks
+// tasks, with the release's thresholds set for a test (and set back after it),
+// and its releases counted.
+type releases struct {
+	n          atomic.Int64
+	appended   int
+	recs       []events.Record
+	appendUpTo func(n int) // appends the records up to n and waits for the projector
+}
+
+func newReleases(t *testing.T, tasks int, burst, trickle uint64, quiet time.Duration) *releases {
+	t.Helper()
 	srv := eventstest.Run(t)
 	ctx := context.Background()
 	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func(burst, trickle uint64, quiet time.Duration, release func()) {
-		releaseBurst, releaseTrickle, releaseQuiet, releaseMemory = burst, trickle, quiet, release
-	}(releaseBurst, releaseTrickle, releaseQuiet, releaseMemory)
-	var released atomic.Int64
-	releaseBurst, releaseTrickle, releaseQuiet = 5, 2, 60*time.Millisecond
-	releaseMemory = func() { released.Add(1) }
+	r := &releases{recs: finishedRecords(t, tasks)}
+	burst0, trickle0, share0, quiet0, release0 := releaseBurst, releaseTrickle, releaseShare, releaseQuiet, releaseMemory
+	t.Cleanup(func() { // after the projector's Stop, registered below
+		releaseBurst, releaseTrickle, releaseShare, releaseQuiet, releaseMemory = burst0, trickle0, share0, quiet0, release0
+	})
+	releaseBurst, releaseTrickle, releaseShare, releaseQuiet = burst, trickle, 10, quiet
+	releaseMemory = func() { r.n.Add(1) }
 	p := New(store, nil, engine.Base{})
 	if err := p.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	defer p.Stop()
-	recs := finishedRecords(t, 3)
-	lastOf, appended := map[string]uint64{}, 0
-	appendUpTo := func(n uint64) {
+	t.Cleanup(p.Stop)
+	lastOf := map[string]uint64{}
+	r.appendUpTo = func(n int) {
 		t.Helper()
-		for ; appended < int(n); appended++ {
-			rec := recs[appended]
+		for ; r.appended < n; r.appended++ {
+			rec := r.recs[r.appended]
 			if lastOf[rec.TaskID], err = store.Append(ctx, rec.Event, lastOf[rec.TaskID]); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := p.WaitFor(ctx, n); err != nil {
+		if err := p.WaitFor(ctx, uint64(n)); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return r
+}
+
+// A burst of events applied live is given back to the system once the stream has
+// been quiet for a while, once a burst: not for fewer events, and not again while
+// the stream stays quiet; a trickle of events, as a few running tasks' ticks make,
+// does not hold it off. (The Go runtime would keep an idle server's heap at the
+// burst's size: bgtask bench --scenario burst.)
+func TestABurstReleasesItsGarbageOnceQuiet(t *testing.T) {
+	const burst = 5
+	r := newReleases(t, 3, burst, 2, 60*time.Millisecond)
 	quiet := func() { time.Sleep(6 * releaseQuiet) }
-	appendUpTo(releaseBurst - 1)
+	r.appendUpTo(burst - 1)
 	quiet()
-	if n := released.Load(); n != 0 {
-		t.Fatalf("%d events, fewer than a burst, released the memory %d times", releaseBurst-1, n)
+	if n := r.n.Load(); n != 0 {
+		t.Fatalf("%d events, fewer than a burst, released the memory %d times", burst-1, n)
 	}
-	appendUpTo(releaseBurst)
-	for deadline := time.Now().Add(5 * time.Second); released.Load() == 0 && time.Now().Before(deadline); {
+	r.appendUpTo(burst)
+	for deadline := time.Now().Add(5 * time.Second); r.n.Load() == 0 && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if n := released.Load(); n != 1 {
-		t.Fatalf("a burst of %d events then a quiet stream released the memory %d times, want once", releaseBurst, n)
+	if n := r.n.Load(); n != 1 {
+		t.Fatalf("a burst of %d events then a quiet stream released the memory %d times, want once", burst, n)
 	}
 	quiet()
-	if n := released.Load(); n != 1 {
+	if n := r.n.Load(); n != 1 {
 		t.Fatalf("a quiet stream after the release released the memory %d times more", n-1)
 	}
-	appendUpTo(2 * releaseBurst)
-	for released.Load() == 1 && appended < len(recs) {
+	r.appendUpTo(2 * burst)
+	for r.n.Load() == 1 && r.appended < len(r.recs) {
 		time.Sleep(releaseQuiet * 2 / 3) // at most releaseTrickle events in releaseQuiet
-		appendUpTo(uint64(appended + 1))
+		r.appendUpTo(r.appended + 1)
 	}
-	if n := released.Load(); n != 2 {
-		t.Fatalf("a second burst then a trickle of %d events released the memory %d times in all, want twice", appended-2*int(releaseBurst), n)
+	if n := r.n.Load(); n != 2 {
+		t.Fatalf("a second burst then a trickle of %d events released the memory %d times in all, want twice", r.appended-2*burst, n)
 	}
 }
 
@@ -252,49 +269,17 @@ func TestABurstReleasesItsGarbageOnceQuiet(t *testing.T) {
 // where what goes on is more than a trickle: many running tasks tick, each once in
 // 10 s, and would otherwise keep the server at its peak for as long as they run.
 func TestABurstIsReleasedBesideTheTicksOfManyRunningTasks(t *testing.T) {
-	srv := eventstest.Run(t)
-	ctx := context.Background()
-	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func(burst, trickle, share uint64, quiet time.Duration, release func()) {
-		releaseBurst, releaseTrickle, releaseShare, releaseQuiet, releaseMemory = burst, trickle, share, quiet, release
-	}(releaseBurst, releaseTrickle, releaseShare, releaseQuiet, releaseMemory)
-	var released atomic.Int64
 	// A burst of 120 events, then about 8 in each releaseQuiet: more than the
-	// trickle, at most a tenth of the burst.
-	releaseBurst, releaseTrickle, releaseShare, releaseQuiet = 100, 2, 10, 240*time.Millisecond
-	const pause = 30 * time.Millisecond
-	releaseMemory = func() { released.Add(1) }
-	p := New(store, nil, engine.Base{})
-	if err := p.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
-	recs := finishedRecords(t, 40)
-	lastOf := map[string]uint64{}
-	appendOne := func(i int) {
-		t.Helper()
-		rec := recs[i]
-		if lastOf[rec.TaskID], err = store.Append(ctx, rec.Event, lastOf[rec.TaskID]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	const burst = 120
-	for i := range burst {
-		appendOne(i)
-	}
-	if err := p.WaitFor(ctx, burst); err != nil {
-		t.Fatal(err)
-	}
-	i := burst
-	for ; released.Load() == 0 && i < len(recs); i++ {
+	// trickle, at most a tenth (releaseShare) of the burst.
+	const burst, pause = 120, 30 * time.Millisecond
+	r := newReleases(t, 40, 100, 2, 240*time.Millisecond)
+	r.appendUpTo(burst)
+	for r.n.Load() == 0 && r.appended < len(r.recs) {
 		time.Sleep(pause)
-		appendOne(i)
+		r.appendUpTo(r.appended + 1)
 	}
-	if released.Load() == 0 {
-		t.Fatalf("a burst of %d events then %d more, one each %s, never released the memory", burst, i-burst, pause)
+	if r.n.Load() == 0 {
+		t.Fatalf("a burst of %d events then %d more, one each %s, never released the memory", burst, r.appended-burst, pause)
 	}
 }
 
