@@ -20,13 +20,20 @@ import (
 // Go runtime, its arguments those of a hibernation and its name kept.
 func awaitHibernated(t *testing.T, pid int) {
 	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		ok, seen := hibernated(t, pid)
+	await(t, "the shim did not hibernate", func() (bool, string) { return hibernated(t, pid) })
+}
+
+// await polls cond every few milliseconds until it holds, for at most 20 s, and
+// fails the test with why and what cond saw last.
+func await(t *testing.T, why string, cond func() (ok bool, seen string)) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		ok, seen := cond()
 		if ok {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the shim did not hibernate: " + seen)
+			t.Fatalf("%s: %s", why, seen)
 		}
 	}
 }
@@ -259,8 +266,8 @@ func rehibernated(t *testing.T, env []byte) bool {
 	if err := os.WriteFile(fifo, []byte("go\n"), 0); err != nil {
 		t.Fatal(err)
 	}
-	// Hibernated again, and some time after, as long as a command the exec
-	// killed would take to die.
+	// Hibernated again, and 300 ms after: the signal an exec from the wrong
+	// thread sends is sent as the exec runs, so that is time for its death.
 	until := time.Now().Add(20 * time.Second)
 	for again := false; time.Now().Before(until); time.Sleep(5 * time.Millisecond) {
 		if !pids.Command.Alive() {
@@ -289,14 +296,8 @@ func rehibernated(t *testing.T, env []byte) bool {
 // awaitCommandLine waits until the command line of process pid holds flag.
 func awaitCommandLine(t *testing.T, pid int, flag string) {
 	t.Helper()
-	path := "/proc/" + strconv.Itoa(pid) + "/cmdline"
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		cmdline, _ := os.ReadFile(path)
-		if bytes.Contains(cmdline, []byte("\x00"+flag+"\x00")) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("process %d's command line never held %s: %q", pid, flag, cmdline)
-		}
-	}
+	await(t, "its command line never held "+flag, func() (bool, string) {
+		cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		return bytes.Contains(cmdline, []byte("\x00"+flag+"\x00")), fmt.Sprintf("%q", cmdline)
+	})
 }
