@@ -257,6 +257,12 @@ func (s *Server) Start(ctx context.Context) error {
 			return err
 		}
 	}
+	// Serving once Start returns: a client that asks next on a connection of its
+	// own finds the endpoints, which the NATS server has after this round trip.
+	if err := s.nc.Flush(); err != nil {
+		_ = m.Stop()
+		return err
+	}
 	s.mu.Lock()
 	s.micro = m
 	s.mu.Unlock()
