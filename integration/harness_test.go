@@ -160,8 +160,17 @@ func startServer(t *testing.T, home string, args ...string) *proc {
 // startServerEnv is startServer with more environment variables.
 func startServerEnv(t *testing.T, home string, env []string, args ...string) *proc {
 	t.Helper()
-	args = append([]string{"server", "--listen", "127.0.0.1:0", "--tick", "200ms", "--kill-grace", "2s"}, args...)
-	p := startEnv(t, home, env, args...)
+	return awaitServer(t, startEnv(t, home, env, serverArgs(args...)...), home)
+}
+
+// serverArgs are the arguments of a test's `bgtask server`, then args.
+func serverArgs(args ...string) []string {
+	return append([]string{"server", "--listen", "127.0.0.1:0", "--tick", "200ms", "--kill-grace", "2s"}, args...)
+}
+
+// awaitServer waits until the server p started on home serves requests.
+func awaitServer(t *testing.T, p *proc, home string) *proc {
+	t.Helper()
 	// A server finds its worker's runs again before it serves: on a busy machine,
 	// with many runs, that takes a while.
 	deadline := time.Now().Add(60 * time.Second)

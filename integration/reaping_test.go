@@ -1,10 +1,15 @@
 package integration
 
 import (
+	"errors"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // In the all-in-one server the engine's exec sinks are children of the process
@@ -46,5 +51,38 @@ func TestEachExecSinkRunsOnceBesideTheWorkersShims(t *testing.T) {
 	}
 	if len(doubled) > 0 {
 		t.Fatalf("%d of %d tasks had their sink program run other than once (%d runs in all): %v", len(doubled), tasks, len(strings.Fields(string(data))), doubled)
+	}
+}
+
+// A descriptor the server inherited (a pipe its caller reads, as $(...) makes)
+// reaches none of its shims, which outlive it: the pipe's reader sees its end once
+// the server is gone, while the task's shim and command go on. A shim that
+// hibernates drops such a descriptor as it execs the waiter, a second into its
+// run: it is the portable build (-tags bgtask_portable), whose shims stay in Go,
+// where this fails for sure without the fix.
+func TestNoShimHoldsADescriptorTheServerInherited(t *testing.T) {
+	t.Parallel()
+	home, dir := t.TempDir(), t.TempDir()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	cmd := exec.Command(bin, append([]string{"--home", home}, serverArgs()...)...)
+	cmd.Env = childEnv(home)
+	cmd.ExtraFiles = []*os.File{w} // its descriptor 3, not close-on-exec
+	srv := awaitServer(t, startCmd(t, cmd, home, "bgtask server"), home)
+	w.Close()
+	add(t, home, "--cwd", dir, "--", "echo $$ $PPID >> pids; exec sleep 600")
+	_, shimPID := waitPIDPair(t, filepath.Join(dir, "pids"))
+	srv.stop(syscall.SIGKILL)
+	if err := r.SetReadDeadline(time.Now().Add(20 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("read %d bytes, %v: want the pipe's end, with only the server's shims left", n, err)
+	}
+	if processGone(shimPID) {
+		t.Fatal("the task's shim ended with the server: the pipe's end proves nothing")
 	}
 }

@@ -12,9 +12,14 @@ import (
 	"syscall"
 
 	"github.com/bgtask/bgtask/engine/api"
+	"github.com/bgtask/bgtask/workers/shim"
 )
 
 func main() {
+	// A descriptor bgtask inherited (a pipe its caller reads, say) would otherwise
+	// pass to each shim, which outlives the server by design, and whoever reads
+	// that pipe would see no end while a task ran.
+	shim.KeepInherited()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

@@ -150,7 +150,7 @@ func (r Run) supervise(env []string, c running) error {
 	}
 	// Descriptors the worker inherited (a pipe its caller reads) must not reach a
 	// command that outlives it: its reader would never see EOF.
-	keepInherited()
+	KeepInherited()
 	reap, err := newReaper()
 	if err != nil {
 		return fail(err)

@@ -15,9 +15,9 @@ func Args() ([]string, error) {
 	return os.Args[1:], nil
 }
 
-// keepInherited marks every descriptor from 3 up close-on-exec: those open are
-// listed in /dev/fd.
-func keepInherited() {
+// KeepInherited marks every descriptor from 3 up close-on-exec, so that none this
+// process inherited reaches what it starts: those open are listed in /dev/fd.
+func KeepInherited() {
 	dir, err := open("/dev/fd", syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
 	if err != nil {
 		return

@@ -28,8 +28,9 @@ func commandLine() ([]string, error) {
 	return splitNUL(cmdline), nil
 }
 
-// keepInherited marks every descriptor from 3 up close-on-exec.
-func keepInherited() {
+// KeepInherited marks every descriptor from 3 up close-on-exec, so that none this
+// process inherited reaches what it starts.
+func KeepInherited() {
 	_, _, _ = syscall.RawSyscall(sysCloseRange, 3, ^uintptr(0), closeRangeCloexec)
 }
 
