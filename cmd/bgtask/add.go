@@ -41,6 +41,7 @@ type addOptions struct {
 	retry                                  int
 	retryBackoff, retryOn                  string
 	pid                                    int
+	eachLine                               bool
 }
 
 const addLong = `Register a command. The words after -- are joined with spaces into one shell
@@ -102,7 +103,14 @@ and the host's boot, so a PID reused by another process, or a restart of the
 host, is seen as its end; a PID with no process is refused. The task is placed
 on this host.
 
---spec reads a whole JSON spec (docs/api.md has its fields); flags given too override it.`
+--spec reads a whole JSON spec (docs/api.md has its fields); flags given too override it.
+
+--each-line registers one task for each line of standard input, the line its
+command and the other flags the same for all, over one connection: much cheaper
+than a loop of 'bgtask add'. Each id is printed as its task is armed; after an
+error (which names the line) the ids printed are those armed. With
+--idempotency-key K the Nth line's key is K-N, so the same input given again
+arms each task once.`
 
 const addExample = `  bgtask add -- make test
   bgtask add --kind deploy --target agent-7 --origin '{"session":"s1"}' -- ./deploy.sh prod
@@ -118,7 +126,8 @@ const addExample = `  bgtask add -- make test
   bgtask add --retry 3 --retry-backoff 10s,5m --retry-on failed,lost -- ./flaky-upload.sh
   bgtask add --notify-on-regex '^Epoch [0-9]+' --notify-min-interval 10m -- ./train.sh
   bgtask add --probe-every 1m --deadline 2h --complete-on-json status=completed -- gh run view 123 --json status,conclusion
-  id=$(bgtask add --json -- 'sleep 5; echo done' | jq -r .id)`
+  id=$(bgtask add --json -- 'sleep 5; echo done' | jq -r .id)
+  ls *.csv | sed 's/^/.\/import.sh /' | bgtask add --each-line --idempotency-key import-1`
 
 func addCmd(g *globals) *cobra.Command {
 	var o addOptions
@@ -132,6 +141,12 @@ func addCmd(g *globals) *cobra.Command {
 				return &exitError{code: exitUsage, err: fmt.Errorf("unexpected arguments before --: %q", args[:dash])}
 			}
 			o.home = g.home
+			if o.eachLine {
+				if len(args) > 0 || o.specFile == "-" {
+					return usageErr("--each-line takes the commands from standard input, one a line: not after --, nor with --spec -")
+				}
+				return o.addEach(cmd.Context(), g, cmd, cmd.InOrStdin())
+			}
 			raw, ownKey, err := o.spec(cmd, args)
 			if err != nil {
 				return err
@@ -153,6 +168,7 @@ func addCmd(g *globals) *cobra.Command {
 		},
 	}
 	o.register(cmd.Flags())
+	cmd.Flags().BoolVar(&o.eachLine, "each-line", false, "register a task for each line of standard input, its command, with the other flags; prints each id as it is armed")
 	return cmd
 }
 
