@@ -273,3 +273,26 @@ func TestSettledWaitsUntilTheRSSStopsMoving(t *testing.T) {
 		}
 	}
 }
+
+// The machine's CPU counts work done meanwhile as busy: a child that spins for
+// 300 ms of its own CPU shows up, per item, in the busy figure.
+func TestMachineUseCountsTheCPUOfWorkDone(t *testing.T) {
+	var m machineUse
+	var spun time.Duration
+	err := m.measure(2, func() error {
+		cmd := exec.Command("sh", "-c", `end=$(($(date +%s%N) + 300000000)); while [ "$(date +%s%N)" -lt $end ]; do :; done`)
+		err := cmd.Run()
+		spun = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Ticks of 10 ms, and the child's own account of its CPU in the same ticks.
+	if got, want := m.busy[0]*2, ms(spun)-20; len(m.busy) != 1 || got < want {
+		t.Fatalf("busy %v ms per item of 2 for a child that used %v: want at least %.0f ms in all", m.busy, spun, want)
+	}
+	if len(m.idle) != 1 || m.idle[0] < 0 {
+		t.Fatalf("idle %v", m.idle)
+	}
+}

@@ -195,6 +195,53 @@ func cpuTime(pid int) (time.Duration, error) {
 	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }
 
+// machineCPU is the CPU time of the whole machine so far, busy (every process, and
+// the kernel's work for them) and idle (waiting for the disk included), from the
+// first line of /proc/stat, in clock ticks of 1/100 s.
+func machineCPU() (busy, idle time.Duration, err error) {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	line, _, _ := bytes.Cut(data, []byte("\n"))
+	fields := strings.Fields(string(line))
+	// cpu user nice system idle iowait irq softirq steal ...
+	if len(fields) < 9 || fields[0] != "cpu" {
+		return 0, 0, errors.New("unreadable /proc/stat")
+	}
+	var ticks [8]int64
+	for i := range ticks {
+		if ticks[i], err = strconv.ParseInt(fields[i+1], 10, 64); err != nil {
+			return 0, 0, fmt.Errorf("/proc/stat: %w", err)
+		}
+	}
+	tick := 10 * time.Millisecond
+	busy = time.Duration(ticks[0]+ticks[1]+ticks[2]+ticks[5]+ticks[6]+ticks[7]) * tick
+	return busy, time.Duration(ticks[3]+ticks[4]) * tick, nil
+}
+
+// machineUse is the machine's CPU over some work, per item of it.
+type machineUse struct{ busy, idle []float64 }
+
+// measure runs work, which does n items, and keeps the machine's busy and idle CPU
+// per item, in milliseconds.
+func (m *machineUse) measure(n int, work func() error) error {
+	busy0, idle0, err := machineCPU()
+	if err != nil {
+		return err
+	}
+	if err := work(); err != nil {
+		return err
+	}
+	busy1, idle1, err := machineCPU()
+	if err != nil {
+		return err
+	}
+	m.busy = append(m.busy, ms(busy1-busy0)/float64(n))
+	m.idle = append(m.idle, ms(idle1-idle0)/float64(n))
+	return nil
+}
+
 // startCost runs a short command n times in environment env (nil: the bench's)
 // and returns the wall and CPU time of each run, in milliseconds: what starting a
 // process of it costs.

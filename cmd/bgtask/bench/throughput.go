@@ -62,23 +62,32 @@ func throughputOf(ctx context.Context, r *runner, s *Scenario, mode string, peer
 		return err
 	}
 	var rates, base, peerRates, serverCPU, wakes []float64
+	var machine, peerMachine machineUse
 	for i := range r.repeats {
 		r.progress("throughput, --sync %s: repeat %d of %d", mode, i+1, r.repeats)
-		rate, cpu, wake, err := tasksRate(ctx, srv, clients, n, fmt.Sprintf("bench-tp-%d", i))
+		err := machine.measure(n, func() error {
+			rate, cpu, wake, err := tasksRate(ctx, srv, clients, n, fmt.Sprintf("bench-tp-%d", i))
+			rates, serverCPU = append(rates, rate), append(serverCPU, ms(cpu)/float64(n))
+			wakes = append(wakes, wake...)
+			return err
+		})
 		if err != nil {
 			return err
 		}
-		rates, serverCPU = append(rates, rate), append(serverCPU, ms(cpu)/float64(n))
-		wakes = append(wakes, wake...)
-		if rate, err = plainRate(ctx, n, parallel); err != nil {
+		rate, err := plainRate(ctx, n, parallel)
+		if err != nil {
 			return err
 		}
 		base = append(base, rate)
 		if peer != nil {
-			if rate, err = peer.rate(ctx, n); err != nil {
+			err := peerMachine.measure(n, func() error {
+				rate, err := peer.rate(ctx, n)
+				peerRates = append(peerRates, rate)
+				return err
+			})
+			if err != nil {
 				return err
 			}
-			peerRates = append(peerRates, rate)
 		}
 	}
 	row := s.compare("tasks to wake-up, --sync "+mode, "tasks/s", summarize(rates, false),
@@ -89,6 +98,14 @@ func throughputOf(ctx context.Context, r *runner, s *Scenario, mode string, peer
 	ratio, vsPeer := *row.Ratio, row.Peer // row is not to be read after the next add
 	s.add("  server CPU per task (its own threads: engine, projector, dispatcher, worker, NATS)", "ms", summarize(serverCPU, false))
 	s.add("  exit → wake-up meanwhile (the shim's ended_at → the wake-up seen), every task", "ms", summarize(wakes, true))
+	// Both sides' whole cost: bgtask's server, shims and commands and this client;
+	// tsp's server, clients and commands. Idle time is what they wait for besides.
+	s.add("  the machine's busy CPU per task, bgtask (every process)", "ms", summarize(machine.busy, false))
+	s.add("  the machine's idle CPU per task, bgtask", "ms", summarize(machine.idle, false))
+	if peer != nil {
+		s.add("  the machine's busy CPU per task, tsp", "ms", summarize(peerMachine.busy, false))
+		s.add("  the machine's idle CPU per task, tsp", "ms", summarize(peerMachine.idle, false))
+	}
 	if mode == "always" {
 		s.target("≥ 70% of the plain program's throughput (--sync always, the default)", ratio >= 0.7, "%.0f%%", ratio*100)
 	}
