@@ -105,12 +105,12 @@ on this host.
 
 --spec reads a whole JSON spec (docs/api.md has its fields); flags given too override it.
 
---each-line registers one task for each line of standard input, the line its
-command and the other flags the same for all, over one connection: much cheaper
-than a loop of 'bgtask add'. Each id is printed as its task is armed; after an
-error (which names the line) the ids printed are those armed. With
---idempotency-key K the Nth line's key is K-N, so the same input given again
-arms each task once.`
+--each-line registers one task for each line of standard input (blank lines
+passed over), the line its command and the other flags the same for all, over
+one connection: much cheaper than a loop of 'bgtask add'. Each id is printed as
+its task is armed; an error, which names its line, stops it. With
+--idempotency-key K the key of line N (blank lines counted) is K-N, so the same
+input given again arms each task once; --timeout bounds each line's wait.`
 
 const addExample = `  bgtask add -- make test
   bgtask add --kind deploy --target agent-7 --origin '{"session":"s1"}' -- ./deploy.sh prod
@@ -144,6 +144,9 @@ func addCmd(g *globals) *cobra.Command {
 			if o.eachLine {
 				if len(args) > 0 || o.specFile == "-" {
 					return usageErr("--each-line takes the commands from standard input, one a line: not after --, nor with --spec -")
+				}
+				if o.pid != 0 || o.external {
+					return usageErr("--each-line registers commands: not with --pid or --external, which run none")
 				}
 				return o.addEach(cmd.Context(), g, cmd, cmd.InOrStdin())
 			}

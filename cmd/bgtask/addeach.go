@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"maps"
 	"strconv"
 	"strings"
@@ -44,12 +46,12 @@ func (o *addOptions) addEach(ctx context.Context, g *globals, cmd *cobra.Command
 		return err
 	}
 	defer c.Close()
-	lines := bufio.NewScanner(in)
-	lines.Buffer(make([]byte, 0, 64<<10), engine.MaxSpecBytes)
+	readCtx, stopReading := context.WithCancel(ctx)
+	defer stopReading()
+	lines, readErr := readLines(readCtx, in)
 	n, armed := 0, 0
-	for lines.Scan() {
+	for line := range lines {
 		n++
-		line := strings.TrimSpace(lines.Text())
 		if line == "" {
 			continue
 		}
@@ -66,13 +68,59 @@ func (o *addOptions) addEach(ctx context.Context, g *globals, cmd *cobra.Command
 		}
 		armed++
 	}
-	if err := lines.Err(); err != nil {
-		return usageErr("--each-line: line %d: %v (a spec is at most %d bytes)", n+1, err, engine.MaxSpecBytes)
+	switch err := readErr(); {
+	case errors.Is(err, bufio.ErrTooLong):
+		return usageErr("--each-line: line %d is longer than a spec may be (%d bytes)", n+1, engine.MaxSpecBytes)
+	case err != nil:
+		return fmt.Errorf("--each-line: line %d: %w", n+1, err)
 	}
 	if armed == 0 {
 		return usageErr("--each-line: no command on standard input")
 	}
 	return nil
+}
+
+// readLines yields the lines of in, trimmed, until it ends, fails or ctx ends: a
+// read of a terminal or a pipe blocks, and an interrupt must not wait for the next
+// line. err, once the lines are over, says why they stopped short, if they did.
+func readLines(ctx context.Context, in io.Reader) (lines iter.Seq[string], err func() error) {
+	ch := make(chan string)
+	var readErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(in)
+		sc.Buffer(make([]byte, 0, 64<<10), engine.MaxSpecBytes)
+		for sc.Scan() {
+			select {
+			case ch <- strings.TrimSpace(sc.Text()):
+			case <-ctx.Done():
+				return
+			}
+		}
+		readErr = sc.Err()
+	}()
+	lines = func(yield func(string) bool) {
+		for {
+			select {
+			case line := <-ch:
+				if !yield(line) {
+					return
+				}
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+	return lines, func() error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		<-done
+		return readErr
+	}
 }
 
 // addLine registers the task of one line, again through a restart of the server

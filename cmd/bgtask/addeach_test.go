@@ -1,12 +1,16 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // addEachLine runs `bgtask add --each-line args` as a process of its own (this test
@@ -97,5 +101,46 @@ func TestAddEachLineStopsAtABadLine(t *testing.T) {
 		if r := addEachLine(t, home, c.stdin, c.args...); r.code != exitUsage || !strings.Contains(r.stderr, c.says) {
 			t.Errorf("add --each-line %v: exit %d, stderr %q; want %d saying %q", c.args, r.code, r.stderr, exitUsage, c.says)
 		}
+	}
+}
+
+// An interrupt ends --each-line while it waits for its next line: a terminal or a
+// pipe that stays open must not hold it.
+func TestAddEachLineEndsAtASignalWhileItReads(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	startServer(t, home)
+	cmd := exec.Command(os.Args[0], "--home", home, "add", "--each-line", "--delay", "1h")
+	cmd.Env = append(os.Environ(), mcpRunMain+"=1")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(stdin, "echo first\n"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReader(stdout).ReadString('\n'); err != nil {
+		t.Fatalf("no id for the first line: %v", err)
+	}
+	// It has armed the first line's task, and reads the next.
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan error, 1)
+	go func() { ended <- cmd.Wait() }()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-ended
+		t.Fatal("add --each-line still read its input 10 s after SIGTERM")
 	}
 }
