@@ -155,24 +155,30 @@ func addCmd(g *globals) *cobra.Command {
 				return err
 			}
 			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
-				reg, err := c.api.Register(ctx, raw)
-				if err != nil {
-					return err
-				}
-				// Nobody else has this command's own key: a task already under it is
-				// the one an earlier attempt of this very command armed.
-				reg.Created = reg.Created || ownKey
-				if o.asJSON {
-					return printJSONLine(g.stdout, reg)
-				}
-				_, err = fmt.Fprintln(g.stdout, reg.ID)
-				return err
+				return o.registerTask(ctx, g, c, raw, ownKey)
 			})
 		},
 	}
 	o.register(cmd.Flags())
 	cmd.Flags().BoolVar(&o.eachLine, "each-line", false, "register a task for each line of standard input, its command, with the other flags; prints each id as it is armed")
 	return cmd
+}
+
+// registerTask registers raw and prints the task's id, or with --json its
+// registration.
+func (o *addOptions) registerTask(ctx context.Context, g *globals, c *client, raw []byte, ownKey bool) error {
+	reg, err := c.api.Register(ctx, raw)
+	if err != nil {
+		return err
+	}
+	// Nobody else has this command's own key: a task already under it is the one
+	// an earlier attempt of this very command armed.
+	reg.Created = reg.Created || ownKey
+	if o.asJSON {
+		return printJSONLine(g.stdout, reg)
+	}
+	_, err = fmt.Fprintln(g.stdout, reg.ID)
+	return err
 }
 
 func (o *addOptions) register(f *pflag.FlagSet) {

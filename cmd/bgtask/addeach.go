@@ -16,7 +16,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/bgtask/bgtask/engine"
-	"github.com/bgtask/bgtask/engine/api"
 )
 
 // addEach registers one task for each line of in, the line its command and the
@@ -132,20 +131,9 @@ func (o *addOptions) addLine(ctx context.Context, g *globals, c *client, doc map
 	}
 	ctx, cancel := g.bounded(ctx)
 	defer cancel()
-	var reg api.Registered
-	err = g.call(ctx, c, g.timeout, true, func(ctx context.Context) error {
-		reg, err = c.api.Register(ctx, raw)
-		return err
+	return g.call(ctx, c, g.timeout, true, func(ctx context.Context) error {
+		return o.registerTask(ctx, g, c, raw, ownKey)
 	})
-	if err != nil {
-		return err
-	}
-	reg.Created = reg.Created || ownKey
-	if o.asJSON {
-		return printJSONLine(g.stdout, reg)
-	}
-	_, err = fmt.Fprintln(g.stdout, reg.ID)
-	return err
 }
 
 // onLine is err, the error of line n's task, with the line named in its message.

@@ -97,6 +97,8 @@ func TestAddEachLineStopsAtABadLine(t *testing.T) {
 		{"echo x\n", []string{"--spec", "-"}, "--spec -"},
 		{"\n \n", nil, "no command"},
 		{"echo x\n", []string{"--policy", "nope"}, "line 1: policy"},
+		{"echo x\n", []string{"--external"}, "not with --pid or --external"},
+		{"echo x\n", []string{"--pid", "1"}, "not with --pid or --external"},
 	} {
 		if r := addEachLine(t, home, c.stdin, c.args...); r.code != exitUsage || !strings.Contains(r.stderr, c.says) {
 			t.Errorf("add --each-line %v: exit %d, stderr %q; want %d saying %q", c.args, r.code, r.stderr, exitUsage, c.says)
