@@ -250,6 +250,7 @@ func TestClientWithNoServerEverFailsAtOnce(t *testing.T) {
 func TestClientWaitsThroughARestartOfTheServer(t *testing.T) {
 	home := t.TempDir()
 	t.Setenv("HOME", home)
+	t.Setenv(supervisedEnv, "test") // a restart is coming
 	first := startServer(t, home)
 	addTask(t, home, "--", "true")
 	first.stop() // a clean stop: the discovery file goes

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -27,6 +28,7 @@ const (
 	discoveryFile   = "server.json"
 	portFile        = "server.port"
 	lockFile        = "server.lock"
+	supervisorFile  = "supervisor"
 	storeDir        = "jetstream"
 	snapshotFile    = "projection.snapshot"
 )
@@ -281,12 +283,19 @@ func replaceFile(path string, data []byte, mode fs.FileMode) error {
 
 // lockHome takes the home's exclusive lock, held for the server's life. The kernel
 // drops it when the process dies, even by kill -9, so a crash never leaves it stale.
+// A client that asks whether a server lives (homeLocked) holds a shared lock for
+// an instant: a start that meets one tries again for a while.
 func lockHome(home string) (*os.File, error) {
 	f, err := os.OpenFile(filepath.Join(home, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	for give := time.Now().Add(time.Second); errors.Is(err, unix.EWOULDBLOCK) && time.Now().Before(give); {
+		time.Sleep(10 * time.Millisecond)
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	}
+	if err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			who := "another bgtask server"
@@ -298,4 +307,60 @@ func lockHome(home string) (*os.File, error) {
 		return nil, fmt.Errorf("lock %s: %w", filepath.Join(home, lockFile), err)
 	}
 	return f, nil
+}
+
+// homeLocked reports whether a process holds the home's lock: a server that runs,
+// or one that is starting and does not answer yet.
+func homeLocked(home string) (bool, error) {
+	f, err := os.Open(filepath.Join(home, lockFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	switch err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); {
+	case errors.Is(err, unix.EWOULDBLOCK):
+		return true, nil
+	case err != nil:
+		return false, err
+	}
+	return false, unix.Flock(int(f.Fd()), unix.LOCK_UN)
+}
+
+// supervisedEnv names the variable that tells a server a supervisor restarts it
+// when it stops ('bgtask service install' sets it in the unit it writes); its
+// value names the supervisor.
+const supervisedEnv = "BGTASK_SUPERVISED"
+
+// recordSupervisor keeps, past this server's stop, whether something restarts
+// the home's server, for clients to know whether to wait for it.
+func recordSupervisor(home string) error {
+	path := filepath.Join(home, supervisorFile)
+	if by := os.Getenv(supervisedEnv); by != "" {
+		return writeFileAtomic(path, []byte(by))
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// serverGone says why no server will answer in home again without someone
+// starting one: no process holds its lock and no supervisor restarts it. nil: a
+// server lives (maybe starting) or is restarted by its supervisor, or it cannot
+// tell.
+func serverGone(home string) error {
+	if locked, err := homeLocked(home); err != nil || locked {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(home, supervisorFile)); !errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	last := "its server stopped"
+	if d, err := readDiscovery(home); err == nil {
+		last = fmt.Sprintf("its server (pid %d) is gone", d.PID)
+	}
+	return fmt.Errorf("no bgtask server runs in %s: %s, and no service restarts it; start it with 'bgtask server', or keep it running with 'bgtask service install --user'", home, last)
 }

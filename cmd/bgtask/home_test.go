@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -174,5 +175,65 @@ func TestTheNATSCLIReachesTheServerThroughASavedContext(t *testing.T) {
 	}
 	if out := nats("req", "bgtask.list", "{}"); json.Unmarshal([]byte(out), &reply) != nil || reply.Tasks == nil {
 		t.Errorf("nats req bgtask.list after a restart: %q", out)
+	}
+}
+
+// serverProcess starts `bgtask server` on home as a process of its own (this test
+// binary running main), with env added to its environment, and returns it once it
+// serves.
+func serverProcess(t *testing.T, home string, env ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "server", "--home", home, "--listen", "127.0.0.1:0")
+	cmd.Env = append(append(os.Environ(), mcpRunMain+"=1"), env...)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if d, err := readDiscovery(home); err == nil && d.PID == cmd.Process.Pid {
+			return cmd
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server not ready after 30s:\n%s", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestAClientSaysAtOnceThatNothingRestartsAServerGone(t *testing.T) {
+	killed := t.TempDir()
+	p := serverProcess(t, killed)
+	pid := p.Process.Pid
+	_ = p.Process.Kill()
+	_ = p.Wait()
+	r := bgtask(t, killed, "add", "--timeout", "60s", "--", "true").must(t, exitNoServer, "add to a server killed")
+	if !strings.Contains(r.stderr, "no service restarts it") || !strings.Contains(r.stderr, "pid "+strconv.Itoa(pid)) {
+		t.Errorf("add to a killed server did not say that nothing restarts it: %q", r.stderr)
+	}
+
+	stopped := t.TempDir()
+	startServer(t, stopped).stop()
+	r = bgtask(t, stopped, "show", "--timeout", "60s", "x").must(t, exitNoServer, "show with the server stopped")
+	if !strings.Contains(r.stderr, "no service restarts it") {
+		t.Errorf("show with the server stopped did not say that nothing restarts it: %q", r.stderr)
+	}
+}
+
+func TestAClientWaitsForAServerItsSupervisorRestarts(t *testing.T) {
+	home := t.TempDir()
+	p := serverProcess(t, home, supervisedEnv+"=test")
+	_ = p.Process.Kill()
+	_ = p.Wait()
+	r := bgtask(t, home, "show", "--timeout", "1s", "x").must(t, exitNoServer, "show with a supervised server killed")
+	if !strings.Contains(r.stderr, "no bgtask server answered within 1s") {
+		t.Errorf("show did not wait for the supervised server: %q", r.stderr)
+	}
+	// A server started with no supervisor takes the record back.
+	serverProcess(t, home)
+	if _, err := os.Stat(filepath.Join(home, supervisorFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a server with no supervisor left %s: %v", supervisorFile, err)
 	}
 }

@@ -365,6 +365,7 @@ func TestMCPInAnAgentSessionWakesThatSession(t *testing.T) {
 func TestMCPCallsWaitThroughARestartOfTheServer(t *testing.T) {
 	home := t.TempDir()
 	t.Setenv("HOME", home)
+	t.Setenv(supervisedEnv, "test") // a restart is coming
 	first := startServer(t, home)
 	p := startMCP(t, home, t.TempDir())
 	reg := ok[struct{ ID string }](t, "add", p.call(t, "add", map[string]any{"command": "true"}))

@@ -190,7 +190,7 @@ func (g *globals) connectAs(name string, identity func(home string) (credentials
 		// discovery file when it stops: with credentials, one ran here and may be
 		// starting again.
 		if _, cerr := os.Stat(filepath.Join(home, credentialsFile)); cerr == nil {
-			return nil, &serverAbsent{fmt.Errorf("the bgtask server of %s is not running (it wrote no %s yet)", home, discoveryFile)}
+			return nil, &serverAbsent{err: fmt.Errorf("the bgtask server of %s is not running (it wrote no %s yet)", home, discoveryFile), gone: serverGone(home)}
 		}
 		return nil, &exitError{code: exitNoServer, err: fmt.Errorf("no bgtask server in %s: start one with 'bgtask server' (or pass --home, or --nats URL)", home)}
 	}
@@ -209,13 +209,21 @@ func (g *globals) connectAs(name string, identity func(home string) (credentials
 	opts = append(opts, auth, nats.SetCustomDialer(&discoveryDialer{home: home, dialer: net.Dialer{Timeout: 5 * time.Second}}))
 	nc, err := nats.Connect(d.URL, opts...)
 	if err != nil {
-		return nil, absentIf(fmt.Errorf("the bgtask server of %s (pid %d, %s) does not answer: %w", home, d.PID, d.URL, err))
+		err = absentIf(fmt.Errorf("the bgtask server of %s (pid %d, %s) does not answer: %w", home, d.PID, d.URL, err))
+		if absent, ok := err.(*serverAbsent); ok {
+			absent.gone = serverGone(home)
+		}
+		return nil, err
 	}
 	return nc, nil
 }
 
-// serverAbsent: no server answers now, and one may soon (it is restarting).
-type serverAbsent struct{ err error }
+// serverAbsent: no server answers now, and one may soon (it is restarting),
+// unless gone says why none will.
+type serverAbsent struct {
+	err  error
+	gone error
+}
 
 func (e *serverAbsent) Error() string { return e.err.Error() }
 func (e *serverAbsent) Unwrap() error { return e.err }
@@ -224,7 +232,7 @@ func (e *serverAbsent) Unwrap() error { return e.err }
 // opposed to a server that refused the credentials or the TLS.
 func absentIf(err error) error {
 	if errors.Is(err, nats.ErrNoServers) || errors.Is(err, nats.ErrTimeout) {
-		return &serverAbsent{err}
+		return &serverAbsent{err: err}
 	}
 	return err
 }
@@ -271,11 +279,14 @@ func gaveUp(ctx context.Context, bound time.Duration, why error) error {
 }
 
 // pause waits retryEvery, or until ctx ends (false).
-func pause(ctx context.Context) bool {
+func pause(ctx context.Context) bool { return pauseFor(ctx, retryEvery) }
+
+// pauseFor waits d, or until ctx ends (false).
+func pauseFor(ctx context.Context, d time.Duration) bool {
 	select {
 	case <-ctx.Done():
 		return false
-	case <-time.After(retryEvery):
+	case <-time.After(d):
 		return true
 	}
 }
@@ -286,16 +297,38 @@ type client struct {
 	api *api.Client
 }
 
+// goneFor is how long a home's server must look gone for good (serverGone) before
+// a client says so instead of waiting: a server restarted by hand takes the home's
+// lock within it.
+const goneFor = 500 * time.Millisecond
+
 // dial connects a client command, waiting for a server that is absent (restarting)
-// until ctx ends; bound is ctx's timeout, for the messages (0: none).
+// until ctx ends; bound is ctx's timeout, for the messages (0: none). A server
+// that is gone with nothing to restart it ends the wait at once.
 func (g *globals) dial(ctx context.Context, bound time.Duration) (*client, error) {
+	var goneSince time.Time
 	for {
 		nc, err := g.connect("bgtask-cli")
 		if err == nil {
 			return &client{nc: nc, api: api.NewClient(nc)}, nil
 		}
-		if !errors.As(err, new(*serverAbsent)) {
+		var absent *serverAbsent
+		if !errors.As(err, &absent) {
 			return nil, err
+		}
+		switch {
+		case absent.gone == nil:
+			goneSince = time.Time{}
+		case goneSince.IsZero():
+			goneSince = time.Now()
+		case time.Since(goneSince) >= goneFor:
+			return nil, &exitError{code: exitNoServer, err: absent.gone}
+		}
+		if absent.gone != nil {
+			if !pauseFor(ctx, goneFor/5) {
+				return nil, gaveUp(ctx, bound, err)
+			}
+			continue
 		}
 		g.sayWaiting(bound, err)
 		if !pause(ctx) {

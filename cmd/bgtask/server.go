@@ -287,6 +287,10 @@ func openHome(dir string) (home string, lock *os.File, ids identities, err error
 	if lock, err = lockHome(home); err != nil {
 		return "", nil, ids, err
 	}
+	if err := recordSupervisor(home); err != nil {
+		lock.Close()
+		return "", nil, ids, fmt.Errorf("record the supervisor: %w", err)
+	}
 	if ids, err = loadOrCreateIdentities(home); err != nil {
 		lock.Close()
 		return "", nil, ids, fmt.Errorf("credentials: %w", err)

@@ -26,6 +26,8 @@ RestartSec=2s
 KillMode=process
 # The installing shell's PATH, so that exec sinks find claude, codex and the like.
 Environment=` + systemdQuote("PATH="+path) + `
+# Tells clients that a server gone is started again, so they wait for it.
+Environment=` + supervisedEnv + `=systemd
 
 [Install]
 WantedBy=default.target
@@ -127,6 +129,9 @@ func launchdPlist(exe, home, path string) []byte {
 	<dict>
 		<key>PATH</key>
 		` + str(path) + `
+		<!-- Tells clients that a server gone is started again, so they wait for it. -->
+		<key>` + supervisedEnv + `</key>
+		<string>launchd</string>
 	</dict>
 	<key>RunAtLoad</key>
 	<true/>
