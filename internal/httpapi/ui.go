@@ -35,6 +35,7 @@ var (
 	pages = sync.OnceValue(func() *template.Template {
 		return template.Must(template.New("").Funcs(template.FuncMap{
 			"short": short,
+			"what":  what,
 			"when":  when,
 			"ago":   ago,
 			"title": func(title, nav string) headView { return headView{title, nav} },
@@ -59,6 +60,22 @@ func short(id string) string {
 		return id
 	}
 	return "…" + id[len(id)-12:]
+}
+
+// what names what a task runs: its command line, or, for a task that runs none,
+// what it is instead.
+func what(t api.TaskView) string {
+	switch s := t.Spec; {
+	case t.Command != "":
+		return t.Command
+	case s.Join != nil:
+		return "join of " + strconv.Itoa(len(s.Join.Members)) + " tasks (" + s.Join.Mode + ")"
+	case s.External:
+		return "completed from outside"
+	case s.Kind != "":
+		return s.Kind
+	}
+	return "(no command)"
 }
 
 // when shows a time of a task (a time or a pointer to one, nil for none).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -178,5 +179,42 @@ func TestTheAuditPageRunsWhenAsked(t *testing.T) {
 	r := h.page("GET", "/audit?run=1", "")
 	if body := string(r.body); runs != 1 || !strings.Contains(body, "fired-twice") || !strings.Contains(body, "a second fired") || !strings.Contains(body, "<b>7</b> events") {
 		t.Fatalf("the audit page after a run: %d runs\n%s", runs, body)
+	}
+}
+
+// The list's rows say each task's exit code and kind, and what a task that runs
+// no command is, instead of an empty command.
+func TestTheTaskListSaysExitKindAndWhatRunsNoCommand(t *testing.T) {
+	five := 5
+	tasks := []api.TaskView{
+		{Command: "make test", ExitCode: &five, State: engine.State{ID: "t-failed", Spec: engine.Spec{Command: "make test", Kind: "build"}}},
+		{State: engine.State{ID: "t-timer", Spec: engine.Spec{Kind: engine.KindTimer}}},
+		{State: engine.State{ID: "t-join", Spec: engine.Spec{Join: &engine.Join{Mode: "all", Members: []string{"a", "b"}}}}},
+	}
+	var page strings.Builder
+	if err := pages().ExecuteTemplate(&page, "task-list", listView{Tasks: tasks}); err != nil {
+		t.Fatal(err)
+	}
+	cells := regexp.MustCompile(`(?s)<tr data-id="([^"]+)">(.*?)</tr>`)
+	text := regexp.MustCompile(`<[^>]+>`)
+	want := map[string][]string{
+		"t-failed": {"5", "make test", "build"},
+		"t-timer":  {"timer"},
+		"t-join":   {"join of 2 tasks (all)"},
+	}
+	rows := cells.FindAllStringSubmatch(page.String(), -1)
+	if len(rows) != len(tasks) {
+		t.Fatalf("%d rows, want %d:\n%s", len(rows), len(tasks), page.String())
+	}
+	for _, row := range rows {
+		var cols []string
+		for _, td := range strings.Split(row[2], "<td")[1:] {
+			cols = append(cols, strings.TrimSpace(text.ReplaceAllString("<td"+td, "")))
+		}
+		for _, w := range want[row[1]] {
+			if !slices.Contains(cols, w) {
+				t.Errorf("row %s has no cell %q: %q", row[1], w, cols)
+			}
+		}
 	}
 }

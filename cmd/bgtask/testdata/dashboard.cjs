@@ -41,6 +41,16 @@ async function main() {
   if (problems.length) throw new Error('the browser reported:\n' + problems.join('\n'));
 }
 
+// checkFacts fails unless every wide row of a task's facts starts at the first
+// column, however many rows came before it.
+async function checkFacts(page) {
+  const bad = await page.$$eval('dl.facts dd.wide', (dds) => {
+    const first = document.querySelector('dl.facts dt').getBoundingClientRect().left;
+    return dds.map((dd) => dd.previousElementSibling).filter((dt) => Math.abs(dt.getBoundingClientRect().left - first) > 1).map((dt) => dt.textContent);
+  });
+  if (bad.length) throw new Error('wide rows out of the first column: ' + bad.join(', '));
+}
+
 async function run(page, shot) {
 
   step('log in');
@@ -79,6 +89,7 @@ async function run(page, shot) {
   await page.waitForSelector('#output.ended', { timeout: 30000 });
   const out = await page.$eval('#output', (e) => e.textContent);
   if (!out.includes('step 40')) throw new Error('the output tail ends early: ' + out.slice(-200));
+  await checkFacts(page);
 
   step('the first task: its timeline to fired and its wake-up');
   await page.goto(`${base}/tasks/${id}`);
@@ -88,6 +99,7 @@ async function run(page, shot) {
     if (!(await page.$(`.ev-${type}`))) throw new Error('the timeline has no ' + type);
   }
   await page.waitForSelector('.wakeup .prompt');
+  await checkFacts(page);
   await shot('task');
   await page.emulateMedia({ colorScheme: 'dark' });
   await shot('task-dark');
@@ -104,6 +116,7 @@ async function run(page, shot) {
   await page.waitForSelector('.ev-cancelled', { timeout: 15000 });
   await page.waitForSelector('#output.ended', { timeout: 15000 }); // the page again, its output read again
   if (!(await page.$eval('#output', (e) => e.textContent.length))) throw new Error('no output on the cancelled task');
+  await checkFacts(page);
   await shot('task-cancelled');
   const t = await api('GET', `/v1/tasks/${long.id}`);
   if (t.state !== 'cancelled') throw new Error('the API says the cancelled task is ' + t.state);
