@@ -14,6 +14,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/bgtask/bgtask/events"
 )
 
 // embedded is a `bgtask server` run in this process, stopped as SIGTERM stops one:
@@ -191,16 +195,11 @@ func serverProcess(t *testing.T, home string, env ...string) *exec.Cmd {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if d, err := readDiscovery(home); err == nil && d.PID == cmd.Process.Pid {
-			return cmd
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("server not ready after 30s:\n%s", out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	eventually(t, 30*time.Second, "serving", func() bool {
+		d, err := readDiscovery(home)
+		return err == nil && d.PID == cmd.Process.Pid
+	})
+	return cmd
 }
 
 func TestAClientSaysAtOnceThatNothingRestartsAServerGone(t *testing.T) {
@@ -235,5 +234,45 @@ func TestAClientWaitsForAServerItsSupervisorRestarts(t *testing.T) {
 	serverProcess(t, home)
 	if _, err := os.Stat(filepath.Join(home, supervisorFile)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a server with no supervisor left %s: %v", supervisorFile, err)
+	}
+}
+
+// A wait whose server is killed, with nothing to restart it, ends saying so
+// rather than waiting for ever.
+func TestAWaitEndsWhenItsServerIsGoneForGood(t *testing.T) {
+	home := t.TempDir()
+	p := serverProcess(t, home)
+	id := addTask(t, home, "--delay", "1h", "--", "true")
+	nc, err := (&globals{home: home}).connect("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumers := func() int {
+		info, err := js.Stream(context.Background(), events.StreamName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.CachedInfo().State.Consumers
+	}
+	before := consumers()
+	var stdout, stderr syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- Run(context.Background(), []string{"--home", home, "wait", id}, &stdout, &stderr) }()
+	eventually(t, 30*time.Second, "following the task", func() bool { return consumers() > before })
+	nc.Close()
+	_ = p.Process.Kill()
+	_ = p.Wait()
+	select {
+	case err := <-done:
+		if code := exitCode(t, err); code != exitNoServer || !strings.Contains(stderr.String(), "no service restarts it") {
+			t.Errorf("wait: status %d, stderr %q", code, stderr.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("wait still waits 60s after its server was killed with nothing to restart it")
 	}
 }

@@ -189,9 +189,17 @@ func errorResult(err error) *mcp.CallToolResult {
 // call makes one tool's API calls as a client command makes its own: within
 // --timeout, again through a restart of the server when they may be made twice.
 func (m *mcpServer) call(ctx context.Context, idempotent bool, fn func(context.Context, *client) error) error {
-	g := *m.g // a call of its own says once that it waits, on stderr
+	g := m.callGlobals() // a call of its own says once that it waits, on stderr
+	return g.ifGone(g.requestWith(ctx, idempotent, fn))
+}
+
+// callGlobals are the globals of one tool call: it prints nothing, and a server
+// gone for good under it is its own error, not the next call's.
+func (m *mcpServer) callGlobals() *globals {
+	g := *m.g
 	g.stdout = io.Discard
-	return g.requestWith(ctx, idempotent, fn)
+	g.gone = new(atomic.Pointer[error])
+	return &g
 }
 
 // decodeArgs reads a tool's arguments into v, refusing a name it does not know.
@@ -741,7 +749,7 @@ type waitOut struct {
 	Consumed bool `json:"consumed,omitempty"`
 }
 
-func (m *mcpServer) wait(ctx context.Context, req *mcp.CallToolRequest, args json.RawMessage) (string, any, error) {
+func (m *mcpServer) wait(ctx context.Context, req *mcp.CallToolRequest, args json.RawMessage) (_ string, _ any, err error) {
 	var in struct {
 		ID      string `json:"id"`
 		Timeout string `json:"timeout"`
@@ -769,8 +777,8 @@ func (m *mcpServer) wait(ctx context.Context, req *mcp.CallToolRequest, args jso
 		stop := m.sendProgress(ctx, req.Session, token, in.ID, &phase)
 		defer stop()
 	}
-	g := *m.g
-	g.stdout = io.Discard
+	g := m.callGlobals()
+	defer func() { err = g.ifGone(err) }()
 	c, err := g.dial(ctx, timeout)
 	if err != nil {
 		return "", nil, err
@@ -812,7 +820,7 @@ func (m *mcpServer) wait(ctx context.Context, req *mcp.CallToolRequest, args jso
 	}
 	out := waitOut{ID: t.ID, Ended: true, State: state.Phase, Wakeup: &w}
 	if in.Consume {
-		if out.Consumed, err = consumeWakeup(ctx, &g, c, timeout, state); err != nil {
+		if out.Consumed, err = consumeWakeup(ctx, g, c, timeout, state); err != nil {
 			return "", nil, err
 		}
 	}

@@ -35,11 +35,25 @@ type globals struct {
 	// ctx is the run's: interrupted by SIGINT or SIGTERM.
 	ctx         context.Context
 	saidWaiting bool
+	// gone is why a client command's server went for good while it was connected
+	// (watchGone); its error is then that one. Shared by copies of the globals.
+	gone *atomic.Pointer[error]
+}
+
+// ifGone is err, or, when the server went for good under it, why (status 7).
+func (g *globals) ifGone(err error) error {
+	if g.gone == nil || err == nil {
+		return err
+	}
+	if gone := g.gone.Load(); gone != nil {
+		return &exitError{code: exitNoServer, err: *gone}
+	}
+	return err
 }
 
 // Run runs the bgtask command line.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	g := &globals{stdout: stdout, stderr: stderr, ctx: ctx, timeout: defaultTimeout}
+	g := &globals{stdout: stdout, stderr: stderr, ctx: ctx, timeout: defaultTimeout, gone: new(atomic.Pointer[error])}
 	root := &cobra.Command{
 		Use:   "bgtask",
 		Short: "A durable supervisor for background work someone is waiting on",
@@ -88,6 +102,7 @@ answered, 124 wait: --timeout passed.`,
 	root.AddCommand(setupCmd(g), mcpCmd(g), hookCmd(g))
 	root.AddCommand(scheduleCmd(g), serviceCmd(g), uiCmd(g))
 	cmd, err := root.ExecuteC()
+	err = g.ifGone(err)
 	return report(err, wantsJSON(cmd, args, err), stdout, stderr)
 }
 
@@ -278,6 +293,32 @@ func gaveUp(ctx context.Context, bound time.Duration, why error) error {
 	return &exitError{code: exitNoServer, err: fmt.Errorf("no bgtask server answered within %s: %w", bound, why)}
 }
 
+// watchGone gives a client command's connection to the home's server a watch
+// that closes it once the server is gone for good (serverGone, for goneFor), as a
+// connection that reconnects for ever would leave a wait with no bound hanging.
+func (g *globals) watchGone() []nats.Option {
+	if g.natsURL != "" || g.gone == nil {
+		return nil
+	}
+	home, err := homeDir(g.home)
+	if err != nil {
+		return nil
+	}
+	var since time.Time
+	return []nats.Option{nats.ReconnectWait(retryEvery), nats.ReconnectErrHandler(func(nc *nats.Conn, _ error) {
+		gone := serverGone(home)
+		switch {
+		case gone == nil:
+			since = time.Time{}
+		case since.IsZero():
+			since = time.Now()
+		case time.Since(since) >= goneFor:
+			g.gone.Store(&gone)
+			nc.Close()
+		}
+	})}
+}
+
 // pause waits retryEvery, or until ctx ends (false).
 func pause(ctx context.Context) bool { return pauseFor(ctx, retryEvery) }
 
@@ -308,7 +349,7 @@ const goneFor = 500 * time.Millisecond
 func (g *globals) dial(ctx context.Context, bound time.Duration) (*client, error) {
 	var goneSince time.Time
 	for {
-		nc, err := g.connect("bgtask-cli")
+		nc, err := g.connect("bgtask-cli", g.watchGone()...)
 		if err == nil {
 			return &client{nc: nc, api: api.NewClient(nc)}, nil
 		}
