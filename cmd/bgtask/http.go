@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"html"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -123,17 +124,23 @@ func uiCmd(g *globals) *cobra.Command {
 		Use:   "ui",
 		Short: "Open the dashboard in a browser, logged in through a one-time link",
 		Long: `Ask the server of the home for a one-time login link to its dashboard and open it
-in a browser (xdg-open, or open on macOS); with --print, or when no browser
-opener is found, print it. The link works once, within 2 minutes; visiting it
-starts a session (an HttpOnly, SameSite=Strict cookie, 24 hours, ended by a
-restart of the server).`,
+in a browser (xdg-open, or open on macOS) through HOME/` + loginPageFile + `, a page
+only you can read (mode 0600) that forwards to the link: an argument of the
+opener is in the process list, where any local user could read a link and log
+in first. With --print, or when no browser opener is found, it prints the link.
+The link works once, within 2 minutes; visiting it starts a session (an
+HttpOnly, SameSite=Strict cookie, 24 hours, ended by a restart of the server).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			link, err := g.loginLink(cmd.Context())
+			home, err := homeDir(g.home)
 			if err != nil {
 				return err
 			}
-			if !print && openBrowser(link) == nil {
+			link, err := loginLink(cmd.Context(), home)
+			if err != nil {
+				return err
+			}
+			if !print && openLoginLink(home, link) == nil {
 				fmt.Fprintln(g.stderr, "bgtask: opened the dashboard in the browser")
 				return nil
 			}
@@ -145,12 +152,8 @@ restart of the server).`,
 	return cmd
 }
 
-// loginLink asks the home's server for a one-time login link.
-func (g *globals) loginLink(ctx context.Context) (string, error) {
-	home, err := homeDir(g.home)
-	if err != nil {
-		return "", err
-	}
+// loginLink asks the server of home for a one-time login link.
+func loginLink(ctx context.Context, home string) (string, error) {
 	info, err := readHTTPInfo(home)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", &exitError{code: exitNoServer, err: fmt.Errorf("no HTTP API runs in %s: start 'bgtask server' (without --http off)", home)}
@@ -180,19 +183,46 @@ func (g *globals) loginLink(ctx context.Context) (string, error) {
 	return out.URL, nil
 }
 
-// openBrowser opens url with the desktop's opener; an error if there is none.
-func openBrowser(url string) error {
+// loginPageFile, in the home, is the page `bgtask ui` opens: it forwards the
+// browser to the login link. The opener gets the page's path, not the link, as
+// any local user may read a process's arguments. Each run replaces it; the link
+// in it is spent by the visit or expired within minutes.
+const loginPageFile = "ui-login.html"
+
+// openLoginLink opens link in a browser through HOME/ui-login.html; an error if
+// there is no opener.
+func openLoginLink(home, link string) error {
 	opener := "xdg-open"
 	if runtime.GOOS == "darwin" {
 		opener = "open"
 	}
-	path, err := exec.LookPath(opener)
+	exe, err := exec.LookPath(opener)
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(path, url)
+	page, err := writeLoginPage(home, link)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(exe, page)
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 	return cmd.Run()
+}
+
+// writeLoginPage writes HOME/ui-login.html (0600), forwarding to link, and
+// returns its path.
+func writeLoginPage(home, link string) (string, error) {
+	u := html.EscapeString(link)
+	page := `<!DOCTYPE html>
+<html><head><meta charset="utf-8"><meta name="referrer" content="no-referrer">
+<meta http-equiv="refresh" content="0;url=` + u + `">
+<title>bgtask: logging in</title></head>
+<body><p><a href="` + u + `">Open the bgtask dashboard</a> (a one-time link: run <code>bgtask ui</code> again once it is used or 2 minutes old).</p></body></html>`
+	path := filepath.Join(home, loginPageFile)
+	if err := writeFileAtomic(path, []byte(page)); err != nil {
+		return "", fmt.Errorf("write the login page: %w", err)
+	}
+	return path, nil
 }
 
 // startHTTP serves the HTTP API as the client identity, on an in-process

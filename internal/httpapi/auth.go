@@ -187,7 +187,11 @@ func (s *Server) loginLink(_ context.Context, _ *http.Request) (reply, error) {
 	}{s.URL() + "/login?token=" + secret, exp.UTC()}}, nil
 }
 
-// login spends a one-time link: a session cookie, then the dashboard.
+// login spends a one-time link: a session cookie, then a page that goes on to
+// the dashboard. Not a redirect: a browser sends no SameSite=Strict cookie along
+// a chain of redirects that another site started (the page `bgtask ui` opens is
+// a file), and the dashboard would ask to log in again; the page's own
+// navigation is same-site.
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	session, ok := s.sessions.redeem(r.URL.Query().Get("token"))
 	if !ok {
@@ -198,5 +202,5 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		Name: s.cookieName(), Value: session, Path: "/", MaxAge: int(sessionTTL / time.Second),
 		HttpOnly: true, SameSite: http.SameSiteStrictMode,
 	})
-	http.Redirect(w, r, "/", http.StatusSeeOther)
+	s.page(w, http.StatusOK, "loggedin.html", nil)
 }
