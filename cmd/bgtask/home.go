@@ -250,11 +250,23 @@ func writeFileAtomic(path string, data []byte) error {
 // rename, fsync of the directory, so a reader sees the old file or the new one,
 // never half of one, and the new one is on disk when it returns.
 func replaceFile(path string, data []byte, mode fs.FileMode) error {
+	return replaceFileAs(path, data, mode, -1, -1)
+}
+
+// replaceFileAs is replaceFile with the new file owned by uid and gid (-1: this
+// process's).
+func replaceFileAs(path string, data []byte, mode fs.FileMode, uid, gid int) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name())
+	if uid >= 0 || gid >= 0 {
+		if err := tmp.Chown(uid, gid); err != nil {
+			tmp.Close()
+			return fmt.Errorf("keep the owner (uid %d, gid %d): %w", uid, gid, err)
+		}
+	}
 	if err := tmp.Chmod(mode); err != nil {
 		tmp.Close()
 		return err

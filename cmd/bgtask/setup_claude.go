@@ -45,7 +45,9 @@ its target busy and idle.
 
 The hooks run 'bgtask hook claude-code EVENT'. Running setup again changes nothing;
 the other settings and hooks are kept as they are; --remove takes out exactly
-bgtask's hooks. See docs/claude-code.md.`,
+bgtask's hooks. A settings file that is a symbolic link stays one: the file it
+leads to is changed, keeping its owner and mode; a link that leads nowhere is
+refused. See docs/claude-code.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			sc, err := claudecode.ParseScope(scope)
@@ -56,10 +58,12 @@ bgtask's hooks. See docs/claude-code.md.`,
 			if err != nil {
 				return err
 			}
-			old, err := os.ReadFile(path)
-			if err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return fmt.Errorf("read %s: %w", path, err)
+			// 0644 for a new file, as Claude Code writes them.
+			f, err := readConfigFile(path, 0o644)
+			if err != nil {
+				return err
 			}
+			old := f.data
 			var data []byte
 			if remove {
 				data, err = claudecode.Remove(old)
@@ -77,7 +81,7 @@ bgtask's hooks. See docs/claude-code.md.`,
 				fmt.Fprintf(g.stdout, "The bgtask hooks are already in %s.\n", path)
 				return nil
 			}
-			if err := writeSettings(path, data); err != nil {
+			if err := f.write(data, 0o755); err != nil {
 				return err
 			}
 			if remove {
@@ -125,19 +129,6 @@ func claudeSettings(g *globals, scope claudecode.Scope) (path, prefix string, er
 
 // claudeQuote quotes s for the shell Claude Code runs a hook's command with.
 func claudeQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
-
-// writeSettings replaces a settings file atomically, keeping its mode (0644 for a
-// new one, as Claude Code writes them), so that Claude Code never reads half of it.
-func writeSettings(path string, data []byte) error {
-	mode := fs.FileMode(0o644)
-	if st, err := os.Stat(path); err == nil {
-		mode = st.Mode().Perm()
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	return replaceFile(path, data, mode)
-}
 
 // claudeHookInput is what Claude Code writes to a hook's stdin that bgtask reads.
 type claudeHookInput struct {

@@ -51,6 +51,8 @@ target codex-THREAD busy, the end of a turn idle, and a resumed session gets
 the wake-ups still pending for it after its first turn (Codex runs the
 SessionStart hook as that turn starts). Codex asks once, at the next session start,
 to review the new hooks: trust them. --remove takes bgtask's hooks out again.
+A hooks.json that is a symbolic link stays one: the file it leads to is changed,
+keeping its owner and mode; a link that leads nowhere is refused.
 
 What needs no setup: 'bgtask add' run by Codex's shell tool sees CODEX_THREAD_ID,
 so its task's target is codex-THREAD and, unless the spec names its own push
@@ -105,22 +107,19 @@ func codexHomeDir(flag string) (string, error) {
 }
 
 func installCodexHooks(g *globals, path, command string) error {
-	old, mode, err := readConfigFile(path)
+	f, err := readConfigFile(path, 0o600)
 	if err != nil {
 		return err
 	}
-	data, err := codex.InstallHooks(old, command)
+	data, err := codex.InstallHooks(f.data, command)
 	if err != nil {
 		return fmt.Errorf("%s: %w; fix or move it, nothing was changed", path, err)
 	}
-	if bytes.Equal(old, data) {
+	if bytes.Equal(f.data, data) {
 		fmt.Fprintf(g.stdout, "bgtask's hooks are already in %s\n", path)
 		return nil
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return err
-	}
-	if err := replaceFile(path, data, mode); err != nil {
+	if err := f.write(data, 0o700); err != nil {
 		return err
 	}
 	fmt.Fprintf(g.stdout, "installed bgtask's hooks (%s) in %s\nThe next Codex session asks you to review them: trust them, or the thread's busy/idle state is not followed.\n",
@@ -129,46 +128,32 @@ func installCodexHooks(g *globals, path, command string) error {
 }
 
 func removeCodexHooks(g *globals, path string) error {
-	old, mode, err := readConfigFile(path)
+	f, err := readConfigFile(path, 0o600)
 	if err != nil {
 		return err
 	}
-	if has, err := codex.HasHooks(old); err != nil {
+	if has, err := codex.HasHooks(f.data); err != nil {
 		return fmt.Errorf("%s: %w; fix or move it, nothing was changed", path, err)
 	} else if !has {
 		fmt.Fprintf(g.stdout, "no hook of bgtask's in %s\n", path)
 		return nil
 	}
-	data, empty, err := codex.RemoveHooks(old)
+	data, empty, err := codex.RemoveHooks(f.data)
 	if err != nil {
 		return err
 	}
-	if empty {
+	// A file only bgtask's hooks filled goes, unless a link leads to it: the
+	// user's link would then lead nowhere.
+	if empty && !f.linked() {
 		err = os.Remove(path)
 	} else {
-		err = replaceFile(path, data, mode)
+		err = f.write(data, 0o700)
 	}
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(g.stdout, "removed bgtask's hooks from %s\n", path)
 	return nil
-}
-
-// readConfigFile reads a configuration file that may not exist yet (nil, 0600).
-func readConfigFile(path string) ([]byte, fs.FileMode, error) {
-	data, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, 0o600, nil
-	}
-	if err != nil {
-		return nil, 0, err
-	}
-	st, err := os.Stat(path)
-	if err != nil {
-		return nil, 0, err
-	}
-	return data, st.Mode().Perm(), nil
 }
 
 // shellQuote quotes s for the POSIX shell Codex runs a hook's command with.
