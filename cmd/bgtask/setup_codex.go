@@ -52,7 +52,9 @@ the wake-ups still pending for it after its first turn (Codex runs the
 SessionStart hook as that turn starts). Codex asks once, at the next session start,
 to review the new hooks: trust them. --remove takes bgtask's hooks out again.
 A hooks.json that is a symbolic link stays one: the file it leads to is changed,
-keeping its owner and mode; a link that leads nowhere is refused.
+keeping its owner and mode; a link that leads nowhere is refused. The hooks run
+this binary by its path, but the model runs 'bgtask add' by name in your login
+shell: setup warns when '$SHELL -lc' does not find bgtask.
 
 What needs no setup: 'bgtask add' run by Codex's shell tool sees CODEX_THREAD_ID,
 so its task's target is codex-THREAD and, unless the spec names its own push
@@ -80,7 +82,11 @@ thread is resumed in Codex's app-server daemon and runs the turn there.`,
 				return err
 			}
 			command := shellQuote(exe) + " --home " + shellQuote(home) + codex.HookCommandSuffix
-			return installCodexHooks(g, path, command)
+			if err := installCodexHooks(g, path, command); err != nil {
+				return err
+			}
+			warnUnlessOnLoginPath(cmd.Context(), g, exe)
+			return nil
 		},
 	}
 	f := cmd.Flags()
@@ -154,6 +160,56 @@ func removeCodexHooks(g *globals, path string) error {
 	}
 	fmt.Fprintf(g.stdout, "removed bgtask's hooks from %s\n", path)
 	return nil
+}
+
+// loginShellBound bounds the login shell that setup asks where bgtask is: a
+// profile that waits for input must not hold setup.
+const loginShellBound = 10 * time.Second
+
+// warnUnlessOnLoginPath warns when the user's login shell, which Codex's shell
+// tool runs the model's commands in, does not find bgtask: the hooks call exe by
+// its path, the model's 'bgtask add' calls it by name.
+func warnUnlessOnLoginPath(ctx context.Context, g *globals, exe string) {
+	shell, found, err := loginShellFinds(ctx, "bgtask")
+	switch {
+	case err != nil:
+		fmt.Fprintf(g.stderr, "bgtask: warning: could not ask your login shell (%s -l) whether bgtask is on its PATH, as Codex's shell tool needs: %v\n", shell, err)
+	case !found:
+		fmt.Fprintf(g.stderr, "bgtask: warning: your login shell (%s -l), which Codex's shell tool runs commands in, does not find bgtask on its PATH:\n"+
+			"the hooks run %s by its path, but the model's 'bgtask add' will fail with \"command not found\".\n"+
+			"Add %s to PATH in your shell's login profile (~/.profile, ~/.bash_profile or ~/.zprofile), or link bgtask into a directory on it.\n",
+			shell, exe, filepath.Dir(exe))
+	}
+}
+
+// loginShellFinds reports whether the user's login shell ($SHELL, else bash),
+// run as Codex runs it (-l -c), finds the command name. The shell runs in a
+// process group of its own, and past loginShellBound gets SIGTERM, which runs
+// the exit traps of a profile holding a lock.
+func loginShellFinds(ctx context.Context, name string) (shell string, found bool, err error) {
+	shell = os.Getenv("SHELL")
+	if shell == "" {
+		shell = "bash"
+	}
+	ctx, cancel := context.WithTimeout(ctx, loginShellBound)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, shell, "-lc", "command -v "+name)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
+	cmd.WaitDelay = time.Second // a child of the profile may hold stdout open
+	out, err := cmd.Output()
+	var exit *exec.ExitError
+	switch {
+	case ctx.Err() != nil:
+		return shell, false, fmt.Errorf("it did not answer within %s", loginShellBound)
+	case errors.As(err, &exit):
+		return shell, false, nil // command -v: not found
+	case err != nil:
+		return shell, false, err
+	}
+	// A profile may print: the answer is the last line.
+	out = bytes.TrimSpace(out)
+	return shell, filepath.IsAbs(string(out[bytes.LastIndexByte(out, '\n')+1:])), nil
 }
 
 // shellQuote quotes s for the POSIX shell Codex runs a hook's command with.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -423,4 +424,45 @@ func TestCodexDeliverIsBoundedAndItsDetachedRunLogs(t *testing.T) {
 		data, _ := os.ReadFile(filepath.Join(dir, "019a-t3.log"))
 		return strings.Contains(string(data), "UserPromptSubmit: deliver --thread 019a-t3")
 	})
+}
+
+// Codex's shell tool runs the model's commands in the user's login shell:
+// setup says so when that shell does not find bgtask, naming the directory to
+// add, and says nothing when it does.
+func TestSetupCodexWarnsWhenTheLoginShellLacksBgtask(t *testing.T) {
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skip("no bash here")
+	}
+	home := t.TempDir()
+	user := t.TempDir()
+	t.Setenv("HOME", user)
+	t.Setenv("SHELL", bash)
+	t.Setenv("CODEX_HOME", filepath.Join(t.TempDir(), "codex"))
+	profile := func(path string) {
+		t.Helper()
+		// After /etc/profile, which may set a PATH of its own.
+		if err := os.WriteFile(filepath.Join(user, ".bash_profile"), []byte("echo welcome\nPATH="+path+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exe, _ := os.Executable()
+
+	profile(filepath.Join(user, "nothing-here"))
+	r := bgtask(t, home, "setup", "codex").must(t, 0, "setup")
+	if !strings.Contains(r.stderr, "does not find bgtask") || !strings.Contains(r.stderr, "Add "+filepath.Dir(exe)+" to PATH") {
+		t.Errorf("setup with bgtask not on the login PATH: stderr %q", r.stderr)
+	}
+
+	bin := filepath.Join(user, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(exe, filepath.Join(bin, "bgtask")); err != nil {
+		t.Fatal(err)
+	}
+	profile(bin)
+	if r := bgtask(t, home, "setup", "codex").must(t, 0, "setup again"); r.stderr != "" {
+		t.Errorf("setup with bgtask on the login PATH warned: %q", r.stderr)
+	}
 }
