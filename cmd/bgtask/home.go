@@ -27,6 +27,7 @@ const (
 	workerSeedFile  = "worker.nkey"
 	discoveryFile   = "server.json"
 	portFile        = "server.port"
+	httpPortFile    = "http.port"
 	lockFile        = "server.lock"
 	supervisorFile  = "supervisor"
 	storeDir        = "jetstream"
@@ -220,17 +221,17 @@ func writeDiscovery(home string, d discovery) error {
 	return writeFileAtomic(filepath.Join(home, discoveryFile), data)
 }
 
-// rememberPort keeps the port the server listens on past its stop (server.json
-// goes with a clean stop, this file stays), so that the next start with port 0
-// listens there again: workers reconnect at once, and a saved nats context still
-// points at the server.
-func rememberPort(home string, port int) error {
-	return writeFileAtomic(filepath.Join(home, portFile), []byte(strconv.Itoa(port)))
+// rememberPort keeps a port the server listens on past its stop in HOME/file
+// (server.json and http.json go with a clean stop, this file stays), so that the
+// next start with port 0 listens there again: workers reconnect at once, a saved
+// nats context, a scraper and a dashboard's tab still point at the server.
+func rememberPort(home, file string, port int) error {
+	return writeFileAtomic(filepath.Join(home, file), []byte(strconv.Itoa(port)))
 }
 
-// rememberedPort is the port of the home's last server, or 0.
-func rememberedPort(home string) int {
-	data, err := os.ReadFile(filepath.Join(home, portFile))
+// rememberedPort is the port HOME/file keeps, or 0.
+func rememberedPort(home, file string) int {
+	data, err := os.ReadFile(filepath.Join(home, file))
 	if err != nil {
 		return 0
 	}

@@ -11,11 +11,13 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,6 +34,11 @@ import (
 // httpFile tells clients where the HTTP API listens and its bearer token.
 const httpFile = "http.json"
 
+// metricsTokenFile holds the bearer token that reads GET /metrics and nothing
+// else. Made once and kept, unlike http.json's token: a scraper's configuration
+// names the file once.
+const metricsTokenFile = "metrics.token"
+
 // httpOptions are the server's --http flags.
 type httpOptions struct {
 	addr   string // HOST:PORT, or off
@@ -39,7 +46,7 @@ type httpOptions struct {
 }
 
 func (o *httpOptions) register(f *pflag.FlagSet) {
-	f.StringVar(&o.addr, "http", "127.0.0.1:0", "HOST:PORT of the HTTP API and dashboard (port 0: a free port), or off; its URL and token go to HOME/"+httpFile)
+	f.StringVar(&o.addr, "http", "127.0.0.1:0", "HOST:PORT of the HTTP API and dashboard (port 0: the last run's port if free, else a free one), or off; its URL and token go to HOME/"+httpFile+", a token for /metrics alone to HOME/"+metricsTokenFile)
 	f.BoolVar(&o.remote, "http-remote", false, "allow --http on an address that is not loopback: whoever reaches it with the token runs commands, over plain HTTP (put TLS in front)")
 }
 
@@ -69,7 +76,8 @@ func newHTTPToken() string {
 }
 
 // serveHTTP serves the HTTP API on nc at addr and writes HOME/http.json (0600);
-// nil with --http off.
+// nil with --http off. Port 0 listens where the home's last HTTP API did, if
+// that port is free.
 func serveHTTP(ctx context.Context, nc *nats.Conn, o httpOptions, addr, home, token string, metrics http.Handler, logger *slog.Logger) (*httpapi.Server, error) {
 	if o.addr == "off" {
 		return nil, nil
@@ -78,24 +86,82 @@ func serveHTTP(ctx context.Context, nc *nats.Conn, o httpOptions, addr, home, to
 	if err != nil {
 		return nil, err
 	}
+	metricsToken, err := loadMetricsToken(home)
+	if err != nil {
+		return nil, err
+	}
 	runAudit := func(ctx context.Context) (projections.Report, error) {
 		return audit(ctx, js, projections.DefaultStuckAfter)
 	}
-	s, err := httpapi.New(httpapi.Config{Conn: nc, Addr: addr, Remote: o.remote, Token: token, Metrics: metrics,
-		Audit: runAudit, Logger: logger.With("component", "http")})
+	s, err := httpapi.New(httpapi.Config{Conn: nc, Addr: lastHTTPAddr(addr, home, logger), Remote: o.remote, Token: token,
+		Metrics: metrics, MetricsToken: metricsToken, Audit: runAudit, Logger: logger.With("component", "http")})
 	if err != nil {
 		return nil, err
 	}
 	if err := s.Start(ctx); err != nil {
 		return nil, err
 	}
-	data, _ := json.MarshalIndent(httpInfo{URL: s.URL(), Token: token, PID: os.Getpid()}, "", "  ")
-	if err := writeFileAtomic(filepath.Join(home, httpFile), data); err != nil {
+	if err := announceHTTP(home, s.URL(), token); err != nil {
 		s.Stop()
-		return nil, fmt.Errorf("write %s: %w", httpFile, err)
+		return nil, err
 	}
 	logger.Info("HTTP API ready", "url", s.URL())
 	return s, nil
+}
+
+// lastHTTPAddr is addr, or, when its port is 0, addr on the port the home's last
+// HTTP API listened on if that port is free: the dashboard's address and a
+// scraper's target stay the same across restarts.
+func lastHTTPAddr(addr, home string, logger *slog.Logger) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || port != "0" {
+		return addr
+	}
+	prev := rememberedPort(home, httpPortFile)
+	switch {
+	case prev == 0:
+		return addr
+	case portFree(host, prev):
+		return net.JoinHostPort(host, strconv.Itoa(prev))
+	}
+	logger.Warn("the port of the last run's HTTP API is taken: it listens on a new one", "port", prev)
+	return addr
+}
+
+// announceHTTP writes HOME/http.json, and the port for the next start.
+func announceHTTP(home, url, token string) error {
+	if _, port, err := net.SplitHostPort(strings.TrimPrefix(url, "http://")); err == nil {
+		p, _ := strconv.Atoi(port)
+		if err := rememberPort(home, httpPortFile, p); err != nil {
+			return fmt.Errorf("write %s: %w", httpPortFile, err)
+		}
+	}
+	data, _ := json.MarshalIndent(httpInfo{URL: url, Token: token, PID: os.Getpid()}, "", "  ")
+	if err := writeFileAtomic(filepath.Join(home, httpFile), data); err != nil {
+		return fmt.Errorf("write %s: %w", httpFile, err)
+	}
+	return nil
+}
+
+// loadMetricsToken reads HOME/metrics.token, making it (0600) the first time.
+func loadMetricsToken(home string) (string, error) {
+	path := filepath.Join(home, metricsTokenFile)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		token := newHTTPToken()
+		if err := writeFileAtomic(path, []byte(token)); err != nil {
+			return "", fmt.Errorf("write %s: %w", metricsTokenFile, err)
+		}
+		return token, nil
+	}
+	if err != nil {
+		return "", err
+	}
+	token := strings.TrimSpace(string(data))
+	if len(token) < 32 {
+		return "", fmt.Errorf("%s holds %d characters, too short for a token: remove it, and the server makes a new one", path, len(token))
+	}
+	return token, nil
 }
 
 // removeHTTPFile removes HOME/http.json if this process wrote it (replicas of

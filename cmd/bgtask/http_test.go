@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"os"
@@ -104,6 +105,69 @@ func TestServerServesTheHTTPAPI(t *testing.T) {
 	}
 	if r := bgtask(t, home, "ui", "--print"); r.code != exitNoServer {
 		t.Fatalf("ui with no server: exit %d, want %d", r.code, exitNoServer)
+	}
+}
+
+// A restart keeps the HTTP API's address, as it keeps the NATS port, and
+// HOME/metrics.token (0600, made once) reads /metrics across restarts; the API's
+// own token is new at each start. When the last port is taken, the server
+// listens on another and says so.
+func TestServerKeepsItsHTTPAddressAndMetricsToken(t *testing.T) {
+	home := t.TempDir()
+	s := startServer(t, home)
+	first, err := readHTTPInfo(home)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(home, metricsTokenFile)
+	if st, err := os.Stat(tokenFile); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("%s: %v, %v", metricsTokenFile, st, err)
+	}
+	metricsToken, _ := os.ReadFile(tokenFile)
+	scrape := func(info httpInfo) int {
+		t.Helper()
+		req, _ := http.NewRequest("GET", info.URL+"/metrics", nil)
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(metricsToken)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := scrape(first); code != 200 {
+		t.Fatalf("/metrics with %s: %d", metricsTokenFile, code)
+	}
+	s.stop()
+
+	s = startServer(t, home)
+	again, err := readHTTPInfo(home)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.URL != first.URL || again.Token == first.Token {
+		t.Fatalf("after a restart: %s, token new: %v; want %s, a new token", again.URL, again.Token != first.Token, first.URL)
+	}
+	if kept, _ := os.ReadFile(tokenFile); string(kept) != string(metricsToken) {
+		t.Fatalf("%s changed at a restart", metricsTokenFile)
+	}
+	if code := scrape(again); code != 200 {
+		t.Fatalf("/metrics with %s after a restart: %d", metricsTokenFile, code)
+	}
+	s.stop()
+
+	taken, err := net.Listen("tcp", strings.TrimPrefix(first.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	s = startServer(t, home)
+	moved, err := readHTTPInfo(home)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moved.URL == first.URL || !strings.Contains(s.out.String(), "the port of the last run's HTTP API is taken") {
+		t.Fatalf("with its port taken: %s\n%s", moved.URL, s.out.String())
 	}
 }
 

@@ -73,8 +73,9 @@ reads, no event). It generates them into the home directory, mode 0600, and
 writes server.json there so that every client command finds it through --home or
 $BGTASK_HOME. With port 0 it listens where its last run did if that port is free.
 'bgtask server nats-context' saves a context for the nats CLI. It serves the
-HTTP API and the dashboard on --http (loopback; URL and token in http.json;
-'bgtask ui' logs a browser in: docs/http.md). Only one server runs per home. SIGINT or SIGTERM stops it cleanly. What the identities do and do
+HTTP API and the dashboard on --http (loopback, port 0 as for NATS; URL and
+token in http.json, a token for /metrics alone in metrics.token; 'bgtask ui'
+logs a browser in: docs/http.md). Only one server runs per home. SIGINT or SIGTERM stops it cleanly. What the identities do and do
 not protect against: docs/security.md.
 
 With --nats URL (and the auth and TLS flags) it runs against an existing NATS
@@ -302,7 +303,7 @@ func openHome(dir string) (home string, lock *os.File, ids identities, err error
 // and the discovery file, written last, once everything serves.
 func announce(home string, ns *server.Server) error {
 	if addr, ok := ns.Addr().(*net.TCPAddr); ok {
-		if err := rememberPort(home, addr.Port); err != nil {
+		if err := rememberPort(home, portFile, addr.Port); err != nil {
 			return fmt.Errorf("write %s: %w", portFile, err)
 		}
 	}
@@ -536,7 +537,7 @@ func listenAddress(listen, home string) (string, int, error) {
 	}
 	if port == 0 {
 		port = server.RANDOM_PORT
-		if prev := rememberedPort(home); prev > 0 && portFree(host, prev) {
+		if prev := rememberedPort(home, portFile); prev > 0 && portFree(host, prev) {
 			port = prev
 		}
 	}

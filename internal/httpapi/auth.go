@@ -160,9 +160,14 @@ func (s *Server) checkOrigin(r *http.Request) error {
 	return nil
 }
 
-// authorized: the bearer token, compared in constant time, or a live session.
+// authorized: the bearer token, compared in constant time, or a live session;
+// for GET /metrics, the metrics token too.
 func (s *Server) authorized(r *http.Request) bool {
 	if token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		if r.Method == http.MethodGet && r.URL.Path == "/metrics" && s.cfg.MetricsToken != "" &&
+			subtle.ConstantTimeCompare([]byte(token), []byte(s.cfg.MetricsToken)) == 1 {
+			return true
+		}
 		return subtle.ConstantTimeCompare([]byte(token), []byte(s.cfg.Token)) == 1
 	}
 	c, err := r.Cookie(s.cookieName())
@@ -171,6 +176,9 @@ func (s *Server) authorized(r *http.Request) bool {
 
 func (s *Server) unauthorized(w http.ResponseWriter, r *http.Request) {
 	msg := "Authorization: give the bearer token of HOME/http.json, or log in with `bgtask ui`"
+	if r.URL.Path == "/metrics" {
+		msg = "Authorization: give the bearer token of HOME/metrics.token (or of HOME/http.json)"
+	}
 	if !strings.HasPrefix(r.URL.Path, "/v1/") && r.URL.Path != "/metrics" {
 		s.page(w, http.StatusUnauthorized, "login.html", msg)
 		return

@@ -121,3 +121,34 @@ func TestNonLoopbackAddressesNeedToBeMeant(t *testing.T) {
 		t.Error("the unspecified address with Remote: no Host could be checked")
 	}
 }
+
+// The metrics token reads GET /metrics and nothing else: a scraper that holds
+// it runs no command and reads no task.
+func TestTheMetricsTokenReadsTheMetricsOnly(t *testing.T) {
+	const metricsToken = "a-metrics-token-of-at-least-thirty-two-bytes"
+	h := start(t, func(c *Config) {
+		c.Metrics = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("bgtask_up 1\n")) })
+		c.MetricsToken = metricsToken
+	})
+	bearer := []string{"Authorization", "Bearer " + metricsToken}
+	if r := h.do("GET", "/metrics", "", bearer...); r.status != 200 || string(r.body) != "bgtask_up 1\n" {
+		t.Fatalf("GET /metrics with the metrics token: %d %s", r.status, r.body)
+	}
+	if r := h.do("GET", "/metrics", ""); r.status != 200 {
+		t.Fatalf("GET /metrics with the API's token: %d %s", r.status, r.body)
+	}
+	apiError(t, h.do("GET", "/metrics", "", "Authorization", "Bearer "+metricsToken[1:]), 401, "Authorization")
+	apiError(t, h.do("POST", "/v1/tasks", `{"command":"touch /tmp/pwned"}`, bearer...), 401, "Authorization")
+	apiError(t, h.do("GET", "/v1/tasks", "", bearer...), 401, "Authorization")
+	apiError(t, h.do("POST", "/v1/login", "", bearer...), 401, "Authorization")
+	if r := h.do("GET", "/", "", bearer...); r.status != 401 {
+		t.Fatalf("the dashboard with the metrics token: %d", r.status)
+	}
+
+	// A short one is refused.
+	cfg := h.srv.cfg
+	cfg.MetricsToken = "short"
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "MetricsToken") {
+		t.Fatalf("a short metrics token: %v", err)
+	}
+}

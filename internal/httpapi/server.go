@@ -42,6 +42,9 @@ type Config struct {
 	Token string
 	// Metrics, if set, is served at GET /metrics, behind the same checks.
 	Metrics http.Handler
+	// MetricsToken, if set, is a bearer token good for GET /metrics only (at
+	// least 32 bytes): a scraper's credential, which runs no command.
+	MetricsToken string
 	// Audit, if set, runs `bgtask audit` for the dashboard's audit page; it
 	// reads the whole event log, so the page runs it when asked, not when shown.
 	Audit func(ctx context.Context) (projections.Report, error)
@@ -91,6 +94,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("httpapi: Conn is nil")
 	case len(cfg.Token) < minTokenBytes:
 		return nil, fmt.Errorf("httpapi: Token has %d bytes, want at least %d", len(cfg.Token), minTokenBytes)
+	case cfg.MetricsToken != "" && len(cfg.MetricsToken) < minTokenBytes:
+		return nil, fmt.Errorf("httpapi: MetricsToken has %d bytes, want at least %d", len(cfg.MetricsToken), minTokenBytes)
 	}
 	if err := CheckAddr(cfg.Addr, cfg.Remote); err != nil {
 		return nil, err
