@@ -185,9 +185,9 @@ func (Expire) decide(s State, m Meta) (events.Payload, uint64, error) {
 	if at.IsZero() || m.Now.Before(at) {
 		return nil, 0, fmt.Errorf("%w: task %s has no deadline that passed", ErrWrongPhase, s.ID)
 	}
-	reason := "the deadline " + s.Spec.Deadline + " passed before a worker took the task"
+	reason := "the deadline " + s.Spec.deadlineText() + " passed before a worker took the task"
 	if s.Spec.External {
-		reason = "the deadline " + s.Spec.Deadline + " passed before the task was completed"
+		reason = "the deadline " + s.Spec.deadlineText() + " passed before the task was completed"
 	}
 	return &events.Failed{
 		Reason:    reason,
@@ -287,7 +287,7 @@ func (s State) promptParts(w events.Wakeup, vars map[string]string) []part {
 	case s.Spec.Process != nil:
 		return processPrompt(w, vars)
 	}
-	return defaultPrompt(w, vars)
+	return s.defaultPrompt(w, vars)
 }
 
 // fit cuts w to the budget of a wake-up, with result (total bytes long before any

@@ -101,7 +101,21 @@ func (s State) completed(rec events.Record, p *events.Completed) (State, error) 
 		return s, ErrWrongPhase
 	}
 	result := p.Result
+	s.Reason = s.completedReason()
 	s.Phase, s.Status, s.EndedAt, s.ExternalResult = PhaseEnded, p.Status, &at, &result
-	s.Reason = "completed from outside"
 	return s, nil
+}
+
+// completedReason says what completing a task from outside in its state does to
+// its command: a running one is stopped (a watched process, not bgtask's, is left
+// alone).
+func (s State) completedReason() string {
+	const reason = "completed from outside"
+	switch {
+	case s.Phase != PhaseRunning:
+		return reason
+	case s.Spec.Process != nil:
+		return reason + "; bgtask stopped watching the process"
+	}
+	return reason + "; bgtask stopped the command"
 }

@@ -272,12 +272,14 @@ func promptVars(w events.Wakeup, kind string) map[string]string {
 
 // defaultPrompt is used when a spec has none: enough for a reader who has forgotten
 // the task to know what ran, how it ended and what it printed last.
-func defaultPrompt(w events.Wakeup, vars map[string]string) []part {
+func (s State) defaultPrompt(w events.Wakeup, vars map[string]string) []part {
 	if w.Command == "" {
 		return timerPrompt(w)
 	}
 	parts := []part{lit("Background task %s %s", w.ID, w.Status)}
-	if w.ExitCode != nil {
+	// A run a completion rule ended has the exit code of bgtask's stop, which its
+	// reason gives.
+	if ruleEnded := s.Run != nil && s.Run.Matched; w.ExitCode != nil && !ruleEnded {
 		signal := ""
 		if w.Signal != "" {
 			signal = ", signal " + w.Signal
@@ -291,18 +293,31 @@ func defaultPrompt(w events.Wakeup, vars map[string]string) []part {
 	if w.Reason != "" {
 		parts = append(parts, lit("Reason: "), placeholder("reason"), lit("\n"))
 	}
+	if s.ExternalResult != nil && w.Result != "" {
+		parts = append(parts, lit("Result: "), placeholder("result"), lit("\n"))
+	}
 	if len(w.Attempts) > 0 {
 		parts = append(parts, lit("That was attempt %d; the earlier ones: %s.\n", len(w.Attempts)+1, attemptList(w.Attempts)))
 	}
 	if w.Probes > 0 {
 		parts = append(parts, lit("That was probe run %d; the %d before it did not meet its rule.\n", w.Probes+1, w.Probes))
 	}
-	if len(w.Tail) > 0 {
-		parts = append(parts, lit("Last %d lines of output:\n", len(w.Tail)), placeholder("tail"), lit("\n"))
-	} else {
-		parts = append(parts, lit("It printed nothing.\n"))
+	return append(parts, s.outputParts(w)...)
+}
+
+// outputParts say what the command printed: its last lines, that it printed
+// nothing, or that it did not run. A run ended with none recorded (completed from
+// outside, lost) says nothing: what it printed is in its log.
+func (s State) outputParts(w events.Wakeup) []part {
+	switch {
+	case len(w.Tail) > 0:
+		return []part{lit("Last %d lines of output:\n", len(w.Tail)), placeholder("tail"), lit("\n")}
+	case s.Run == nil && s.Epoch == 0, s.Run != nil && s.Run.NotStarted:
+		return []part{lit("Its command did not run.\n")}
+	case s.Run != nil:
+		return []part{lit("It printed nothing.\n")}
 	}
-	return parts
+	return nil
 }
 
 // noticePrompt is the prompt of a stall notice of a spec without a template.

@@ -59,6 +59,28 @@ func failedWith(t *testing.T, spec engine.Spec, reason string) engine.State {
 	return f.state
 }
 
+// completedWith arms spec, starts its command if started, and completes it from
+// outside with result.
+func completedWith(t *testing.T, spec engine.Spec, started bool, result string) engine.State {
+	t.Helper()
+	f := newFold(t, taskID, spec)
+	f.do(engineWriter, engine.Arm{Spec: spec})
+	if started {
+		f.do(workerA, engine.Spawn{})
+	}
+	f.do(engineWriter, engine.Complete{Result: result})
+	return f.state
+}
+
+// skippedWith arms spec and skips it for its first dependency, which failed.
+func skippedWith(t *testing.T, spec engine.Spec) engine.State {
+	t.Helper()
+	f := newFold(t, taskID, spec)
+	f.do(engineWriter, engine.Arm{Spec: spec})
+	f.do(engineWriter, engine.Skip{Dependency: spec.After[0], Status: engine.StatusFailed})
+	return f.state
+}
+
 func TestPromptRendersEachPlaceholder(t *testing.T) {
 	t.Parallel()
 	run := events.Exited{
@@ -166,8 +188,36 @@ func TestDefaultPrompt(t *testing.T) {
 		{
 			name:    "failed to start",
 			state:   failedWith(t, noPrompt, "cwd is gone"),
-			want:    []string{"Background task " + taskID + " failed.\n", "Command: make test\n", "Reason: cwd is gone\n", "It printed nothing.\n"},
-			notWant: []string{"exit code"},
+			want:    []string{"Background task " + taskID + " failed.\n", "Command: make test\n", "Reason: cwd is gone\n", "Its command did not run.\n"},
+			notWant: []string{"exit code", "printed nothing"},
+		},
+		{
+			name: "ended by its completion rule",
+			state: exitedWith(t, mustSpec(t, `{"command":"make test","completion":{"type":"line_pattern","regex":"^BUILD OK$"}}`),
+				events.Exited{ExitCode: 143, Signal: "TERM", Matched: true, MatchedLine: "BUILD OK", StoppedBy: events.StoppedByMatch,
+					Tail: []string{"BUILD OK"}, StartedAt: t0, EndedAt: t0.Add(1234567891 * time.Nanosecond)}),
+			want: []string{"Background task " + taskID + " succeeded after 1.235s.\n",
+				"Reason: its completion rule (line_pattern `^BUILD OK$`) matched the line `BUILD OK`; bgtask then stopped the command (exit code 143, signal TERM)\n",
+				"Last 1 lines of output:\nBUILD OK\n"},
+			notWant: []string{"succeeded (exit code"},
+		},
+		{
+			name:    "completed from outside while it ran",
+			state:   completedWith(t, noPrompt, true, "the CI run passed"),
+			want:    []string{"Background task " + taskID + " succeeded.\n", "Reason: completed from outside; bgtask stopped the command\n", "Result: the CI run passed\n"},
+			notWant: []string{"printed nothing", "did not run"},
+		},
+		{
+			name:    "completed from outside before it ran",
+			state:   completedWith(t, noPrompt, false, ""),
+			want:    []string{"Background task " + taskID + " succeeded.\n", "Reason: completed from outside\n", "Its command did not run.\n"},
+			notWant: []string{"printed nothing", "Result:"},
+		},
+		{
+			name:    "skipped",
+			state:   skippedWith(t, mustSpec(t, `{"command":"make test","after":["dep-1"]}`)),
+			want:    []string{"Background task " + taskID + " skipped.\n", "Reason: its dependency dep-1 ended failed, not succeeded\n", "Its command did not run.\n"},
+			notWant: []string{"printed nothing"},
 		},
 	}
 	for _, tc := range cases {

@@ -377,11 +377,11 @@ func (s State) lost(rec events.Record, p *events.Lost) (State, error) {
 func outcome(s State, run *events.Exited) (status, reason string) {
 	switch {
 	case run.Matched:
-		return StatusSucceeded, ""
+		return StatusSucceeded, matchReason(s.Spec.Completion, run)
 	case run.StoppedBy == events.StoppedByDeadline && run.NotStarted:
-		return StatusTimedOut, "the deadline " + s.Spec.Deadline + " passed before the command started"
+		return StatusTimedOut, "the deadline " + s.Spec.deadlineText() + " passed before the command started"
 	case run.StoppedBy == events.StoppedByDeadline:
-		return StatusTimedOut, "the deadline " + s.Spec.Deadline + " passed"
+		return StatusTimedOut, "the deadline " + s.Spec.deadlineText() + " passed"
 	case run.StoppedBy == events.StoppedByWorker:
 		return StatusFailed, "stopped when its worker shut down"
 	case run.StoppedBy == events.StoppedByStall:
@@ -399,6 +399,33 @@ func outcome(s State, run *events.Exited) (status, reason string) {
 	}
 	return StatusFailed, ""
 }
+
+// maxQuotedBytes bounds, as JSON, the rule and the line a match's reason quotes:
+// the reason must keep its end, which says what became of the command.
+const maxQuotedBytes = 1 << 10
+
+// matchReason says which completion rule matched which line, and what became of
+// the command then: the exit code of a run a rule ended is bgtask's stop, not
+// the command's own outcome.
+func matchReason(c *Completion, run *events.Exited) string {
+	rule := "its completion rule"
+	if c != nil {
+		rule += " (" + c.describe() + ")"
+	}
+	var then string
+	switch {
+	case run.KeptRunning:
+		then = "the command was left running (keep_running)"
+	case run.Signal != "":
+		then = fmt.Sprintf("bgtask then stopped the command (exit code %d, signal %s)", run.ExitCode, run.Signal)
+	default:
+		then = fmt.Sprintf("the command then ended (exit code %d)", run.ExitCode)
+	}
+	return fmt.Sprintf("%s matched the line %s; %s", rule, quoted(run.MatchedLine), then)
+}
+
+// quoted is s cut to maxQuotedBytes, in backquotes where it can be.
+func quoted(s string) string { return fmt.Sprintf("%#q", cutStart(s, maxQuotedBytes)) }
 
 // canSpawn checks that writer may start a run: a task waiting for a worker, or a
 // stalled run its own worker starts again.

@@ -268,6 +268,12 @@ func (s Spec) DeadlineTime() time.Time {
 	return at
 }
 
+// deadlineText is the deadline for a reason, to the millisecond: a reader has no
+// use for its nanoseconds.
+func (s Spec) deadlineText() string {
+	return s.DeadlineTime().Round(time.Millisecond).Format(time.RFC3339Nano)
+}
+
 // Respawns is how many times a stalled command may be started again.
 func (s Spec) Respawns() int {
 	if s.OnStall != OnStallRespawn {
@@ -312,6 +318,15 @@ func (s Spec) Matcher() LineMatcher {
 		return nil
 	}
 	return s.Completion.matcher()
+}
+
+// describe names the rule and what it matches: line_pattern `^OK$`.
+func (c Completion) describe() string {
+	if c.Type == CompleteOnJSON {
+		raw, _ := json.Marshal(c.Match) // decoded from JSON: it encodes
+		return c.Type + " " + quoted(string(raw))
+	}
+	return c.Type + " " + quoted(c.Regex)
 }
 
 // matcher is the rule as a line matcher, or nil for a rule of no line.

@@ -640,6 +640,9 @@ func TestApplyOutcomeOfAWatchedRun(t *testing.T) {
 	byStall := func(r *events.Exited) { r.StoppedBy = events.StoppedByStall }
 	const deadlineRule = `"deadline":"10m"`
 	const deadlineReason = "the deadline 2025-03-01T12:10:00Z passed"
+	// A rule's match says which rule matched which line, and that the exit code
+	// is of bgtask's stop.
+	const jsonMatch = "its completion rule (json_line `{\"status\":\"done\"}`) matched the line `{\"status\":\"done\"}`; "
 	cases := []struct {
 		name       string
 		rules      string
@@ -647,19 +650,28 @@ func TestApplyOutcomeOfAWatchedRun(t *testing.T) {
 		wantStatus string
 		wantReason string
 	}{
-		{"matched with exit 0", jsonRule, watchedRun(0, "", matched), engine.StatusSucceeded, ""},
-		{"matched with a non-zero exit", jsonRule, watchedRun(1, "", matched), engine.StatusSucceeded, ""},
-		{"matched and stopped by a signal", jsonRule, watchedRun(-1, "TERM", matched), engine.StatusSucceeded, ""},
-		{"matched by a pattern, killed", patternRule, watchedRun(-1, "KILL", matched), engine.StatusSucceeded, ""},
+		{"matched with exit 0", jsonRule, watchedRun(0, "", matched), engine.StatusSucceeded,
+			jsonMatch + "the command then ended (exit code 0)"},
+		{"matched with a non-zero exit", jsonRule, watchedRun(1, "", matched), engine.StatusSucceeded,
+			jsonMatch + "the command then ended (exit code 1)"},
+		{"matched and stopped by a signal", jsonRule, watchedRun(-1, "TERM", matched), engine.StatusSucceeded,
+			jsonMatch + "bgtask then stopped the command (exit code -1, signal TERM)"},
+		{"matched by a pattern, killed", patternRule, watchedRun(-1, "KILL", matched), engine.StatusSucceeded,
+			"its completion rule (line_pattern `^DONE`) matched the line `{\"status\":\"done\"}`; bgtask then stopped the command (exit code -1, signal KILL)"},
 		{"matched just as the deadline passed", jsonRule + "," + deadlineRule, watchedRun(-1, "TERM", func(r *events.Exited) {
 			r.Matched, r.MatchedLine, r.StoppedBy = true, `{"status":"done"}`, events.StoppedByDeadline
-		}), engine.StatusSucceeded, ""},
+		}), engine.StatusSucceeded, jsonMatch + "bgtask then stopped the command (exit code -1, signal TERM)"},
+		{"a line that cannot be backquoted", patternRule, watchedRun(-1, "TERM", func(r *events.Exited) {
+			r.Matched, r.MatchedLine, r.StoppedBy = true, "DONE `now`", events.StoppedByMatch
+		}), engine.StatusSucceeded, "its completion rule (line_pattern `^DONE`) matched the line \"DONE `now`\"; bgtask then stopped the command (exit code -1, signal TERM)"},
 		{"matched line without the matched flag", jsonRule, watchedRun(0, "", func(r *events.Exited) {
 			r.MatchedLine = `{"status":"done"}`
 		}), engine.StatusFailed, engine.ReasonNoMatch},
 		{"deadline with exit completion", deadlineRule, watchedRun(-1, "TERM", byDeadline), engine.StatusTimedOut, deadlineReason},
 		{"deadline with a rule", patternRule + "," + deadlineRule, watchedRun(-1, "TERM", byDeadline), engine.StatusTimedOut, deadlineReason},
 		{"deadline although the command exited 0", deadlineRule, watchedRun(0, "", byDeadline), engine.StatusTimedOut, deadlineReason},
+		{"a deadline to the nanosecond, said to the millisecond", `"deadline":"10m0.123456789s"`, watchedRun(-1, "TERM", byDeadline),
+			engine.StatusTimedOut, "the deadline 2025-03-01T12:10:00.123Z passed"},
 		{"stall with exit completion", `"stall_after":"30s","on_stall":"kill"`, watchedRun(-1, "TERM", byStall), engine.StatusStalled, "no output for 30s"},
 		{"stall with a rule", jsonRule + `,"stall_after":"1m","on_stall":"kill"`, watchedRun(-1, "KILL", byStall), engine.StatusStalled, "no output for 1m"},
 		{"rule never matched, exit 0", jsonRule, watchedRun(0, "", nil), engine.StatusFailed, engine.ReasonNoMatch},
@@ -745,6 +757,9 @@ func TestKeptRunningWakeupHasNoExitCode(t *testing.T) {
 	w = persist(t, exitedWith(t, spec, run))
 	if strings.Contains(w.Prompt, "exit code") {
 		t.Fatalf("default prompt of a kept-running task gives an exit code:\n%s", w.Prompt)
+	}
+	if want := "Reason: its completion rule (line_pattern `^DONE`) matched the line `DONE: listening`; the command was left running (keep_running)\n"; !strings.Contains(w.Prompt, want) {
+		t.Fatalf("default prompt of a kept-running task does not say %q:\n%s", want, w.Prompt)
 	}
 }
 
