@@ -90,9 +90,10 @@ func (c EndJoin) decide(s State, _ Meta) (events.Payload, uint64, error) {
 	return &events.Joined{Members: c.Members}, s.Epoch, nil
 }
 
-// joined ends a group. It succeeds: it did what it promised, wake the caller
-// once its members ended; how each ended is in Members, and the reason counts
-// those that did not succeed.
+// joined ends a group: succeeded if every member that ended succeeded, else
+// failed, its reason counting and naming those that did not, so that a caller who
+// waits for the group and then goes on (wait GROUP && deploy) stops at a failure.
+// The members of a group of any that had not ended count for neither.
 func (s State) joined(rec events.Record, p *events.Joined) (State, error) {
 	at := rec.Time
 	if s.Phase != PhaseArmed || s.Spec.Join == nil {
@@ -102,10 +103,11 @@ func (s State) joined(rec events.Record, p *events.Joined) (State, error) {
 	var failed []string
 	for _, m := range p.Members {
 		if m.Status != "" && m.Status != StatusSucceeded {
-			failed = append(failed, m.ID+" "+m.Status)
+			failed = append(failed, memberLine(m))
 		}
 	}
 	if len(failed) > 0 {
+		s.Status = StatusFailed
 		s.Reason = fmt.Sprintf("%d of %d members did not succeed: %s", len(failed), len(p.Members), strings.Join(failed, ", "))
 	}
 	return s, nil
@@ -115,14 +117,20 @@ func (s State) joined(rec events.Record, p *events.Joined) (State, error) {
 func memberList(members []events.Member) string {
 	lines := make([]string, len(members))
 	for i, m := range members {
-		status := m.Status
-		if status == "" {
-			status = "not ended"
-		}
-		lines[i] = m.ID + " " + status
-		if m.ExitCode != nil {
-			lines[i] += fmt.Sprintf(" (exit code %d)", *m.ExitCode)
-		}
+		lines[i] = memberLine(m)
 	}
 	return strings.Join(lines, "\n")
+}
+
+// memberLine says how a member ended: "ID failed (exit code 5)".
+func memberLine(m events.Member) string {
+	status := m.Status
+	if status == "" {
+		status = "not ended"
+	}
+	line := m.ID + " " + status
+	if m.ExitCode != nil {
+		line += fmt.Sprintf(" (exit code %d)", *m.ExitCode)
+	}
+	return line
 }

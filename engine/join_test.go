@@ -44,7 +44,7 @@ func TestAJoinFiresWhenItsMembersEnded(t *testing.T) {
 	f.do(engineWriter, *end)
 	f.do(engineWriter, engine.PersistCompletion{})
 	w := f.state.Wakeup
-	if w.Status != engine.StatusSucceeded || len(w.Members) != 2 || w.Prompt != "Group task-1: its tasks ended:\na succeeded (exit code 0)\nb failed (exit code 3)\nReason: 1 of 2 members did not succeed: b failed\n" {
+	if w.Status != engine.StatusFailed || len(w.Members) != 2 || w.Prompt != "Group task-1 failed. How its members ended:\na succeeded (exit code 0)\nb failed (exit code 3)\nReason: 1 of 2 members did not succeed: b failed (exit code 3)\n" {
 		t.Fatalf("wake-up: %+v\n%q", w, w.Prompt)
 	}
 	var fe *engine.FieldError
@@ -57,5 +57,47 @@ func TestAJoinFiresWhenItsMembersEnded(t *testing.T) {
 		if _, err := engine.ParseSpecAt([]byte(raw), t0); !errors.As(err, &fe) || fe.Field != field {
 			t.Errorf("%s: %v, want an error naming %s", raw, err, field)
 		}
+	}
+}
+
+// A group succeeds only if each member that ended succeeded: a caller that waits
+// for it and goes on (wait GROUP && deploy) must stop at a failure. Of a group of
+// any, the members that had not ended count for neither.
+func TestAJoinFailsUnlessItsEndedMembersSucceeded(t *testing.T) {
+	t.Parallel()
+	code := func(n int) *int { return &n }
+	cases := []struct {
+		name       string
+		mode       string
+		members    []events.Member
+		wantStatus string
+		wantReason string
+	}{
+		{"all succeeded", engine.JoinAll, []events.Member{
+			{ID: "a", Status: engine.StatusSucceeded, ExitCode: code(0)}, {ID: "b", Status: engine.StatusSucceeded, ExitCode: code(0)},
+		}, engine.StatusSucceeded, ""},
+		{"two of three did not", engine.JoinAll, []events.Member{
+			{ID: "a", Status: engine.StatusFailed, ExitCode: code(5)}, {ID: "b", Status: engine.StatusSucceeded, ExitCode: code(0)},
+			{ID: "c", Status: engine.StatusTimedOut},
+		}, engine.StatusFailed, "2 of 3 members did not succeed: a failed (exit code 5), c timed_out"},
+		{"any: the first succeeded", engine.JoinAny, []events.Member{
+			{ID: "a", Status: engine.StatusSucceeded, ExitCode: code(0)}, {ID: "b"},
+		}, engine.StatusSucceeded, ""},
+		{"any: the first was cancelled", engine.JoinAny, []events.Member{
+			{ID: "a"}, {ID: "b", Status: engine.StatusCancelled},
+		}, engine.StatusFailed, "1 of 2 members did not succeed: b cancelled"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			spec := specAt(t, `{"join":{"mode":"`+tc.mode+`","members":["a","b","c"]},"target":"t"}`)
+			f := newFold(t, taskID, spec)
+			f.do(engineWriter, engine.Arm{Spec: spec})
+			f.do(engineWriter, engine.EndJoin{Members: tc.members})
+			f.do(engineWriter, engine.PersistCompletion{})
+			if w := f.state.Wakeup; w.Status != tc.wantStatus || w.Reason != tc.wantReason {
+				t.Fatalf("wake-up: status %q, reason %q; want %q, %q", w.Status, w.Reason, tc.wantStatus, tc.wantReason)
+			}
+		})
 	}
 }

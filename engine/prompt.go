@@ -327,7 +327,7 @@ func noticePrompt(w events.Wakeup) []part {
 
 // joinPrompt is the prompt of a group whose spec has none.
 func joinPrompt(w events.Wakeup) []part {
-	parts := []part{lit("Group %s: its tasks ended:\n", w.ID), placeholder("members"), lit("\n")}
+	parts := []part{lit("Group %s %s. How its members ended:\n", w.ID, w.Status), placeholder("members"), lit("\n")}
 	if w.Reason != "" {
 		parts = append(parts, lit("Reason: "), placeholder("reason"), lit("\n"))
 	}

@@ -55,20 +55,24 @@ func readNanos(t *testing.T, path string) int64 {
 }
 
 // Members that wake nobody, and a join of them that wakes its target once,
-// listing both.
+// listing both. A member failed, so the join failed: a wait on it exits as a
+// failure, and a join that wakes only on success ends quietly.
 func TestAJoinWakesItsTargetOnceForItsMembers(t *testing.T) {
 	home := t.TempDir()
 	startServer(t, home)
 	a := addTask(t, home, "--target", "group", "--wake-on", "none", "--", "true")
 	b := addTask(t, home, "--target", "group", "--wake-on", "none", "--", "exit 5")
 	j := decode[struct{ ID string }](t, bgtask(t, home, "join", "--all", a, b, "--target", "group", "--json").must(t, 0, "join").stdout).ID
-	out := bgtask(t, home, "wait", j, "--json", "--timeout", "30s").must(t, 0, "wait").stdout
-	if !strings.Contains(out, a) || !strings.Contains(out, b) || !strings.Contains(out, `"exit_code": 5`) {
+	out := bgtask(t, home, "wait", j, "--json", "--timeout", "30s").must(t, exitTaskFailed, "wait").stdout
+	if !strings.Contains(out, a) || !strings.Contains(out, b) || !strings.Contains(out, `"exit_code": 5`) ||
+		!strings.Contains(out, `"status": "failed"`) || !strings.Contains(out, "1 of 2 members did not succeed: "+b+" failed (exit code 5)") {
 		t.Fatalf("the join's wake-up: %s", out)
 	}
+	quiet := decode[struct{ ID string }](t, bgtask(t, home, "join", "--all", a, b, "--target", "group", "--wake-on", "succeeded", "--json").must(t, 0, "join --wake-on").stdout).ID
+	bgtask(t, home, "wait", quiet, "--timeout", "30s").must(t, exitTaskFailed, "wait on the quiet join")
 	inbox := strings.TrimSpace(bgtask(t, home, "inbox", "--target", "group", "--json").stdout)
 	if n := strings.Count(inbox, "\n") + 1; inbox == "" || n != 1 || !strings.Contains(inbox, j) {
-		t.Fatalf("the group's inbox: %s; want the join's wake-up alone", inbox)
+		t.Fatalf("the group's inbox: %s; want the first join's wake-up alone", inbox)
 	}
 	if r := bgtask(t, home, "join", a); r.code != exitUsage {
 		t.Fatalf("join with neither --all nor --any: exit %d", r.code)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
@@ -16,19 +17,24 @@ func joinCmd(g *globals) *cobra.Command {
 	var (
 		joinAll, joinAny, asJSON bool
 		prompt, target, kind     string
+		wakeOn                   string
 	)
 	cmd := &cobra.Command{
 		Use:   "join --all|--any ID...",
 		Short: "One wake-up for a group of tasks: when all of them (or the first) have ended",
 		Long: `Register a task that runs nothing and fires once when all of the tasks named
 (--all), or the first of them (--any), have ended. Its wake-up lists every
-member's id, status and exit code ({{members}} in --prompt); the group itself
-succeeds, its reason counting the members that did not. Members added with --wake-on none wake
-nobody on their own, so the group's is the one wake-up.`,
+member's id, status and exit code ({{members}} in --prompt). The group succeeds
+if every member that ended succeeded; otherwise it fails, its reason counting and
+naming the members that did not, so 'bgtask wait GROUP && deploy' stops at a
+failure (wait exits 3). Members added with --wake-on none wake nobody on their
+own, so the group's is the one wake-up; --wake-on failed on the group wakes the
+caller only if a member did not succeed.`,
 		Example: `  a=$(bgtask add --wake-on none -- make test)
   b=$(bgtask add --wake-on none -- make lint)
   bgtask join --all "$a" "$b" --prompt 'checks done:
-{{members}}'`,
+{{members}}'
+  g=$(bgtask join --all "$a" "$b") && bgtask wait "$g" && make deploy`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if joinAll == joinAny {
@@ -43,6 +49,9 @@ nobody on their own, so the group's is the one wake-up.`,
 				if cmd.Flags().Changed(flag) {
 					doc[flag] = v
 				}
+			}
+			if cmd.Flags().Changed("wake-on") {
+				doc["wake_on"] = strings.Split(wakeOn, ",")
 			}
 			if s, ok := currentSession(os.Getenv, g.home, cmd.ErrOrStderr()); ok {
 				applySession(doc, s)
@@ -71,6 +80,7 @@ nobody on their own, so the group's is the one wake-up.`,
 	f.StringVar(&prompt, "prompt", "", "template of the wake-up's prompt; {{members}} lists the members (default: a summary)")
 	f.StringVar(&target, "target", "", "inbox the wake-up goes to (default: the agent session it runs in, else \"default\")")
 	f.StringVar(&kind, "kind", "", "a label for the group")
+	f.StringVar(&wakeOn, "wake-on", "", "the group's outcomes that wake the caller, comma separated: succeeded, failed (default: both); another ends the group quietly")
 	f.BoolVar(&asJSON, "json", false, "print {\"id\": ...} as JSON")
 	return cmd
 }
