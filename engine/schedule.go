@@ -94,8 +94,14 @@ func (s *Schedule) Validate() error {
 	if !events.ValidToken(s.Name) {
 		return fieldErr("name", "%q: use letters, digits, '-' and '_'", s.Name)
 	}
-	if _, err := s.times(); err != nil {
+	next, err := s.times()
+	if err != nil {
 		return err
+	}
+	// The cron parser looks five years ahead for a slot, which holds every date
+	// there is, 29 February included: a cron that names none there never fires.
+	if next(s.CreatedAt).IsZero() {
+		return fieldErr("cron", "%q never fires: it names no date in the next five years", s.Cron)
 	}
 	if s.Overlap == "" {
 		s.Overlap = OverlapSkip

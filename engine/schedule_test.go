@@ -39,6 +39,9 @@ func TestScheduleValidateNamesTheField(t *testing.T) {
 		{engine.Schedule{Name: "a", Cron: "61 * * * *", Spec: spec}, "cron"},
 		{engine.Schedule{Name: "a", Cron: "@every 1m", Spec: spec}, "cron"},
 		{engine.Schedule{Name: "a", Cron: "* * * * *", Every: "1m", Spec: spec}, "every"},
+		{engine.Schedule{Name: "a", Cron: "0 0 31 2 *", Spec: spec, CreatedAt: created}, "cron"},
+		{engine.Schedule{Name: "a", Cron: "0 0 30 2 *", TZ: "Europe/Paris", Spec: spec, CreatedAt: created}, "cron"},
+		{engine.Schedule{Name: "a", Cron: "0 0 31 4,6,9,11 *", Spec: spec}, "cron"},
 		{engine.Schedule{Name: "a", Every: "500ms", Spec: spec}, "every"},
 		{engine.Schedule{Name: "a", Every: "1m", TZ: "Europe/Paris", Spec: spec}, "tz"},
 		{engine.Schedule{Name: "a", Cron: "0 3 * * *", TZ: "Mars/Olympus", Spec: spec}, "tz"},
@@ -56,6 +59,7 @@ func TestScheduleValidateNamesTheField(t *testing.T) {
 		}
 	}
 	sched(t, engine.Schedule{Every: "1m", Spec: json.RawMessage(`{"command":"x","start_at":"90s","deadline":"10m"}`)})
+	sched(t, engine.Schedule{Cron: "0 12 29 2 *"}) // a leap day: within four years
 	s := sched(t, engine.Schedule{Cron: "@hourly"})
 	if s.Overlap != engine.OverlapSkip || s.CatchUp != engine.CatchUpLatest {
 		t.Errorf("defaults: overlap %q catch_up %q", s.Overlap, s.CatchUp)

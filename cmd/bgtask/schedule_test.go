@@ -109,6 +109,9 @@ func TestScheduleCommands(t *testing.T) {
 	if _, err := run("schedule", "add", "bad", "--every", "1s", "--catch-up", "sometimes", "--", "true"); err == nil || !strings.Contains(err.Error(), "catch_up") {
 		t.Fatalf("a bad --catch-up: %v", err)
 	}
+	if _, err := run("schedule", "add", "never", "--cron", "0 0 31 2 *", "--", "true"); err == nil || !strings.Contains(err.Error(), "cron") {
+		t.Fatalf("a cron that never fires: %v", err)
+	}
 	if _, err := run("schedule", "add", "nocmd", "--every", "1s"); err == nil {
 		t.Fatal("a schedule with no -- was added")
 	}
