@@ -32,6 +32,25 @@ type TargetState struct {
 	Since time.Time  `json:"since,omitzero"`
 }
 
+// MaxBusyTTL bounds how long a busy state may last before it ends by itself. A
+// busy target is one in a turn (the runtime setups give theirs 30 minutes), and
+// the TTL is what frees its held wake-ups if its runtime crashed in one: past a
+// day it frees nothing anyone is still waiting for, and a TTL that long is a
+// mistake of units more likely than a turn. A target busy for longer says busy
+// with no TTL, and idle when it is done.
+const MaxBusyTTL = 24 * time.Hour
+
+// CheckBusyTTL checks the TTL of a busy state: above 0 and at most MaxBusyTTL.
+func CheckBusyTTL(ttl time.Duration) error {
+	switch {
+	case ttl <= 0:
+		return fmt.Errorf("%s: want a positive duration such as 10m", ttl)
+	case ttl > MaxBusyTTL:
+		return fmt.Errorf("%s is over the %s a busy state may last by itself; say busy with no TTL, and idle when done", ttl, MaxBusyTTL)
+	}
+	return nil
+}
+
 // BusyAt reports whether the target is busy at now. An unknown target is idle.
 func (t TargetState) BusyAt(now time.Time) bool {
 	return t.State == TargetBusy && (t.Until == nil || now.Before(*t.Until))

@@ -443,6 +443,18 @@ func TestTimeoutZeroWaitsForEverAndANegativeOneIsRefused(t *testing.T) {
 	}
 }
 
+// A busy state's TTL is positive and at most a day: 1,000,000 h would hold the
+// target's pushes for a century. The refusal names the flag and sends nothing.
+func TestABusyTTLBeyondADayIsRefused(t *testing.T) {
+	home := t.TempDir() // no server: nothing may be sent
+	for _, ttl := range []string{"1000000h", "25h", "-5m"} {
+		r := bgtask(t, home, "target", "busy", "agent", "--ttl", ttl).must(t, exitUsage, "target busy --ttl "+ttl)
+		if !strings.Contains(r.stderr, "--ttl ") {
+			t.Errorf("--ttl %s: stderr %q; want it to name --ttl", ttl, r.stderr)
+		}
+	}
+}
+
 // A spec file with a key twice is refused before anything is sent: decoded into
 // the flags' map, only the last value would reach the engine.
 func TestASpecFileWithARepeatedKeyIsRefused(t *testing.T) {

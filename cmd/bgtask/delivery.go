@@ -202,7 +202,10 @@ func targetCmd(g *globals) *cobra.Command {
 			Args:  cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				st := events.TargetState{State: state, Since: time.Now().UTC()}
-				if state == events.TargetBusy && ttl > 0 {
+				if ttl != 0 {
+					if err := events.CheckBusyTTL(ttl); err != nil {
+						return usageErr("--ttl %v", err)
+					}
 					until := st.Since.Add(ttl)
 					st.Until = &until
 				}
@@ -217,7 +220,7 @@ func targetCmd(g *globals) *cobra.Command {
 		g.timeoutFlag(c)
 		if state == events.TargetBusy {
 			c.Long = "Mark a target busy: wake-ups with policy queue or defer_idle are held until it is idle."
-			c.Flags().DurationVar(&ttl, "ttl", 0, "the busy state ends by itself after this long (so a runtime that crashes while busy does not hold its wake-ups forever); 0: until 'target idle'")
+			c.Flags().DurationVar(&ttl, "ttl", 0, "the busy state ends by itself after this long, at most 24h (so a runtime that crashes while busy does not hold its wake-ups forever); 0: until 'target idle'")
 		} else {
 			c.Long = "Mark a target idle: the wake-ups held for it are pushed, in the order they fired."
 		}

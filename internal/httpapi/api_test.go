@@ -92,6 +92,7 @@ func TestTargets(t *testing.T) {
 	apiError(t, h.do("PUT", "/v1/targets/agent-7", `{"state":"asleep"}`), 400, "state")
 	apiError(t, h.do("PUT", "/v1/targets/agent-7", `{"state":"idle","ttl":"1m"}`), 400, "ttl")
 	apiError(t, h.do("PUT", "/v1/targets/agent-7", `{"state":"busy","ttl":"soon"}`), 400, "ttl")
+	apiError(t, h.do("PUT", "/v1/targets/agent-7", `{"state":"busy","ttl":"1000000h"}`), 400, "ttl")
 	apiError(t, h.do("GET", "/v1/targets/a.b", ""), 400, "name")
 	if st := must[targetReply](t, h.do("GET", "/v1/targets/agent-7", ""), 200); st.State != events.TargetBusy {
 		t.Fatalf("bad requests changed the state: %+v", st)

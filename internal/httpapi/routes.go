@@ -431,8 +431,11 @@ func (s *Server) setTarget(ctx context.Context, r *http.Request) (reply, error) 
 		return reply{}, badField("ttl", "only a busy state ends by itself")
 	case req.TTL != "":
 		ttl, err := time.ParseDuration(req.TTL)
-		if err != nil || ttl <= 0 {
+		if err != nil {
 			return reply{}, badField("ttl", "%q: want a positive duration such as 10m", req.TTL)
+		}
+		if err := events.CheckBusyTTL(ttl); err != nil {
+			return reply{}, badField("ttl", "%v", err)
 		}
 		until := st.Since.Add(ttl)
 		st.Until = &until
