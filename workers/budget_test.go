@@ -38,6 +38,17 @@ func (b *bundle) startDispatcher(t *testing.T) {
 	})
 }
 
+// untilTheTestEnds bounds a wait for what takes as long as the machine's load
+// makes it (a command that prints megabytes, their tail cut, the wake-up
+// rendered) by the test's own deadline alone, less a moment to report it.
+func untilTheTestEnds(t *testing.T) time.Duration {
+	deadline, ok := t.Deadline()
+	if !ok {
+		return 24 * time.Hour // go test -timeout 0: no bound
+	}
+	return time.Until(deadline) - 5*time.Second
+}
+
 // TestOutputOverTheBudgetStillFires: a command whose output the worker keeps
 // whole is over NATS's max_payload once in an event (control bytes take six bytes
 // as JSON; a thousand lines of 2,000 bytes take 2 MB). Its exit and its wake-up
@@ -54,8 +65,10 @@ func TestOutputOverTheBudgetStillFires(t *testing.T) {
 		code int
 	}{
 		{"NUL bytes", `{"command":"for i in $(seq 1 50); do head -c 2000 /dev/zero; echo; done; echo last; exit 3"}`, 3},
-		{"ESC bytes", `{"command":"for i in $(seq 1 60); do head -c 2000 /dev/zero | tr '\\0' '\\033'; echo; done; echo last; exit 5"}`, 5},
-		{"a thousand lines of 2,000 bytes", `{"command":"for i in $(seq 1 1000); do head -c 2000 /dev/zero | tr '\\0' x; echo; done; echo last; exit 4","result":{"type":"tail","lines":1000}}`, 4},
+		// A line made once and printed by the shell: two thousand processes, one
+		// pair a line, took over a minute on a loaded machine.
+		{"ESC bytes", `{"command":"l=$(head -c 2000 /dev/zero | tr '\\0' '\\033'); for i in $(seq 1 60); do echo \"$l\"; done; echo last; exit 5"}`, 5},
+		{"a thousand lines of 2,000 bytes", `{"command":"l=$(head -c 2000 /dev/zero | tr '\\0' x); for i in $(seq 1 1000); do echo \"$l\"; done; echo last; exit 4","result":{"type":"tail","lines":1000}}`, 4},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -66,7 +79,7 @@ func TestOutputOverTheBudgetStillFires(t *testing.T) {
 			}
 			spec.Cwd = t.TempDir()
 			id := b.arm(t, spec)
-			st := b.waitFor(t, id, time.Minute, "fired", func(s engine.State) bool { return s.Phase == engine.PhaseFired })
+			st := b.waitFor(t, id, untilTheTestEnds(t), "fired", func(s engine.State) bool { return s.Phase == engine.PhaseFired })
 			w := *st.Wakeup
 			if w.ExitCode == nil || *w.ExitCode != tc.code || st.Run.ExitCode != tc.code {
 				t.Fatalf("wake-up exit code %v, run's %d, want %d", w.ExitCode, st.Run.ExitCode, tc.code)
@@ -118,7 +131,7 @@ func TestAnAmplifyingPromptFires(t *testing.T) {
 	}
 	spec.Cwd = t.TempDir()
 	id := b.arm(t, spec)
-	st := b.waitFor(t, id, time.Minute, "fired", func(s engine.State) bool { return s.Phase == engine.PhaseFired })
+	st := b.waitFor(t, id, untilTheTestEnds(t), "fired", func(s engine.State) bool { return s.Phase == engine.PhaseFired })
 	w := *st.Wakeup
 	if w.ExitCode == nil || *w.ExitCode != 6 || len(w.Tail) != 50 {
 		t.Fatalf("wake-up exit code %v with %d lines of tail, want 6 and the whole tail", w.ExitCode, len(w.Tail))
