@@ -50,7 +50,8 @@ func mcpCmd(g *globals) *cobra.Command {
 		Short: "Serve bgtask to an agent as an MCP server on stdin and stdout",
 		Long: `Serve the Model Context Protocol on stdin and stdout, for an agent runtime that
 starts it ('claude mcp add bgtask -- bgtask mcp'; docs/mcp.md). It ends when its
-input closes.
+input closes. A line that is not a JSON-RPC message gets its JSON-RPC error
+(-32700 or -32600), and the session goes on.
 
 Tools: add (register a task: a command and any other spec field), join (one
 wake-up for a group), show, list, logs, cancel, complete (end a task from
@@ -77,8 +78,7 @@ every --progress-every to a client that asked for them.`,
 			if inSession {
 				m.session = &session
 			}
-			t := &mcp.IOTransport{Reader: io.NopCloser(cmd.InOrStdin()), Writer: nopWriteCloser{g.stdout}}
-			err = m.server().Run(cmd.Context(), t)
+			err = m.server().Run(cmd.Context(), &stdioTransport{r: cmd.InOrStdin(), w: g.stdout})
 			if errors.Is(err, context.Canceled) {
 				return nil // interrupted
 			}
@@ -89,10 +89,6 @@ every --progress-every to a client that asked for them.`,
 	cmd.Flags().DurationVar(&progressEvery, "progress-every", defaultProgressEvery, "how often a wait sends a progress notification to a client that gave a progress token")
 	return cmd
 }
-
-type nopWriteCloser struct{ io.Writer }
-
-func (nopWriteCloser) Close() error { return nil }
 
 // mcpServer serves the tools over the API, one connection per call as the client
 // commands make them.
