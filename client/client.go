@@ -102,11 +102,14 @@ func (c *Client) Resume(ctx context.Context, id string) (Task, error) {
 
 // Wait blocks until a task has fired (its Wakeup is set) or was cancelled, or
 // ctx ends, and returns the task then. It follows the task's events, so it
-// misses nothing that happens while it waits.
+// misses nothing that happens while it waits. id may be a unique part of the
+// task's id, as every call that takes one allows (docs/api.md).
 func (c *Client) Wait(ctx context.Context, id string) (Task, error) {
-	if t, err := c.Get(ctx, id); err != nil || ended(t.State) {
+	t, err := c.Get(ctx, id)
+	if err != nil || ended(t.State) {
 		return t, err // an unknown task is an error at once, not a wait for ever
 	}
+	id = t.ID // the whole id, of the part of it given
 	js, err := jetstream.New(c.nc)
 	if err != nil {
 		return Task{}, err

@@ -73,8 +73,8 @@ func TestAGoProgramRegistersWaitsAndCancels(t *testing.T) {
 	if err != nil || !timer.Created {
 		t.Fatalf("register a timer: %+v, %v", timer, err)
 	}
-	task, err := c.Wait(ctx, timer.ID)
-	if err != nil || task.Wakeup == nil || task.Wakeup.Status != engine.StatusSucceeded || task.Wakeup.Prompt != "from Go" {
+	task, err := c.Wait(ctx, timer.ID[:8]) // a unique start of an id names its task
+	if err != nil || task.ID != timer.ID || task.Wakeup == nil || task.Wakeup.Status != engine.StatusSucceeded || task.Wakeup.Prompt != "from Go" {
 		t.Fatalf("wait: %+v, %v", task.Wakeup, err)
 	}
 

@@ -36,6 +36,9 @@ func (fixedReader) Outcome(string) (engine.State, bool)         { return engine.
 func (fixedReader) List(engine.ListQuery) ([]engine.State, int) { return nil, 0 }
 func (fixedReader) Settled(time.Time) []engine.State            { return nil }
 func (fixedReader) WaitFor(context.Context, uint64) error       { return nil }
+func (fixedReader) MatchIDs(func(string) bool, int) ([]string, int) {
+	return nil, 0
+}
 func (fixedReader) ListAfter(engine.ListQuery, time.Time, string) ([]engine.State, int) {
 	return nil, 0
 }

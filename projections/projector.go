@@ -535,6 +535,28 @@ func (p *Projector) Outcome(id string) (engine.State, bool) {
 	return engine.State{}, false
 }
 
+// MatchIDs returns the ids that match, of every task the projector knows
+// (settled and archived ones too): the first limit of them in order, and how
+// many match. It looks at each id, outside any index: it is for an id a person
+// shortened, not for a path that serves every request.
+func (p *Projector) MatchIDs(match func(id string) bool, limit int) ([]string, int) {
+	var ids []string
+	p.mu.RLock()
+	for id := range p.tasks {
+		if match(id) {
+			ids = append(ids, id)
+		}
+	}
+	for id := range p.summaries {
+		if match(id) {
+			ids = append(ids, id)
+		}
+	}
+	p.mu.RUnlock()
+	slices.Sort(ids)
+	return ids[:min(limit, len(ids))], len(ids)
+}
+
 // historyTimeout bounds the read of a settled task's history.
 const historyTimeout = 10 * time.Second
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -314,5 +315,42 @@ func TestASettledTaskIsReadWholeByID(t *testing.T) {
 	listed, _ := p.List(engine.ListQuery{})
 	if len(listed) != 1 || listed[0].Wakeup != nil || listed[0].Run == nil || listed[0].Run.ExitCode != 3 || listed[0].Seq != fired.Seq {
 		t.Fatalf("listed as %+v, want its summary", listed)
+	}
+}
+
+// MatchIDs finds tasks whatever they are kept as: whole, settled or archived.
+func TestMatchIDsFindsEveryTask(t *testing.T) {
+	t.Parallel()
+	srv := eventstest.Run(t)
+	ctx := context.Background()
+	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := projections.New(store, nil, engine.Base{})
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	w := writer{t: t, store: store}
+	armed := w.arm("sleep 1")
+	cancelled := w.do(w.arm("sleep 2"), engine.Cancel{Reason: "test"}, "engine")
+	archived := w.do(w.do(w.arm("sleep 3"), engine.Cancel{Reason: "test"}, "engine"), engine.Archive{Seq: 7}, "engine")
+	if err := p.WaitFor(ctx, archived.Seq); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{armed.ID, cancelled.ID, archived.ID}
+	slices.Sort(want)
+	all := func(string) bool { return true }
+	if ids, n := p.MatchIDs(all, 10); !slices.Equal(ids, want) || n != 3 {
+		t.Errorf("every id: %v (%d), want %v", ids, n, want)
+	}
+	if ids, n := p.MatchIDs(all, 2); !slices.Equal(ids, want[:2]) || n != 3 {
+		t.Errorf("the first 2 ids: %v (%d), want %v of 3", ids, n, want[:2])
+	}
+	for _, id := range want {
+		if ids, n := p.MatchIDs(func(got string) bool { return got == id }, 10); n != 1 || ids[0] != id {
+			t.Errorf("%s: found %v (%d)", id, ids, n)
+		}
 	}
 }

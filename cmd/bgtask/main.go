@@ -60,7 +60,7 @@ func (e *exitError) Unwrap() error { return e.err }
 // statusOfAPICode is the exit status of an error the API answered with.
 func statusOfAPICode(code int) int {
 	switch code {
-	case 400:
+	case 400, api.CodeAmbiguous:
 		return exitUsage
 	case 404:
 		return exitNotFound

@@ -235,7 +235,7 @@ func enum(description string, values ...string) map[string]any {
 	return map[string]any{"type": "string", "enum": values, "description": description}
 }
 
-var idProp = prop("string", "the task's id, as add returned it")
+var idProp = prop("string", "the task's id, as add returned it, or a unique start of it (at least 6 characters)")
 
 func (m *mcpServer) tools() []mcpTool {
 	return []mcpTool{m.addTool(), m.joinTool(), m.showTool(), m.listTool(), m.logsTool(), m.cancelTool(), m.completeTool(), m.waitTool()}
@@ -767,10 +767,10 @@ func (m *mcpServer) wait(ctx context.Context, req *mcp.CallToolRequest, args jso
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	var phase atomic.Value // of the task, as the wait last saw it
-	phase.Store(engine.Phase(""))
+	var seen atomic.Value // the task, as the wait last saw it: its id as given until it is read
+	seen.Store(waitSeen{id: in.ID})
 	if token := req.Params.GetProgressToken(); token != nil {
-		stop := m.sendProgress(ctx, req.Session, token, in.ID, &phase)
+		stop := m.sendProgress(ctx, req.Session, token, &seen)
 		defer stop()
 	}
 	g := m.callGlobals()
@@ -796,10 +796,10 @@ func (m *mcpServer) wait(ctx context.Context, req *mcp.CallToolRequest, args jso
 		defer stop()
 	}
 	state := t.State
-	phase.Store(state.Phase)
+	seen.Store(waitSeen{t.ID, state.Phase})
 	if !state.Phase.Terminal() {
 		state, err = follow(ctx, c, t.ID, func(s engine.State) bool {
-			phase.Store(s.Phase)
+			seen.Store(waitSeen{t.ID, s.Phase})
 			return s.Phase.Terminal()
 		})
 		if errors.Is(err, context.DeadlineExceeded) {
@@ -824,9 +824,15 @@ func (m *mcpServer) wait(ctx context.Context, req *mcp.CallToolRequest, args jso
 	return text, out, nil
 }
 
+// waitSeen is a waited task as a wait last saw it.
+type waitSeen struct {
+	id    string
+	phase engine.Phase // "": not read yet
+}
+
 // sendProgress tells the client every progressEvery, from now until stop, that
-// the wait goes on: the seconds waited so far and the task's phase.
-func (m *mcpServer) sendProgress(ctx context.Context, session *mcp.ServerSession, token any, id string, phase *atomic.Value) (stop func()) {
+// the wait goes on: the seconds waited so far and the task as seen holds it.
+func (m *mcpServer) sendProgress(ctx context.Context, session *mcp.ServerSession, token any, seen *atomic.Value) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -836,9 +842,10 @@ func (m *mcpServer) sendProgress(ctx context.Context, session *mcp.ServerSession
 		defer tick.Stop()
 		for {
 			waited := time.Since(start)
-			msg := fmt.Sprintf("waiting for task %s for %s", id, waited.Round(time.Second))
-			if p := phase.Load().(engine.Phase); p != "" {
-				msg += " (" + string(p) + ")"
+			task := seen.Load().(waitSeen)
+			msg := fmt.Sprintf("waiting for task %s for %s", task.id, waited.Round(time.Second))
+			if task.phase != "" {
+				msg += " (" + string(task.phase) + ")"
 			}
 			// A notification the client does not get is no reason to stop waiting.
 			_ = session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token, Progress: waited.Seconds(), Message: msg})

@@ -186,7 +186,8 @@ func TestMCPRegistersAndWaits(t *testing.T) {
 		t.Errorf("the task's spec: cwd %q placement %v kind %q; want cwd %q on host %s", task.Spec.Cwd, task.Spec.Placement, task.Spec.Kind, dir, hostName())
 	}
 
-	w := ok[mcpWait](t, "wait", p.call(t, "wait", map[string]any{"id": reg.ID}, "wait-1"))
+	// A unique start of the id names the task, as everywhere.
+	w := ok[mcpWait](t, "wait", p.call(t, "wait", map[string]any{"id": reg.ID[:8]}, "wait-1"))
 	if !w.Ended || w.State != engine.PhaseFired || w.Wakeup == nil || w.Wakeup.Status != engine.StatusSucceeded ||
 		!slices.Contains(w.Wakeup.Tail, "mcp-round-trip") || !strings.Contains(w.Wakeup.Prompt, reg.ID) {
 		t.Errorf("wait: %+v %+v", w, w.Wakeup)
@@ -198,10 +199,14 @@ func TestMCPRegistersAndWaits(t *testing.T) {
 	if len(progress) < 3 {
 		t.Errorf("%d progress notifications during a wait of a second", len(progress))
 	}
+	// Each names the task as it was given until the wait has read it.
 	for i, n := range progress {
-		if n.ProgressToken != "wait-1" || !strings.Contains(n.Message, reg.ID) || i > 0 && n.Progress <= progress[i-1].Progress {
+		if n.ProgressToken != "wait-1" || !strings.Contains(n.Message, reg.ID[:8]) || i > 0 && n.Progress <= progress[i-1].Progress {
 			t.Errorf("progress notification %d: %+v", i, n)
 		}
+	}
+	if n := len(progress); n > 0 && !strings.Contains(progress[n-1].Message, reg.ID) {
+		t.Errorf("the last progress notification does not name %s: %+v", reg.ID, progress[n-1])
 	}
 
 	logs := ok[struct {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -17,98 +19,229 @@ import (
 )
 
 func waitCmd(g *globals) *cobra.Command {
-	var (
-		timeout time.Duration
-		asJSON  bool
-		consume bool
-	)
+	var o waitOptions
 	cmd := &cobra.Command{
-		Use:   "wait ID",
-		Short: "Block until a task has fired (or was cancelled) and print its wake-up",
+		Use:   "wait ID...",
+		Short: "Block until tasks have fired (or were cancelled) and print their wake-ups",
 		Long: `Block until the task has fired or was cancelled, then print its wake-up: the
 prompt, or with --json an object with at least id, status, exit_code and prompt.
 status is the outcome: succeeded, failed, timed_out, stalled, lost or cancelled.
+An ID may be a unique start of the task's id (at least 6 characters).
 
 The exit status says the outcome, so that 'bgtask wait ID && next' runs next only
 after a success: 0 succeeded, 3 ended otherwise (failed, timed_out, stalled, lost),
 4 cancelled; 124 when --timeout passed first. The wake-up is printed in each case.
 
+With several IDs, wait waits for all of them and prints each wake-up as its task
+ends (a blank line between prompts; --json: one object a line). The exit status
+is 0 if every one succeeded, else 3 if any ended otherwise, else 4. With --any it
+returns at the first that ends, prints that one's wake-up (as for one ID) and
+exits with its status. Every ID is checked before the wait begins: one that names
+no task, or several, is an error at once.
+
 A server that is restarting is waited for (said once on stderr), within --timeout.
 Waiting does not consume the wake-up: it stays in the target's inbox, and the
-target is woken by it as well. With --consume, the wake-up that wait printed is
+target is woken by it as well. With --consume, each wake-up that wait printed is
 removed from the target's inbox (the engine records it as the event consumed),
 so an agent that waited for the result inside its turn is not woken by it again;
 the target's other wake-ups stay. A task that woke nobody (cancelled, or an
 outcome its --wake-on does not name) has nothing to consume: --consume does
 nothing then. A wake-up that cannot be consumed is an error, with the exit
 status of that error; the wake-up stays in the inbox.`,
-		Args: cobra.ExactArgs(1),
+		Example: `  bgtask wait "$id" && deploy
+  bgtask wait 0196f3 "$b" --timeout 10m     # both; a start of an id will do
+  bgtask wait --any "$fast" "$slow" --json`,
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runWait(cmd.Context(), g, args[0], timeout, asJSON, consume)
+			return runWait(cmd.Context(), g, args, o)
 		},
 	}
-	cmd.Flags().DurationVar(&timeout, "timeout", 0, "give up after this long: exit status 124 while the task runs, 7 while no server answers (a restart); 0 waits forever")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the wake-up as JSON")
-	cmd.Flags().BoolVar(&consume, "consume", false, "remove the printed wake-up from the target's inbox, so it wakes nobody again")
+	cmd.Flags().DurationVar(&o.timeout, "timeout", 0, "give up after this long: exit status 124 while a task runs, 7 while no server answers (a restart); 0 waits forever")
+	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print the wake-up as JSON (several: one a line)")
+	cmd.Flags().BoolVar(&o.consume, "consume", false, "remove each printed wake-up from the target's inbox, so it wakes nobody again")
+	cmd.Flags().BoolVar(&o.any, "any", false, "with several IDs, return at the first task that ends")
 	return cmd
 }
 
-// runWait waits for task id, prints its wake-up, consumes it if asked, and
-// returns the exit status its outcome gives.
-func runWait(ctx context.Context, g *globals, id string, timeout time.Duration, asJSON, consume bool) error {
-	if timeout > 0 {
+type waitOptions struct {
+	timeout              time.Duration
+	asJSON, consume, any bool
+}
+
+// runWait waits for the tasks refs name, prints their wake-ups as they end,
+// consumes them if asked, and returns the exit status their outcomes give.
+func runWait(ctx context.Context, g *globals, refs []string, o waitOptions) error {
+	if o.timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
+		ctx, cancel = context.WithTimeout(ctx, o.timeout)
 		defer cancel()
 	}
-	c, err := g.dial(ctx, timeout)
+	c, err := g.dial(ctx, o.timeout)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	var t api.TaskView
-	err = g.call(ctx, c, timeout, true, func(ctx context.Context) (err error) {
-		t, err = c.api.Get(ctx, id)
-		return err
-	})
+	tasks, err := waitedTasks(ctx, g, c, refs, o.timeout)
 	if err != nil {
 		return err
 	}
-	if consume {
-		stop, err := sayConsuming(c, t.ID)
+	if o.consume {
+		for _, t := range tasks {
+			stop, err := sayConsuming(c, t.ID)
+			if err != nil {
+				return err
+			}
+			defer stop()
+		}
+	}
+	ended, stop := endOfEach(ctx, c, tasks)
+	defer stop()
+	want := len(tasks)
+	if o.any {
+		want = 1
+	}
+	printer := &wakeupPrinter{w: g.stdout, asJSON: o.asJSON, several: want > 1}
+	done := make([]bool, len(tasks))
+	var statuses []string
+	for range want {
+		r := <-ended
+		if r.err != nil {
+			if errors.Is(r.err, context.DeadlineExceeded) {
+				return waitTimedOut(o.timeout, tasks, done, r, ended)
+			}
+			return r.err
+		}
+		done[r.i] = true
+		w, err := printer.print(r.state)
 		if err != nil {
 			return err
 		}
-		defer stop()
-	}
-	state := t.State
-	if !state.Phase.Terminal() {
-		state, err = follow(ctx, c, t.ID, func(s engine.State) bool { return s.Phase.Terminal() })
-		if errors.Is(err, context.DeadlineExceeded) {
-			return &exitError{code: exitTimeout, err: fmt.Errorf("timed out after %s waiting for task %s (%s)", timeout, t.ID, state.Phase)}
+		if o.consume {
+			if _, err := consumeWakeup(ctx, g, c, o.timeout, r.state); err != nil {
+				return err
+			}
 		}
-		if err != nil {
+		statuses = append(statuses, w.Status)
+	}
+	return worstOutcome(statuses)
+}
+
+// waitedTasks reads the tasks refs name, each once: a ref that names no task, or
+// several, is an error before anything is waited for.
+func waitedTasks(ctx context.Context, g *globals, c *client, refs []string, timeout time.Duration) ([]api.TaskView, error) {
+	var tasks []api.TaskView
+	seen := map[string]bool{}
+	for _, ref := range refs {
+		var t api.TaskView
+		err := g.call(ctx, c, timeout, true, func(ctx context.Context) (err error) {
+			t, err = c.api.Get(ctx, ref)
 			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		if !seen[t.ID] {
+			seen[t.ID] = true
+			tasks = append(tasks, t)
 		}
 	}
+	return tasks, nil
+}
+
+// taskEnd is the state in which tasks[i] ended, or why it could not be seen to.
+type taskEnd struct {
+	i     int
+	state engine.State
+	err   error
+}
+
+// endOfEach sends each task's end as it comes, those that had ended first, in
+// order; stop ends the follows still going.
+func endOfEach(ctx context.Context, c *client, tasks []api.TaskView) (<-chan taskEnd, func()) {
+	ended := make(chan taskEnd, len(tasks)) // no follow waits to send
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for i, t := range tasks {
+		if t.Phase.Terminal() {
+			ended <- taskEnd{i: i, state: t.State}
+			continue
+		}
+		wg.Go(func() {
+			state, err := follow(ctx, c, t.ID, func(s engine.State) bool { return s.Phase.Terminal() })
+			ended <- taskEnd{i: i, state: state, err: err}
+		})
+	}
+	return ended, func() { cancel(); wg.Wait() }
+}
+
+// wakeupPrinter prints wake-ups: one alone as it always was; several one JSON
+// object a line, or the prompts with a blank line between them.
+type wakeupPrinter struct {
+	w       io.Writer
+	asJSON  bool
+	several bool
+	printed int
+}
+
+func (p *wakeupPrinter) print(state engine.State) (events.Wakeup, error) {
 	w := state.CancelledWakeup()
 	if state.Wakeup != nil {
 		w = *state.Wakeup
 	}
-	if asJSON {
-		err = printJSON(g.stdout, w)
-	} else {
-		err = printWakeup(g.stdout, w)
-	}
-	if err != nil {
-		return err
-	}
-	if consume {
-		if _, err := consumeWakeup(ctx, g, c, timeout, state); err != nil {
-			return err
+	var err error
+	switch {
+	case p.asJSON && p.several:
+		err = printJSONLine(p.w, w)
+	case p.asJSON:
+		err = printJSON(p.w, w)
+	default:
+		if p.printed > 0 {
+			_, err = io.WriteString(p.w, "\n")
+		}
+		if err == nil {
+			err = printWakeup(p.w, w)
 		}
 	}
-	return outcome(w.Status)
+	p.printed++
+	return w, err
+}
+
+// waitTimedOut is the error of a wait whose timeout passed: first is the follow
+// that said so, and the others that had not ended say so through ended.
+func waitTimedOut(timeout time.Duration, tasks []api.TaskView, done []bool, first taskEnd, ended <-chan taskEnd) error {
+	open := []taskEnd{first}
+	for i := range tasks {
+		if !done[i] && i != first.i {
+			open = append(open, <-ended)
+		}
+	}
+	slices.SortFunc(open, func(a, b taskEnd) int { return a.i - b.i })
+	var names []string
+	for _, r := range open {
+		names = append(names, fmt.Sprintf("%s (%s)", tasks[r.i].ID, r.state.Phase))
+	}
+	what := "task " + names[0]
+	if len(tasks) > 1 {
+		what = fmt.Sprintf("%d of %d tasks: %s", len(open), len(tasks), strings.Join(names, ", "))
+	}
+	return &exitError{code: exitTimeout, err: fmt.Errorf("timed out after %s waiting for %s", timeout, what)}
+}
+
+// worstOutcome is wait's exit for the statuses of the tasks it waited for: a
+// success only if each succeeded, else 3 if any ended otherwise, else 4.
+func worstOutcome(statuses []string) error {
+	var worst error
+	for _, status := range statuses {
+		err := outcome(status)
+		var exit *exitError
+		if errors.As(err, &exit) && exit.code == exitTaskFailed {
+			return err
+		}
+		if err != nil {
+			worst = err
+		}
+	}
+	return worst
 }
 
 // sayConsuming answers on consumingSubject(id), until stop, that this wait will

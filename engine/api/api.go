@@ -48,6 +48,9 @@ type Queries interface {
 	ListAfter(q engine.ListQuery, armedAt time.Time, afterID string) ([]engine.State, int)
 	// WaitFor blocks until the reader has applied every event up to seq.
 	WaitFor(ctx context.Context, seq uint64) error
+	// MatchIDs returns the first limit ids, in order, of the tasks whose id
+	// matches, and how many match.
+	MatchIDs(match func(id string) bool, limit int) ([]string, int)
 }
 
 // Fleet is what the engine knows of its workers.
@@ -135,6 +138,9 @@ type Error struct {
 	Code    int    `json:"code"`
 	Field   string `json:"field,omitempty"`
 	Message string `json:"message"`
+	// Matches are the ids a part of an id matched when it names several tasks
+	// (CodeAmbiguous): the first of them, in order.
+	Matches []string `json:"matches,omitempty"`
 }
 
 func (e *Error) Error() string { return e.Message }
@@ -412,13 +418,6 @@ func decode(data []byte, v any) error {
 	return nil
 }
 
-func requireID(id string) error {
-	if id == "" {
-		return &Error{Code: 400, Field: "id", Message: "id: required"}
-	}
-	return nil
-}
-
 func (s *Server) register(ctx context.Context, data []byte) (any, error) {
 	id, created, err := s.svc.Register(ctx, data)
 	if err != nil {
@@ -432,10 +431,11 @@ func (s *Server) cancel(ctx context.Context, data []byte) (any, error) {
 	if err := decode(data, &req); err != nil {
 		return nil, err
 	}
-	if err := requireID(req.ID); err != nil {
+	id, err := s.resolveID(ctx, req.ID)
+	if err != nil {
 		return nil, err
 	}
-	state, err := s.svc.Cancel(ctx, req.ID, req.Reason)
+	state, err := s.svc.Cancel(ctx, id, req.Reason)
 	if err != nil {
 		return nil, err
 	}
@@ -447,10 +447,11 @@ func (s *Server) get(ctx context.Context, data []byte) (any, error) {
 	if err := decode(data, &req); err != nil {
 		return nil, err
 	}
-	if err := requireID(req.ID); err != nil {
+	id, err := s.resolveID(ctx, req.ID)
+	if err != nil {
 		return nil, err
 	}
-	state, err := s.task(ctx, req.ID)
+	state, err := s.task(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -606,12 +607,13 @@ func (s *Server) history(ctx context.Context, data []byte) (any, error) {
 	if err := decode(data, &req); err != nil {
 		return nil, err
 	}
-	if err := requireID(req.ID); err != nil {
+	id, err := s.resolveID(ctx, req.ID)
+	if err != nil {
 		return nil, err
 	}
-	hist, err := s.store.History(ctx, req.ID)
+	hist, err := s.store.History(ctx, id)
 	if errors.Is(err, events.ErrNotFound) {
-		return nil, fmt.Errorf("%w: %s", engine.ErrNotFound, req.ID)
+		return nil, fmt.Errorf("%w: %s", engine.ErrNotFound, id)
 	}
 	if err != nil {
 		return nil, err

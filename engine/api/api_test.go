@@ -655,3 +655,85 @@ func TestAServerStoppedBeforeItsStartServesRegistrationsTogether(t *testing.T) {
 		}
 	}
 }
+
+// A task is named by its whole id, a unique start of it, or its end after "…" as
+// the dashboard shows it, at every endpoint that takes an id; a start several
+// ids have is an error that lists them.
+func TestAPartOfAnIDNamesItsTask(t *testing.T) {
+	t.Parallel()
+	srv, _ := serve(t)
+	nc, _ := srv.Connect(t)
+	c := api.NewClient(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	register := func(spec string) string {
+		t.Helper()
+		reg, err := c.Register(ctx, []byte(spec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reg.ID
+	}
+	keyed := register(`{"command":"sleep 60","idempotency_key":"named-by-a-part"}`)
+	// Ids made without a key are UUIDv7: registered together, they share a start.
+	a, b := register(`{"command":"sleep 61"}`), register(`{"command":"sleep 62"}`)
+	shared := 0
+	for shared < len(a) && a[shared] == b[shared] {
+		shared++
+	}
+	if shared < api.MinIDPart {
+		t.Fatalf("%s and %s, registered together, share only %q", a, b, a[:shared])
+	}
+	for _, ref := range []string{keyed, keyed[:6], keyed[:13], "…" + keyed[len(keyed)-12:], "..." + keyed[len(keyed)-6:]} {
+		if got, err := c.Get(ctx, ref); err != nil || got.ID != keyed {
+			t.Errorf("get %q: %s, %v; want %s", ref, got.ID, err, keyed)
+		}
+	}
+	fails := func(what string, err error, code int, field string, says ...string) {
+		t.Helper()
+		var apiErr *api.Error
+		if !errors.As(err, &apiErr) || apiErr.Code != code || apiErr.Field != field {
+			t.Errorf("%s: %v, want a %d naming %q", what, err, code, field)
+			return
+		}
+		for _, s := range says {
+			if !strings.Contains(apiErr.Message, s) {
+				t.Errorf("%s: %q does not say %q", what, apiErr.Message, s)
+			}
+		}
+	}
+	_, err := c.Get(ctx, a[:shared])
+	fails("a start of two ids", err, api.CodeAmbiguous, "id", a, b)
+	var ambiguous *api.Error
+	if want := []string{a, b}; errors.As(err, &ambiguous) && !slices.Equal(ambiguous.Matches, slices.Sorted(slices.Values(want))) {
+		t.Errorf("a start of two ids matches %v, want %v", ambiguous.Matches, want)
+	}
+	_, err = c.Get(ctx, keyed[:5])
+	fails("5 characters", err, 400, "id", "too short")
+	_, err = c.Get(ctx, "…"+keyed[len(keyed)-5:])
+	fails("an end of 5 characters", err, 400, "id", "too short")
+	_, err = c.Get(ctx, "zzzzzzzz")
+	fails("a start of no id", err, 404, "id", `"zzzzzzzz"`)
+
+	// Each endpoint that takes an id.
+	if got, err := c.Pause(ctx, a[:shared+1]); err != nil || got.ID != a || !got.Paused {
+		t.Errorf("pause %q: %s paused %v, %v; want %s paused", a[:shared+1], got.ID, got.Paused, err, a)
+	}
+	if got, err := c.Resume(ctx, a[:shared+1]); err != nil || got.ID != a || got.Paused {
+		t.Errorf("resume %q: %s paused %v, %v; want %s resumed", a[:shared+1], got.ID, got.Paused, err, a)
+	}
+	if got, err := c.Complete(ctx, api.CompleteRequest{ID: b[:shared+1]}); err != nil || got.ID != b {
+		t.Errorf("complete %q: %s, %v; want %s", b[:shared+1], got.ID, err, b)
+	}
+	if got, err := c.Cancel(ctx, keyed[:8], "by a part"); err != nil || got.ID != keyed || got.Phase != engine.PhaseCancelled {
+		t.Errorf("cancel %q: %s %s, %v; want %s cancelled", keyed[:8], got.ID, got.Phase, err, keyed)
+	}
+	// Cancelled, the task is settled: kept as its summary, and found as well.
+	if got, err := c.Get(ctx, keyed[:8]); err != nil || got.ID != keyed {
+		t.Errorf("get %q once settled: %s, %v", keyed[:8], got.ID, err)
+	}
+	h, err := c.History(ctx, keyed[:8])
+	if err != nil || len(h.Events) == 0 || h.Events[0].TaskID != keyed {
+		t.Errorf("history %q: %d events, %v", keyed[:8], len(h.Events), err)
+	}
+}

@@ -18,10 +18,11 @@ func (s *Server) complete(ctx context.Context, data []byte) (any, error) {
 	if err := decode(data, &req); err != nil {
 		return nil, err
 	}
-	if err := requireID(req.ID); err != nil {
+	id, err := s.resolveID(ctx, req.ID)
+	if err != nil {
 		return nil, err
 	}
-	state, err := s.svc.Complete(ctx, req.ID, req.Status, req.Result)
+	state, err := s.svc.Complete(ctx, id, req.Status, req.Result)
 	if err != nil {
 		return nil, err
 	}

@@ -27,10 +27,11 @@ func (s *Server) changeTask(ctx context.Context, data []byte, change func(contex
 	if err := decode(data, &req); err != nil {
 		return nil, err
 	}
-	if err := requireID(req.ID); err != nil {
+	id, err := s.resolveID(ctx, req.ID)
+	if err != nil {
 		return nil, err
 	}
-	state, err := change(ctx, req.ID)
+	state, err := change(ctx, id)
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
 )
 
@@ -48,10 +49,11 @@ func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 		after, _, err = resumeFrom(r)
 	}
 	ctx := r.Context()
-	id := r.PathValue("id")
+	var t api.TaskView
 	if err == nil {
-		_, err = s.api.Get(ctx, id) // a 404 now, not an empty log
+		t, err = s.api.Get(ctx, r.PathValue("id")) // a 404 now, not an empty log; and the whole id
 	}
+	id := t.ID
 	var logs *events.Logs
 	if err == nil {
 		logs, err = events.ConnectLogs(ctx, s.js)

@@ -170,7 +170,9 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err != nil:
 	case task != "":
-		_, err = s.api.Get(ctx, task) // a 404 now, not an empty stream
+		var t api.TaskView
+		t, err = s.api.Get(ctx, task) // a 404 now, not an empty stream; and the whole id
+		task = t.ID
 	case target != "":
 		err = checkTarget(target)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,7 +46,7 @@ func TestEventsResumeWithLastEventID(t *testing.T) {
 		t.Fatalf("after=%s: %+v, want %+v", all[7].id, ev, all[8])
 	}
 	apiError(t, h.do("GET", "/v1/events", "", "Last-Event-ID", "x"), 400, "Last-Event-ID")
-	apiError(t, h.do("GET", "/v1/events?task=nope", ""), 404, "id")
+	apiError(t, h.do("GET", "/v1/events?task=nothing", ""), 404, "id")
 	apiError(t, h.do("GET", "/v1/events?target=a.b", ""), 400, "name")
 	apiError(t, h.do("GET", "/v1/events?task=x&target=y", ""), 400, "target")
 }
@@ -66,12 +67,20 @@ func TestEventsOfATaskAndOfATarget(t *testing.T) {
 			t.Fatalf("target a's stream: %s of %s, want %s of %s", rec.Type, rec.TaskID, want.typ, want.id)
 		}
 	}
-	ofTask := h.open("/v1/events?task=" + old.ID)
+	// A task is named by its id's end as the dashboard shows it, too.
+	ofTask := h.open("/v1/events?task=" + url.QueryEscape("…"+old.ID[len(old.ID)-12:]))
 	for _, typ := range []events.Type{events.TypeArmed, events.TypeCancelled} {
 		if _, rec := ofTask.record(); rec.TaskID != old.ID || rec.Type != typ {
 			t.Fatalf("the task's stream: %s of %s, want %s", rec.Type, rec.TaskID, typ)
 		}
 	}
+	// Made without a key, ids start with the time they were made: the two of
+	// target a share a start.
+	shared := 0
+	for old.ID[shared] == newer.ID[shared] {
+		shared++
+	}
+	apiError(t, h.do("GET", "/v1/events?task="+old.ID[:shared], ""), api.CodeAmbiguous, "id")
 }
 
 // An idle stream sends heartbeats; Stop ends the streams that are open.
@@ -177,7 +186,11 @@ func TestLogsFollowAndResume(t *testing.T) {
 	if lines.status != 200 || string(lines.body) != `{"stream":"stdout","offset":0,"data":"one\n"}`+"\n"+`{"stream":"stdout","offset":4,"data":"two\n"}`+"\n"+`{"stream":"stdout","offset":8,"eof":true}`+"\n" {
 		t.Fatalf("logs: %d %s", lines.status, lines.body)
 	}
-	apiError(t, h.do("GET", "/v1/tasks/nope/logs", ""), 404, "id")
+	if byStart := h.do("GET", "/v1/tasks/"+id[:8]+"/logs?stream=stdout", ""); byStart.status != 200 || string(byStart.body) != string(lines.body) {
+		t.Fatalf("logs by the id's start: %d %s", byStart.status, byStart.body)
+	}
+	apiError(t, h.do("GET", "/v1/tasks/nope/logs", ""), 400, "id")
+	apiError(t, h.do("GET", "/v1/tasks/nothing/logs", ""), 404, "id")
 	apiError(t, h.do("GET", "/v1/tasks/"+id+"/logs?stream=both", ""), 400, "stream")
 	apiError(t, h.do("GET", "/v1/tasks/"+id+"/logs?follow=yes", ""), 400, "follow")
 }
