@@ -1,137 +1,298 @@
-// Package client is the Go client of a bgtask deployment: register a command (or
-// a timer), read a task, list tasks, wait for a task's wake-up, pause, resume and
-// cancel one. It speaks the NATS API documented in docs/api.md, as the bgtask
-// command does, over a connection the caller opens: Connect opens one to the
-// server of a home, with the client identity that server generated.
-//
-//	nc, err := client.Connect(home)
-//	c := client.New(nc)
-//	reg, err := c.Register(ctx, client.Spec{Command: "make test", Cwd: dir, Target: "agent-7"})
-//	task, err := c.Wait(ctx, reg.ID)
-//	fmt.Println(task.Wakeup.Prompt)
 package client
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
-	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/home"
 )
 
-// The types a caller builds and reads: a spec (docs/api.md lists its fields), a
-// registration's answer, a task as the API shows it, and the wake-up it delivers.
-type (
-	Spec         = engine.Spec
-	Registration = api.Registered
-	Task         = api.TaskView
-	Wakeup       = events.Wakeup
-	ListQuery    = engine.ListQuery
-)
+// Config says which bgtask deployment a Client reaches.
+type Config struct {
+	// Home is the directory a `bgtask server` runs in: the client finds the server
+	// through its discovery file and connects as the client identity the server
+	// generated there. Empty, with no URL: $BGTASK_HOME, else
+	// $XDG_STATE_HOME/bgtask (~/.local/state/bgtask).
+	Home string
+	// URL is the NATS URL (several, comma separated) of a deployment of your own,
+	// instead of a home; Options carry its credentials and TLS.
+	URL     string
+	Options []nats.Option
+	// Name names the connection on the server (default "bgtask-client").
+	Name string
+	// Waiting, if set, is called once, the first time the client waits for a
+	// server that does not answer now but may soon (one that is restarting), with
+	// the reason. A command line says then that it waits.
+	Waiting func(reason error)
+}
 
-// Client calls a bgtask deployment's API.
+// Client is a connection to a bgtask deployment and the calls over it. Every call
+// is bounded by its context. A call that may be made twice (a read, a
+// registration with an idempotency key) is made again while no server answers,
+// through a restart of the server, until its context ends; one that must not be
+// made twice is made again only when it reached no server.
+//
+// A Client is safe for concurrent use.
 type Client struct {
-	nc  *nats.Conn
-	api *api.Client
+	cfg  Config
+	home string // "" with a URL
+	nc   *nats.Conn
+	api  *api.Client
+
+	waiting sync.Once
+	// gone is why the home's server went for good while the client was
+	// connected: the connection is closed then, and every call fails with it.
+	gone atomic.Pointer[NoServerError]
+
+	jsOnce sync.Once
+	js     jetstream.JetStream
+	jsErr  error
 }
 
-// New returns a client over nc, a connection allowed the client's requests and
-// reads (the client identity of docs/security.md).
-func New(nc *nats.Conn) *Client { return &Client{nc: nc, api: api.NewClient(nc)} }
+// retryEvery is how often a client tries again a server it waits for.
+const retryEvery = 200 * time.Millisecond
 
-// Connect connects to the server of a home (the directory `bgtask server` runs
-// in) as its client identity: the URL from its server.json, the key from its
-// client.nkey. opts are added to the connection's options.
-func Connect(home string, opts ...nats.Option) (*nats.Conn, error) {
-	data, err := os.ReadFile(filepath.Join(home, "server.json"))
-	if err != nil {
-		return nil, fmt.Errorf("no bgtask server runs in %s: %w", home, err)
-	}
-	var found struct {
-		URL string `json:"url"`
-	}
-	if err := json.Unmarshal(data, &found); err != nil || found.URL == "" {
-		return nil, fmt.Errorf("%s: not a bgtask server's discovery file", filepath.Join(home, "server.json"))
-	}
-	key, err := nats.NkeyOptionFromSeed(filepath.Join(home, "client.nkey"))
-	if err != nil {
-		return nil, fmt.Errorf("the client identity of %s: %w", home, err)
-	}
-	return nats.Connect(found.URL, append([]nats.Option{key, nats.Name("bgtask-client"), nats.MaxReconnects(-1)}, opts...)...)
-}
+// goneFor is how long a home's server must look gone for good (home.Gone)
+// before a client says so instead of waiting: a server restarted by hand takes
+// the home's lock well within it.
+const goneFor = 500 * time.Millisecond
 
-// Register registers spec. A spec the engine refuses is an *api.Error naming the
-// field; with an IdempotencyKey, registering the same spec again returns the
-// same task (Created false).
-func (c *Client) Register(ctx context.Context, spec Spec) (Registration, error) {
-	raw, err := json.Marshal(spec)
-	if err != nil {
-		return Registration{}, err
+// Connect connects to the deployment cfg names. While its server is absent but
+// may come back (a restart), it waits, until ctx ends; a home whose server is
+// gone with nothing to restart it, or where none ever ran, fails at once with a
+// *NoServerError.
+func Connect(ctx context.Context, cfg Config) (*Client, error) {
+	if cfg.Name == "" {
+		cfg.Name = "bgtask-client"
 	}
-	return c.api.Register(ctx, raw)
-}
-
-// Get returns a task.
-func (c *Client) Get(ctx context.Context, id string) (Task, error) { return c.api.Get(ctx, id) }
-
-// List returns the tasks q selects, newest first, and how many match in all.
-func (c *Client) List(ctx context.Context, q ListQuery) ([]Task, int, error) {
-	reply, err := c.api.List(ctx, q)
-	return reply.Tasks, reply.Total, err
-}
-
-// Cancel cancels a task that has not ended: nothing is delivered.
-func (c *Client) Cancel(ctx context.Context, id, reason string) (Task, error) {
-	return c.api.Cancel(ctx, id, reason)
-}
-
-// Pause holds a task that has not started; Resume lets it go on.
-func (c *Client) Pause(ctx context.Context, id string) (Task, error) { return c.api.Pause(ctx, id) }
-
-// Resume lets a paused task go on.
-func (c *Client) Resume(ctx context.Context, id string) (Task, error) {
-	return c.api.Resume(ctx, id)
-}
-
-// Wait blocks until a task has fired (its Wakeup is set) or was cancelled, or
-// ctx ends, and returns the task then. It follows the task's events, so it
-// misses nothing that happens while it waits. id may be a unique part of the
-// task's id, as every call that takes one allows (docs/api.md).
-func (c *Client) Wait(ctx context.Context, id string) (Task, error) {
-	t, err := c.Get(ctx, id)
-	if err != nil || ended(t.State) {
-		return t, err // an unknown task is an error at once, not a wait for ever
-	}
-	id = t.ID // the whole id, of the part of it given
-	js, err := jetstream.New(c.nc)
-	if err != nil {
-		return Task{}, err
-	}
-	store, err := events.ConnectStore(ctx, js)
-	if err != nil {
-		return Task{}, err
-	}
-	var s engine.State
-	err = store.Follow(ctx, id, 0, func(rec events.Record, decodeErr error) bool {
-		if decodeErr == nil {
-			s, _ = engine.Apply(s, rec)
+	c := &Client{cfg: cfg}
+	if cfg.URL == "" {
+		dir, err := home.Dir(cfg.Home)
+		if err != nil {
+			return nil, err
 		}
-		return !ended(s)
-	})
-	if err == nil && s.Phase == engine.PhaseArchived {
-		return c.Get(ctx, id) // the archive has what its events were
+		c.home = dir
 	}
-	return api.View(s), err
+	var goneSince time.Time
+	for {
+		nc, err := c.dial()
+		if err == nil {
+			c.nc, c.api = nc, api.NewClient(nc)
+			return c, nil
+		}
+		var absent *NoServerError
+		if !errors.As(err, &absent) || absent.Never {
+			return nil, err
+		}
+		switch {
+		case !absent.Gone:
+			goneSince = time.Time{}
+		case goneSince.IsZero():
+			goneSince = time.Now()
+		case time.Since(goneSince) >= goneFor:
+			return nil, err
+		}
+		every := retryEvery
+		if absent.Gone {
+			every = goneFor / 5
+		} else {
+			c.sayWaiting(err)
+		}
+		if !pause(ctx, every) {
+			return nil, c.gaveUp(ctx, absent)
+		}
+	}
 }
 
-// ended: nothing more is delivered for a task in state s.
-func ended(s engine.State) bool {
-	return s.Phase == engine.PhaseFired || s.Phase == engine.PhaseCancelled || s.Phase == engine.PhaseArchived
+// dial opens a connection, or says why none could be: a *NoServerError when no
+// server answers.
+func (c *Client) dial() (*nats.Conn, error) {
+	opts := []nats.Option{nats.Name(c.cfg.Name), nats.Timeout(5 * time.Second), nats.MaxReconnects(-1),
+		nats.ReconnectWait(retryEvery)}
+	if c.home == "" {
+		nc, err := nats.Connect(c.cfg.URL, append(opts, c.cfg.Options...)...)
+		if err != nil {
+			return nil, absentIf(fmt.Errorf("connect to %s: %w", c.cfg.URL, err), "")
+		}
+		return nc, nil
+	}
+	d, err := home.ReadDiscovery(c.home)
+	if errors.Is(err, os.ErrNotExist) {
+		// A server writes its credentials at its first start and removes its
+		// discovery file when it stops: with credentials, one ran here and may be
+		// starting again.
+		if _, cerr := os.Stat(filepath.Join(c.home, home.CredentialsFile)); cerr != nil {
+			return nil, &NoServerError{Never: true, Err: fmt.Errorf("no bgtask server in %s: start one with 'bgtask server' (or name another home, or a NATS URL)", c.home)}
+		}
+		return nil, absent(fmt.Errorf("the bgtask server of %s is not running (it wrote no %s yet)", c.home, home.DiscoveryFile), c.home)
+	}
+	if err != nil {
+		return nil, err
+	}
+	creds, err := home.ReadCredentials(c.home)
+	if err != nil {
+		return nil, fmt.Errorf("read the client identity of %s: %w", c.home, err)
+	}
+	auth, err := creds.NATSOption()
+	if err != nil {
+		return nil, fmt.Errorf("read the client identity of %s: %w", c.home, err)
+	}
+	// Reconnects go where the server is now, should it come back on another port;
+	// the connection is closed once the server is gone for good.
+	opts = append(opts, auth, nats.SetCustomDialer(home.NewDialer(c.home, 5*time.Second)), c.watchGone())
+	opts = append(opts, c.cfg.Options...)
+	nc, err := nats.Connect(d.URL, opts...)
+	if err != nil {
+		return nil, absentIf(fmt.Errorf("the bgtask server of %s (pid %d, %s) does not answer: %w", c.home, d.PID, d.URL, err), c.home)
+	}
+	return nc, nil
+}
+
+// absentIf makes a failed connection a *NoServerError when nothing accepted it,
+// as opposed to a server that refused the credentials or the TLS.
+func absentIf(err error, dir string) error {
+	if errors.Is(err, nats.ErrNoServers) || errors.Is(err, nats.ErrTimeout) {
+		return absent(err, dir)
+	}
+	return err
+}
+
+// absent is the *NoServerError of a server that does not answer: one gone for
+// good, when nothing will start the server of home (dir) again.
+func absent(err error, dir string) *NoServerError {
+	if dir != "" {
+		if why := home.Gone(dir); why != nil {
+			return &NoServerError{Err: why, Gone: true}
+		}
+	}
+	return &NoServerError{Err: err}
+}
+
+// watchGone closes the connection once the home's server is gone for good
+// (home.Gone, for goneFor): a connection that reconnects for ever would leave a
+// call with no deadline hanging.
+func (c *Client) watchGone() nats.Option {
+	var since time.Time
+	return nats.ReconnectErrHandler(func(nc *nats.Conn, _ error) {
+		why := home.Gone(c.home)
+		switch {
+		case why == nil:
+			since = time.Time{}
+		case since.IsZero():
+			since = time.Now()
+		case time.Since(since) >= goneFor:
+			c.gone.Store(&NoServerError{Err: why, Gone: true})
+			nc.Close()
+		}
+	})
+}
+
+// Close closes the client's connection.
+func (c *Client) Close() { c.nc.Close() }
+
+// Home is the home the client found its server through; "" with a URL.
+func (c *Client) Home() string { return c.home }
+
+// Conn is the client's NATS connection, for what this package does not do.
+func (c *Client) Conn() *nats.Conn { return c.nc }
+
+// jetstream is the JetStream context of the client's connection.
+func (c *Client) jetstream() (jetstream.JetStream, error) {
+	c.jsOnce.Do(func() { c.js, c.jsErr = jetstream.New(c.nc) })
+	return c.js, c.jsErr
+}
+
+// sayWaiting tells the caller, once, that the client waits for the server.
+func (c *Client) sayWaiting(why error) {
+	if c.cfg.Waiting != nil {
+		c.waiting.Do(func() { c.cfg.Waiting(why) })
+	}
+}
+
+// gaveUp is the error of a call that waited for the server until ctx ended.
+func (c *Client) gaveUp(ctx context.Context, why error) error {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return ctx.Err()
+	}
+	var absent *NoServerError
+	if errors.As(why, &absent) {
+		return &NoServerError{Err: absent.Err, Waited: true}
+	}
+	return &NoServerError{Err: why, Waited: true}
+}
+
+// do makes a call, again while no server answers it: while the engine is not
+// serving yet (no responder: the request reached nobody), and, when the call may
+// be made twice (idempotent), while the connection is down, a dropped connection
+// having cut the call. A call cut that must not be made twice fails.
+func (c *Client) do(ctx context.Context, idempotent bool, call func(context.Context) error) error {
+	for {
+		err, dropped := c.attempt(ctx, call)
+		if gone := c.gone.Load(); gone != nil && err != nil {
+			return gone
+		}
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, new(*api.Error)):
+			return err // the server answered
+		case ctx.Err() != nil:
+			return c.gaveUp(ctx, err)
+		case errors.Is(err, api.ErrNoServer):
+		case dropped && idempotent:
+			err = fmt.Errorf("the connection to the server dropped: %w", err)
+		case dropped:
+			return &NoServerError{Err: err, MayHaveRun: true}
+		default:
+			return err
+		}
+		c.sayWaiting(err)
+		if !pause(ctx, retryEvery) {
+			return c.gaveUp(ctx, err)
+		}
+	}
+}
+
+// attempt makes call, cut short if the connection drops meanwhile (dropped).
+func (c *Client) attempt(ctx context.Context, call func(context.Context) error) (err error, dropped bool) {
+	ctx, cancel := context.WithCancel(ctx)
+	changes := c.nc.StatusChanged(nats.RECONNECTING, nats.DISCONNECTED, nats.CLOSED)
+	var cut atomic.Bool
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-changes:
+			cut.Store(true)
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	err = call(ctx)
+	cancel()
+	<-watched
+	c.nc.RemoveStatusListener(changes)
+	return err, cut.Load()
+}
+
+// pause waits d, or until ctx ends (false).
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }

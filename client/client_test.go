@@ -4,68 +4,129 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nkeys"
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
 
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
-	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/engine/node"
 	"github.com/bgtask/bgtask/engine/sinks"
-	"github.com/bgtask/bgtask/events/eventstest"
+	"github.com/bgtask/bgtask/internal/home"
 )
 
-// engineOn starts an engine (no worker) and returns a home as a bgtask server
-// leaves one: its server.json and a client.nkey. (What the client identity may
-// do is the server's to enforce: cmd/bgtask's tests hold it to that.)
-func engineOn(t *testing.T) string {
-	t.Helper()
-	kp, err := nkeys.CreateUser()
+// The examples share one engine, whose home is $BGTASK_HOME while they run.
+func TestMain(m *testing.M) {
+	dir, stop, err := startEngine()
 	if err != nil {
-		t.Fatal(err)
+		fmt.Fprintln(os.Stderr, "start an engine:", err)
+		os.Exit(1)
 	}
-	pub, _ := kp.PublicKey()
-	// The engine's connection comes in without credentials, as a user of its own.
-	srv := eventstest.Run(t, func(o *server.Options) {
-		o.Users, o.NoAuthUser = []*server.User{{Username: "engine", Password: "not used"}}, "engine"
-		o.Nkeys = []*server.NkeyUser{{Nkey: pub}}
-	})
-	home := t.TempDir()
-	seed, _ := kp.Seed()
-	if err := os.WriteFile(filepath.Join(home, "client.nkey"), seed, 0o600); err != nil {
-		t.Fatal(err)
+	os.Setenv("BGTASK_HOME", dir)
+	code := m.Run()
+	stop()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
 	}
-	discovery, _ := json.Marshal(map[string]string{"url": srv.NATS.ClientURL()})
-	if err := os.WriteFile(filepath.Join(home, "server.json"), discovery, 0o600); err != nil {
-		t.Fatal(err)
+	os.Exit(code)
+}
+
+// startEngine starts an embedded JetStream server and an engine on it (no
+// worker: a command stays armed, a timer fires), and leaves a home as a bgtask
+// server leaves one: its discovery file, its client identity, its lock held.
+func startEngine() (dir string, stop func(), err error) {
+	dir, err = os.MkdirTemp("", "bgtask-client-test-")
+	if err != nil {
+		return "", nil, err
 	}
-	n, err := node.New(node.Config{Conn: srv.Conn, Writer: "engine", LeaseTTL: time.Minute, Replicas: 1,
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+			os.RemoveAll(dir)
+		}
+	}()
+	ids, err := home.LoadOrCreateIdentities(dir)
+	if err != nil {
+		return "", nil, err
+	}
+	pub, err := ids.Client.PublicKey()
+	if err != nil {
+		return "", nil, err
+	}
+	lock, err := home.Lock(dir)
+	if err != nil {
+		return "", nil, err
+	}
+	stops = append(stops, func() { lock.Close() })
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: filepath.Join(dir, home.StoreDir),
+		NoLog: true, NoSigs: true, Nkeys: []*server.NkeyUser{{Nkey: pub}},
+		// The engine's connection comes in without credentials, as a user of its own.
+		Users: []*server.User{{Username: "engine", Password: "not used"}}, NoAuthUser: "engine"})
+	if err != nil {
+		return "", nil, err
+	}
+	ns.Start()
+	stops = append(stops, func() { ns.Shutdown(); ns.WaitForShutdown() })
+	if !ns.ReadyForConnections(10 * time.Second) {
+		return "", nil, errors.New("nats-server not ready")
+	}
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		return "", nil, err
+	}
+	stops = append(stops, nc.Close)
+	n, err := node.New(node.Config{Conn: nc, Writer: "engine", LeaseTTL: time.Minute, Replicas: 1,
 		Sinks: sinks.New([]byte("a test secret of enough bytes")), Version: "0.0.0-test"})
 	if err != nil {
-		t.Fatal(err)
+		return "", nil, err
 	}
 	if err := n.Start(context.Background()); err != nil {
+		return "", nil, err
+	}
+	stops = append(stops, n.Stop)
+	if err := home.WriteDiscovery(dir, home.Discovery{URL: ns.ClientURL(), PID: os.Getpid()}); err != nil {
+		return "", nil, err
+	}
+	return dir, stop, nil
+}
+
+func connect(t *testing.T, dir string) *client.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := client.Connect(ctx, client.Config{Home: dir})
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(n.Stop)
-	return home
+	t.Cleanup(c.Close)
+	return c
 }
 
 // A Go program registers a reminder and a command, reads them, waits for the
 // reminder's wake-up, and cancels the command, through the home's client identity.
 func TestAGoProgramRegistersWaitsAndCancels(t *testing.T) {
-	home := engineOn(t)
-	nc, err := client.Connect(home)
+	dir, stop, err := startEngine()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
-	c := client.New(nc)
+	t.Cleanup(func() { stop(); os.RemoveAll(dir) })
+	c := connect(t, dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -74,8 +135,8 @@ func TestAGoProgramRegistersWaitsAndCancels(t *testing.T) {
 		t.Fatalf("register a timer: %+v, %v", timer, err)
 	}
 	task, err := c.Wait(ctx, timer.ID[:8]) // a unique start of an id names its task
-	if err != nil || task.ID != timer.ID || task.Wakeup == nil || task.Wakeup.Status != engine.StatusSucceeded || task.Wakeup.Prompt != "from Go" {
-		t.Fatalf("wait: %+v, %v", task.Wakeup, err)
+	if w := client.WakeupOf(task); err != nil || task.ID != timer.ID || w.Status != client.StatusSucceeded || w.Prompt != "from Go" {
+		t.Fatalf("wait: %+v, %v", w, err)
 	}
 
 	cmd, err := c.Register(ctx, client.Spec{Command: "true"}) // no worker runs: it stays armed
@@ -85,30 +146,51 @@ func TestAGoProgramRegistersWaitsAndCancels(t *testing.T) {
 	if got, err := c.Get(ctx, cmd.ID); err != nil || got.Phase != engine.PhaseArmed {
 		t.Fatalf("get: %s, %v", got.Phase, err)
 	}
-	if tasks, total, err := c.List(ctx, client.ListQuery{}); err != nil || total != 2 || len(tasks) != 2 || tasks[0].ID != cmd.ID {
-		t.Fatalf("list: %d of %d, %v", len(tasks), total, err)
+	if page, err := c.List(ctx, client.ListQuery{}); err != nil || page.Total != 2 || len(page.Tasks) != 2 || page.Tasks[0].ID != cmd.ID {
+		t.Fatalf("list: %+v, %v", page, err)
 	}
-	if tasks, total, err := c.List(ctx, client.ListQuery{Target: "go-program", Status: engine.StatusSucceeded}); err != nil || total != 1 || tasks[0].ID != timer.ID {
-		t.Fatalf("list of go-program's succeeded tasks: %d of %d, %v", len(tasks), total, err)
+	if page, err := c.List(ctx, client.ListQuery{Target: "go-program", Status: client.StatusSucceeded}); err != nil || page.Total != 1 || page.Tasks[0].ID != timer.ID {
+		t.Fatalf("list of go-program's succeeded tasks: %+v, %v", page, err)
 	}
 	if _, err := c.Cancel(ctx, cmd.ID, "not needed"); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := c.Wait(ctx, cmd.ID); err != nil || got.Phase != engine.PhaseCancelled {
+	if got, err := c.Wait(ctx, cmd.ID); err != nil || got.Phase != engine.PhaseCancelled || client.WakeupOf(got).Status != client.StatusCancelled {
 		t.Fatalf("wait of a cancelled task: %s, %v", got.Phase, err)
 	}
 
-	var apiErr *api.Error
-	if _, err := c.Register(ctx, client.Spec{Command: "true", Cwd: "relative"}); !errors.As(err, &apiErr) || apiErr.Field != "cwd" {
+	var apiErr *client.Error
+	if _, err := c.Register(ctx, client.Spec{Command: "true", Cwd: "relative"}); !errors.As(err, &apiErr) || apiErr.Field != "cwd" || client.ExitStatus(err) != client.ExitUsage {
 		t.Fatalf("a bad spec: %v, want an API error naming cwd", err)
 	}
-	if _, err := c.Wait(ctx, "no-such-task"); !errors.As(err, &apiErr) || apiErr.Code != 404 {
+	if _, err := c.Wait(ctx, "no-such-task"); !errors.As(err, &apiErr) || apiErr.Code != 404 || client.ExitStatus(err) != client.ExitNotFound {
 		t.Fatalf("wait of an unknown task: %v, want a 404 at once", err)
 	}
 }
 
-func TestConnectSaysWhenNoServerRunsInTheHome(t *testing.T) {
-	if _, err := client.Connect(t.TempDir()); err == nil {
-		t.Fatal("connected to a home with no server")
+func TestConnectSaysAtOnceWhenNoServerEverRanInTheHome(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := client.Connect(ctx, client.Config{Home: t.TempDir()})
+	var absent *client.NoServerError
+	if !errors.As(err, &absent) || !absent.Never || client.ExitStatus(err) != client.ExitNoServer || ctx.Err() != nil {
+		t.Fatalf("connect to an empty home: %v, want a NoServerError at once", err)
+	}
+}
+
+// A registration made again with the key the client gave it is the same task.
+func TestRegisteringTheSameKeyedSpecAgainIsTheSameTask(t *testing.T) {
+	c := connect(t, os.Getenv("BGTASK_HOME"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	spec := client.Spec{StartAt: "1h", IdempotencyKey: client.NewIdempotencyKey()}
+	first, err := c.Register(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(spec)
+	again, err := c.RegisterJSON(ctx, raw)
+	if err != nil || again.ID != first.ID || again.Created {
+		t.Fatalf("the same keyed spec again: %+v, %v; first %+v", again, err, first)
 	}
 }

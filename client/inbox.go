@@ -1,0 +1,152 @@
+package client
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/bgtask/bgtask/events"
+)
+
+// Inbox is a target's inbox: the wake-ups delivered to it, each kept until a
+// reader acknowledges it. A wake-up read and not acknowledged within
+// events.InboxAckWait (10 s; InProgress extends it) is delivered again, so a
+// reader that dies between reading a wake-up and acting on it gets it back, and
+// one that acknowledged never does. Readers of one target share its place.
+type Inbox struct {
+	c      *Client
+	target string
+	cons   jetstream.Consumer
+}
+
+// Inbox opens the inbox of target.
+func (c *Client) Inbox(ctx context.Context, target string) (*Inbox, error) {
+	if !events.ValidToken(target) {
+		return nil, &Error{Code: 400, Field: "target", Message: fmt.Sprintf("target %q: use 1-128 letters, digits, '-' or '_'", target)}
+	}
+	js, err := c.jetstream()
+	if err != nil {
+		return nil, err
+	}
+	var cons jetstream.Consumer
+	err = c.do(ctx, true, func(ctx context.Context) (err error) {
+		cons, err = events.InboxConsumer(ctx, js, target)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Inbox{c: c, target: target, cons: cons}, nil
+}
+
+// Target is the inbox's target.
+func (i *Inbox) Target() string { return i.target }
+
+// Delivery is one wake-up read from an inbox, to be acknowledged once acted on.
+type Delivery struct {
+	Wakeup Wakeup
+	// Seq is its sequence in the inbox stream.
+	Seq uint64
+	// Err says the message is no wake-up (Raw holds it): it will never be one, and
+	// left there it would come back for ever; Drop it.
+	Err error
+	Raw []byte
+	msg jetstream.Msg
+}
+
+// Fetch returns up to max wake-ups not acknowledged yet, oldest first, waiting
+// up to wait for the first (0: answer at once). None is no error.
+func (i *Inbox) Fetch(ctx context.Context, max int, wait time.Duration) ([]*Delivery, error) {
+	for {
+		out, err := i.fetch(ctx, max, wait)
+		// A consumer a server restarted has not placed yet answers nothing for a
+		// moment.
+		if errors.Is(err, nats.ErrNoResponders) && ctx.Err() == nil && len(out) == 0 {
+			if !pause(ctx, 100*time.Millisecond) {
+				return nil, ctx.Err()
+			}
+			continue
+		}
+		return out, i.c.goneOr(err)
+	}
+}
+
+func (i *Inbox) fetch(ctx context.Context, max int, wait time.Duration) ([]*Delivery, error) {
+	var batch jetstream.MessageBatch
+	var err error
+	if wait > 0 {
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		batch, err = i.cons.Fetch(max, jetstream.FetchContext(wctx))
+	} else {
+		batch, err = i.cons.FetchNoWait(max)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read inbox %s: %w", i.target, err)
+	}
+	var out []*Delivery
+	for msg := range batch.Messages() {
+		out = append(out, newDelivery(msg))
+	}
+	err = batch.Error()
+	switch {
+	case err == nil, errors.Is(err, jetstream.ErrNoMessages), errors.Is(err, nats.ErrTimeout):
+		return out, nil
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+		return out, nil // the wait passed
+	}
+	return out, fmt.Errorf("read inbox %s: %w", i.target, err)
+}
+
+func newDelivery(msg jetstream.Msg) *Delivery {
+	d := &Delivery{Raw: msg.Data(), msg: msg}
+	if meta, err := msg.Metadata(); err == nil {
+		d.Seq = meta.Sequence.Stream
+	}
+	if err := json.Unmarshal(msg.Data(), &d.Wakeup); err != nil || d.Wakeup.ID == "" {
+		d.Err = fmt.Errorf("an unreadable wake-up: %v", err)
+		d.Wakeup = Wakeup{}
+	}
+	return d
+}
+
+// Ack acknowledges the wake-up, and returns once the server has recorded it: it
+// is never delivered again.
+func (d *Delivery) Ack(ctx context.Context) error { return d.msg.DoubleAck(ctx) }
+
+// Nak gives the wake-up back, to be delivered again at once.
+func (d *Delivery) Nak() error { return d.msg.Nak() }
+
+// InProgress says the wake-up is being acted on: its ack wait starts again.
+func (d *Delivery) InProgress() error { return d.msg.InProgress() }
+
+// Drop takes out a message that is no wake-up, so it comes back no more.
+func (d *Delivery) Drop() error { return d.msg.Term() }
+
+// Token names the delivery for AckToken, for a reader that acknowledges it
+// from elsewhere (the HTTP API's client).
+func (d *Delivery) Token() string {
+	return base64.RawURLEncoding.EncodeToString([]byte(d.msg.Reply()))
+}
+
+// AckToken acknowledges the delivery a Token names, and returns once the server
+// has recorded it. A token of another target's inbox is refused.
+func (i *Inbox) AckToken(ctx context.Context, token string) error {
+	raw, err := base64.RawURLEncoding.DecodeString(token)
+	prefix := "$JS.ACK." + events.InboxStreamName + "." + events.InboxConsumerName(i.target) + "."
+	subject := string(raw)
+	if err != nil || !strings.HasPrefix(subject, prefix) || strings.ContainsAny(subject, "*> \t\r\n") {
+		return &Error{Code: 400, Field: "acks", Message: fmt.Sprintf("%q is not an ack token of target %s's inbox", token, i.target)}
+	}
+	if _, err := i.c.nc.RequestWithContext(ctx, subject, []byte("+ACK")); err != nil {
+		return fmt.Errorf("the acknowledgement was not confirmed: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,118 @@
+package client
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/events"
+)
+
+// The output streams of a command.
+const (
+	Stdout = events.Stdout
+	Stderr = events.Stderr
+)
+
+// LogChunk is a piece of a command's output: its stream, its offset in the
+// stream, its bytes, and EOF on the last piece of a stream that ended.
+type LogChunk = events.LogChunk
+
+// LogOptions choose what Logs reads.
+type LogOptions struct {
+	// Streams to read, Stdout and/or Stderr; none: both, in the order written.
+	Streams []string
+	// Follow keeps reading what the command writes until its output ends.
+	Follow bool
+	// After is the log stream's sequence to read after (0: from the start), as a
+	// reader that lost its place resumes.
+	After uint64
+}
+
+// Logs calls fn with the output a task's command wrote, in order: what is kept
+// of it (each stream keeps its last 4 MiB), and, with Follow, what it writes
+// until its output ends. An error of fn ends the read.
+func (c *Client) Logs(ctx context.Context, id string, o LogOptions, fn func(LogChunk) error) error {
+	t, err := c.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	js, err := c.jetstream()
+	if err != nil {
+		return err
+	}
+	logs, err := events.ConnectLogs(ctx, js)
+	if err != nil {
+		return c.goneOr(err)
+	}
+	if !o.Follow {
+		return c.goneOr(logs.ReadAfter(ctx, t.ID, o.Streams, o.After, fn))
+	}
+	watch, stopWatching := context.WithCancel(ctx)
+	taskEnded := make(chan struct{})
+	defer func() { stopWatching(); <-taskEnded }()
+	go func() {
+		defer close(taskEnded)
+		// An error too ends the wait: the task can no longer be followed, and what
+		// its log holds is all there will be to read.
+		_, _ = c.Follow(watch, t.ID, func(t Task) bool { return !t.Phase.Runs() })
+	}()
+	return c.goneOr(logs.Follow(ctx, t.ID, o.Streams, o.After, taskEnded, fn))
+}
+
+// TargetState is what a target (an agent) says of itself: busy (in a turn), or
+// idle; a busy state may end by itself (Until).
+type TargetState = events.TargetState
+
+// The states of a target.
+const (
+	TargetBusy = events.TargetBusy
+	TargetIdle = events.TargetIdle
+)
+
+// SetTarget says that a target is busy, until ttl has passed (0: until it says
+// idle), or idle. Pushes to a busy target under the defer_idle policy wait.
+func (c *Client) SetTarget(ctx context.Context, name, state string, ttl time.Duration) error {
+	if !events.ValidToken(name) {
+		return &Error{Code: 400, Field: "target", Message: "target " + strconv.Quote(name) + ": use 1-128 letters, digits, '-' or '_'"}
+	}
+	st := TargetState{State: state, Since: time.Now().UTC()}
+	if state == TargetBusy && ttl != 0 {
+		if err := events.CheckBusyTTL(ttl); err != nil {
+			return &Error{Code: 400, Field: "ttl", Message: err.Error()}
+		}
+		until := st.Since.Add(ttl)
+		st.Until = &until
+	}
+	targets, err := c.targets(ctx)
+	if err != nil {
+		return err
+	}
+	return c.do(ctx, true, func(ctx context.Context) error { return targets.Set(ctx, name, st) })
+}
+
+// Targets returns the state of every target that said one.
+func (c *Client) Targets(ctx context.Context) (map[string]TargetState, error) {
+	targets, err := c.targets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out map[string]TargetState
+	return out, c.do(ctx, true, func(ctx context.Context) (err error) {
+		out, err = targets.List(ctx)
+		return err
+	})
+}
+
+func (c *Client) targets(ctx context.Context) (*events.Targets, error) {
+	js, err := c.jetstream()
+	if err != nil {
+		return nil, err
+	}
+	t, err := events.ConnectTargets(ctx, js)
+	return t, c.goneOr(err)
+}
+
+// DefaultTarget receives the wake-ups of specs that name none.
+const DefaultTarget = engine.DefaultTarget
