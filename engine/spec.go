@@ -9,11 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/secretenv"
 )
 
 // MaxSpecBytes is the largest spec accepted at registration. A spec is a command and
@@ -294,6 +296,10 @@ func (s *Spec) Validate() error {
 		}
 		if strings.ContainsRune(v, 0) {
 			return fieldErr("env", "value of %s contains a NUL byte", k)
+		}
+		if slices.Contains(secretenv.Names, k) {
+			// Stored, it would be read by every identity that reads the stream.
+			return fieldErr("env", "%s holds a credential of bgtask's, which no command gets: leave it out", k)
 		}
 	}
 	if len(s.Kind) > 64 || strings.ContainsAny(s.Kind, "\x00\n\r") {

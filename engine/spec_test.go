@@ -50,6 +50,7 @@ func TestParseSpecRejectsWithTheFieldNamed(t *testing.T) {
 		{"empty env name", `{"command":"ls","env":{"":"1"}}`, "env"},
 		{"NUL in env name", `{"command":"ls","env":{"A\u0000":"1"}}`, "env"},
 		{"NUL in env value", `{"command":"ls","env":{"A":"1\u0000"}}`, "env"},
+		{"a credential of bgtask's in env", `{"command":"ls","env":{"BGTASK_WORKER_PASSWORD":"x"}}`, "env"},
 		{"NUL in command", `{"command":"ls\u0000 -la"}`, "command"},
 		{"NUL in argv", `{"argv":["ls","a\u0000b"]}`, "argv"},
 		{"oversized spec", `{"command":"` + strings.Repeat("x", engine.MaxSpecBytes) + `"}`, "spec"},

@@ -7,13 +7,19 @@ import (
 	"testing"
 )
 
-// A server started with bgtask's credentials in its environment passes them to
-// nothing it starts for a task: not to the command, not to an exec sink.
+// A server started with credentials in its environment passes them to nothing it
+// starts for a task, not to the command, not to an exec sink: bgtask's own, the
+// ones its deployment files name, and a webhook bearer's token, by its variable or
+// under any other name.
 func TestCommandsAndExecSinksGetNoneOfTheServersCredentials(t *testing.T) {
 	t.Parallel()
 	home := t.TempDir()
 	const secret = "bars-leaked-secret"
-	startServerEnv(t, home, []string{"BGTASK_NATS_PASSWORD=" + secret, "BGTASK_CLIENT_PASSWORD=" + secret})
+	startServerEnv(t, home, []string{
+		"BGTASK_NATS_PASSWORD=" + secret, "BGTASK_CLIENT_PASSWORD=" + secret,
+		"BGTASK_ENGINE_PASSWORD=" + secret, "BGTASK_WORKER_PASSWORD=" + secret,
+		"HOOK_TOKEN=" + secret + "-token", "A_COPY_OF_IT=" + secret + "-token",
+	}, "--webhook-bearer", "hook=env:HOOK_TOKEN@https://hooks.example.com/")
 	nc, _ := connect(t, home)
 	log := openLog(t, home)
 	dir := t.TempDir()

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -26,7 +25,7 @@ const loginEnvTimeout = 10 * time.Second
 // start, so a worker resolves it once and runs every command with `bash -c` in it.
 // Profile scripts may print; the marker separates their output from the
 // environment. The shell starts from this process's environment without bgtask's
-// credentials (secretenv.Names), and none are in what it returns, whoever set them.
+// credentials (secretenv.Without), and none are in what it returns, whoever set them.
 //
 // The shell runs in a process group of its own, so that killing the worker's group
 // does not kill a profile script midway. Profile scripts take locks (pyenv's
@@ -59,12 +58,12 @@ func LoginEnv(ctx context.Context) ([]string, error) {
 	for _, kv := range strings.Split(string(envBlock), "\x00") {
 		name, _, ok := strings.Cut(kv, "=")
 		// The shell's own bookkeeping is not part of the environment a command sees.
-		if !ok || name == "" || name == "_" || name == "SHLVL" || name == "PWD" || name == "OLDPWD" || slices.Contains(secretenv.Names, name) {
+		if !ok || name == "" || name == "_" || name == "SHLVL" || name == "PWD" || name == "OLDPWD" {
 			continue
 		}
 		env = append(env, kv)
 	}
-	return env, nil
+	return secretenv.Without(env), nil
 }
 
 // mergeEnv returns base with the overrides set, later values winning.

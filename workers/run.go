@@ -14,6 +14,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/secretenv"
 	"github.com/bgtask/bgtask/workers/shim"
 )
 
@@ -259,7 +260,9 @@ func (r *run) shimRun(dir string, epoch uint64, logAt offsets) shimRun {
 	}
 	run := shimRun{
 		TaskID: id, Epoch: epoch, Dir: cwd, LogOffsets: logAt,
-		Env:      mergeEnv(r.w.env(), spec.Env, "BGTASK_TASK_ID="+id, runMarker(dir)),
+		// The spec's env may hold a credential too (a registrant's shell that had
+		// one): the command gets none, under any name.
+		Env:      secretenv.Without(mergeEnv(r.w.env(), spec.Env, "BGTASK_TASK_ID="+id, runMarker(dir))),
 		Deadline: spec.DeadlineTime(), KillGrace: r.w.cfg.KillGrace, Boot: hostBoot(),
 	}
 	if spec.OnStall == engine.OnStallKill {

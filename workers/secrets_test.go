@@ -17,11 +17,15 @@ import (
 const leaked = "bars-leaked-secret"
 
 // bgtask's credentials are in the worker's environment when it was started with
-// them: a command, and the shim it may read the environment of, never see them.
+// them, and in a spec's env when its registrant's shell had them: a command, and
+// the shim it may read the environment of, never see them, by their names or
+// under another name.
 func TestCommandsGetNoneOfBgtasksCredentials(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	env := os.Environ()
+	const held = "bars-held-password"
+	secretenv.Hold(held) // as the worker does with the password it connects with
+	env := append(os.Environ(), "ANOTHER_NAME="+held)
 	for _, name := range secretenv.Names {
 		env = append(env, name+"="+leaked)
 	}
@@ -29,12 +33,12 @@ func TestCommandsGetNoneOfBgtasksCredentials(t *testing.T) {
 	dir := t.TempDir()
 	id := b.arm(t, engine.Spec{
 		Command: `env > env; tr '\0' '\n' < /proc/$PPID/environ > shim-env`, Cwd: dir,
-		Env: map[string]string{"SPEC_VAR": "given"},
+		Env: map[string]string{"SPEC_VAR": "given", "BGTASK_WORKER_PASSWORD": leaked, "SPEC_COPY": held},
 	})
 	b.waitFor(t, id, 20*time.Second, "ended", ended)
 	command := readFile(t, filepath.Join(dir, "env"))
 	for name, got := range map[string]string{"command": command, "shim": readFile(t, filepath.Join(dir, "shim-env"))} {
-		if strings.Contains(got, leaked) {
+		if strings.Contains(got, leaked) || strings.Contains(got, held) {
 			t.Errorf("the %s's environment holds bgtask's credentials:\n%s", name, got)
 		}
 	}

@@ -8,6 +8,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/spf13/pflag"
+
+	"github.com/bgtask/bgtask/internal/secretenv"
 )
 
 // natsAuth is how a connection to a NATS deployment of your own authenticates:
@@ -39,8 +41,8 @@ func (a *natsAuth) options() ([]nats.Option, error) {
 	identities := 0
 	if a.creds != "" {
 		identities++
-		if _, err := os.Stat(a.creds); err != nil {
-			return nil, usageErr("--creds: %v", err)
+		if err := holdCredsSeed(a.creds); err != nil {
+			return nil, err
 		}
 		opts = append(opts, nats.UserCredentials(a.creds))
 	}
@@ -59,6 +61,7 @@ func (a *natsAuth) options() ([]nats.Option, error) {
 	switch {
 	case a.user != "":
 		identities++
+		secretenv.Hold(password)
 		opts = append(opts, nats.UserInfo(a.user, password))
 	case a.password != "":
 		return nil, usageErr("--password: give --user too")
@@ -85,16 +88,37 @@ func (a *natsAuth) tlsOptions() ([]nats.Option, error) {
 	return opts, nil
 }
 
+// holdCredsSeed holds the nkey seed of a creds file (secretenv.Hold), which the
+// connection reads again at each connect.
+func holdCredsSeed(file string) error {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return usageErr("--creds: %v", err)
+	}
+	kp, err := nkeys.ParseDecoratedUserNKey(data)
+	if err != nil {
+		return usageErr("--creds %s: no user nkey seed: %v", file, err)
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return usageErr("--creds %s: %v", file, err)
+	}
+	secretenv.Hold(string(seed))
+	return nil
+}
+
 // nkeyOption signs the server's nonce with the user nkey whose seed is in file.
 func nkeyOption(file string) (nats.Option, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return nil, usageErr("--nkey: %v", err)
 	}
-	kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(data))))
+	seed := strings.TrimSpace(string(data))
+	kp, err := nkeys.FromSeed([]byte(seed))
 	if err != nil {
 		return nil, usageErr("--nkey %s: not an nkey seed: %v", file, err)
 	}
+	secretenv.Hold(seed)
 	pub, err := kp.PublicKey()
 	if err != nil {
 		return nil, fmt.Errorf("--nkey %s: %w", file, err)

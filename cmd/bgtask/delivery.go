@@ -20,6 +20,7 @@ import (
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/sinks"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/secretenv"
 )
 
 // webhookSecretFile holds the key webhook bodies are signed with, in the home.
@@ -127,6 +128,7 @@ func loadWebhookSecret(file, home string) ([]byte, error) {
 	if len(secret) < 16 {
 		return nil, usageErr("webhook secret %s: %d bytes is too short to sign with; use at least 16", file, len(secret))
 	}
+	secretenv.Hold(string(secret))
 	return secret, nil
 }
 

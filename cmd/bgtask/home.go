@@ -16,6 +16,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"golang.org/x/sys/unix"
+
+	"github.com/bgtask/bgtask/internal/secretenv"
 )
 
 // A home directory holds one server's state: its JetStream store, the identities
@@ -73,12 +75,14 @@ func (c credentials) publicKey() (string, error) {
 	return kp.PublicKey()
 }
 
-// natsOption authenticates a connection by signing the server's nonce.
+// natsOption authenticates a connection by signing the server's nonce. The seed
+// is held (secretenv.Hold): no command gets it, under any name.
 func (c credentials) natsOption() (nats.Option, error) {
 	kp, err := c.keyPair()
 	if err != nil {
 		return nil, err
 	}
+	secretenv.Hold(c.Seed)
 	pub, err := kp.PublicKey()
 	if err != nil {
 		return nil, err

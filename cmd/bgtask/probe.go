@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/secretenv"
 )
 
 // probeOptions name the identity clients use, so the engine can check that it
@@ -51,10 +52,15 @@ func (p *probeOptions) check(ctx context.Context, g *globals, logger *slog.Logge
 	given := 0
 	if p.user != "" {
 		given++
-		ids = append(ids, identity{"client user " + p.user, slices.Concat(base, []nats.Option{nats.UserInfo(p.user, os.Getenv("BGTASK_CLIENT_PASSWORD"))})})
+		password := os.Getenv("BGTASK_CLIENT_PASSWORD")
+		secretenv.Hold(password)
+		ids = append(ids, identity{"client user " + p.user, slices.Concat(base, []nats.Option{nats.UserInfo(p.user, password)})})
 	}
 	if p.creds != "" {
 		given++
+		if err := holdCredsSeed(p.creds); err != nil {
+			return err
+		}
 		ids = append(ids, identity{"client credentials " + p.creds, slices.Concat(base, []nats.Option{nats.UserCredentials(p.creds)})})
 	}
 	if p.nkey != "" {

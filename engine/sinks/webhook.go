@@ -22,6 +22,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/secretenv"
 )
 
 // Headers of a webhook request.
@@ -121,6 +122,8 @@ func (r *Runner) bearerToken(sink engine.Sink) (string, error) {
 // environment variable, surrounding white space trimmed. A token that is missing,
 // empty, over MaxTokenBytes, or holds a character other than visible ASCII is an
 // error that names where it was looked for, never what it holds.
+// The token and its variable are held (secretenv): no program bgtask starts for
+// others gets them.
 func Token(b engine.WebhookBearer) (string, error) {
 	var raw string
 	if b.File != "" {
@@ -135,6 +138,7 @@ func Token(b engine.WebhookBearer) (string, error) {
 		}
 		raw = string(data)
 	} else {
+		secretenv.HoldName(b.Env)
 		v, ok := os.LookupEnv(b.Env)
 		if !ok {
 			return "", fmt.Errorf("bearer %q: $%s is not set in the server's environment", b.Name, b.Env)
@@ -142,6 +146,7 @@ func Token(b engine.WebhookBearer) (string, error) {
 		raw = v
 	}
 	token := strings.TrimSpace(raw)
+	secretenv.Hold(token)
 	switch {
 	case token == "":
 		return "", fmt.Errorf("bearer %q: its token is empty", b.Name)
