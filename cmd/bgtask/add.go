@@ -44,10 +44,14 @@ type addOptions struct {
 	eachLine                               bool
 }
 
-const addLong = `Register a command. The words after -- are joined with spaces into one shell
-command, run with 'bash -c' in the worker's login environment. The task id is
-printed at once; the command runs in the background, and when it ends the wake-up
-goes to the target's inbox ('bgtask inbox', 'bgtask wait ID').
+const addLong = `Register a command. One word after -- is a shell command line, run with
+'bash -c': bgtask add -- 'make test && ./deploy.sh'. Several words are a
+program and its arguments, run exactly as given, without a shell (as env, nohup
+and timeout run theirs): bgtask add -- grep "hello world" f.txt passes
+"hello world" as one argument; the program is looked up in the command's PATH.
+The command runs in the worker's login environment. The task id is printed at
+once; the command runs in the background, and when it ends the wake-up goes to
+the target's inbox ('bgtask inbox', 'bgtask wait ID').
 
 By default the task is done when the command exits (exit 0: succeeded). A
 completion rule ends it earlier, when a stdout line matches: the outcome is then
@@ -132,7 +136,7 @@ const addExample = `  bgtask add -- make test
 func addCmd(g *globals) *cobra.Command {
 	var o addOptions
 	cmd := &cobra.Command{
-		Use:     "add [flags] -- COMMAND...",
+		Use:     "add [flags] -- 'SHELL COMMAND' | PROGRAM ARG...",
 		Short:   "Register a command to run in the background; prints the task id",
 		Long:    addLong,
 		Example: addExample,
@@ -271,10 +275,7 @@ func (o *addOptions) fields(cmd *cobra.Command, args []string) (map[string]any, 
 			doc[field] = v
 		}
 	}
-	if len(args) > 0 {
-		doc["command"] = strings.Join(args, " ")
-		delete(doc, "argv")
-	}
+	setCommand(doc, args)
 	if err := o.setTiming(doc, changed, time.Now()); err != nil {
 		return nil, err
 	}
@@ -331,6 +332,20 @@ func (o *addOptions) fields(cmd *cobra.Command, args []string) (map[string]any, 
 		doc["deliver"] = sinks
 	}
 	return doc, nil
+}
+
+// setCommand sets what the words after -- run, over a --spec's: one word is a
+// shell command line; several are an argv, run as given, as env, nohup and
+// timeout run theirs (joined, "hello world" would become two arguments).
+func setCommand(doc map[string]any, args []string) {
+	switch {
+	case len(args) == 1:
+		doc["command"] = args[0]
+		delete(doc, "argv")
+	case len(args) > 1:
+		doc["argv"] = args
+		delete(doc, "command")
+	}
 }
 
 // setCwd sets the spec's cwd: none with --no-cwd, --cwd made absolute, else the

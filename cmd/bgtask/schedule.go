@@ -59,12 +59,14 @@ type scheduleAddOptions struct {
 func scheduleAddCmd(g *globals) *cobra.Command {
 	var o scheduleAddOptions
 	cmd := &cobra.Command{
-		Use:   "add NAME (--cron EXPR [--tz ZONE] | --every D) [flags] -- COMMAND...",
+		Use:   "add NAME (--cron EXPR [--tz ZONE] | --every D) [flags] -- 'SHELL COMMAND' | PROGRAM ARG...",
 		Short: "Add a schedule: the command runs at each slot, with the add flags",
 		Long: scheduleLong + `
 
 The flags of bgtask add shape the task each slot registers (but for
---idempotency-key: each occurrence has its own).`,
+--idempotency-key: each occurrence has its own), and the words after -- are
+its command as they are add's: one word a shell command line, several a
+program and its arguments.`,
 		Example: `  bgtask schedule add nightly --cron '30 2 * * *' --tz Europe/Paris -- make backup
   bgtask schedule add poll --every 5m --overlap skip --target ci -- ./check.sh`,
 		Args: cobra.MinimumNArgs(1),
