@@ -33,7 +33,7 @@ func (s *Spec) validateExternal() error {
 		name string
 		set  bool
 	}{
-		{"start_at", s.StartAt != ""}, {"cwd", s.Cwd != ""}, {"env", len(s.Env) > 0},
+		{"start_at", s.StartAt != ""}, {"cwd", s.Cwd != ""}, {"env", len(s.Env) > 0}, {"environment", s.Environment != ""},
 		{"completion", s.Completion != nil}, {"stall_after", s.StallAfter != ""}, {"result", s.Result != nil},
 		{"on_lost", s.OnLost != ""}, {"placement", s.Placement != nil}, {"retry", s.Retry != nil},
 	} {

@@ -48,7 +48,10 @@ var specFieldNames = func() []string {
 // SpecDiff names the fields in which two validated specs differ, in the order of
 // the spec's fields; none if they are the same. Both are compared in the form an
 // armed event stores, so that what the encoding does not keep (an empty map
-// against none, the spacing of an origin) makes no difference.
+// against none, the spacing of an origin) makes no difference. The env of two
+// specs with environment caller is not compared: it is whatever shell each was
+// registered from, and the same key given again from another one (a new
+// terminal, the next turn of an agent) names the same task.
 func SpecDiff(a, b Spec) ([]string, error) {
 	fa, err := storedFields(a)
 	if err != nil {
@@ -59,7 +62,11 @@ func SpecDiff(a, b Spec) ([]string, error) {
 		return nil, err
 	}
 	var diff []string
+	callers := a.Environment == EnvironmentCaller && b.Environment == EnvironmentCaller
 	for _, name := range specFieldNames {
+		if name == "env" && callers {
+			continue
+		}
 		if !bytes.Equal(fa[name], fb[name]) {
 			diff = append(diff, name)
 		}

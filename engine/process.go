@@ -47,7 +47,7 @@ func (s *Spec) validateProcess() error {
 		set  bool
 	}{
 		{"command", s.Command != ""}, {"argv", len(s.Argv) > 0}, {"start_at", s.StartAt != ""},
-		{"external", s.External}, {"join", s.Join != nil}, {"cwd", s.Cwd != ""}, {"env", len(s.Env) > 0},
+		{"external", s.External}, {"join", s.Join != nil}, {"cwd", s.Cwd != ""}, {"env", len(s.Env) > 0}, {"environment", s.Environment != ""},
 		{"completion", s.Completion != nil}, {"keep_running", s.KeepRunning}, {"stall_after", s.StallAfter != ""},
 		{"on_stall", s.OnStall != ""}, {"max_respawns", s.MaxRespawns != nil}, {"result", s.Result != nil},
 		{"max_result_bytes", s.MaxResultBytes != 0}, {"retry", s.Retry != nil}, {"after", len(s.After) > 0},

@@ -18,9 +18,9 @@ import (
 	"github.com/bgtask/bgtask/internal/secretenv"
 )
 
-// MaxSpecBytes is the largest spec accepted at registration. A spec is a command and
-// its routing data, not a payload: 64 KiB leaves room for long commands and origins
-// while keeping every armed event small.
+// MaxSpecBytes is the largest spec accepted at registration, its env apart (see
+// MaxEnvBytes). A spec is a command and its routing data, not a payload: 64 KiB
+// leaves room for long commands and origins while keeping every armed event small.
 const MaxSpecBytes = 64 << 10
 
 // DefaultTarget receives wake-ups of specs that name none.
@@ -28,14 +28,19 @@ const DefaultTarget = "default"
 
 // Spec is what a caller asks bgtask to run and how to wake it.
 type Spec struct {
-	// Command is a shell string, run with bash -c in the worker's login environment.
+	// Command is a shell string, run with bash -c.
 	Command string `json:"command,omitempty"`
-	// Argv runs a program without a shell; argv[0] is looked up in the login PATH.
+	// Argv runs a program without a shell; argv[0] is looked up in the PATH of the
+	// command's environment.
 	Argv []string `json:"argv,omitempty"`
 	// Cwd is an absolute directory; empty means the worker's home directory.
 	Cwd string `json:"cwd,omitempty"`
-	// Env is added to the worker's login environment.
+	// Env is added to the worker's login environment; with Environment caller it
+	// is the whole environment.
 	Env map[string]string `json:"env,omitempty"`
+	// Environment is what the command's environment starts from: login (default,
+	// written as none) or caller.
+	Environment string `json:"environment,omitempty"`
 	// Kind is a free label, for people and filters.
 	Kind string `json:"kind,omitempty"`
 	// Prompt is the wake-up's template; see Render.
@@ -116,14 +121,19 @@ func ParseSpec(data []byte) (Spec, error) { return ParseSpecAt(data, time.Now())
 // ParseSpecAt decodes and validates a spec registered at now (a relative deadline
 // counts from it). Every rejection is a *FieldError.
 func ParseSpecAt(data []byte, now time.Time) (Spec, error) {
-	if len(data) > MaxSpecBytes {
-		return Spec{}, fieldErr("spec", "%d bytes is over the limit of %d", len(data), MaxSpecBytes)
+	if len(data) > MaxSpecWithEnvBytes {
+		return Spec{}, fieldErr("spec", "%d bytes is over the limit of %d (%d for its env, %d for the rest)", len(data), MaxSpecWithEnvBytes, MaxEnvBytes, MaxSpecBytes)
 	}
 	if err := CheckJSON(data, "spec"); err != nil {
 		return Spec{}, err
 	}
 	if err := checkFieldNames(data); err != nil {
 		return Spec{}, err
+	}
+	if len(data) > MaxSpecBytes {
+		if err := checkSizes(data); err != nil {
+			return Spec{}, err
+		}
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -301,6 +311,9 @@ func (s *Spec) Validate() error {
 			// Stored, it would be read by every identity that reads the stream.
 			return fieldErr("env", "%s holds a credential of bgtask's, which no command gets: leave it out", k)
 		}
+	}
+	if err := s.validateEnvironment(); err != nil {
+		return err
 	}
 	if len(s.Kind) > 64 || strings.ContainsAny(s.Kind, "\x00\n\r") {
 		return fieldErr("kind", "must be one line of at most 64 bytes")

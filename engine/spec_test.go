@@ -51,6 +51,11 @@ func TestParseSpecRejectsWithTheFieldNamed(t *testing.T) {
 		{"NUL in env name", `{"command":"ls","env":{"A\u0000":"1"}}`, "env"},
 		{"NUL in env value", `{"command":"ls","env":{"A":"1\u0000"}}`, "env"},
 		{"a credential of bgtask's in env", `{"command":"ls","env":{"BGTASK_WORKER_PASSWORD":"x"}}`, "env"},
+		{"unknown environment", `{"command":"ls","environment":"shell"}`, "environment"},
+		{"environment of a timer", `{"start_at":"1h","environment":"caller"}`, "environment"},
+		{"env over its budget", `{"command":"ls","environment":"caller","env":{"A":"` + strings.Repeat("x", engine.MaxEnvBytes) + `"}}`, "env"},
+		{"spec over its budget beside an env", `{"command":"` + strings.Repeat("x", engine.MaxSpecBytes) + `","env":{"A":"1"}}`, "spec"},
+		{"over both budgets", `{"command":"` + strings.Repeat("x", engine.MaxSpecBytes) + `","env":{"A":"` + strings.Repeat("x", engine.MaxEnvBytes) + `"}}`, "spec"},
 		{"NUL in command", `{"command":"ls\u0000 -la"}`, "command"},
 		{"NUL in argv", `{"argv":["ls","a\u0000b"]}`, "argv"},
 		{"oversized spec", `{"command":"` + strings.Repeat("x", engine.MaxSpecBytes) + `"}`, "spec"},
@@ -165,6 +170,17 @@ func TestParseSpecAccepts(t *testing.T) {
 		{"accepts a prompt without placeholders", `{"command":"ls","prompt":"look at the build } {"}`, func(t *testing.T, s engine.Spec) {
 			if got, want := s.Prompt, "look at the build } {"; got != want {
 				t.Fatalf("Prompt = %q, want %q", got, want)
+			}
+		}},
+		{"accepts a caller's environment of its own budget", `{"command":"` + strings.Repeat("x", engine.MaxSpecBytes-100) + `","environment":"caller","env":{"A":"` +
+			strings.Repeat("y", engine.MaxEnvBytes-100) + `"}}`, func(t *testing.T, s engine.Spec) {
+			if s.Environment != engine.EnvironmentCaller || len(s.Env["A"]) != engine.MaxEnvBytes-100 {
+				t.Fatalf("Environment = %q, env A %d bytes", s.Environment, len(s.Env["A"]))
+			}
+		}},
+		{"writes the login environment as none", `{"command":"ls","environment":"login"}`, func(t *testing.T, s engine.Spec) {
+			if s.Environment != "" {
+				t.Fatalf("Environment = %q, want none", s.Environment)
 			}
 		}},
 		{"accepts trailing whitespace", "{\"command\":\"ls\"}\n\t ", func(t *testing.T, s engine.Spec) {

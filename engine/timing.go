@@ -103,7 +103,7 @@ func (s *Spec) validateTimer() error {
 		name string
 		set  bool
 	}{
-		{"cwd", s.Cwd != ""}, {"env", len(s.Env) > 0}, {"completion", s.Completion != nil},
+		{"cwd", s.Cwd != ""}, {"env", len(s.Env) > 0}, {"environment", s.Environment != ""}, {"completion", s.Completion != nil},
 		{"keep_running", s.KeepRunning}, {"stall_after", s.StallAfter != ""}, {"on_stall", s.OnStall != ""},
 		{"max_respawns", s.MaxRespawns != nil}, {"deadline", s.Deadline != ""}, {"result", s.Result != nil},
 		{"max_result_bytes", s.MaxResultBytes != 0}, {"on_lost", s.OnLost != ""},

@@ -258,11 +258,15 @@ func (r *run) shimRun(dir string, epoch uint64, logAt offsets) shimRun {
 	if cwd == "" {
 		cwd = homeDir()
 	}
+	var base []string // with environment caller, the spec's env is the whole environment
+	if spec.Environment != engine.EnvironmentCaller {
+		base = r.w.env()
+	}
 	run := shimRun{
 		TaskID: id, Epoch: epoch, Dir: cwd, LogOffsets: logAt,
 		// The spec's env may hold a credential too (a registrant's shell that had
 		// one): the command gets none, under any name.
-		Env:      secretenv.Without(mergeEnv(r.w.env(), spec.Env, "BGTASK_TASK_ID="+id, runMarker(dir))),
+		Env:      secretenv.Without(mergeEnv(base, spec.Env, "BGTASK_TASK_ID="+id, runMarker(dir))),
 		Deadline: spec.DeadlineTime(), KillGrace: r.w.cfg.KillGrace, Boot: hostBoot(),
 	}
 	if spec.OnStall == engine.OnStallKill {

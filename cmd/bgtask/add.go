@@ -19,8 +19,9 @@ import (
 
 type addOptions struct {
 	cwd, kind, prompt, target, key, origin string
-	home                                   string // --home, for the delivery sink of a Codex session
+	g                                      *globals // the home (for the delivery sink of a Codex session), the credentials
 	env                                    []string
+	environment                            string
 	noCwd, keepRunning, asJSON, anywhere   bool
 	labels                                 []string
 	completeJSON                           []string
@@ -49,9 +50,17 @@ const addLong = `Register a command. One word after -- is a shell command line, 
 program and its arguments, run exactly as given, without a shell (as env, nohup
 and timeout run theirs): bgtask add -- grep "hello world" f.txt passes
 "hello world" as one argument; the program is looked up in the command's PATH.
-The command runs in the worker's login environment. The task id is printed at
-once; the command runs in the background, and when it ends the wake-up goes to
-the target's inbox ('bgtask inbox', 'bgtask wait ID').
+The task id is printed at once; the command runs in the background, and when it
+ends the wake-up goes to the target's inbox ('bgtask inbox', 'bgtask wait ID').
+
+The command runs in this shell's environment, captured by add and kept with the
+task (its retries, respawns and reruns get it too): its PATH, an activated
+virtualenv, node_modules/.bin, exported variables; PWD is its cwd, and bgtask's
+credentials are left out. --env KEY=VALUE sets variables over it.
+--environment login runs it in the worker's login environment instead (what
+'bash -l' sets up for the worker's user), with the --env variables. Values of
+the environment are shown by no command, API or page: 'show' and the others
+give its names only.
 
 By default the task is done when the command exits (exit 0: succeeded). A
 completion rule ends it earlier, when a stdout line matches: the outcome is then
@@ -144,7 +153,7 @@ func addCmd(g *globals) *cobra.Command {
 			if dash := cmd.ArgsLenAtDash(); dash > 0 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("unexpected arguments before --: %q", args[:dash])}
 			}
-			o.home = g.home
+			o.g = g
 			if o.eachLine {
 				if len(args) > 0 || o.specFile == "-" {
 					return usageErr("--each-line takes the commands from standard input, one a line: not after --, nor with --spec -")
@@ -192,7 +201,8 @@ func (o *addOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.prompt, "prompt", "", "template of the wake-up's prompt (default: a summary with the output tail)")
 	f.StringVar(&o.target, "target", "", "inbox the wake-up goes to (default: the agent session the command runs in, claude-$CLAUDE_CODE_SESSION_ID or codex-$CODEX_THREAD_ID, else \"default\")")
 	f.StringVar(&o.key, "idempotency-key", "", "the same key registers the same task once and returns its id (default: a key of this command's own, so that a request made again through a server restart arms once)")
-	f.StringArrayVar(&o.env, "env", nil, "KEY=VALUE added to the command's environment (repeatable)")
+	f.StringArrayVar(&o.env, "env", nil, "KEY=VALUE set in the command's environment (repeatable)")
+	f.StringVar(&o.environment, "environment", "", "what the command's environment starts from: caller (default: this shell's, captured now and kept with the task) or login (the worker's login environment, as a --spec without environment says)")
 	f.StringVar(&o.origin, "origin", "", "JSON returned as-is in the wake-up (routing data of the caller; default in an agent session: its runtime and id)")
 	f.StringArrayVar(&o.completeJSON, "complete-on-json", nil, "done when a stdout line is a JSON object with KEY=VALUE (repeatable; VALUE* matches a prefix; a.b reaches nested keys)")
 	f.StringVar(&o.completeRegex, "complete-on-regex", "", "done when a stdout line matches this Go regular expression")
@@ -311,6 +321,9 @@ func (o *addOptions) fields(cmd *cobra.Command, args []string) (map[string]any, 
 		}
 		doc["env"] = env
 	}
+	if err := o.setEnvironment(doc, changed); err != nil {
+		return nil, err
+	}
 	if changed("origin") {
 		if !json.Valid([]byte(o.origin)) {
 			return nil, usageErr("--origin: not valid JSON")
@@ -321,7 +334,7 @@ func (o *addOptions) fields(cmd *cobra.Command, args []string) (map[string]any, 
 		return nil, err
 	}
 	set("policy", "policy", o.policy)
-	if s, ok := currentSession(os.Getenv, o.home, cmd.ErrOrStderr()); ok {
+	if s, ok := currentSession(os.Getenv, o.g.home, cmd.ErrOrStderr()); ok {
 		applySession(doc, s)
 	}
 	if changed("webhook") || changed("exec-json") {
@@ -346,6 +359,29 @@ func setCommand(doc map[string]any, args []string) {
 		doc["argv"] = args
 		delete(doc, "command")
 	}
+}
+
+// setEnvironment sets what the command's environment starts from: --environment,
+// else the caller's for a command given after -- or on a line of --each-line; a
+// --spec says its own. The caller's is captured now (withCallerEnv), so that the
+// task, its retries and respawns and a rerun run in it wherever and whenever they
+// run.
+func (o *addOptions) setEnvironment(doc map[string]any, changed func(string) bool) error {
+	environment := engine.EnvironmentCaller
+	switch {
+	case changed("environment"):
+		environment = o.environment
+		doc["environment"] = environment
+	case o.specFile != "":
+		return nil
+	}
+	if environment != engine.EnvironmentCaller {
+		return nil
+	}
+	if doc["command"] == nil && doc["argv"] == nil {
+		return nil // a timer or an external task runs nothing: no environment
+	}
+	return withCallerEnv(o.g, doc)
 }
 
 // setCwd sets the spec's cwd: none with --no-cwd, --cwd made absolute, else the
@@ -546,7 +582,7 @@ func readSpecFile(path string, doc map[string]any) error {
 	var data []byte
 	var err error
 	if path == "-" {
-		data, err = io.ReadAll(io.LimitReader(os.Stdin, engine.MaxSpecBytes+1))
+		data, err = io.ReadAll(io.LimitReader(os.Stdin, engine.MaxSpecWithEnvBytes+1))
 	} else {
 		data, err = os.ReadFile(path)
 	}

@@ -254,6 +254,7 @@ func (m *mcpServer) addTool() mcpTool {
 				"Give command (a shell string) or argv; every other argument is a field of the task's spec. " +
 				"With start_at and no command it is a durable reminder (a timer): it wakes the session once at that time, even after a restart, " +
 				"with the prompt you give. " +
+				"The command runs in the agent's environment (this MCP server's), with env set over it. " +
 				"The engine validates the spec and a refusal names the field. " +
 				"Default cwd: the MCP server's working directory, which runs the task on this host (cwd \"\" runs it in the worker's home," +
 				" placement {} on any worker).",
@@ -383,10 +384,11 @@ func (m *mcpServer) specSchema() map[string]any {
 		"max_attempts": prop("integer", "attempts before delivery fails (default 8)"),
 	}, "required": []string{"type"}}
 	return schema(nil, map[string]any{
-		"command":         prop("string", "the command, a shell string run with bash -c in the worker's login environment"),
+		"command":         prop("string", "the command, a shell string run with bash -c"),
 		"argv":            with(stringList, "a program and its arguments run without a shell, instead of command"),
 		"cwd":             prop("string", "working directory (default: the MCP server's; a relative one is taken from there; \"\": the worker's home)"),
-		"env":             with(stringMap, "variables added to the command's environment"),
+		"env":             with(stringMap, "variables set in the command's environment"),
+		"environment":     enum("what the command's environment starts from: caller (default: the MCP server's, which is the agent's: its PATH and exports) or login (the worker's login environment)", engine.EnvironmentCaller, engine.EnvironmentLogin),
 		"kind":            prop("string", "a label for the task (build, test, deploy, ...)"),
 		"prompt":          prop("string", "template of the wake-up's prompt; placeholders {{result}} {{exit_code}} {{status}} {{reason}} {{task_id}} {{kind}} {{command}} {{tail}} {{duration}} {{origin.KEY}}"),
 		"target":          prop("string", "the inbox the wake-up goes to (default: the agent session this server runs in, else \"default\")"),
@@ -462,6 +464,9 @@ func (m *mcpServer) add(ctx context.Context, _ *mcp.CallToolRequest, args json.R
 		return "", nil, err
 	}
 	if err := m.defaultCwd(doc); err != nil {
+		return "", nil, err
+	}
+	if err := callerEnvUnlessLogin(m.g, doc); err != nil {
 		return "", nil, err
 	}
 	return m.register(ctx, doc)

@@ -84,7 +84,7 @@ var (
 				"$KV." + events.WorkersBucket + ".*",
 			}, readStreams...),
 			Deny: slices.Concat([]string{
-				api.SubjectRegister, events.InboxPrefix + ".>", events.ArchiveSubject,
+				api.SubjectRegister, api.SubjectRerun, events.InboxPrefix + ".>", events.ArchiveSubject,
 			}, outcomeEvents, neverWrite),
 		},
 		Subscribe: &server.SubjectPermission{
@@ -100,7 +100,7 @@ var (
 	clientPermissions = &server.Permissions{
 		Publish: &server.SubjectPermission{
 			Allow: append([]string{
-				api.SubjectRegister, api.SubjectCancel, api.SubjectGet, api.SubjectList,
+				api.SubjectRegister, api.SubjectRerun, api.SubjectCancel, api.SubjectGet, api.SubjectList,
 				api.SubjectHistory, api.SubjectWorkers, api.SubjectPause, api.SubjectResume, api.SubjectComplete,
 				api.SubjectConsume, consumingSubject("*"),
 				api.SubjectScheduleAdd, api.SubjectScheduleList, api.SubjectScheduleShow, api.SubjectSchedulePause,

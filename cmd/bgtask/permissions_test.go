@@ -241,6 +241,7 @@ func TestTheWorkerIdentityAppendsARunsEventsButNoOutcome(t *testing.T) {
 		refused(t, nc, violations, events.TaskSubject(task, typ))
 	}
 	refused(t, nc, violations, "bgtask.register")
+	refused(t, nc, violations, "bgtask.rerun")
 	refused(t, nc, violations, events.InboxSubject("default"))
 
 	// A `bgtask worker --home` process connects as it, and runs tasks.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -148,6 +150,7 @@ func printTask(w io.Writer, t api.TaskView) error {
 	row("status", t.Status)
 	row("command", t.Command)
 	row("cwd", t.Spec.Cwd)
+	row("environment", environmentRow(t.Spec))
 	row("kind", t.Spec.Kind)
 	row("target", t.Spec.Target)
 	row("placement", t.Spec.Placement.String())
@@ -291,6 +294,19 @@ func cancelCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&reason, "reason", "", "why, kept in the task's history")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the cancelled task as JSON")
 	return cmd
+}
+
+// environmentRow says what a task's command runs in; the values of its env are
+// no reader's (engine.Spec.HideEnv).
+func environmentRow(s engine.Spec) string {
+	names := slices.Sorted(maps.Keys(s.Env))
+	switch {
+	case s.Environment == engine.EnvironmentCaller:
+		return fmt.Sprintf("the caller's, %d variables (show --json names them)", len(names))
+	case len(names) > 0:
+		return "login, with " + strings.Join(names, " ")
+	}
+	return ""
 }
 
 // timingRows are the rows of a task's start, retries and rerun.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/google/uuid"
@@ -16,7 +15,8 @@ func rerunCmd(g *globals) *cobra.Command {
 		Short: "Register a new task with the same spec as task ID; prints the new id",
 		Long: `Register a new task that runs task ID's command again: the same spec, a new id,
 and rerun_of naming ID. A start (--delay, --at) and a deadline keep their
-distance from the registration; the idempotency key is not carried over.`,
+distance from the registration; the idempotency key is not carried over. The
+environment is the one ID ran with, the caller's it captured included.`,
 		Example: `  bgtask rerun 01a2b3c4-...
   bgtask wait "$(bgtask rerun "$id")"`,
 		Args: cobra.ExactArgs(1),
@@ -25,17 +25,7 @@ distance from the registration; the idempotency key is not carried over.`,
 			// a restart of the server registers once.
 			key := "rerun-" + uuid.NewString()
 			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
-				t, err := c.api.Get(ctx, args[0])
-				if err != nil {
-					return err
-				}
-				spec := t.RerunSpec()
-				spec.IdempotencyKey = key
-				raw, err := json.Marshal(spec)
-				if err != nil {
-					return err
-				}
-				reg, err := c.api.Register(ctx, raw)
+				reg, err := c.api.Rerun(ctx, args[0], key)
 				if err != nil {
 					return err
 				}

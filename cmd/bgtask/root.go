@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/bgtask/bgtask/engine/api"
+	"github.com/bgtask/bgtask/internal/secretenv"
 )
 
 // globals are the flags every command has.
@@ -175,6 +176,21 @@ func buildID() string {
 // *serverAbsent; a home where no server ever ran is not.
 func (g *globals) connect(name string, extra ...nats.Option) (*nats.Conn, error) {
 	return g.connectAs(name, readCredentials, extra...)
+}
+
+// holdCredentials holds (secretenv.Hold) the credentials a client command
+// connects with, before it connects: a command that hands its environment to a
+// task does so first. What cannot be read now, the connection reports.
+func (g *globals) holdCredentials() {
+	if g.natsURL != "" {
+		_, _ = g.auth.options()
+		return
+	}
+	if home, err := homeDir(g.home); err == nil {
+		if creds, err := readCredentials(home); err == nil {
+			secretenv.Hold(creds.Seed)
+		}
+	}
 }
 
 // connectAs opens a connection named name: to --nats with the auth flags, else to

@@ -66,7 +66,8 @@ func scheduleAddCmd(g *globals) *cobra.Command {
 The flags of bgtask add shape the task each slot registers (but for
 --idempotency-key: each occurrence has its own), and the words after -- are
 its command as they are add's: one word a shell command line, several a
-program and its arguments.`,
+program and its arguments. Each occurrence runs in the environment schedule add
+ran in, as add's task does (--environment login: the worker's).`,
 		Example: `  bgtask schedule add nightly --cron '30 2 * * *' --tz Europe/Paris -- make backup
   bgtask schedule add poll --every 5m --overlap skip --target ci -- ./check.sh`,
 		Args: cobra.MinimumNArgs(1),
@@ -74,7 +75,7 @@ program and its arguments.`,
 			if dash := cmd.ArgsLenAtDash(); dash != 1 {
 				return usageErr("want NAME, then -- and the command")
 			}
-			o.home = g.home
+			o.g = g
 			doc, err := o.fields(cmd, args[1:])
 			if err != nil {
 				return err

@@ -77,8 +77,10 @@ type TaskView struct {
 	Waiting string `json:"waiting,omitempty"`
 }
 
-// View builds the view of a state.
+// View builds the view of a state: the spec's env shows its names alone
+// (engine.Spec.HideEnv), as every view of a task does.
 func View(s engine.State) TaskView {
+	s.Spec = s.Spec.HideEnv()
 	v := TaskView{State: s, Command: s.Spec.CommandLine()}
 	if s.Run != nil {
 		v.MatchedLine = s.Run.MatchedLine
@@ -231,6 +233,7 @@ func (s *Server) Start(ctx context.Context) error {
 		concurrent bool
 	}{
 		{"register", SubjectRegister, s.register, true},
+		{"rerun", SubjectRerun, s.rerun, true},
 		{"cancel", SubjectCancel, s.cancel, false},
 		{"get", SubjectGet, s.get, false},
 		{"list", SubjectList, s.list, false},
@@ -451,22 +454,31 @@ func (s *Server) get(ctx context.Context, data []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	state, err := s.task(ctx, id)
+	state, err := s.wholeTask(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if state.Phase == engine.PhaseArchived {
-		// One task asked for by id is worth a read of the archive: it comes back
-		// whole, wake-up included, as it was when it finished.
-		history, err := s.archived(ctx, state)
-		if err != nil {
-			return nil, err
-		}
-		full, _ := engine.Replay(history)
-		full.ArchiveSeq = state.ArchiveSeq
-		return View(full), nil
+		return View(state), nil
 	}
 	return s.view(state), nil
+}
+
+// wholeTask is a task's state; an archived one's as it was when it finished, read
+// from the archive (one task asked for by id is worth the read), its whole spec
+// and wake-up included.
+func (s *Server) wholeTask(ctx context.Context, id string) (engine.State, error) {
+	state, err := s.task(ctx, id)
+	if err != nil || state.Phase != engine.PhaseArchived {
+		return state, err
+	}
+	history, err := s.archived(ctx, state)
+	if err != nil {
+		return engine.State{}, err
+	}
+	full, _ := engine.Replay(history)
+	full.ArchiveSeq = state.ArchiveSeq
+	return full, nil
 }
 
 // view is View with what an armed task waits for.
@@ -626,6 +638,9 @@ func (s *Server) history(ctx context.Context, data []byte) (any, error) {
 			return nil, err
 		}
 		hist = append(archived, hist...)
+	}
+	for i, rec := range hist {
+		hist[i] = engine.HideEnvIn(rec)
 	}
 	return HistoryReply{Events: hist}, nil
 }

@@ -456,7 +456,7 @@ func TestRepliesTooLargeForAMessageAreErrors(t *testing.T) {
 	client := api.NewClient(srv.Conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	reg, err := client.Register(ctx, []byte(`{"command":"make","env":{"NOTES":"`+strings.Repeat("n", 60<<10)+`"}}`))
+	reg, err := client.Register(ctx, []byte(`{"command":"make # `+strings.Repeat("n", 60<<10)+`"}`))
 	if err != nil {
 		t.Fatal(err)
 	}

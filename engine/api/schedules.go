@@ -93,8 +93,11 @@ func scheduleError(err error) error {
 	return err
 }
 
+// scheduleView is a schedule with its next slots; its spec's env shows its names
+// alone (engine.HideEnvJSON).
 func (s *Server) scheduleView(sc engine.Schedule) ScheduleView {
 	v := ScheduleView{Schedule: sc, Next: []time.Time{}}
+	v.Schedule.Spec = engine.HideEnvJSON(sc.Spec)
 	if !sc.Paused {
 		v.Next = append(v.Next, sc.Next(maxTime(sc.After, s.base.Now()), ScheduleNext)...)
 	}

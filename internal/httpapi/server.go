@@ -59,7 +59,7 @@ type Config struct {
 
 // Limits of what one request may hold or cost.
 const (
-	maxSpecBody   = 256 << 10 // a registration (the engine refuses a spec over 64 KiB, naming it)
+	maxSpecBody   = 256 << 10 // a registration (the engine refuses a spec over 64 KiB and an env over 128 KiB, naming them)
 	maxSmallBody  = 16 << 10  // every other request body
 	streamBuffer  = 256       // events held for one slow stream client before it is dropped
 	readTimeout   = time.Minute

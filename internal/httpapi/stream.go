@@ -196,7 +196,7 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
 			if decodeErr != nil || !match(rec) {
 				return true // a bad event is the audit's to report; a stream goes on
 			}
-			data, err := json.Marshal(rec)
+			data, err := json.Marshal(engine.HideEnvIn(rec))
 			if err != nil {
 				pushErr = err
 				return false

@@ -160,16 +160,7 @@ func (s *Server) cancelForm(w http.ResponseWriter, r *http.Request) {
 // its idempotency key, and shows the new task.
 func (s *Server) rerunForm(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, maxSmallBody)
-	t, err := s.api.Get(r.Context(), r.PathValue("id"))
-	var reg api.Registered
-	if err == nil {
-		spec := t.RerunSpec()
-		spec.IdempotencyKey = r.PostFormValue("key")
-		var raw []byte
-		if raw, err = json.Marshal(spec); err == nil {
-			reg, err = s.api.Register(r.Context(), raw)
-		}
-	}
+	reg, err := s.api.Rerun(r.Context(), r.PathValue("id"), r.PostFormValue("key"))
 	if err != nil {
 		s.pageError(w, "tasks", err)
 		return
