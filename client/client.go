@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/bgtask/bgtask/engine/api"
-	"github.com/bgtask/bgtask/internal/home"
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // Config says which bgtask deployment a Client reaches.
@@ -62,7 +62,7 @@ type Client struct {
 // retryEvery is how often a client tries again a server it waits for.
 const retryEvery = 200 * time.Millisecond
 
-// goneFor is how long a home's server must look gone for good (home.Gone)
+// goneFor is how long a home's server must look gone for good (serverhome.Gone)
 // before a client says so instead of waiting: a server restarted by hand takes
 // the home's lock well within it.
 const goneFor = 500 * time.Millisecond
@@ -77,7 +77,7 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	c := &Client{cfg: cfg}
 	if cfg.URL == "" {
-		dir, err := home.Dir(cfg.Home)
+		dir, err := serverhome.Dir(cfg.Home)
 		if err != nil {
 			return nil, err
 		}
@@ -126,20 +126,20 @@ func (c *Client) dial() (*nats.Conn, error) {
 		}
 		return nc, nil
 	}
-	d, err := home.ReadDiscovery(c.home)
+	d, err := serverhome.ReadDiscovery(c.home)
 	if errors.Is(err, os.ErrNotExist) {
 		// A server writes its credentials at its first start and removes its
 		// discovery file when it stops: with credentials, one ran here and may be
 		// starting again.
-		if _, cerr := os.Stat(filepath.Join(c.home, home.CredentialsFile)); cerr != nil {
+		if _, cerr := os.Stat(filepath.Join(c.home, serverhome.CredentialsFile)); cerr != nil {
 			return nil, &NoServerError{Never: true, Err: fmt.Errorf("no bgtask server in %s: start one with 'bgtask server' (or name another home, or a NATS URL)", c.home)}
 		}
-		return nil, absent(fmt.Errorf("the bgtask server of %s is not running (it wrote no %s yet)", c.home, home.DiscoveryFile), c.home)
+		return nil, absent(fmt.Errorf("the bgtask server of %s is not running (it wrote no %s yet)", c.home, serverhome.DiscoveryFile), c.home)
 	}
 	if err != nil {
 		return nil, err
 	}
-	creds, err := home.ReadCredentials(c.home)
+	creds, err := serverhome.ReadCredentials(c.home)
 	if err != nil {
 		return nil, fmt.Errorf("read the client identity of %s: %w", c.home, err)
 	}
@@ -149,7 +149,7 @@ func (c *Client) dial() (*nats.Conn, error) {
 	}
 	// Reconnects go where the server is now, should it come back on another port;
 	// the connection is closed once the server is gone for good.
-	opts = append(opts, auth, nats.SetCustomDialer(home.NewDialer(c.home, 5*time.Second)), c.watchGone())
+	opts = append(opts, auth, nats.SetCustomDialer(serverhome.NewDialer(c.home, 5*time.Second)), c.watchGone())
 	opts = append(opts, c.cfg.Options...)
 	nc, err := nats.Connect(d.URL, opts...)
 	if err != nil {
@@ -171,7 +171,7 @@ func absentIf(err error, dir string) error {
 // good, when nothing will start the server of home (dir) again.
 func absent(err error, dir string) *NoServerError {
 	if dir != "" {
-		if why := home.Gone(dir); why != nil {
+		if why := serverhome.Gone(dir); why != nil {
 			return &NoServerError{Err: why, Gone: true}
 		}
 	}
@@ -179,12 +179,12 @@ func absent(err error, dir string) *NoServerError {
 }
 
 // watchGone closes the connection once the home's server is gone for good
-// (home.Gone, for goneFor): a connection that reconnects for ever would leave a
+// (serverhome.Gone, for goneFor): a connection that reconnects for ever would leave a
 // call with no deadline hanging.
 func (c *Client) watchGone() nats.Option {
 	var since time.Time
 	return nats.ReconnectErrHandler(func(nc *nats.Conn, _ error) {
-		why := home.Gone(c.home)
+		why := serverhome.Gone(c.home)
 		switch {
 		case why == nil:
 			since = time.Time{}

@@ -18,7 +18,7 @@ import (
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/node"
 	"github.com/bgtask/bgtask/engine/sinks"
-	"github.com/bgtask/bgtask/internal/home"
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // The examples share one engine, whose home is $BGTASK_HOME while they run.
@@ -61,7 +61,7 @@ func startEngine() (dir string, stop func(), err error) {
 			os.RemoveAll(dir)
 		}
 	}()
-	ids, err := home.LoadOrCreateIdentities(dir)
+	ids, err := serverhome.LoadOrCreateIdentities(dir)
 	if err != nil {
 		return "", nil, err
 	}
@@ -69,12 +69,12 @@ func startEngine() (dir string, stop func(), err error) {
 	if err != nil {
 		return "", nil, err
 	}
-	lock, err := home.Lock(dir)
+	lock, err := serverhome.Lock(dir)
 	if err != nil {
 		return "", nil, err
 	}
 	stops = append(stops, func() { lock.Close() })
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: filepath.Join(dir, home.StoreDir),
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: filepath.Join(dir, serverhome.StoreDir),
 		NoLog: true, NoSigs: true, Nkeys: []*server.NkeyUser{{Nkey: pub}},
 		// The engine's connection comes in without credentials, as a user of its own.
 		Users: []*server.User{{Username: "engine", Password: "not used"}}, NoAuthUser: "engine"})
@@ -100,7 +100,7 @@ func startEngine() (dir string, stop func(), err error) {
 		return "", nil, err
 	}
 	stops = append(stops, n.Stop)
-	if err := home.WriteDiscovery(dir, home.Discovery{URL: ns.ClientURL(), PID: os.Getpid()}); err != nil {
+	if err := serverhome.WriteDiscovery(dir, serverhome.Discovery{URL: ns.ClientURL(), PID: os.Getpid()}); err != nil {
 		return "", nil, err
 	}
 	return dir, stop, nil

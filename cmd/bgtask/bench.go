@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/bgtask/bgtask/cmd/bgtask/bench"
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 const benchLong = `Measure bgtask on this machine. Each scenario starts its own 'bgtask server'
@@ -84,11 +85,11 @@ func benchCmd(g *globals) *cobra.Command {
 					return (&globals{home: home}).connect("bgtask-bench")
 				},
 				ServerPID: func(home string) (int, error) {
-					d, err := readDiscovery(home)
+					d, err := serverhome.ReadDiscovery(home)
 					return d.PID, err
 				},
-				StoreDir:     storeDir,
-				SnapshotFile: snapshotFile,
+				StoreDir:     serverhome.StoreDir,
+				SnapshotFile: serverhome.SnapshotFile,
 				Quick:        quick,
 				Scenarios:    scenarios,
 				Repeats:      repeats,

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/cmd/bgtask/bench"
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // The CLI's contract, through Run with a real server started in-process: exit
@@ -67,7 +68,7 @@ func startServer(t testing.TB, home string) *testServer {
 	t.Cleanup(s.stop)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if _, err := readDiscovery(home); err == nil {
+		if _, err := serverhome.ReadDiscovery(home); err == nil {
 			return s
 		}
 		select {
@@ -250,7 +251,7 @@ func TestClientWithNoServerEverFailsAtOnce(t *testing.T) {
 func TestClientWaitsThroughARestartOfTheServer(t *testing.T) {
 	home := t.TempDir()
 	t.Setenv("HOME", home)
-	t.Setenv(supervisedEnv, "test") // a restart is coming
+	t.Setenv(serverhome.SupervisedEnv, "test") // a restart is coming
 	first := startServer(t, home)
 	addTask(t, home, "--", "true")
 	first.stop() // a clean stop: the discovery file goes
@@ -363,11 +364,11 @@ func TestAddMadeAgainAfterADroppedConnectionArmsOnce(t *testing.T) {
 	home := t.TempDir()
 	t.Setenv("HOME", home)
 	startServer(t, home)
-	d, err := readDiscovery(home)
+	d, err := serverhome.ReadDiscovery(home)
 	if err != nil {
 		t.Fatal(err)
 	}
-	creds, err := readCredentials(home)
+	creds, err := serverhome.ReadCredentials(home)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,11 +409,11 @@ func TestCancelCutByADroppedConnectionIsNotMadeAgain(t *testing.T) {
 	t.Setenv("HOME", home)
 	startServer(t, home)
 	id := addTask(t, home, "--", "sleep 30")
-	d, err := readDiscovery(home)
+	d, err := serverhome.ReadDiscovery(home)
 	if err != nil {
 		t.Fatal(err)
 	}
-	creds, err := readCredentials(home)
+	creds, err := serverhome.ReadCredentials(home)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/bgtask/bgtask/engine/sinks"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/internal/secretenv"
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // webhookSecretFile holds the key webhook bodies are signed with, in the home.
@@ -118,7 +119,7 @@ func loadWebhookSecret(file, home string) ([]byte, error) {
 		key := make([]byte, 32)
 		_, _ = rand.Read(key)
 		data = []byte(hex.EncodeToString(key) + "\n")
-		if err := writeFileAtomic(file, data); err != nil {
+		if err := serverhome.WriteFileAtomic(file, data); err != nil {
 			return nil, fmt.Errorf("write webhook secret: %w", err)
 		}
 	} else if err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // A server on a disk with far less free than the log stream's 4 GiB starts, and
@@ -149,7 +150,7 @@ func TestClientsAskingWhileTheDiskFillsAndFreesAreAnsweredAfter(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for range 4 {
-		nc := connectAs(t, home, filepath.Join(home, clientSeedFile), nil)
+		nc := connectAs(t, home, filepath.Join(home, serverhome.ClientSeedFile), nil)
 		js, err := jetstream.New(nc)
 		if err != nil {
 			t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // embedded is a `bgtask server` run in this process, stopped as SIGTERM stops one:
@@ -59,7 +60,7 @@ func startEmbedded(t *testing.T, home string, args ...string) *embedded {
 	t.Cleanup(func() { e.stop(t) })
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		if _, err := readDiscovery(home); err == nil {
+		if _, err := serverhome.ReadDiscovery(home); err == nil {
 			return e
 		}
 		select {
@@ -115,7 +116,7 @@ func quietHome(t *testing.T) {
 
 func serverURLOf(t *testing.T, home string) string {
 	t.Helper()
-	d, err := readDiscovery(home)
+	d, err := serverhome.ReadDiscovery(home)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +197,7 @@ func serverProcess(t *testing.T, home string, env ...string) *exec.Cmd {
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	eventually(t, 30*time.Second, "serving", func() bool {
-		d, err := readDiscovery(home)
+		d, err := serverhome.ReadDiscovery(home)
 		return err == nil && d.PID == cmd.Process.Pid
 	})
 	return cmd
@@ -223,7 +224,7 @@ func TestAClientSaysAtOnceThatNothingRestartsAServerGone(t *testing.T) {
 
 func TestAClientWaitsForAServerItsSupervisorRestarts(t *testing.T) {
 	home := t.TempDir()
-	p := serverProcess(t, home, supervisedEnv+"=test")
+	p := serverProcess(t, home, serverhome.SupervisedEnv+"=test")
 	_ = p.Process.Kill()
 	_ = p.Wait()
 	r := bgtask(t, home, "show", "--timeout", "1s", "x").must(t, exitNoServer, "show with a supervised server killed")
@@ -232,8 +233,8 @@ func TestAClientWaitsForAServerItsSupervisorRestarts(t *testing.T) {
 	}
 	// A server started with no supervisor takes the record back.
 	serverProcess(t, home)
-	if _, err := os.Stat(filepath.Join(home, supervisorFile)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("a server with no supervisor left %s: %v", supervisorFile, err)
+	if _, err := os.Stat(filepath.Join(home, serverhome.SupervisorFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a server with no supervisor left %s: %v", serverhome.SupervisorFile, err)
 	}
 }
 

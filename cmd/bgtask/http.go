@@ -28,6 +28,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/bgtask/bgtask/internal/httpapi"
+	"github.com/bgtask/bgtask/internal/serverhome"
 	"github.com/bgtask/bgtask/projections"
 )
 
@@ -117,7 +118,7 @@ func lastHTTPAddr(addr, home string, logger *slog.Logger) string {
 	if err != nil || port != "0" {
 		return addr
 	}
-	prev := rememberedPort(home, httpPortFile)
+	prev := serverhome.RememberedPort(home, serverhome.HTTPPortFile)
 	switch {
 	case prev == 0:
 		return addr
@@ -132,12 +133,12 @@ func lastHTTPAddr(addr, home string, logger *slog.Logger) string {
 func announceHTTP(home, url, token string) error {
 	if _, port, err := net.SplitHostPort(strings.TrimPrefix(url, "http://")); err == nil {
 		p, _ := strconv.Atoi(port)
-		if err := rememberPort(home, httpPortFile, p); err != nil {
-			return fmt.Errorf("write %s: %w", httpPortFile, err)
+		if err := serverhome.RememberPort(home, serverhome.HTTPPortFile, p); err != nil {
+			return fmt.Errorf("write %s: %w", serverhome.HTTPPortFile, err)
 		}
 	}
 	data, _ := json.MarshalIndent(httpInfo{URL: url, Token: token, PID: os.Getpid()}, "", "  ")
-	if err := writeFileAtomic(filepath.Join(home, httpFile), data); err != nil {
+	if err := serverhome.WriteFileAtomic(filepath.Join(home, httpFile), data); err != nil {
 		return fmt.Errorf("write %s: %w", httpFile, err)
 	}
 	return nil
@@ -149,7 +150,7 @@ func loadMetricsToken(home string) (string, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		token := newHTTPToken()
-		if err := writeFileAtomic(path, []byte(token)); err != nil {
+		if err := serverhome.WriteFileAtomic(path, []byte(token)); err != nil {
 			return "", fmt.Errorf("write %s: %w", metricsTokenFile, err)
 		}
 		return token, nil
@@ -198,7 +199,7 @@ The link works once, within 2 minutes; visiting it starts a session (an
 HttpOnly, SameSite=Strict cookie, 24 hours, ended by a restart of the server).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			home, err := homeDir(g.home)
+			home, err := serverhome.Dir(g.home)
 			if err != nil {
 				return err
 			}
@@ -285,7 +286,7 @@ func writeLoginPage(home, link string) (string, error) {
 <title>bgtask: logging in</title></head>
 <body><p><a href="` + u + `">Open the bgtask dashboard</a> (a one-time link: run <code>bgtask ui</code> again once it is used or 2 minutes old).</p></body></html>`
 	path := filepath.Join(home, loginPageFile)
-	if err := writeFileAtomic(path, []byte(page)); err != nil {
+	if err := serverhome.WriteFileAtomic(path, []byte(page)); err != nil {
 		return "", fmt.Errorf("write the login page: %w", err)
 	}
 	return path, nil
@@ -297,7 +298,7 @@ func (e *embeddedServer) startHTTP(ctx context.Context, ns *server.Server, metri
 	if e.o.http.addr == "off" {
 		return func() {}, nil
 	}
-	nc, err := connectInProcess(ns, e.ids.client, "bgtask-http")
+	nc, err := connectInProcess(ns, e.ids.Client, "bgtask-http")
 	if err != nil {
 		return nil, err
 	}

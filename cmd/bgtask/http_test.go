@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // httpCall makes a request to the home's HTTP API with its token.
@@ -182,7 +184,7 @@ func TestServerHTTPFlags(t *testing.T) {
 		done <- Run(ctx, []string{"server", "--home", home, "--listen", "127.0.0.1:0", "--http", "off", "--no-worker"}, io.Discard, io.Discard)
 	}()
 	eventually(t, 30*time.Second, "the server ready", func() bool {
-		_, err := readDiscovery(home)
+		_, err := serverhome.ReadDiscovery(home)
 		return err == nil
 	})
 	if _, err := os.Stat(filepath.Join(home, httpFile)); !os.IsNotExist(err) {

@@ -17,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // `bgtask mcp` is tested as a client runtime uses it: a process on stdio, driven
@@ -371,7 +372,7 @@ func TestMCPInAnAgentSessionWakesThatSession(t *testing.T) {
 func TestMCPCallsWaitThroughARestartOfTheServer(t *testing.T) {
 	home := t.TempDir()
 	t.Setenv("HOME", home)
-	t.Setenv(supervisedEnv, "test") // a restart is coming
+	t.Setenv(serverhome.SupervisedEnv, "test") // a restart is coming
 	first := startServer(t, home)
 	p := startMCP(t, home, t.TempDir())
 	reg := ok[struct{ ID string }](t, "add", p.call(t, "add", map[string]any{"command": "true"}))

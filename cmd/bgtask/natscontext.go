@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // natsContext is the part of a nats CLI context (natscli's natscontext package,
@@ -44,19 +45,19 @@ event (docs/security.md).`,
 			if !events.ValidToken(name) {
 				return usageErr("--name %q: use letters, digits, '-' and '_'", name)
 			}
-			home, err := homeDir(g.home)
+			home, err := serverhome.Dir(g.home)
 			if err != nil {
 				return err
 			}
-			d, err := readDiscovery(home)
+			d, err := serverhome.ReadDiscovery(home)
 			if errors.Is(err, fs.ErrNotExist) {
 				return fmt.Errorf("no bgtask server in %s: start one with 'bgtask server' first, the context takes its URL", home)
 			}
 			if err != nil {
 				return err
 			}
-			seed := filepath.Join(home, clientSeedFile)
-			if _, err := readSeedFile(seed); err != nil {
+			seed := filepath.Join(home, serverhome.ClientSeedFile)
+			if _, err := serverhome.ReadSeedFile(seed); err != nil {
 				return fmt.Errorf("the client identity: %w (a server of this version writes it at start)", err)
 			}
 			path, err := natsContextPath(name)
@@ -67,7 +68,7 @@ event (docs/security.md).`,
 				return err
 			}
 			data, _ := json.MarshalIndent(natsContext{Description: "bgtask server of " + home, URL: d.URL, NKey: seed}, "", "  ")
-			if err := writeFileAtomic(path, data); err != nil {
+			if err := serverhome.WriteFileAtomic(path, data); err != nil {
 				return err
 			}
 			_, err = fmt.Fprintf(g.stdout, "wrote %s (%s as the client identity)\nuse it: nats --context %s micro ls\n", path, d.URL, name)

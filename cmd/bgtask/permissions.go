@@ -9,7 +9,7 @@ import (
 	"github.com/bgtask/bgtask/events"
 )
 
-// The embedded server's users and what each may do. They follow the identities of
+// The embedded server's users and what each may do. They follow the serverhome.Identities of
 // deploy/nats/accounts.conf, with two differences that come from one user on one
 // machine: the client reads and acknowledges the inbox of every target (the CLI
 // serves any --target) and may drain a worker (`bgtask worker drain`), which on a

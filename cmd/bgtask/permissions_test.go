@@ -18,16 +18,17 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // connectAs connects to the server of home with the nkey seed of file.
 func connectAs(t *testing.T, home, file string, violations chan<- error) *nats.Conn {
 	t.Helper()
-	creds, err := readSeedFile(file)
+	creds, err := serverhome.ReadSeedFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	auth, err := creds.natsOption()
+	auth, err := creds.NATSOption()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +129,7 @@ func TestTheClientIdentityRunsTheCLIButWritesNoEvent(t *testing.T) {
 	// Around the API: no event, no wake-up, no stream of its own.
 	victim := strings.TrimSpace(mustRunHome(t, home, "add", "--", "sleep 600"))
 	violations := make(chan error, 16)
-	nc := connectAs(t, home, filepath.Join(home, clientSeedFile), violations)
+	nc := connectAs(t, home, filepath.Join(home, serverhome.ClientSeedFile), violations)
 	for _, typ := range []events.Type{events.TypeCancelled, events.TypeExited, events.TypeFired, events.TypeArmed} {
 		refused(t, nc, violations, events.TaskSubject(victim, typ))
 	}
@@ -157,14 +158,14 @@ func TestTheClientIdentityRunsTheCLIButWritesNoEvent(t *testing.T) {
 
 	// credentials.json and client.nkey are the same user; the engine's seed is in
 	// no file of the home.
-	creds, err := readCredentials(home)
+	creds, err := serverhome.ReadCredentials(home)
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, _ := readSeedFile(filepath.Join(home, clientSeedFile))
-	worker, _ := readSeedFile(filepath.Join(home, workerSeedFile))
+	client, _ := serverhome.ReadSeedFile(filepath.Join(home, serverhome.ClientSeedFile))
+	worker, _ := serverhome.ReadSeedFile(filepath.Join(home, serverhome.WorkerSeedFile))
 	if creds.Seed != client.Seed {
-		t.Error("credentials.json and client.nkey hold different identities")
+		t.Error("credentials.json and client.nkey hold different serverhome.Identities")
 	}
 	for _, seed := range seedsIn(t, home) {
 		if seed != client.Seed && seed != worker.Seed {
@@ -177,7 +178,7 @@ func TestTheClientIdentityRunsTheCLIButWritesNoEvent(t *testing.T) {
 // yet, or does not exist yet.
 func inboxUnacked(t *testing.T, home, target string) bool {
 	t.Helper()
-	nc := connectAs(t, home, filepath.Join(home, clientSeedFile), nil)
+	nc := connectAs(t, home, filepath.Join(home, serverhome.ClientSeedFile), nil)
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -203,7 +204,7 @@ func seedsIn(t *testing.T, home string) []string {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() && d.Name() == storeDir {
+		if d.IsDir() && d.Name() == serverhome.StoreDir {
 			return filepath.SkipDir
 		}
 		if d.Type().IsRegular() {
@@ -229,7 +230,7 @@ func TestTheWorkerIdentityAppendsARunsEventsButNoOutcome(t *testing.T) {
 	startEmbedded(t, home, "--no-worker")
 
 	violations := make(chan error, 16)
-	nc := connectAs(t, home, filepath.Join(home, workerSeedFile), violations)
+	nc := connectAs(t, home, filepath.Join(home, serverhome.WorkerSeedFile), violations)
 	const task = "01a00000-0000-7000-8000-000000000000"
 	for _, typ := range []events.Type{events.TypeSpawned, events.TypeTick, events.TypeExited} {
 		if err := jsPublish(t, nc, events.TaskSubject(task, typ)); err != nil {

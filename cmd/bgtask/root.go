@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/internal/secretenv"
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // globals are the flags every command has.
@@ -175,7 +175,7 @@ func buildID() string {
 // A server that is not there now but may be soon (one that is restarting) is a
 // *serverAbsent; a home where no server ever ran is not.
 func (g *globals) connect(name string, extra ...nats.Option) (*nats.Conn, error) {
-	return g.connectAs(name, readCredentials, extra...)
+	return g.connectAs(name, serverhome.ReadCredentials, extra...)
 }
 
 // holdCredentials holds (secretenv.Hold) the credentials a client command
@@ -186,8 +186,8 @@ func (g *globals) holdCredentials() {
 		_, _ = g.auth.options()
 		return
 	}
-	if home, err := homeDir(g.home); err == nil {
-		if creds, err := readCredentials(home); err == nil {
+	if home, err := serverhome.Dir(g.home); err == nil {
+		if creds, err := serverhome.ReadCredentials(home); err == nil {
 			secretenv.Hold(creds.Seed)
 		}
 	}
@@ -195,7 +195,7 @@ func (g *globals) holdCredentials() {
 
 // connectAs opens a connection named name: to --nats with the auth flags, else to
 // the home's server as the identity that identity reads from the home.
-func (g *globals) connectAs(name string, identity func(home string) (credentials, error), extra ...nats.Option) (*nats.Conn, error) {
+func (g *globals) connectAs(name string, identity func(home string) (serverhome.Credentials, error), extra ...nats.Option) (*nats.Conn, error) {
 	opts := append([]nats.Option{nats.Name(name), nats.Timeout(5 * time.Second), nats.MaxReconnects(-1)}, extra...)
 	if g.natsURL != "" {
 		auth, err := g.auth.options()
@@ -211,17 +211,17 @@ func (g *globals) connectAs(name string, identity func(home string) (credentials
 	if g.auth.given() {
 		return nil, usageErr("the NATS auth and TLS flags go with --nats URL; without it the home's own credentials are used")
 	}
-	home, err := homeDir(g.home)
+	home, err := serverhome.Dir(g.home)
 	if err != nil {
 		return nil, err
 	}
-	d, err := readDiscovery(home)
+	d, err := serverhome.ReadDiscovery(home)
 	if errors.Is(err, os.ErrNotExist) {
 		// A server writes its credentials at its first start and removes its
 		// discovery file when it stops: with credentials, one ran here and may be
 		// starting again.
-		if _, cerr := os.Stat(filepath.Join(home, credentialsFile)); cerr == nil {
-			return nil, &serverAbsent{err: fmt.Errorf("the bgtask server of %s is not running (it wrote no %s yet)", home, discoveryFile), gone: serverGone(home)}
+		if _, cerr := os.Stat(filepath.Join(home, serverhome.CredentialsFile)); cerr == nil {
+			return nil, &serverAbsent{err: fmt.Errorf("the bgtask server of %s is not running (it wrote no %s yet)", home, serverhome.DiscoveryFile), gone: serverhome.Gone(home)}
 		}
 		return nil, &exitError{code: exitNoServer, err: fmt.Errorf("no bgtask server in %s: start one with 'bgtask server' (or pass --home, or --nats URL)", home)}
 	}
@@ -232,17 +232,17 @@ func (g *globals) connectAs(name string, identity func(home string) (credentials
 	if err != nil {
 		return nil, fmt.Errorf("read the identity of %s: %w", name, err)
 	}
-	auth, err := creds.natsOption()
+	auth, err := creds.NATSOption()
 	if err != nil {
 		return nil, fmt.Errorf("read the identity of %s: %w", name, err)
 	}
 	// Reconnects go where the server is now, should it come back on another port.
-	opts = append(opts, auth, nats.SetCustomDialer(&discoveryDialer{home: home, dialer: net.Dialer{Timeout: 5 * time.Second}}))
+	opts = append(opts, auth, nats.SetCustomDialer(serverhome.NewDialer(home, 5*time.Second)))
 	nc, err := nats.Connect(d.URL, opts...)
 	if err != nil {
 		err = absentIf(fmt.Errorf("the bgtask server of %s (pid %d, %s) does not answer: %w", home, d.PID, d.URL, err))
 		if absent, ok := err.(*serverAbsent); ok {
-			absent.gone = serverGone(home)
+			absent.gone = serverhome.Gone(home)
 		}
 		return nil, err
 	}
@@ -310,19 +310,19 @@ func gaveUp(ctx context.Context, bound time.Duration, why error) error {
 }
 
 // watchGone gives a client command's connection to the home's server a watch
-// that closes it once the server is gone for good (serverGone, for goneFor), as a
+// that closes it once the server is gone for good (serverhome.Gone, for goneFor), as a
 // connection that reconnects for ever would leave a wait with no bound hanging.
 func (g *globals) watchGone() []nats.Option {
 	if g.natsURL != "" || g.gone == nil {
 		return nil
 	}
-	home, err := homeDir(g.home)
+	home, err := serverhome.Dir(g.home)
 	if err != nil {
 		return nil
 	}
 	var since time.Time
 	return []nats.Option{nats.ReconnectWait(retryEvery), nats.ReconnectErrHandler(func(nc *nats.Conn, _ error) {
-		gone := serverGone(home)
+		gone := serverhome.Gone(home)
 		switch {
 		case gone == nil:
 			since = time.Time{}
@@ -354,7 +354,7 @@ type client struct {
 	api *api.Client
 }
 
-// goneFor is how long a home's server must look gone for good (serverGone) before
+// goneFor is how long a home's server must look gone for good (serverhome.Gone) before
 // a client says so instead of waiting: a server restarted by hand takes the home's
 // lock within it.
 const goneFor = 500 * time.Millisecond
@@ -517,4 +517,12 @@ func printJSONLine(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	return enc.Encode(v)
+}
+
+// connectWorker opens the connection of a `bgtask worker` process: with --nats,
+// as the auth flags say; else as the home's worker identity.
+func (g *globals) connectWorker() (*nats.Conn, error) {
+	return g.connectAs("bgtask-worker", func(home string) (serverhome.Credentials, error) {
+		return serverhome.ReadSeedFile(filepath.Join(home, serverhome.WorkerSeedFile))
+	})
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/events/eventstest"
+	"github.com/bgtask/bgtask/internal/serverhome"
 	"github.com/bgtask/bgtask/projections"
 )
 
@@ -24,7 +25,7 @@ func TestTheClientIdentityCallsTheScheduleEndpoints(t *testing.T) {
 	home := t.TempDir()
 	srv := startEmbedded(t, home)
 	violations := make(chan error, 16)
-	nc := connectAs(t, home, filepath.Join(home, clientSeedFile), violations)
+	nc := connectAs(t, home, filepath.Join(home, serverhome.ClientSeedFile), violations)
 	for _, subject := range []string{
 		api.SubjectScheduleAdd, api.SubjectScheduleList, api.SubjectScheduleShow, api.SubjectSchedulePause,
 		api.SubjectScheduleResume, api.SubjectScheduleDelete, api.SubjectScheduleTrigger,

@@ -22,6 +22,7 @@ import (
 	"github.com/bgtask/bgtask/engine/node"
 	"github.com/bgtask/bgtask/engine/sinks"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/serverhome"
 	"github.com/bgtask/bgtask/projections"
 )
 
@@ -65,7 +66,7 @@ func serverCmd(g *globals) *cobra.Command {
 bgtask.register and friends, the dispatcher that delivers wake-ups, the projector
 that rebuilds state from the stream, and a worker.
 
-The server listens on loopback only and lets in three identities, each with the
+The server listens on loopback only and lets in three serverhome.Identities, each with the
 least it needs: the engine (a key made at each start that never leaves the
 process), the workers (worker.nkey: the events of a run, never an outcome) and
 the clients (credentials.json, and client.nkey for the nats CLI: the API and
@@ -75,7 +76,7 @@ $BGTASK_HOME. With port 0 it listens where its last run did if that port is free
 'bgtask server nats-context' saves a context for the nats CLI. It serves the
 HTTP API and the dashboard on --http (loopback, port 0 as for NATS; URL and
 token in http.json, a token for /metrics alone in metrics.token; 'bgtask ui'
-logs a browser in: docs/http.md). Only one server runs per home. SIGINT or SIGTERM stops it cleanly. What the identities do and do
+logs a browser in: docs/http.md). Only one server runs per home. SIGINT or SIGTERM stops it cleanly. What the serverhome.Identities do and do
 not protect against: docs/security.md.
 
 With --nats URL (and the auth and TLS flags) it runs against an existing NATS
@@ -129,7 +130,7 @@ run if one can: registering a task is running a command.`,
 	o.delivery.register(f)
 	f.BoolVar(&o.denyPrivate, "webhook-deny-private", false, "refuse webhook destinations in loopback, private, link-local (cloud metadata), carrier-grade NAT and other non-public ranges, checked on the address each push dials (no HTTP proxy is used then); off by default for a single machine, on for a shared deployment (docs/security.md)")
 	f.Var(&o.logBytes, "log-bytes", "the size limit of the output log stream BGTASK_LOGS, such as 512MiB (default: half of what JetStream may store, at most 4GiB; the embedded server may store 75% of the disk it finds free)")
-	f.Uint64Var(&o.snapshotEvery, "snapshot-every", 100_000, "write a snapshot of the current state to "+snapshotFile+" in the home after this many events (and at least as many events as there are tasks), so that a restart reads it and replays only the events after it; 0: no snapshots, none read")
+	f.Uint64Var(&o.snapshotEvery, "snapshot-every", 100_000, "write a snapshot of the current state to "+serverhome.SnapshotFile+" in the home after this many events (and at least as many events as there are tasks), so that a restart reads it and replays only the events after it; 0: no snapshots, none read")
 	f.DurationVar(&o.archiveAfter, "archive-after", engine.DefaultArchiveAfter, "move tasks finished longer ago than this out of the event stream into the archive stream BGTASK_ARCHIVE (their history, audit and show stay whole); 0: never")
 	return cmd
 }
@@ -154,7 +155,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	defer lock.Close()
 	// The engine may do anything, so its key is made for this run and never
 	// written down: no command can read it from a file.
-	engineID, err := newCredentials()
+	engineID, err := serverhome.NewCredentials()
 	if err != nil {
 		return fmt.Errorf("credentials: %w", err)
 	}
@@ -171,7 +172,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	}
 	e := &embeddedServer{home: home, host: host, port: port, engineID: engineID, ids: ids, secret: secret, o: o, logger: logger,
 		httpAddr: o.http.addr, httpToken: newHTTPToken()}
-	defer os.Remove(filepath.Join(home, discoveryFile))
+	defer os.Remove(filepath.Join(home, serverhome.DiscoveryFile))
 	defer removeHTTPFile(home)
 	for {
 		roomAgain, err := e.serve(ctx)
@@ -182,7 +183,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 		// whatever room there is later, until it is loaded again from disk. JetStream
 		// is not stopped and started alone: nats-server races with the clients it
 		// serves meanwhile.
-		logger.Warn("the disk of the event store has room again: restarting the embedded NATS server and the engine to load the streams again", "dir", filepath.Join(home, storeDir))
+		logger.Warn("the disk of the event store has room again: restarting the embedded NATS server and the engine to load the streams again", "dir", filepath.Join(home, serverhome.StoreDir))
 	}
 }
 
@@ -193,8 +194,8 @@ type embeddedServer struct {
 	host     string
 	port     int // the port the last run listened on, once it has
 	maxStore int64
-	engineID credentials
-	ids      identities
+	engineID serverhome.Credentials
+	ids      serverhome.Identities
 	secret   []byte
 	o        serverOptions
 	logger   *slog.Logger
@@ -233,7 +234,7 @@ func (e *embeddedServer) serve(ctx context.Context) (roomAgain bool, err error) 
 		writer: "engine@" + hostName(), leaseTTL: o.leaseTTL, replicas: 1,
 		push: o.pushing(e.secret), denyPrivate: o.denyPrivate, archiveAfter: o.archiveAfter,
 		logBytes: int64(o.logBytes), maxStore: e.maxStore, diskFull: alarm,
-		snapshots: projections.Snapshots{Path: filepath.Join(e.home, snapshotFile), Every: o.snapshotEvery, Build: buildID()},
+		snapshots: projections.Snapshots{Path: filepath.Join(e.home, serverhome.SnapshotFile), Every: o.snapshotEvery, Build: buildID()},
 	})
 	if err != nil {
 		return false, err
@@ -242,7 +243,7 @@ func (e *embeddedServer) serve(ctx context.Context) (roomAgain bool, err error) 
 	conns := []*nats.Conn{nc}
 	if !o.noWorker {
 		o.worker.stateDir = filepath.Join(e.home, "worker")
-		w, err := startWorker(ctx, ns, e.ids.worker, o.worker, base)
+		w, err := startWorker(ctx, ns, e.ids.Worker, o.worker, base)
 		if err != nil {
 			return false, err
 		}
@@ -277,22 +278,22 @@ func (e *embeddedServer) serve(ctx context.Context) (roomAgain bool, err error) 
 }
 
 // openHome creates the home (0700) if need be, locks it for this server, and loads
-// the identities kept in it.
-func openHome(dir string) (home string, lock *os.File, ids identities, err error) {
-	if home, err = homeDir(dir); err != nil {
+// the serverhome.Identities kept in it.
+func openHome(dir string) (home string, lock *os.File, ids serverhome.Identities, err error) {
+	if home, err = serverhome.Dir(dir); err != nil {
 		return "", nil, ids, err
 	}
 	if err := os.MkdirAll(home, 0o700); err != nil {
 		return "", nil, ids, fmt.Errorf("create home: %w", err)
 	}
-	if lock, err = lockHome(home); err != nil {
+	if lock, err = serverhome.Lock(home); err != nil {
 		return "", nil, ids, err
 	}
-	if err := recordSupervisor(home); err != nil {
+	if err := serverhome.RecordSupervisor(home); err != nil {
 		lock.Close()
 		return "", nil, ids, fmt.Errorf("record the supervisor: %w", err)
 	}
-	if ids, err = loadOrCreateIdentities(home); err != nil {
+	if ids, err = serverhome.LoadOrCreateIdentities(home); err != nil {
 		lock.Close()
 		return "", nil, ids, fmt.Errorf("credentials: %w", err)
 	}
@@ -303,11 +304,11 @@ func openHome(dir string) (home string, lock *os.File, ids identities, err error
 // and the discovery file, written last, once everything serves.
 func announce(home string, ns *server.Server) error {
 	if addr, ok := ns.Addr().(*net.TCPAddr); ok {
-		if err := rememberPort(home, portFile, addr.Port); err != nil {
-			return fmt.Errorf("write %s: %w", portFile, err)
+		if err := serverhome.RememberPort(home, serverhome.PortFile, addr.Port); err != nil {
+			return fmt.Errorf("write %s: %w", serverhome.PortFile, err)
 		}
 	}
-	if err := writeDiscovery(home, discovery{URL: ns.ClientURL(), PID: os.Getpid(), Version: version()}); err != nil {
+	if err := serverhome.WriteDiscovery(home, serverhome.Discovery{URL: ns.ClientURL(), PID: os.Getpid(), Version: version()}); err != nil {
 		return fmt.Errorf("write discovery file: %w", err)
 	}
 	return nil
@@ -332,7 +333,7 @@ func runExternal(ctx context.Context, g *globals, o serverOptions) error {
 		return err
 	}
 	base := engine.Base{Logger: logger}
-	home, err := homeDir(g.home)
+	home, err := serverhome.Dir(g.home)
 	if err != nil {
 		return err
 	}
@@ -352,7 +353,7 @@ func runExternal(ctx context.Context, g *globals, o serverOptions) error {
 	if err != nil {
 		return err
 	}
-	snapshots := projections.Snapshots{Path: filepath.Join(home, snapshotFile), Every: o.snapshotEvery, Build: buildID()}
+	snapshots := projections.Snapshots{Path: filepath.Join(home, serverhome.SnapshotFile), Every: o.snapshotEvery, Build: buildID()}
 	if homeErr != nil && snapshots.Every > 0 {
 		logger.Warn("no projection snapshots: the home cannot be created", "home", home, "err", homeErr)
 		snapshots.Every = 0
@@ -489,7 +490,7 @@ func openLogs(ctx context.Context, nc *nats.Conn, o engineOptions, log *slog.Log
 
 // startWorker runs the server's own worker on a connection of its own, as a worker
 // on another host would.
-func startWorker(ctx context.Context, ns *server.Server, creds credentials, o workerOptions, base engine.Base) (*workerHandle, error) {
+func startWorker(ctx context.Context, ns *server.Server, creds serverhome.Credentials, o workerOptions, base engine.Base) (*workerHandle, error) {
 	nc, err := connectInProcess(ns, creds, "bgtask-worker")
 	if err != nil {
 		return nil, err
@@ -504,8 +505,8 @@ func startWorker(ctx context.Context, ns *server.Server, creds credentials, o wo
 
 // connectInProcess connects a component of the server to the embedded NATS server
 // without going through the network.
-func connectInProcess(ns *server.Server, creds credentials, name string) (*nats.Conn, error) {
-	auth, err := creds.natsOption()
+func connectInProcess(ns *server.Server, creds serverhome.Credentials, name string) (*nats.Conn, error) {
+	auth, err := creds.NATSOption()
 	if err != nil {
 		return nil, err
 	}
@@ -537,7 +538,7 @@ func listenAddress(listen, home string) (string, int, error) {
 	}
 	if port == 0 {
 		port = server.RANDOM_PORT
-		if prev := rememberedPort(home, portFile); prev > 0 && portFree(host, prev) {
+		if prev := serverhome.RememberedPort(home, serverhome.PortFile); prev > 0 && portFree(host, prev) {
 			port = prev
 		}
 	}
@@ -558,13 +559,13 @@ func portFree(host string, port int) bool {
 
 // startNATS starts the embedded server with its three users: the engine, the
 // workers and the clients, each with its permissions (permissions.go).
-func startNATS(home, host string, port int, maxStore int64, engine credentials, ids identities, syncAlways bool, logger *slog.Logger) (*server.Server, error) {
+func startNATS(home, host string, port int, maxStore int64, engine serverhome.Credentials, ids serverhome.Identities, syncAlways bool, logger *slog.Logger) (*server.Server, error) {
 	var users []*server.NkeyUser
 	for _, u := range []struct {
-		creds credentials
+		creds serverhome.Credentials
 		perms *server.Permissions
-	}{{engine, nil}, {ids.worker, workerPermissions}, {ids.client, clientPermissions}} {
-		pub, err := u.creds.publicKey()
+	}{{engine, nil}, {ids.Worker, workerPermissions}, {ids.Client, clientPermissions}} {
+		pub, err := u.creds.PublicKey()
 		if err != nil {
 			return nil, fmt.Errorf("credentials: %w", err)
 		}
@@ -575,7 +576,7 @@ func startNATS(home, host string, port int, maxStore int64, engine credentials, 
 		Host:       host,
 		Port:       port,
 		JetStream:  true,
-		StoreDir:   filepath.Join(home, storeDir),
+		StoreDir:   filepath.Join(home, serverhome.StoreDir),
 		// 0: 75% of the free disk.
 		JetStreamMaxStore: maxStore,
 		Nkeys:             users,

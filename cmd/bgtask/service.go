@@ -15,6 +15,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // serviceOS is the system whose service manager `bgtask service` uses, and
@@ -127,7 +129,7 @@ func newServiceRun(ctx context.Context, g *globals, o serviceOptions) (*serviceR
 	if err != nil {
 		return nil, err
 	}
-	home, err := homeDir(g.home)
+	home, err := serverhome.Dir(g.home)
 	if err != nil {
 		return nil, err
 	}

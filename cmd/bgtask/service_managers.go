@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // systemdUnitFile is the user unit that runs `exe server --home home` with PATH.
@@ -27,7 +29,7 @@ KillMode=process
 # The installing shell's PATH, so that exec sinks find claude, codex and the like.
 Environment=` + systemdQuote("PATH="+path) + `
 # Tells clients that a server gone is started again, so they wait for it.
-Environment=` + supervisedEnv + `=systemd
+Environment=` + serverhome.SupervisedEnv + `=systemd
 
 [Install]
 WantedBy=default.target
@@ -130,7 +132,7 @@ func launchdPlist(exe, home, path string) []byte {
 		<key>PATH</key>
 		` + str(path) + `
 		<!-- Tells clients that a server gone is started again, so they wait for it. -->
-		<key>` + supervisedEnv + `</key>
+		<key>` + serverhome.SupervisedEnv + `</key>
 		<string>launchd</string>
 	</dict>
 	<key>RunAtLoad</key>

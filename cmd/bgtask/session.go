@@ -8,6 +8,7 @@ import (
 	"os/exec"
 
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // agentSession is the agent session a command runs in, as its runtime tells its
@@ -76,7 +77,7 @@ func codexDeliverSink(getenv func(string) string, homeFlag, thread string) []map
 	if err != nil {
 		return nil
 	}
-	home, err := homeDir(homeFlag)
+	home, err := serverhome.Dir(homeFlag)
 	if err != nil {
 		return nil
 	}

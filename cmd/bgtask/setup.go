@@ -9,6 +9,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 func setupCmd(g *globals) *cobra.Command {
@@ -96,7 +98,7 @@ func (f *configFile) write(data []byte, dirMode fs.FileMode) error {
 	if err := os.MkdirAll(filepath.Dir(f.target), dirMode); err != nil {
 		return err
 	}
-	if err := replaceFileAs(f.target, data, f.mode, f.uid, f.gid); err != nil {
+	if err := serverhome.ReplaceFileAs(f.target, data, f.mode, f.uid, f.gid); err != nil {
 		return fmt.Errorf("write %s: %w", f.target, err)
 	}
 	return nil

@@ -25,6 +25,7 @@ import (
 	"github.com/bgtask/bgtask/agents/claudecode"
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 func setupClaudeCodeCmd(g *globals) *cobra.Command {
@@ -120,7 +121,7 @@ func claudeSettings(g *globals, scope claudecode.Scope) (path, prefix string, er
 	if err != nil {
 		return "", "", fmt.Errorf("find the bgtask binary for the hooks: %w", err)
 	}
-	home, err := homeDir(g.home)
+	home, err := serverhome.Dir(g.home)
 	if err != nil {
 		return "", "", err
 	}
@@ -242,7 +243,7 @@ func (g *globals) claudeWake(ctx context.Context, sid, target string) (err error
 	if os.Getenv("CLAUDE_CODE_ENTRYPOINT") == "sdk-cli" {
 		return nil
 	}
-	home, err := homeDir(g.home)
+	home, err := serverhome.Dir(g.home)
 	if err != nil {
 		return nil
 	}

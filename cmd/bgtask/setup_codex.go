@@ -24,6 +24,7 @@ import (
 
 	"github.com/bgtask/bgtask/agents/codex"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // codexBusyTTL ends a Codex thread's busy state by itself: a Codex killed in a
@@ -77,7 +78,7 @@ thread is resumed in Codex's app-server daemon and runs the turn there.`,
 			if err != nil {
 				return fmt.Errorf("where is this bgtask binary: %w", err)
 			}
-			home, err := homeDir(g.home)
+			home, err := serverhome.Dir(g.home)
 			if err != nil {
 				return err
 			}
@@ -457,7 +458,7 @@ func codexPromptArg(prompt string) string {
 
 // codexStateDir is where deliver keeps its per-thread files: under the bgtask home.
 func codexStateDir(g *globals) (string, error) {
-	home, err := homeDir(g.home)
+	home, err := serverhome.Dir(g.home)
 	if err != nil {
 		return "", err
 	}
@@ -532,7 +533,7 @@ func (l *handedLog) set(id, state string) error {
 	for _, id := range slices.Sorted(maps.Keys(l.ids)) {
 		fmt.Fprintf(&b, "%s %s\n", l.ids[id], id)
 	}
-	if err := replaceFile(l.path, []byte(b.String()), 0o600); err != nil {
+	if err := serverhome.ReplaceFile(l.path, []byte(b.String()), 0o600); err != nil {
 		return fmt.Errorf("record wake-up %s as %q in %s: %w", id, state, l.path, err)
 	}
 	return nil
@@ -647,7 +648,7 @@ func spawnCodexDeliver(g *globals, thread, event string) error {
 	if err != nil {
 		return err
 	}
-	home, err := homeDir(g.home)
+	home, err := serverhome.Dir(g.home)
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/serverhome"
 	"github.com/bgtask/bgtask/workers"
 	"github.com/bgtask/bgtask/workers/shim"
 )
@@ -84,7 +85,7 @@ func workerCmd(g *globals) *cobra.Command {
 				return err
 			}
 			if stateDir == "" {
-				home, err := homeDir(g.home)
+				home, err := serverhome.Dir(g.home)
 				if err != nil {
 					return err
 				}

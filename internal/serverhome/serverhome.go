@@ -1,8 +1,8 @@
-// Package home is the layout of a bgtask server's home directory, shared by the
+// Package serverhome is the layout of a bgtask server's home directory, shared by the
 // server that keeps it and the clients that find the server through it: where the
 // server listens (its discovery file), the identities it generated, its lock, the
 // ports it keeps across restarts, and whether a supervisor restarts it.
-package home
+package serverhome
 
 import (
 	"encoding/json"
@@ -20,6 +20,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"golang.org/x/sys/unix"
+
+	"github.com/bgtask/bgtask/internal/secretenv"
 )
 
 // A home directory holds one server's state: its JetStream store, the Identities
@@ -78,12 +80,14 @@ func (c Credentials) PublicKey() (string, error) {
 	return kp.PublicKey()
 }
 
-// NATSOption authenticates a connection by signing the server's nonce.
+// NATSOption authenticates a connection by signing the server's nonce. The seed
+// is held (secretenv.Hold): no command gets it, under any name.
 func (c Credentials) NATSOption() (nats.Option, error) {
 	kp, err := c.keyPair()
 	if err != nil {
 		return nil, err
 	}
+	secretenv.Hold(c.Seed)
 	pub, err := kp.PublicKey()
 	if err != nil {
 		return nil, err
