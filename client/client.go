@@ -114,6 +114,13 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 	}
 }
 
+// New returns a client over a connection of the caller's, allowed what the
+// client identity may do (docs/security.md): for a program that manages its own
+// connection, or a part of the server that acts as a client.
+func New(nc *nats.Conn) *Client {
+	return &Client{cfg: Config{Name: "bgtask-client"}, nc: nc, api: api.NewClient(nc)}
+}
+
 // dial opens a connection, or says why none could be: a *NoServerError when no
 // server answers.
 func (c *Client) dial() (*nats.Conn, error) {

@@ -9,8 +9,9 @@ import (
 )
 
 // Error is a request the server refused: Code is the API's (400 bad input, 404
-// no such task, 409 not possible in the task's state, 503 no engine, 507 no
-// room), Field names the spec or request field at fault.
+// no such task, 409 not possible in the task's state, 422 a part of an id that
+// several tasks' ids have, 503 no engine, 507 no room), Field names the spec or
+// request field at fault.
 type Error = api.Error
 
 // NoServerError says that no server answered a call.
@@ -44,7 +45,7 @@ func (e *NoServerError) Unwrap() error { return e.Err }
 // script can tell them apart (docs/cli.md). ExitStatus maps an error to its own.
 const (
 	ExitFailure       = 1   // anything else
-	ExitUsage         = 2   // a bad command line, or input the engine refused (its 400)
+	ExitUsage         = 2   // a bad command line, or input the engine refused (its 400, 422)
 	ExitTaskFailed    = 3   // a task waited for ended without succeeding
 	ExitTaskCancelled = 4   // a task waited for was cancelled
 	ExitNotFound      = 5   // no such task (404)
@@ -72,7 +73,7 @@ func ExitStatus(err error) int {
 // StatusOfCode is the exit status of an error the API answered with code.
 func StatusOfCode(code int) int {
 	switch code {
-	case 400:
+	case 400, api.CodeAmbiguous:
 		return ExitUsage
 	case 404:
 		return ExitNotFound

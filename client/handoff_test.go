@@ -87,7 +87,8 @@ func TestAHandoffDeliversEachWakeupOnce(t *testing.T) {
 	c := connect(t, os.Getenv("BGTASK_HOME"))
 	ids := fired(t, c, "handoff-once", 3)
 	h := newHandoff(t, c, "handoff-once")
-	if n := h.pending(t); n != 3 || !slices.Equal(h.got, ids) {
+	// Timers due together fire in any order.
+	if n := h.pending(t); n != 3 || !slices.Equal(slices.Sorted(slices.Values(h.got)), slices.Sorted(slices.Values(ids))) {
 		t.Fatalf("handed %d: %v, want %v", n, h.got, ids)
 	}
 	if n := h.pending(t); n != 0 || len(h.got) != 3 {

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 
 	"github.com/google/uuid"
 
@@ -212,4 +213,29 @@ func (c *Client) TriggerSchedule(ctx context.Context, name string) (Registration
 		out, err = c.api.TriggerSchedule(ctx, name)
 		return err
 	})
+}
+
+// Rerun registers a new task with a task's spec (its env included, which no
+// reader gets): made again through a restart of the server, the same key
+// registers it once.
+func (c *Client) Rerun(ctx context.Context, id, key string) (Registration, error) {
+	var out Registration
+	return out, c.do(ctx, key != "", func(ctx context.Context) (err error) {
+		out, err = c.api.Rerun(ctx, id, key)
+		return err
+	})
+}
+
+// DrainReply is what a worker told to drain still runs.
+type DrainReply = events.DrainReply
+
+// ErrNoWorker: no worker of that id runs.
+var ErrNoWorker = events.ErrNoWorker
+
+// DrainWorker tells a worker to take no new task and exit once its runs end.
+func (c *Client) DrainWorker(ctx context.Context, id string) (DrainReply, error) {
+	if !events.ValidToken(id) {
+		return DrainReply{}, &Error{Code: 400, Field: "worker", Message: "worker id " + strconv.Quote(id) + ": use letters, digits, '-' and '_'"}
+	}
+	return events.DrainWorker(ctx, c.nc, id)
 }

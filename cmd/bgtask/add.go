@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 )
 
@@ -151,7 +152,7 @@ func addCmd(g *globals) *cobra.Command {
 		Example: addExample,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dash := cmd.ArgsLenAtDash(); dash > 0 {
-				return &exitError{code: exitUsage, err: fmt.Errorf("unexpected arguments before --: %q", args[:dash])}
+				return &exitError{code: client.ExitUsage, err: fmt.Errorf("unexpected arguments before --: %q", args[:dash])}
 			}
 			o.g = g
 			if o.eachLine {
@@ -167,7 +168,7 @@ func addCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
+			return g.withClient(cmd.Context(), func(ctx context.Context, c *client.Client) error {
 				return o.registerTask(ctx, g, c, raw, ownKey)
 			})
 		},
@@ -179,8 +180,8 @@ func addCmd(g *globals) *cobra.Command {
 
 // registerTask registers raw and prints the task's id, or with --json its
 // registration.
-func (o *addOptions) registerTask(ctx context.Context, g *globals, c *client, raw []byte, ownKey bool) error {
-	reg, err := c.api.Register(ctx, raw)
+func (o *addOptions) registerTask(ctx context.Context, g *globals, c *client.Client, raw []byte, ownKey bool) error {
+	reg, err := c.RegisterJSON(ctx, raw)
 	if err != nil {
 		return err
 	}
@@ -643,5 +644,5 @@ func parseKeyValues(flag string, pairs []string) (map[string]string, error) {
 }
 
 func usageErr(format string, args ...any) error {
-	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...)}
+	return &exitError{code: client.ExitUsage, err: fmt.Errorf(format, args...)}
 }

@@ -12,9 +12,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 )
 
@@ -39,7 +39,7 @@ func (o *addOptions) addEach(ctx context.Context, g *globals, cmd *cobra.Command
 		return err
 	}
 	dialCtx, cancel := g.bounded(ctx)
-	c, err := g.dial(dialCtx, g.timeout)
+	c, err := g.open(dialCtx, g.timeout)
 	cancel()
 	if err != nil {
 		return err
@@ -58,7 +58,7 @@ func (o *addOptions) addEach(ctx context.Context, g *globals, cmd *cobra.Command
 		doc["command"] = line
 		ownKey := key == ""
 		if ownKey {
-			doc["idempotency_key"] = "add-" + uuid.NewString()
+			doc["idempotency_key"] = client.NewIdempotencyKey()
 		} else {
 			doc["idempotency_key"] = key + "-" + strconv.Itoa(n)
 		}
@@ -124,16 +124,14 @@ func readLines(ctx context.Context, in io.Reader) (lines iter.Seq[string], err f
 
 // addLine registers the task of one line, again through a restart of the server
 // within --timeout (its key makes that safe), and prints it.
-func (o *addOptions) addLine(ctx context.Context, g *globals, c *client, doc map[string]any, ownKey bool) error {
+func (o *addOptions) addLine(ctx context.Context, g *globals, c *client.Client, doc map[string]any, ownKey bool) error {
 	raw, err := json.Marshal(doc)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := g.bounded(ctx)
 	defer cancel()
-	return g.call(ctx, c, g.timeout, true, func(ctx context.Context) error {
-		return o.registerTask(ctx, g, c, raw, ownKey)
-	})
+	return g.noServer(o.registerTask(ctx, g, c, raw, ownKey))
 }
 
 // onLine is err, the error of line n's task, with the line named in its message.

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/client"
 )
 
 // addEachLine runs `bgtask add --each-line args` as a process of its own (this test
@@ -77,7 +79,7 @@ func TestAddEachLineStopsAtABadLine(t *testing.T) {
 	t.Setenv("HOME", home)
 	startServer(t, home)
 	long := strings.Repeat("x", 70_000)
-	r := addEachLine(t, home, "echo armed\n"+long+"\necho never\n", "--target", "batch").must(t, exitUsage, "add --each-line with a line too long")
+	r := addEachLine(t, home, "echo armed\n"+long+"\necho never\n", "--target", "batch").must(t, client.ExitUsage, "add --each-line with a line too long")
 	ids := strings.Fields(r.stdout)
 	if len(ids) != 1 || !strings.Contains(r.stderr, "line 2") {
 		t.Fatalf("stdout %q, stderr %q: want the one id armed, and line 2 named", r.stdout, r.stderr)
@@ -100,8 +102,8 @@ func TestAddEachLineStopsAtABadLine(t *testing.T) {
 		{"echo x\n", []string{"--external"}, "not with --pid or --external"},
 		{"echo x\n", []string{"--pid", "1"}, "not with --pid or --external"},
 	} {
-		if r := addEachLine(t, home, c.stdin, c.args...); r.code != exitUsage || !strings.Contains(r.stderr, c.says) {
-			t.Errorf("add --each-line %v: exit %d, stderr %q; want %d saying %q", c.args, r.code, r.stderr, exitUsage, c.says)
+		if r := addEachLine(t, home, c.stdin, c.args...); r.code != client.ExitUsage || !strings.Contains(r.stderr, c.says) {
+			t.Errorf("add --each-line %v: exit %d, stderr %q; want %d saying %q", c.args, r.code, r.stderr, client.ExitUsage, c.says)
 		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/bgtask/bgtask/client"
 )
 
 // add --pid sends the process's identity, read here, and places the task on this
@@ -55,8 +57,8 @@ func TestAddPIDNamesTheProcessAndThisHost(t *testing.T) {
 		{[]string{"--pid", "4194305"}, "process 4194305 does not exist"},
 	} {
 		r := bgtask(t, home, append([]string{"add"}, c.args...)...)
-		if r.code != exitUsage || !strings.Contains(r.stderr, c.says) {
-			t.Errorf("add %s: exit %d, stderr %q; want %d saying %q", strings.Join(c.args, " "), r.code, r.stderr, exitUsage, c.says)
+		if r.code != client.ExitUsage || !strings.Contains(r.stderr, c.says) {
+			t.Errorf("add %s: exit %d, stderr %q; want %d saying %q", strings.Join(c.args, " "), r.code, r.stderr, client.ExitUsage, c.says)
 		}
 	}
 	if list := bgtask(t, home, "list", "--json").must(t, 0, "list").stdout; !strings.Contains(list, `"total": 1`) {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 )
 
@@ -29,14 +30,14 @@ func TestAfterWaitsForItsDependencyOrIsSkipped(t *testing.T) {
 	w := decode[struct {
 		Status string `json:"status"`
 		Reason string `json:"reason"`
-	}](t, bgtask(t, home, "wait", skipped, "--json", "--timeout", "30s").must(t, exitTaskFailed, "wait").stdout)
+	}](t, bgtask(t, home, "wait", skipped, "--json", "--timeout", "30s").must(t, client.ExitTaskFailed, "wait").stdout)
 	if w.Status != engine.StatusSkipped || !strings.Contains(w.Reason, failed) {
 		t.Fatalf("the task after a failed one: %+v", w)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "must-not-run")); err == nil {
 		t.Fatal("the skipped task's command ran")
 	}
-	if r := bgtask(t, home, "add", "--after", "01a00000-0000-7000-8000-000000000000", "--", "true"); r.code != exitUsage || !strings.Contains(r.stderr, "after") {
+	if r := bgtask(t, home, "add", "--after", "01a00000-0000-7000-8000-000000000000", "--", "true"); r.code != client.ExitUsage || !strings.Contains(r.stderr, "after") {
 		t.Fatalf("add after no task: exit %d, %s", r.code, r.stderr)
 	}
 }
@@ -63,18 +64,18 @@ func TestAJoinWakesItsTargetOnceForItsMembers(t *testing.T) {
 	a := addTask(t, home, "--target", "group", "--wake-on", "none", "--", "true")
 	b := addTask(t, home, "--target", "group", "--wake-on", "none", "--", "exit 5")
 	j := decode[struct{ ID string }](t, bgtask(t, home, "join", "--all", a, b, "--target", "group", "--json").must(t, 0, "join").stdout).ID
-	out := bgtask(t, home, "wait", j, "--json", "--timeout", "30s").must(t, exitTaskFailed, "wait").stdout
+	out := bgtask(t, home, "wait", j, "--json", "--timeout", "30s").must(t, client.ExitTaskFailed, "wait").stdout
 	if !strings.Contains(out, a) || !strings.Contains(out, b) || !strings.Contains(out, `"exit_code": 5`) ||
 		!strings.Contains(out, `"status": "failed"`) || !strings.Contains(out, "1 of 2 members did not succeed: "+b+" failed (exit code 5)") {
 		t.Fatalf("the join's wake-up: %s", out)
 	}
 	quiet := decode[struct{ ID string }](t, bgtask(t, home, "join", "--all", a, b, "--target", "group", "--wake-on", "succeeded", "--json").must(t, 0, "join --wake-on").stdout).ID
-	bgtask(t, home, "wait", quiet, "--timeout", "30s").must(t, exitTaskFailed, "wait on the quiet join")
+	bgtask(t, home, "wait", quiet, "--timeout", "30s").must(t, client.ExitTaskFailed, "wait on the quiet join")
 	inbox := strings.TrimSpace(bgtask(t, home, "inbox", "--target", "group", "--json").stdout)
 	if n := strings.Count(inbox, "\n") + 1; inbox == "" || n != 1 || !strings.Contains(inbox, j) {
 		t.Fatalf("the group's inbox: %s; want the first join's wake-up alone", inbox)
 	}
-	if r := bgtask(t, home, "join", a); r.code != exitUsage {
+	if r := bgtask(t, home, "join", a); r.code != client.ExitUsage {
 		t.Fatalf("join with neither --all nor --any: exit %d", r.code)
 	}
 }

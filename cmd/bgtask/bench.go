@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/cmd/bgtask/bench"
 	"github.com/bgtask/bgtask/internal/serverhome"
 )
@@ -97,7 +98,7 @@ func benchCmd(g *globals) *cobra.Command {
 			})
 			if rep == nil {
 				if errors.Is(err, bench.ErrUnknownScenario) {
-					return &exitError{code: exitUsage, err: err}
+					return &exitError{code: client.ExitUsage, err: err}
 				}
 				return err
 			}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/internal/secretenv"
 )
@@ -89,5 +90,5 @@ func stringMap(v any) (map[string]string, error) {
 			return m, nil
 		}
 	}
-	return nil, &exitError{code: exitUsage, err: &engine.FieldError{Field: "env", Reason: "want an object of strings, NAME: VALUE"}}
+	return nil, &exitError{code: client.ExitUsage, err: &engine.FieldError{Field: "env", Reason: "want an object of strings, NAME: VALUE"}}
 }

@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/cmd/bgtask/bench"
 	"github.com/bgtask/bgtask/internal/serverhome"
 )
@@ -154,7 +157,7 @@ func TestWaitExitStatusIsTheTaskOutcome(t *testing.T) {
 	for _, c := range []struct {
 		id, status string
 		code       int
-	}{{ok, "succeeded", 0}, {failed, "failed", exitTaskFailed}, {slow, "cancelled", exitTaskCancelled}} {
+	}{{ok, "succeeded", 0}, {failed, "failed", client.ExitTaskFailed}, {slow, "cancelled", client.ExitTaskCancelled}} {
 		r := bgtask(t, home, "wait", c.id, "--json", "--timeout", "30s").must(t, c.code, "wait for a "+c.status+" task")
 		if w := decode[struct{ Status string }](t, r.stdout); w.Status != c.status {
 			t.Errorf("wait printed status %q, want %q:\n%s", w.Status, c.status, r.stdout)
@@ -170,7 +173,7 @@ func TestWaitExitStatusIsTheTaskOutcome(t *testing.T) {
 	}
 
 	running := addTask(t, home, "--", "sleep 30")
-	r := bgtask(t, home, "wait", running, "--timeout", "300ms").must(t, exitTimeout, "wait past its --timeout")
+	r := bgtask(t, home, "wait", running, "--timeout", "300ms").must(t, client.ExitTimeout, "wait past its --timeout")
 	if !strings.Contains(r.stderr, "timed out") {
 		t.Errorf("wait past its --timeout says %q", r.stderr)
 	}
@@ -189,15 +192,15 @@ func TestJSONErrorsAreTheAPIErrorObject(t *testing.T) {
 		api   int
 		field string
 	}{
-		{[]string{"show", nobody, "--json"}, exitNotFound, 404, "id"},
-		{[]string{"history", "--json", nobody}, exitNotFound, 404, "id"},
-		{[]string{"cancel", "--json", nobody}, exitNotFound, 404, "id"},
-		{[]string{"wait", "--json", nobody}, exitNotFound, 404, "id"},
+		{[]string{"show", nobody, "--json"}, client.ExitNotFound, 404, "id"},
+		{[]string{"history", "--json", nobody}, client.ExitNotFound, 404, "id"},
+		{[]string{"cancel", "--json", nobody}, client.ExitNotFound, 404, "id"},
+		{[]string{"wait", "--json", nobody}, client.ExitNotFound, 404, "id"},
 		// Bad input is one kind of mistake whether the CLI or the engine finds it.
-		{[]string{"add", "--json", "--deadline", "tomorrow", "--", "true"}, exitUsage, 400, "deadline"},
-		{[]string{"add", "--json", "--label", "pool", "--", "true"}, exitUsage, 400, ""},
-		{[]string{"add", "--json", "--no-such-flag", "--", "true"}, exitUsage, 400, ""},
-		{[]string{"list", "--json", "--state", "sleeping"}, exitUsage, 400, "state"},
+		{[]string{"add", "--json", "--deadline", "tomorrow", "--", "true"}, client.ExitUsage, 400, "deadline"},
+		{[]string{"add", "--json", "--label", "pool", "--", "true"}, client.ExitUsage, 400, ""},
+		{[]string{"add", "--json", "--no-such-flag", "--", "true"}, client.ExitUsage, 400, ""},
+		{[]string{"list", "--json", "--state", "sleeping"}, client.ExitUsage, 400, "state"},
 	} {
 		what := strings.Join(c.args, " ")
 		r := bgtask(t, home, c.args...).must(t, c.code, what)
@@ -235,14 +238,14 @@ func TestJSONErrorsAreTheAPIErrorObject(t *testing.T) {
 func TestClientWithNoServerEverFailsAtOnce(t *testing.T) {
 	home := t.TempDir()
 	start := time.Now()
-	r := bgtask(t, home, "add", "--", "true").must(t, exitNoServer, "add in a home where no server ran")
+	r := bgtask(t, home, "add", "--", "true").must(t, client.ExitNoServer, "add in a home where no server ran")
 	if took := time.Since(start); took > 2*time.Second {
 		t.Errorf("add took %s to fail in a home where no server ever ran", took)
 	}
 	if !strings.Contains(r.stderr, "no bgtask server in "+home) || strings.Contains(r.stderr, "waiting") {
 		t.Errorf("stderr %q; want the no-server message and no wait", r.stderr)
 	}
-	e := decode[errorObject](t, bgtask(t, home, "show", "--json", "x").must(t, exitNoServer, "show --json").stdout)
+	e := decode[errorObject](t, bgtask(t, home, "show", "--json", "x").must(t, client.ExitNoServer, "show --json").stdout)
 	if e.Error == nil || e.Error.Code != 503 {
 		t.Errorf("show --json with no server: %+v; want a 503 error object", e)
 	}
@@ -277,7 +280,7 @@ func TestClientWaitsThroughARestartOfTheServer(t *testing.T) {
 
 	// A command with a --timeout too short for the restart says that no server answered.
 	second.stop()
-	r := bgtask(t, home, "show", "--timeout", "300ms", id).must(t, exitNoServer, "show with the server stopped")
+	r := bgtask(t, home, "show", "--timeout", "300ms", id).must(t, client.ExitNoServer, "show with the server stopped")
 	if !strings.Contains(r.stderr, "no bgtask server answered within 300ms") {
 		t.Errorf("show with the server stopped: stderr %q", r.stderr)
 	}
@@ -423,12 +426,12 @@ func TestCancelCutByADroppedConnectionIsNotMadeAgain(t *testing.T) {
 	}
 	p := startDropProxy(t, strings.TrimPrefix(d.URL, "nats://"), "bgtask.cancel")
 
-	r := bgtask(t, home, "--nats", "nats://"+p.l.Addr().String(), "--nkey", seed, "cancel", id).must(t, exitNoServer, "cancel through a dropped connection")
+	r := bgtask(t, home, "--nats", "nats://"+p.l.Addr().String(), "--nkey", seed, "cancel", id).must(t, client.ExitNoServer, "cancel through a dropped connection")
 	if !strings.Contains(r.stderr, "may or may not have been carried out") {
 		t.Errorf("cancel through a dropped connection says %q", r.stderr)
 	}
 	// It was: the server got the request before the connection dropped.
-	bgtask(t, home, "wait", id, "--json", "--timeout", "30s").must(t, exitTaskCancelled, "wait")
+	bgtask(t, home, "wait", id, "--json", "--timeout", "30s").must(t, client.ExitTaskCancelled, "wait")
 }
 
 func TestTimeoutZeroWaitsForEverAndANegativeOneIsRefused(t *testing.T) {
@@ -437,7 +440,7 @@ func TestTimeoutZeroWaitsForEverAndANegativeOneIsRefused(t *testing.T) {
 	startServer(t, home)
 	bgtask(t, home, "list", "--timeout", "0").must(t, 0, "list --timeout 0")
 	for _, args := range [][]string{{"list", "--timeout", "-1s"}, {"wait", "x", "--timeout", "-1s"}, {"target", "busy", "x", "--timeout", "-5m"}} {
-		r := bgtask(t, home, args...).must(t, exitUsage, strings.Join(args, " "))
+		r := bgtask(t, home, args...).must(t, client.ExitUsage, strings.Join(args, " "))
 		if !strings.Contains(r.stderr, "--timeout -") {
 			t.Errorf("%s: stderr %q", strings.Join(args, " "), r.stderr)
 		}
@@ -449,7 +452,7 @@ func TestTimeoutZeroWaitsForEverAndANegativeOneIsRefused(t *testing.T) {
 func TestABusyTTLBeyondADayIsRefused(t *testing.T) {
 	home := t.TempDir() // no server: nothing may be sent
 	for _, ttl := range []string{"1000000h", "25h", "-5m"} {
-		r := bgtask(t, home, "target", "busy", "agent", "--ttl", ttl).must(t, exitUsage, "target busy --ttl "+ttl)
+		r := bgtask(t, home, "target", "busy", "agent", "--ttl", ttl).must(t, client.ExitUsage, "target busy --ttl "+ttl)
 		if !strings.Contains(r.stderr, "--ttl ") {
 			t.Errorf("--ttl %s: stderr %q; want it to name --ttl", ttl, r.stderr)
 		}
@@ -464,8 +467,8 @@ func TestASpecFileWithARepeatedKeyIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := bgtask(t, t.TempDir(), "add", "--spec", spec)
-	if r.code != exitUsage || !strings.Contains(r.stderr, "command: the key is given twice") {
-		t.Fatalf("add --spec with a repeated key: exit %d, stderr %q; want %d naming the key", r.code, r.stderr, exitUsage)
+	if r.code != client.ExitUsage || !strings.Contains(r.stderr, "command: the key is given twice") {
+		t.Fatalf("add --spec with a repeated key: exit %d, stderr %q; want %d naming the key", r.code, r.stderr, client.ExitUsage)
 	}
 }
 
@@ -476,4 +479,20 @@ func TestBenchHelpNamesEveryScenario(t *testing.T) {
 			t.Errorf("bench --help does not tell the scenario %q", name)
 		}
 	}
+}
+
+// homeJetStream is a JetStream context on the server of home, as its client
+// identity, for a test that looks into the streams; closed with the test.
+func homeJetStream(t *testing.T, home string) jetstream.JetStream {
+	t.Helper()
+	nc, err := (&globals{home: home}).connect("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }

@@ -6,12 +6,12 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/bgtask/bgtask/engine/api"
+	"github.com/bgtask/bgtask/client"
 )
 
 func completeCmd(g *globals) *cobra.Command {
 	var (
-		req    api.CompleteRequest
+		req    client.CompleteRequest
 		asJSON bool
 	)
 	cmd := &cobra.Command{
@@ -31,8 +31,8 @@ waits for this: a durable "wait for this event" that a CI job or a webhook ends.
 			req.ID = args[0]
 			// Made once, as cancel is: made again after it took effect, it would say
 			// the task has ended.
-			return g.requestOnce(cmd.Context(), func(ctx context.Context, c *client) error {
-				t, err := c.api.Complete(ctx, req)
+			return g.withClient(cmd.Context(), func(ctx context.Context, c *client.Client) error {
+				t, err := c.Complete(ctx, req)
 				if err != nil {
 					return err
 				}

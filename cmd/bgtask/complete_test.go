@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 )
 
@@ -27,8 +28,8 @@ func TestCompleteFromOutsideAndWakeOn(t *testing.T) {
 	if w := decode[woken](t, bgtask(t, home, "wait", ext, "--json", "--timeout", "30s").must(t, 0, "wait").stdout); w.Status != engine.StatusSucceeded || w.Result != "ci green" {
 		t.Fatalf("external task: %+v", w)
 	}
-	if r := bgtask(t, home, "complete", ext); r.code != exitConflict {
-		t.Fatalf("a second complete: exit %d, want %d", r.code, exitConflict)
+	if r := bgtask(t, home, "complete", ext); r.code != client.ExitConflict {
+		t.Fatalf("a second complete: exit %d, want %d", r.code, client.ExitConflict)
 	}
 
 	dir := t.TempDir()
@@ -40,7 +41,7 @@ func TestCompleteFromOutsideAndWakeOn(t *testing.T) {
 		return err == nil && pid > 0
 	})
 	bgtask(t, home, "complete", running, "--status", "failed", "--result", "stopped from outside").must(t, 0, "complete a running task")
-	if w := decode[woken](t, bgtask(t, home, "wait", running, "--json", "--timeout", "30s").must(t, exitTaskFailed, "wait").stdout); w.Status != engine.StatusFailed || w.Result != "stopped from outside" {
+	if w := decode[woken](t, bgtask(t, home, "wait", running, "--json", "--timeout", "30s").must(t, client.ExitTaskFailed, "wait").stdout); w.Status != engine.StatusFailed || w.Result != "stopped from outside" {
 		t.Fatalf("completed running task: %+v", w)
 	}
 	eventually(t, 20*time.Second, "the command stopped", func() bool {

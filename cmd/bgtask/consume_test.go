@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/projections"
 )
 
@@ -92,7 +93,7 @@ func TestAClaudeWaiterLeavesAWakeUpToAWaitThatConsumesIt(t *testing.T) {
 	}
 	defer nc.Close()
 	eventually(t, 30*time.Second, "the wait says it will consume the wake-up", func() bool {
-		_, err := nc.Request(consumingSubject(held), nil, time.Second)
+		_, err := nc.Request(client.ConsumingPrefix+"."+held, nil, time.Second)
 		return err == nil
 	})
 	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o600); err != nil {

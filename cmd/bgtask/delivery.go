@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/sinks"
 	"github.com/bgtask/bgtask/events"
@@ -140,9 +141,9 @@ func targetListCmd(g *globals) *cobra.Command {
 		Short: "List the targets that have a state",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var states map[string]events.TargetState
-			err := g.withTargets(cmd.Context(), func(ctx context.Context, targets *events.Targets) (err error) {
-				states, err = targets.List(ctx)
+			var states map[string]client.TargetState
+			err := g.withClient(cmd.Context(), func(ctx context.Context, c *client.Client) (err error) {
+				states, err = c.Targets(ctx)
 				return err
 			})
 			if err != nil {
@@ -150,7 +151,7 @@ func targetListCmd(g *globals) *cobra.Command {
 			}
 			type row struct {
 				Name string `json:"name"`
-				events.TargetState
+				client.TargetState
 				Busy bool `json:"busy"`
 			}
 			rows := []row{}
@@ -163,9 +164,9 @@ func targetListCmd(g *globals) *cobra.Command {
 				return printJSON(g.stdout, rows)
 			}
 			for _, r := range rows {
-				state := events.TargetIdle
+				state := client.TargetIdle
 				if r.Busy {
-					state = events.TargetBusy
+					state = client.TargetBusy
 					if r.Until != nil {
 						state += " until " + r.Until.Local().Format(time.DateTime)
 					}
@@ -204,19 +205,13 @@ func targetCmd(g *globals) *cobra.Command {
 			Short: "Mark a target " + state,
 			Args:  cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				st := events.TargetState{State: state, Since: time.Now().UTC()}
 				if ttl != 0 {
 					if err := events.CheckBusyTTL(ttl); err != nil {
 						return usageErr("--ttl %v", err)
 					}
-					until := st.Since.Add(ttl)
-					st.Until = &until
 				}
-				if !events.ValidToken(args[0]) {
-					return usageErr("target %q: use 1-128 letters, digits, '-' or '_'", args[0])
-				}
-				return g.withTargets(cmd.Context(), func(ctx context.Context, targets *events.Targets) error {
-					return targets.Set(ctx, args[0], st)
+				return g.withClient(cmd.Context(), func(ctx context.Context, c *client.Client) error {
+					return c.SetTarget(ctx, args[0], state, ttl)
 				})
 			},
 		}
@@ -231,20 +226,4 @@ func targetCmd(g *globals) *cobra.Command {
 	}
 	cmd.AddCommand(set(events.TargetBusy), set(events.TargetIdle), targetListCmd(g))
 	return cmd
-}
-
-// withTargets calls fn with the target-state bucket of the server.
-func (g *globals) withTargets(ctx context.Context, fn func(context.Context, *events.Targets) error) error {
-	ctx, cancel := g.bounded(ctx)
-	defer cancel()
-	c, js, err := g.streamClient()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	targets, err := events.ConnectTargets(ctx, js)
-	if err != nil {
-		return err
-	}
-	return fn(ctx, targets)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/events"
 )
 
@@ -69,7 +70,7 @@ func errStreamTooBig(err error, stream string, asked, maxStore int64) error {
 	if maxStore > 0 {
 		room += " (" + formatBytes(maxStore) + ", 75% of the free disk)"
 	}
-	return &exitError{code: exitUsage, err: fmt.Errorf("stream %s asks for %s, more than %s: free disk space, or give a smaller --log-bytes",
+	return &exitError{code: client.ExitUsage, err: fmt.Errorf("stream %s asks for %s, more than %s: free disk space, or give a smaller --log-bytes",
 		stream, formatBytes(asked), room)}
 }
 

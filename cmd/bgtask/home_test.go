@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/internal/serverhome"
 )
@@ -209,14 +210,14 @@ func TestAClientSaysAtOnceThatNothingRestartsAServerGone(t *testing.T) {
 	pid := p.Process.Pid
 	_ = p.Process.Kill()
 	_ = p.Wait()
-	r := bgtask(t, killed, "add", "--timeout", "60s", "--", "true").must(t, exitNoServer, "add to a server killed")
+	r := bgtask(t, killed, "add", "--timeout", "60s", "--", "true").must(t, client.ExitNoServer, "add to a server killed")
 	if !strings.Contains(r.stderr, "no service restarts it") || !strings.Contains(r.stderr, "pid "+strconv.Itoa(pid)) {
 		t.Errorf("add to a killed server did not say that nothing restarts it: %q", r.stderr)
 	}
 
 	stopped := t.TempDir()
 	startServer(t, stopped).stop()
-	r = bgtask(t, stopped, "show", "--timeout", "60s", "x").must(t, exitNoServer, "show with the server stopped")
+	r = bgtask(t, stopped, "show", "--timeout", "60s", "x").must(t, client.ExitNoServer, "show with the server stopped")
 	if !strings.Contains(r.stderr, "no service restarts it") {
 		t.Errorf("show with the server stopped did not say that nothing restarts it: %q", r.stderr)
 	}
@@ -227,7 +228,7 @@ func TestAClientWaitsForAServerItsSupervisorRestarts(t *testing.T) {
 	p := serverProcess(t, home, serverhome.SupervisedEnv+"=test")
 	_ = p.Process.Kill()
 	_ = p.Wait()
-	r := bgtask(t, home, "show", "--timeout", "1s", "x").must(t, exitNoServer, "show with a supervised server killed")
+	r := bgtask(t, home, "show", "--timeout", "1s", "x").must(t, client.ExitNoServer, "show with a supervised server killed")
 	if !strings.Contains(r.stderr, "no bgtask server answered within 1s") {
 		t.Errorf("show did not wait for the supervised server: %q", r.stderr)
 	}
@@ -270,7 +271,7 @@ func TestAWaitEndsWhenItsServerIsGoneForGood(t *testing.T) {
 	_ = p.Wait()
 	select {
 	case err := <-done:
-		if code := exitCode(t, err); code != exitNoServer || !strings.Contains(stderr.String(), "no service restarts it") {
+		if code := exitCode(t, err); code != client.ExitNoServer || !strings.Contains(stderr.String(), "no service restarts it") {
 			t.Errorf("wait: status %d, stderr %q", code, stderr.String())
 		}
 	case <-time.After(60 * time.Second):

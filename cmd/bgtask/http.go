@@ -23,13 +23,12 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/internal/httpapi"
 	"github.com/bgtask/bgtask/internal/serverhome"
-	"github.com/bgtask/bgtask/projections"
 )
 
 // httpFile tells clients where the HTTP API listens and its bearer token.
@@ -57,7 +56,7 @@ func (o httpOptions) check() error {
 		return nil
 	}
 	if err := httpapi.CheckAddr(o.addr, o.remote); err != nil {
-		return &exitError{code: exitUsage, err: err}
+		return &exitError{code: client.ExitUsage, err: err}
 	}
 	return nil
 }
@@ -83,16 +82,12 @@ func serveHTTP(ctx context.Context, nc *nats.Conn, o httpOptions, addr, home, to
 	if o.addr == "off" {
 		return nil, nil
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
 	metricsToken, err := loadMetricsToken(home)
 	if err != nil {
 		return nil, err
 	}
-	runAudit := func(ctx context.Context) (projections.Report, error) {
-		return audit(ctx, js, projections.DefaultStuckAfter)
+	runAudit := func(ctx context.Context) (client.AuditReport, error) {
+		return client.New(nc).Audit(ctx, client.DefaultStuckAfter)
 	}
 	s, err := httpapi.New(httpapi.Config{Conn: nc, Addr: lastHTTPAddr(addr, home, logger), Remote: o.remote, Token: token,
 		Metrics: metrics, MetricsToken: metricsToken, Audit: runAudit, Logger: logger.With("component", "http")})
@@ -223,7 +218,7 @@ HttpOnly, SameSite=Strict cookie, 24 hours, ended by a restart of the server).`,
 func loginLink(ctx context.Context, home string) (string, error) {
 	info, err := readHTTPInfo(home)
 	if errors.Is(err, fs.ErrNotExist) {
-		return "", &exitError{code: exitNoServer, err: fmt.Errorf("no HTTP API runs in %s: start 'bgtask server' (without --http off)", home)}
+		return "", &exitError{code: client.ExitNoServer, err: fmt.Errorf("no HTTP API runs in %s: start 'bgtask server' (without --http off)", home)}
 	}
 	if err != nil {
 		return "", err
@@ -237,7 +232,7 @@ func loginLink(ctx context.Context, home string) (string, error) {
 	req.Header.Set("Authorization", "Bearer "+info.Token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return "", &exitError{code: exitNoServer, err: fmt.Errorf("the HTTP API of %s (%s) does not answer: %w", home, info.URL, err)}
+		return "", &exitError{code: client.ExitNoServer, err: fmt.Errorf("the HTTP API of %s (%s) does not answer: %w", home, info.URL, err)}
 	}
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
@@ -105,8 +106,8 @@ func TestServerServesTheHTTPAPI(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(home, httpFile)); !os.IsNotExist(err) {
 		t.Fatalf("%s after the server stopped: %v", httpFile, err)
 	}
-	if r := bgtask(t, home, "ui", "--print"); r.code != exitNoServer {
-		t.Fatalf("ui with no server: exit %d, want %d", r.code, exitNoServer)
+	if r := bgtask(t, home, "ui", "--print"); r.code != client.ExitNoServer {
+		t.Fatalf("ui with no server: exit %d, want %d", r.code, client.ExitNoServer)
 	}
 }
 
@@ -175,7 +176,7 @@ func TestServerKeepsItsHTTPAddressAndMetricsToken(t *testing.T) {
 
 func TestServerHTTPFlags(t *testing.T) {
 	home := t.TempDir()
-	if r := bgtask(t, home, "server", "--http", "192.0.2.1:8080"); r.code != exitUsage || !strings.Contains(r.stderr, "--http-remote") {
+	if r := bgtask(t, home, "server", "--http", "192.0.2.1:8080"); r.code != client.ExitUsage || !strings.Contains(r.stderr, "--http-remote") {
 		t.Fatalf("a non-loopback --http: exit %d, %s", r.code, r.stderr)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -2,15 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
+	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
-	"github.com/bgtask/bgtask/engine"
-	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/client"
 )
 
 const inboxLong = `Print the wake-ups in a target's inbox that have not been acknowledged yet, and
@@ -34,64 +31,62 @@ func inboxCmd(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			c, js, err := g.streamClient()
+			openCtx, cancel := g.bounded(ctx)
+			defer cancel()
+			c, err := g.open(openCtx, g.timeout)
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			cons, err := events.InboxConsumer(ctx, js, target)
+			inbox, err := c.Inbox(openCtx, target)
 			if err != nil {
 				return err
 			}
-			for {
-				var batch jetstream.MessageBatch
-				if follow {
-					batch, err = cons.Fetch(64, jetstream.FetchContext(ctx))
-				} else {
-					batch, err = cons.FetchNoWait(64)
-				}
-				if consumerNotPlacedYet(ctx, err) {
-					continue
-				}
-				if err != nil {
-					if ctx.Err() != nil {
-						return nil
-					}
-					return fmt.Errorf("read inbox %s: %w", target, err)
-				}
-				n := 0
-				for msg := range batch.Messages() {
-					n++
-					if err := printDelivery(g, msg.Data(), asJSON); err != nil {
-						return err
-					}
-					if err := msg.DoubleAck(ctx); err != nil {
-						return fmt.Errorf("acknowledge wake-up: %w", err)
-					}
-				}
-				if err := batch.Error(); n == 0 && consumerNotPlacedYet(ctx, err) {
-					continue
-				} else if err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
-					return fmt.Errorf("read inbox %s: %w", target, err)
-				}
-				if ctx.Err() != nil || (!follow && n == 0) {
-					return nil
-				}
-			}
+			return readInbox(ctx, g, inbox, follow, asJSON)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&target, "target", engine.DefaultTarget, "whose inbox")
+	f.StringVar(&target, "target", client.DefaultTarget, "whose inbox")
 	f.BoolVar(&follow, "follow", false, "keep waiting for new wake-ups")
 	f.BoolVar(&asJSON, "json", false, "print each wake-up as one line of JSON")
 	return cmd
 }
 
-func printDelivery(g *globals, data []byte, asJSON bool) error {
-	var w events.Wakeup
-	if err := json.Unmarshal(data, &w); err != nil {
-		return fmt.Errorf("unreadable wake-up in the inbox: %w", err)
+// readInbox prints the wake-ups of an inbox and acknowledges each once printed:
+// those there now, and with follow those that come, until ctx ends.
+func readInbox(ctx context.Context, g *globals, inbox *client.Inbox, follow, asJSON bool) error {
+	wait := time.Duration(0)
+	if follow {
+		wait = 20 * time.Second
 	}
+	for ctx.Err() == nil {
+		batch, err := inbox.Fetch(ctx, 64, wait)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		for _, d := range batch {
+			if err := printDelivery(g, d, asJSON); err != nil {
+				return err
+			}
+			if err := d.Ack(ctx); err != nil {
+				return fmt.Errorf("acknowledge wake-up: %w", err)
+			}
+		}
+		if !follow && len(batch) == 0 {
+			return nil
+		}
+	}
+	return nil
+}
+
+func printDelivery(g *globals, d *client.Delivery, asJSON bool) error {
+	if d.Err != nil {
+		return fmt.Errorf("unreadable wake-up in the inbox: %w", d.Err)
+	}
+	w := d.Wakeup
 	if asJSON {
 		return printJSONLine(g.stdout, w)
 	}

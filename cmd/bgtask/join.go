@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
 )
@@ -58,7 +59,7 @@ only if a member did not succeed.`,
 			if s, ok := currentSession(os.Getenv, g.home, cmd.ErrOrStderr()); ok {
 				applySession(doc, s)
 			}
-			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
+			return g.withClient(cmd.Context(), func(ctx context.Context, c *client.Client) error {
 				members, err := wholeIDs(ctx, c, args)
 				if err != nil {
 					return err
@@ -68,7 +69,7 @@ only if a member did not succeed.`,
 				if err != nil {
 					return err
 				}
-				reg, err := c.api.Register(ctx, raw)
+				reg, err := c.RegisterJSON(ctx, raw)
 				if err != nil {
 					return err
 				}
@@ -95,14 +96,14 @@ only if a member did not succeed.`,
 // wholeIDs are the ids of the tasks refs name: a start of an id, as a command's
 // ID argument may be, is looked up, and a whole id is kept as it is (the engine
 // finds whether it is a task's).
-func wholeIDs(ctx context.Context, c *client, refs []string) ([]string, error) {
+func wholeIDs(ctx context.Context, c *client.Client, refs []string) ([]string, error) {
 	ids := make([]string, len(refs))
 	for i, ref := range refs {
 		if api.IsWholeID(ref) {
 			ids[i] = ref
 			continue
 		}
-		t, err := c.api.Get(ctx, ref)
+		t, err := c.Get(ctx, ref)
 		if err != nil {
 			return nil, err
 		}

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/client"
 )
 
 // list's filters select the tasks they name; a bad value is a usage error.
@@ -49,7 +51,7 @@ func TestListFilterFlags(t *testing.T) {
 		{"--status", "finished"}, {"--target", "a.b"}, {"--label", "pool"}, {"--label", "pool=a b"},
 		{"--since", "yesterday"}, {"--until", "-1h"}, {"--since", "1h", "--until", "2h"},
 	} {
-		r := bgtask(t, home, append([]string{"list"}, args...)...).must(t, exitUsage, "list "+strings.Join(args, " "))
+		r := bgtask(t, home, append([]string{"list"}, args...)...).must(t, client.ExitUsage, "list "+strings.Join(args, " "))
 		if flag := strings.TrimPrefix(args[len(args)-2], "--"); !strings.Contains(r.stderr, flag) {
 			t.Errorf("list %s: %q does not name %s", strings.Join(args, " "), r.stderr, flag)
 		}

@@ -5,9 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/bgtask/bgtask/engine"
-	"github.com/bgtask/bgtask/engine/api"
-	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/client"
 )
 
 const logsLong = `Print the output a task's command wrote, stdout and stderr in the order they
@@ -45,9 +43,9 @@ func logsCmd(g *globals) *cobra.Command {
 func (o logsOptions) streams() []string {
 	switch {
 	case o.stdout:
-		return []string{events.Stdout}
+		return []string{client.Stdout}
 	case o.stderr:
-		return []string{events.Stderr}
+		return []string{client.Stderr}
 	}
 	return nil
 }
@@ -57,56 +55,27 @@ func (o logsOptions) streams() []string {
 func (g *globals) printLogs(ctx context.Context, id string, o logsOptions) error {
 	reqCtx, cancel := g.bounded(ctx)
 	defer cancel()
-	c, err := g.dial(reqCtx, g.timeout)
+	c, err := g.open(reqCtx, g.timeout)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	var t api.TaskView
-	err = g.call(reqCtx, c, g.timeout, true, func(ctx context.Context) (err error) {
-		t, err = c.api.Get(ctx, id)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	logs, err := c.logs(ctx)
-	if err != nil {
-		return err
-	}
-	write := func(chunk events.LogChunk) error {
+	write := func(chunk client.LogChunk) error {
 		if o.asJSON {
 			return printJSONLine(g.stdout, logLine{Stream: chunk.Stream, Offset: chunk.Offset, Data: string(chunk.Data), EOF: chunk.EOF})
 		}
 		_, err := g.stdout.Write(chunk.Data)
 		return err
 	}
-	if !o.following {
-		return logs.Read(ctx, t.ID, o.streams(), write)
+	t, err := c.Get(reqCtx, id) // only the read of the task waits for the server
+	if err != nil {
+		return err
 	}
-	watchCtx, stopWatching := context.WithCancel(ctx)
-	taskEnded := make(chan struct{})
-	defer func() { stopWatching(); <-taskEnded }()
-	go func() {
-		defer close(taskEnded)
-		// An error too ends the wait: the task can no longer be followed, and what
-		// its log holds is all there will be to read.
-		_, _ = follow(watchCtx, c, t.ID, func(s engine.State) bool { return !s.Phase.Runs() })
-	}()
-	err = logs.Follow(ctx, t.ID, o.streams(), 0, taskEnded, write)
-	if ctx.Err() != nil {
+	err = c.Logs(ctx, t.ID, client.LogOptions{Streams: o.streams(), Follow: o.following}, write)
+	if o.following && ctx.Err() != nil {
 		return nil // interrupted
 	}
 	return err
-}
-
-// logs reads the tasks' output, through the client's connection.
-func (c *client) logs(ctx context.Context) (*events.Logs, error) {
-	js, err := c.jetstream()
-	if err != nil {
-		return nil, err
-	}
-	return events.ConnectLogs(ctx, js)
 }
 
 type logLine struct {

@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/workers/shim"
 )
@@ -29,19 +30,6 @@ func main() {
 	}
 }
 
-// The exit statuses, one per kind of failure, so that a script can tell them apart.
-// docs/cli.md lists them; a new one goes there too.
-const (
-	exitFailure       = 1   // anything else: the server failed the request, a local I/O error
-	exitUsage         = 2   // a bad command line, or input the engine rejected (its 400)
-	exitTaskFailed    = 3   // wait: the task ended without succeeding
-	exitTaskCancelled = 4   // wait: the task was cancelled
-	exitNotFound      = 5   // no such task (the API's 404)
-	exitConflict      = 6   // the task's state does not allow it (the API's 409)
-	exitNoServer      = 7   // no bgtask server answered within --timeout, or none ever ran in the home
-	exitTimeout       = 124 // wait: --timeout passed before the task ended, as timeout(1)
-)
-
 // exitError carries a specific exit status; a nil err prints nothing.
 type exitError struct {
 	code int
@@ -57,39 +45,6 @@ func (e *exitError) Error() string {
 
 func (e *exitError) Unwrap() error { return e.err }
 
-// statusOfAPICode is the exit status of an error the API answered with.
-func statusOfAPICode(code int) int {
-	switch code {
-	case 400, api.CodeAmbiguous:
-		return exitUsage
-	case 404:
-		return exitNotFound
-	case 409:
-		return exitConflict
-	case 503:
-		return exitNoServer
-	}
-	return exitFailure
-}
-
-// apiCodeOfStatus is the code of the error object printed for a failure of the CLI's
-// own, in the API's terms.
-func apiCodeOfStatus(status int) int {
-	switch status {
-	case exitUsage:
-		return 400
-	case exitNotFound:
-		return 404
-	case exitConflict:
-		return 409
-	case exitNoServer:
-		return 503
-	case exitTimeout:
-		return 504
-	}
-	return 500
-}
-
 // classify maps an error of a command to its exit status and the error object that
 // reports it (nil: nothing to report, as for a task that did not succeed).
 func classify(err error) (int, *api.Error) {
@@ -103,15 +58,15 @@ func classify(err error) (int, *api.Error) {
 		if errors.As(exit.err, &apiErr) {
 			return exit.code, apiErr
 		}
-		return exit.code, &api.Error{Code: apiCodeOfStatus(exit.code), Message: exit.err.Error()}
+		return exit.code, &api.Error{Code: client.CodeOfStatus(exit.code), Message: exit.err.Error()}
 	case errors.As(err, &apiErr):
-		return statusOfAPICode(apiErr.Code), apiErr
-	case errors.Is(err, api.ErrNoServer):
-		return exitNoServer, &api.Error{Code: 503, Message: err.Error()}
+		return client.StatusOfCode(apiErr.Code), apiErr
+	case errors.As(err, new(*client.NoServerError)), errors.Is(err, api.ErrNoServer):
+		return client.ExitNoServer, &api.Error{Code: 503, Message: err.Error()}
 	case isUsageError(err):
-		return exitUsage, &api.Error{Code: 400, Message: err.Error()}
+		return client.ExitUsage, &api.Error{Code: 400, Message: err.Error()}
 	}
-	return exitFailure, &api.Error{Code: 500, Message: err.Error()}
+	return client.ExitFailure, &api.Error{Code: 500, Message: err.Error()}
 }
 
 // report prints a command's error, as the API's error object on stdout when the

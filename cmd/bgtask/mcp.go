@@ -18,6 +18,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/cobra"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
@@ -171,7 +172,7 @@ func errorResult(err error) *mcp.CallToolResult {
 		obj = &api.Error{Code: 400, Field: argErr.field, Message: argErr.Error()}
 	case errors.As(err, &fieldErr):
 		obj = &api.Error{Code: 400, Field: fieldErr.Field, Message: fieldErr.Error()}
-	case errors.As(err, &exit) && exit.code == exitNoServer:
+	case errors.As(err, &exit) && exit.code == client.ExitNoServer:
 		obj.Code = 503
 	}
 	res := &mcp.CallToolResult{
@@ -184,17 +185,15 @@ func errorResult(err error) *mcp.CallToolResult {
 
 // call makes one tool's API calls as a client command makes its own: within
 // --timeout, again through a restart of the server when they may be made twice.
-func (m *mcpServer) call(ctx context.Context, idempotent bool, fn func(context.Context, *client) error) error {
+func (m *mcpServer) call(ctx context.Context, fn func(context.Context, *client.Client) error) error {
 	g := m.callGlobals() // a call of its own says once that it waits, on stderr
-	return g.ifGone(g.requestWith(ctx, idempotent, fn))
+	return g.noServer(g.withClient(ctx, fn))
 }
 
-// callGlobals are the globals of one tool call: it prints nothing, and a server
-// gone for good under it is its own error, not the next call's.
+// callGlobals are the globals of one tool call: it prints nothing.
 func (m *mcpServer) callGlobals() *globals {
 	g := *m.g
 	g.stdout = io.Discard
-	g.gone = new(atomic.Pointer[error])
 	return &g
 }
 
@@ -487,8 +486,8 @@ func (m *mcpServer) register(ctx context.Context, doc map[string]any) (string, a
 		return "", nil, err
 	}
 	var reg api.Registered
-	err = m.call(ctx, true, func(ctx context.Context, c *client) (err error) {
-		reg, err = c.api.Register(ctx, raw)
+	err = m.call(ctx, func(ctx context.Context, c *client.Client) (err error) {
+		reg, err = c.RegisterJSON(ctx, raw)
 		return err
 	})
 	if err != nil {
@@ -546,8 +545,8 @@ func (m *mcpServer) show(ctx context.Context, _ *mcp.CallToolRequest, args json.
 		return "", nil, err
 	}
 	var t api.TaskView
-	err := m.call(ctx, true, func(ctx context.Context, c *client) (err error) {
-		t, err = c.api.Get(ctx, in.ID)
+	err := m.call(ctx, func(ctx context.Context, c *client.Client) (err error) {
+		t, err = c.Get(ctx, in.ID)
 		return err
 	})
 	if err != nil {
@@ -589,16 +588,16 @@ func (m *mcpServer) list(ctx context.Context, _ *mcp.CallToolRequest, args json.
 	if err := decodeArgs(args, &in); err != nil {
 		return "", nil, err
 	}
-	req := api.ListRequest{ListQuery: engine.ListQuery{Phase: engine.Phase(in.State), Limit: mcpListLimit}, Cursor: in.Cursor}
+	q := client.ListQuery{Phase: engine.Phase(in.State), Limit: mcpListLimit}
 	if in.Limit != nil {
 		if *in.Limit < 1 {
 			return "", nil, &toolError{"limit", fmt.Sprintf("%d: want at least 1", *in.Limit)}
 		}
-		req.Limit = *in.Limit
+		q.Limit = *in.Limit
 	}
-	var page api.ListReply
-	err := m.call(ctx, true, func(ctx context.Context, c *client) (err error) {
-		page, err = c.api.ListPage(ctx, req)
+	var page client.ListPage
+	err := m.call(ctx, func(ctx context.Context, c *client.Client) (err error) {
+		page, err = c.ListPage(ctx, q, in.Cursor)
 		return err
 	})
 	if err != nil {
@@ -653,16 +652,12 @@ func (m *mcpServer) logs(ctx context.Context, _ *mcp.CallToolRequest, args json.
 		limit = *in.MaxBytes
 	}
 	var out logsOut
-	err := m.call(ctx, true, func(ctx context.Context, c *client) error {
-		t, err := c.api.Get(ctx, in.ID)
+	err := m.call(ctx, func(ctx context.Context, c *client.Client) error {
+		t, err := c.Get(ctx, in.ID)
 		if err != nil {
 			return err
 		}
-		logs, err := c.logs(ctx)
-		if err != nil {
-			return err
-		}
-		out, err = lastOutput(ctx, logs, t.ID, streams, limit)
+		out, err = lastOutput(ctx, c, t.ID, streams, limit)
 		// Read after the task was seen ended, the output is whole (events.LogEOFHeader).
 		out.Ended = out.Ended || !t.Phase.Runs()
 		return err
@@ -685,7 +680,7 @@ func (m *mcpServer) logs(ctx context.Context, _ *mcp.CallToolRequest, args json.
 
 // lastOutput reads the task's output of streams (nil: both) and keeps its last
 // limit bytes, from the start of a character.
-func lastOutput(ctx context.Context, logs *events.Logs, id string, streams []string, limit int) (logsOut, error) {
+func lastOutput(ctx context.Context, c *client.Client, id string, streams []string, limit int) (logsOut, error) {
 	var buf []byte
 	// What bgtask dropped of a stream is where its first chunk starts.
 	seen := map[string]bool{}
@@ -694,7 +689,7 @@ func lastOutput(ctx context.Context, logs *events.Logs, id string, streams []str
 	if len(streams) > 0 {
 		want = len(streams)
 	}
-	err := logs.Read(ctx, id, streams, func(chunk events.LogChunk) error {
+	err := c.Logs(ctx, id, client.LogOptions{Streams: streams}, func(chunk client.LogChunk) error {
 		if !seen[chunk.Stream] {
 			seen[chunk.Stream] = true
 			skipped += chunk.Offset
@@ -729,8 +724,8 @@ func (m *mcpServer) cancel(ctx context.Context, _ *mcp.CallToolRequest, args jso
 		return "", nil, err
 	}
 	var t api.TaskView
-	err := m.call(ctx, false, func(ctx context.Context, c *client) (err error) {
-		t, err = c.api.Cancel(ctx, in.ID, in.Reason)
+	err := m.call(ctx, func(ctx context.Context, c *client.Client) (err error) {
+		t, err = c.Cancel(ctx, in.ID, in.Reason)
 		return err
 	})
 	if err != nil {
@@ -779,49 +774,41 @@ func (m *mcpServer) wait(ctx context.Context, req *mcp.CallToolRequest, args jso
 		defer stop()
 	}
 	g := m.callGlobals()
-	defer func() { err = g.ifGone(err) }()
-	c, err := g.dial(ctx, timeout)
+	defer func() { err = g.noServer(err) }()
+	c, err := g.open(ctx, timeout)
 	if err != nil {
 		return "", nil, err
 	}
 	defer c.Close()
-	var t api.TaskView
-	err = g.call(ctx, c, timeout, true, func(ctx context.Context) (err error) {
-		t, err = c.api.Get(ctx, in.ID)
-		return err
-	})
+	t, err := c.Get(ctx, in.ID)
 	if err != nil {
 		return "", nil, err
 	}
 	if in.Consume {
-		stop, err := sayConsuming(c, t.ID)
+		release, err := c.HoldWakeup(t.ID)
 		if err != nil {
 			return "", nil, err
 		}
-		defer stop()
+		defer release()
 	}
-	state := t.State
-	seen.Store(waitSeen{t.ID, state.Phase})
-	if !state.Phase.Terminal() {
-		state, err = follow(ctx, c, t.ID, func(s engine.State) bool {
-			seen.Store(waitSeen{t.ID, s.Phase})
-			return s.Phase.Terminal()
+	seen.Store(waitSeen{t.ID, t.Phase})
+	if !client.Ended(t) {
+		t, err = c.Follow(ctx, t.ID, func(t client.Task) bool {
+			seen.Store(waitSeen{t.ID, t.Phase})
+			return client.Ended(t)
 		})
 		if errors.Is(err, context.DeadlineExceeded) {
-			out := waitOut{ID: t.ID, State: state.Phase}
-			return fmt.Sprintf("task %s is still %s after %s; wait again, or let its wake-up come", t.ID, state.Phase, timeout), out, nil
+			out := waitOut{ID: t.ID, State: t.Phase}
+			return fmt.Sprintf("task %s is still %s after %s; wait again, or let its wake-up come", t.ID, t.Phase, timeout), out, nil
 		}
 		if err != nil {
 			return "", nil, err
 		}
 	}
-	w := state.CancelledWakeup()
-	if state.Wakeup != nil {
-		w = *state.Wakeup
-	}
-	out := waitOut{ID: t.ID, Ended: true, State: state.Phase, Wakeup: &w}
+	w := client.WakeupOf(t)
+	out := waitOut{ID: t.ID, Ended: true, State: t.Phase, Wakeup: &w}
 	if in.Consume {
-		if out.Consumed, err = consumeWakeup(ctx, g, c, timeout, state); err != nil {
+		if out.Consumed, err = c.ConsumeWakeup(ctx, t); err != nil {
 			return "", nil, err
 		}
 	}
@@ -868,8 +855,8 @@ func (m *mcpServer) readTask(ctx context.Context, req *mcp.ReadResourceRequest) 
 	uri := req.Params.URI
 	id := strings.TrimPrefix(uri, taskURIPrefix)
 	var t api.TaskView
-	err := m.call(ctx, true, func(ctx context.Context, c *client) (err error) {
-		t, err = c.api.Get(ctx, id)
+	err := m.call(ctx, func(ctx context.Context, c *client.Client) (err error) {
+		t, err = c.Get(ctx, id)
 		return err
 	})
 	var apiErr *api.Error
@@ -891,13 +878,13 @@ func (m *mcpServer) readTask(ctx context.Context, req *mcp.ReadResourceRequest) 
 
 // listResources lists the tasks, newest first, a page of the API's at a time.
 func (m *mcpServer) listResources(ctx context.Context, req *mcp.ListResourcesRequest) (*mcp.ListResourcesResult, error) {
-	r := api.ListRequest{ListQuery: engine.ListQuery{Limit: mcpPageSize}}
+	cursor := ""
 	if req.Params != nil {
-		r.Cursor = req.Params.Cursor
+		cursor = req.Params.Cursor
 	}
-	var page api.ListReply
-	err := m.call(ctx, true, func(ctx context.Context, c *client) (err error) {
-		page, err = c.api.ListPage(ctx, r)
+	var page client.ListPage
+	err := m.call(ctx, func(ctx context.Context, c *client.Client) (err error) {
+		page, err = c.ListPage(ctx, client.ListQuery{Limit: mcpPageSize}, cursor)
 		return err
 	})
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/internal/proc"
@@ -102,8 +103,8 @@ func (m *mcpServer) complete(ctx context.Context, _ *mcp.CallToolRequest, args j
 	var t api.TaskView
 	// Made once, as cancel is: made again after it took effect, it would say the
 	// task has ended.
-	err := m.call(ctx, false, func(ctx context.Context, c *client) (err error) {
-		t, err = c.api.Complete(ctx, req)
+	err := m.call(ctx, func(ctx context.Context, c *client.Client) (err error) {
+		t, err = c.Complete(ctx, req)
 		return err
 	})
 	if err != nil {

@@ -6,21 +6,21 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/bgtask/bgtask/engine/api"
+	"github.com/bgtask/bgtask/client"
 )
 
 // pauseCmd and resumeCmd hold a task that has not started, and let it go on.
 func pauseCmd(g *globals) *cobra.Command {
 	return holdCmd(g, "pause", "Hold a task that has not started: no worker takes it and a timer does not fire until 'bgtask resume'",
-		"paused", func(ctx context.Context, c *client, id string) (api.TaskView, error) { return c.api.Pause(ctx, id) })
+		"paused", (*client.Client).Pause)
 }
 
 func resumeCmd(g *globals) *cobra.Command {
 	return holdCmd(g, "resume", "Let a paused task go on: a start or a timer whose time passed meanwhile happens at once",
-		"resumed", func(ctx context.Context, c *client, id string) (api.TaskView, error) { return c.api.Resume(ctx, id) })
+		"resumed", (*client.Client).Resume)
 }
 
-func holdCmd(g *globals, name, short, done string, change func(context.Context, *client, string) (api.TaskView, error)) *cobra.Command {
+func holdCmd(g *globals, name, short, done string, change func(*client.Client, context.Context, string) (client.Task, error)) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   name + " ID",
@@ -34,8 +34,8 @@ finished task cannot (exit status 6); cancel stops a running one.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			// Made once, as cancel is: a pause made again after one that took effect
 			// would say the task is paused already.
-			return g.requestOnce(cmd.Context(), func(ctx context.Context, c *client) error {
-				t, err := change(ctx, c, args[0])
+			return g.withClient(cmd.Context(), func(ctx context.Context, c *client.Client) error {
+				t, err := change(c, ctx, args[0])
 				if err != nil {
 					return err
 				}

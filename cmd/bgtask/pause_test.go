@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 )
 
@@ -33,7 +34,7 @@ func TestAPausedTimerFiresWhenResumed(t *testing.T) {
 	if late, err := time.ParseDuration(w.LateBy); w.Status != engine.StatusSucceeded || w.Prompt != "resumed" || err != nil || late < 500*time.Millisecond {
 		t.Fatalf("wake-up of the resumed timer: %+v", w)
 	}
-	if r := bgtask(t, home, "pause", id); r.code != exitConflict {
-		t.Fatalf("pause of a fired task: exit %d, %s; want %d", r.code, r.stderr, exitConflict)
+	if r := bgtask(t, home, "pause", id); r.code != client.ExitConflict {
+		t.Fatalf("pause of a fired task: exit %d, %s; want %d", r.code, r.stderr, client.ExitConflict)
 	}
 }

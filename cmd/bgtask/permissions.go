@@ -5,11 +5,12 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
 )
 
-// The embedded server's users and what each may do. They follow the serverhome.Identities of
+// The embedded server's users and what each may do. They follow the identities of
 // deploy/nats/accounts.conf, with two differences that come from one user on one
 // machine: the client reads and acknowledges the inbox of every target (the CLI
 // serves any --target) and may drain a worker (`bgtask worker drain`), which on a
@@ -102,7 +103,7 @@ var (
 			Allow: append([]string{
 				api.SubjectRegister, api.SubjectRerun, api.SubjectCancel, api.SubjectGet, api.SubjectList,
 				api.SubjectHistory, api.SubjectWorkers, api.SubjectPause, api.SubjectResume, api.SubjectComplete,
-				api.SubjectConsume, consumingSubject("*"),
+				api.SubjectConsume, client.ConsumingPrefix + ".*",
 				api.SubjectScheduleAdd, api.SubjectScheduleList, api.SubjectScheduleShow, api.SubjectSchedulePause,
 				api.SubjectScheduleResume, api.SubjectScheduleDelete, api.SubjectScheduleTrigger,
 				events.WorkerSubject("*", events.VerbDrain),
@@ -120,7 +121,7 @@ var (
 		Subscribe: &server.SubjectPermission{
 			Allow: []string{
 				events.SubjectPrefix + ".>", events.InboxPrefix + ".>", events.LogPrefix + ".>",
-				consumingSubject("*"), "_INBOX.>",
+				client.ConsumingPrefix + ".*", "_INBOX.>",
 			},
 		},
 	}

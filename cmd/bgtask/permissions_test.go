@@ -165,7 +165,7 @@ func TestTheClientIdentityRunsTheCLIButWritesNoEvent(t *testing.T) {
 	client, _ := serverhome.ReadSeedFile(filepath.Join(home, serverhome.ClientSeedFile))
 	worker, _ := serverhome.ReadSeedFile(filepath.Join(home, serverhome.WorkerSeedFile))
 	if creds.Seed != client.Seed {
-		t.Error("credentials.json and client.nkey hold different serverhome.Identities")
+		t.Error("credentials.json and client.nkey hold different identities")
 	}
 	for _, seed := range seedsIn(t, home) {
 		if seed != client.Seed && seed != worker.Seed {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
@@ -37,8 +38,8 @@ func listCmd(g *globals) *cobra.Command {
 			if err := listFilters(&q, labels, since, until, time.Now()); err != nil {
 				return err
 			}
-			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
-				reply, err := c.api.List(ctx, q)
+			return g.withClient(cmd.Context(), func(ctx context.Context, c *client.Client) error {
+				reply, err := c.List(ctx, q)
 				if err != nil {
 					return err
 				}
@@ -122,8 +123,8 @@ func showCmd(g *globals) *cobra.Command {
 		Short: "Show a task's current state",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
-				t, err := c.api.Get(ctx, args[0])
+			return g.withClient(cmd.Context(), func(ctx context.Context, c *client.Client) error {
+				t, err := c.Get(ctx, args[0])
 				if err != nil {
 					return err
 				}
@@ -246,8 +247,8 @@ func historyCmd(g *globals) *cobra.Command {
 		Short: "Print a task's events in order",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
-				h, err := c.api.History(ctx, args[0])
+			return g.withClient(cmd.Context(), func(ctx context.Context, c *client.Client) error {
+				h, err := c.History(ctx, args[0])
 				if err != nil {
 					return err
 				}
@@ -278,8 +279,8 @@ func cancelCmd(g *globals) *cobra.Command {
 		Short: "Cancel a task: stop its process group (TERM, then KILL); nothing is delivered",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.requestOnce(cmd.Context(), func(ctx context.Context, c *client) error {
-				t, err := c.api.Cancel(ctx, args[0], reason)
+			return g.withClient(cmd.Context(), func(ctx context.Context, c *client.Client) error {
+				t, err := c.Cancel(ctx, args[0], reason)
 				if err != nil {
 					return err
 				}

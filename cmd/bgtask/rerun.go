@@ -6,6 +6,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
+
+	"github.com/bgtask/bgtask/client"
 )
 
 func rerunCmd(g *globals) *cobra.Command {
@@ -24,8 +26,8 @@ environment is the one ID ran with, the caller's it captured included.`,
 			// One key for every attempt of this command: a request made again through
 			// a restart of the server registers once.
 			key := "rerun-" + uuid.NewString()
-			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
-				reg, err := c.api.Rerun(ctx, args[0], key)
+			return g.withClient(cmd.Context(), func(ctx context.Context, c *client.Client) error {
+				reg, err := c.Rerun(ctx, args[0], key)
 				if err != nil {
 					return err
 				}

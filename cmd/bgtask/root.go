@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,14 +11,12 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
-	"github.com/bgtask/bgtask/engine/api"
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/internal/secretenv"
 	"github.com/bgtask/bgtask/internal/serverhome"
 )
@@ -36,25 +33,14 @@ type globals struct {
 	// ctx is the run's: interrupted by SIGINT or SIGTERM.
 	ctx         context.Context
 	saidWaiting bool
-	// gone is why a client command's server went for good while it was connected
-	// (watchGone); its error is then that one. Shared by copies of the globals.
-	gone *atomic.Pointer[error]
-}
-
-// ifGone is err, or, when the server went for good under it, why (status 7).
-func (g *globals) ifGone(err error) error {
-	if g.gone == nil || err == nil {
-		return err
-	}
-	if gone := g.gone.Load(); gone != nil {
-		return &exitError{code: exitNoServer, err: *gone}
-	}
-	return err
+	// bound is what a command waited for the server at most, for the message
+	// that no server answered within it.
+	bound time.Duration
 }
 
 // Run runs the bgtask command line.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	g := &globals{stdout: stdout, stderr: stderr, ctx: ctx, timeout: defaultTimeout, gone: new(atomic.Pointer[error])}
+	g := &globals{stdout: stdout, stderr: stderr, ctx: ctx, timeout: defaultTimeout}
 	root := &cobra.Command{
 		Use:   "bgtask",
 		Short: "A durable supervisor for background work someone is waiting on",
@@ -91,7 +77,7 @@ answered, 124 wait: --timeout passed.`,
 		return nil
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
-		return &exitError{code: exitUsage, err: err}
+		return &exitError{code: client.ExitUsage, err: err}
 	})
 	// The client commands wait for the server up to their --timeout; wait's bounds
 	// the wait for the task too, and target's subcommands have their own.
@@ -103,7 +89,7 @@ answered, 124 wait: --timeout passed.`,
 	root.AddCommand(setupCmd(g), mcpCmd(g), hookCmd(g))
 	root.AddCommand(scheduleCmd(g), serviceCmd(g), uiCmd(g))
 	cmd, err := root.ExecuteC()
-	err = g.ifGone(err)
+	err = g.noServer(err)
 	return report(err, wantsJSON(cmd, args, err), stdout, stderr)
 }
 
@@ -170,10 +156,8 @@ func buildID() string {
 	return id
 }
 
-// connect opens a connection: to --nats if given, else to the server whose
-// discovery file is in the home directory, with the credentials it generated there.
-// A server that is not there now but may be soon (one that is restarting) is a
-// *serverAbsent; a home where no server ever ran is not.
+// connect opens a connection as the client identity of the home (or as the auth
+// flags say, with --nats), for a part of the server that acts as a client of it.
 func (g *globals) connect(name string, extra ...nats.Option) (*nats.Conn, error) {
 	return g.connectAs(name, serverhome.ReadCredentials, extra...)
 }
@@ -204,7 +188,7 @@ func (g *globals) connectAs(name string, identity func(home string) (serverhome.
 		}
 		nc, err := nats.Connect(g.natsURL, append(opts, auth...)...)
 		if err != nil {
-			return nil, absentIf(fmt.Errorf("connect to %s: %w", g.natsURL, err))
+			return nil, fmt.Errorf("connect to %s: %w", g.natsURL, err)
 		}
 		return nc, nil
 	}
@@ -220,10 +204,7 @@ func (g *globals) connectAs(name string, identity func(home string) (serverhome.
 		// A server writes its credentials at its first start and removes its
 		// discovery file when it stops: with credentials, one ran here and may be
 		// starting again.
-		if _, cerr := os.Stat(filepath.Join(home, serverhome.CredentialsFile)); cerr == nil {
-			return nil, &serverAbsent{err: fmt.Errorf("the bgtask server of %s is not running (it wrote no %s yet)", home, serverhome.DiscoveryFile), gone: serverhome.Gone(home)}
-		}
-		return nil, &exitError{code: exitNoServer, err: fmt.Errorf("no bgtask server in %s: start one with 'bgtask server' (or pass --home, or --nats URL)", home)}
+		return nil, fmt.Errorf("the bgtask server of %s is not running (it wrote no %s yet)", home, serverhome.DiscoveryFile)
 	}
 	if err != nil {
 		return nil, err
@@ -240,40 +221,14 @@ func (g *globals) connectAs(name string, identity func(home string) (serverhome.
 	opts = append(opts, auth, nats.SetCustomDialer(serverhome.NewDialer(home, 5*time.Second)))
 	nc, err := nats.Connect(d.URL, opts...)
 	if err != nil {
-		err = absentIf(fmt.Errorf("the bgtask server of %s (pid %d, %s) does not answer: %w", home, d.PID, d.URL, err))
-		if absent, ok := err.(*serverAbsent); ok {
-			absent.gone = serverhome.Gone(home)
-		}
-		return nil, err
+		return nil, fmt.Errorf("the bgtask server of %s (pid %d, %s) does not answer: %w", home, d.PID, d.URL, err)
 	}
 	return nc, nil
-}
-
-// serverAbsent: no server answers now, and one may soon (it is restarting),
-// unless gone says why none will.
-type serverAbsent struct {
-	err  error
-	gone error
-}
-
-func (e *serverAbsent) Error() string { return e.err.Error() }
-func (e *serverAbsent) Unwrap() error { return e.err }
-
-// absentIf makes a failed connection a *serverAbsent when nothing accepted it, as
-// opposed to a server that refused the credentials or the TLS.
-func absentIf(err error) error {
-	if errors.Is(err, nats.ErrNoServers) || errors.Is(err, nats.ErrTimeout) {
-		return &serverAbsent{err: err}
-	}
-	return err
 }
 
 // defaultTimeout bounds a client command that does not wait for a task to end:
 // the server's answer, and a restart of the server before it.
 const defaultTimeout = 30 * time.Second
-
-// retryEvery is how often a client command tries again a server it waits for.
-const retryEvery = 200 * time.Millisecond
 
 // timeoutFlag gives a client command its --timeout.
 func (g *globals) timeoutFlag(cmd *cobra.Command) {
@@ -282,6 +237,7 @@ func (g *globals) timeoutFlag(cmd *cobra.Command) {
 
 // bounded bounds ctx by --timeout; 0 is no bound.
 func (g *globals) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	g.bound = g.timeout
 	if g.timeout == 0 {
 		return context.WithCancel(ctx)
 	}
@@ -301,208 +257,48 @@ func (g *globals) sayWaiting(bound time.Duration, why error) {
 	fmt.Fprintf(g.stderr, "bgtask: waiting%s for the server: %v\n", upTo, why)
 }
 
-// gaveUp is the error of a command that waited for the server until ctx ended.
-func gaveUp(ctx context.Context, bound time.Duration, why error) error {
-	if errors.Is(ctx.Err(), context.Canceled) {
-		return ctx.Err()
-	}
-	return &exitError{code: exitNoServer, err: fmt.Errorf("no bgtask server answered within %s: %w", bound, why)}
-}
-
-// watchGone gives a client command's connection to the home's server a watch
-// that closes it once the server is gone for good (serverhome.Gone, for goneFor), as a
-// connection that reconnects for ever would leave a wait with no bound hanging.
-func (g *globals) watchGone() []nats.Option {
-	if g.natsURL != "" || g.gone == nil {
-		return nil
-	}
-	home, err := serverhome.Dir(g.home)
-	if err != nil {
-		return nil
-	}
-	var since time.Time
-	return []nats.Option{nats.ReconnectWait(retryEvery), nats.ReconnectErrHandler(func(nc *nats.Conn, _ error) {
-		gone := serverhome.Gone(home)
-		switch {
-		case gone == nil:
-			since = time.Time{}
-		case since.IsZero():
-			since = time.Now()
-		case time.Since(since) >= goneFor:
-			g.gone.Store(&gone)
-			nc.Close()
-		}
-	})}
-}
-
-// pause waits retryEvery, or until ctx ends (false).
-func pause(ctx context.Context) bool { return pauseFor(ctx, retryEvery) }
-
-// pauseFor waits d, or until ctx ends (false).
-func pauseFor(ctx context.Context, d time.Duration) bool {
-	select {
-	case <-ctx.Done():
-		return false
-	case <-time.After(d):
-		return true
-	}
-}
-
-// client is a connection and the API over it, for the client commands.
-type client struct {
-	nc  *nats.Conn
-	api *api.Client
-}
-
-// goneFor is how long a home's server must look gone for good (serverhome.Gone) before
-// a client says so instead of waiting: a server restarted by hand takes the home's
-// lock within it.
-const goneFor = 500 * time.Millisecond
-
-// dial connects a client command, waiting for a server that is absent (restarting)
-// until ctx ends; bound is ctx's timeout, for the messages (0: none). A server
-// that is gone with nothing to restart it ends the wait at once.
-func (g *globals) dial(ctx context.Context, bound time.Duration) (*client, error) {
-	var goneSince time.Time
-	for {
-		nc, err := g.connect("bgtask-cli", g.watchGone()...)
-		if err == nil {
-			return &client{nc: nc, api: api.NewClient(nc)}, nil
-		}
-		var absent *serverAbsent
-		if !errors.As(err, &absent) {
+// open connects a client command to its deployment within ctx, waiting for a
+// server that is restarting (said once on stderr); bound is ctx's bound, for the
+// messages (0: none).
+func (g *globals) open(ctx context.Context, bound time.Duration) (*client.Client, error) {
+	g.bound = bound
+	cfg := client.Config{Home: g.home, URL: g.natsURL, Name: "bgtask-cli",
+		Waiting: func(why error) { g.sayWaiting(bound, why) }}
+	if g.natsURL != "" {
+		opts, err := g.auth.options()
+		if err != nil {
 			return nil, err
 		}
-		switch {
-		case absent.gone == nil:
-			goneSince = time.Time{}
-		case goneSince.IsZero():
-			goneSince = time.Now()
-		case time.Since(goneSince) >= goneFor:
-			return nil, &exitError{code: exitNoServer, err: absent.gone}
-		}
-		if absent.gone != nil {
-			if !pauseFor(ctx, goneFor/5) {
-				return nil, gaveUp(ctx, bound, err)
-			}
-			continue
-		}
-		g.sayWaiting(bound, err)
-		if !pause(ctx) {
-			return nil, gaveUp(ctx, bound, err)
-		}
+		cfg.Options = opts
+	} else if g.auth.given() {
+		return nil, usageErr("the NATS auth and TLS flags go with --nats URL; without it the home's own credentials are used")
 	}
+	return client.Connect(ctx, cfg)
 }
 
-// call makes an API call, again while no server answers it: while the engine is not
-// serving yet (no responder: the request reached nobody), and, when the call may be
-// made twice (idempotent), while the connection is down, a dropped connection having
-// cut the call. A call cut that must not be made twice fails.
-func (g *globals) call(ctx context.Context, c *client, bound time.Duration, idempotent bool, fn func(context.Context) error) error {
-	for {
-		err, dropped := attempt(ctx, c.nc, fn)
-		switch {
-		case err == nil:
-			return nil
-		case errors.As(err, new(*api.Error)):
-			return err // the server answered
-		case ctx.Err() != nil:
-			return gaveUp(ctx, bound, err)
-		case errors.Is(err, api.ErrNoServer):
-		case dropped && idempotent:
-			err = fmt.Errorf("the connection to the server dropped: %w", err)
-		case dropped:
-			return &exitError{code: exitNoServer, err: fmt.Errorf("the connection to the server dropped during the request, which may or may not have been carried out: %w", err)}
-		default:
-			return err
-		}
-		g.sayWaiting(bound, err)
-		if !pause(ctx) {
-			return gaveUp(ctx, bound, err)
-		}
-	}
-}
-
-// attempt calls fn, cut short if the connection drops meanwhile (dropped).
-func attempt(ctx context.Context, nc *nats.Conn, fn func(context.Context) error) (err error, dropped bool) {
-	ctx, cancel := context.WithCancel(ctx)
-	changes := nc.StatusChanged(nats.RECONNECTING, nats.DISCONNECTED, nats.CLOSED)
-	var cut atomic.Bool
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		select {
-		case <-changes:
-			cut.Store(true)
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	err = fn(ctx)
-	cancel()
-	<-watched
-	nc.RemoveStatusListener(changes)
-	return err, cut.Load()
-}
-
-func (c *client) Close() { c.nc.Close() }
-
-func (c *client) jetstream() (jetstream.JetStream, error) { return jetstream.New(c.nc) }
-
-// streamClient opens a client for a command that reads the streams itself, waiting
-// up to its --timeout for the server.
-func (g *globals) streamClient() (*client, jetstream.JetStream, error) {
-	ctx, cancel := g.bounded(g.ctx)
-	defer cancel()
-	c, err := g.dial(ctx, g.timeout)
-	if err != nil {
-		return nil, nil, err
-	}
-	js, err := c.jetstream()
-	if err != nil {
-		c.Close()
-		return nil, nil, err
-	}
-	return c, js, nil
-}
-
-// request opens a client and makes the calls of one command, all within its
-// --timeout, and again through a restart of the server: call must be one that may
-// be made twice (reads, and a registration, which has an idempotency key). What
-// call prints is held until it succeeds, so that an attempt cut short prints
-// nothing.
-func (g *globals) request(ctx context.Context, call func(context.Context, *client) error) error {
-	return g.requestWith(ctx, true, call)
-}
-
-// requestOnce is request for a call that must not be made twice: it is made again
-// only when it reached no server.
-func (g *globals) requestOnce(ctx context.Context, call func(context.Context, *client) error) error {
-	return g.requestWith(ctx, false, call)
-}
-
-func (g *globals) requestWith(ctx context.Context, idempotent bool, call func(context.Context, *client) error) error {
+// withClient runs fn with a client of the command's deployment, all within its
+// --timeout.
+func (g *globals) withClient(ctx context.Context, fn func(context.Context, *client.Client) error) error {
 	ctx, cancel := g.bounded(ctx)
 	defer cancel()
-	c, err := g.dial(ctx, g.timeout)
+	c, err := g.open(ctx, g.timeout)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	stdout := g.stdout
-	defer func() { g.stdout = stdout }()
-	var out bytes.Buffer
-	err = g.call(ctx, c, g.timeout, idempotent, func(ctx context.Context) error {
-		out.Reset()
-		g.stdout = &out
-		return call(ctx, c)
-	})
-	g.stdout = stdout
-	if err != nil {
+	return fn(ctx, c)
+}
+
+// noServer says of a command that no server answered how long it waited for one.
+func (g *globals) noServer(err error) error {
+	var absent *client.NoServerError
+	if !errors.As(err, &absent) {
 		return err
 	}
-	_, err = stdout.Write(out.Bytes())
-	return err
+	if absent.Waited && g.bound > 0 {
+		err = fmt.Errorf("no bgtask server answered within %s: %w", g.bound, absent.Err)
+	}
+	return &exitError{code: client.ExitNoServer, err: err}
 }
 
 func printJSON(w io.Writer, v any) error {

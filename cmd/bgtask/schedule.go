@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
 )
@@ -85,8 +86,8 @@ ran in, as add's task does (--environment login: the worker's).`,
 				return err
 			}
 			s := engine.Schedule{Name: args[0], Cron: o.cron, TZ: o.tz, Every: o.every, Overlap: o.overlap, CatchUp: o.catchUp, Spec: spec}
-			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
-				v, err := c.api.AddSchedule(ctx, s)
+			return g.withClient(cmd.Context(), func(ctx context.Context, c *client.Client) error {
+				v, err := c.AddSchedule(ctx, s)
 				if err != nil {
 					return err
 				}
@@ -113,16 +114,16 @@ func scheduleNameCmd(g *globals, use, short string) *cobra.Command {
 		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
-				return runSchedule(ctx, g, c.api, use, args[0], asJSON)
+			return g.withClient(cmd.Context(), func(ctx context.Context, c *client.Client) error {
+				return runSchedule(ctx, g, c, use, args[0], asJSON)
 			})
 		},
 	}
 	if use == "list" {
 		cmd.Use, cmd.Args = "list", cobra.NoArgs
 		cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
-				return runSchedule(ctx, g, c.api, use, "", asJSON)
+			return g.withClient(cmd.Context(), func(ctx context.Context, c *client.Client) error {
+				return runSchedule(ctx, g, c, use, "", asJSON)
 			})
 		}
 	}
@@ -131,9 +132,9 @@ func scheduleNameCmd(g *globals, use, short string) *cobra.Command {
 	return cmd
 }
 
-func runSchedule(ctx context.Context, g *globals, c *api.Client, use, name string, asJSON bool) error {
+func runSchedule(ctx context.Context, g *globals, c *client.Client, use, name string, asJSON bool) error {
 	var (
-		v   api.ScheduleView
+		v   client.ScheduleView
 		err error
 	)
 	switch use {
@@ -161,7 +162,7 @@ func runSchedule(ctx context.Context, g *globals, c *api.Client, use, name strin
 		_, err = fmt.Fprintln(g.stdout, reg.ID)
 		return err
 	case "show":
-		v, err = c.ShowSchedule(ctx, name)
+		v, err = c.Schedule(ctx, name)
 	default:
 		v, err = c.PauseSchedule(ctx, name, use == "pause")
 	}

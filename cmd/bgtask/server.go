@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/node"
 	"github.com/bgtask/bgtask/engine/sinks"
@@ -138,7 +139,7 @@ run if one can: registering a task is running a command.`,
 func newLogger(w interface{ Write([]byte) (int, error) }, level string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, &exitError{code: exitUsage, err: fmt.Errorf("--log-level: %w", err)}
+		return nil, &exitError{code: client.ExitUsage, err: fmt.Errorf("--log-level: %w", err)}
 	}
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
 }
@@ -161,7 +162,7 @@ func runServer(ctx context.Context, g *globals, o serverOptions) error {
 	}
 	host, port, err := listenAddress(o.listen, home)
 	if err != nil {
-		return &exitError{code: exitUsage, err: err}
+		return &exitError{code: client.ExitUsage, err: err}
 	}
 	if o.sync != "always" && o.sync != "interval" {
 		return usageErr("--sync %q: want always or interval", o.sync)

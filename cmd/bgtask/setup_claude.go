@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bgtask/bgtask/agents/claudecode"
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/internal/serverhome"
@@ -219,13 +220,12 @@ func readClaudeHookInput(warn io.Writer) claudeHookInput {
 // only reported.
 func (g *globals) setClaudeTarget(ctx context.Context, target, state string) {
 	g.timeout = claudeHookBound
-	err := g.withTargets(ctx, func(ctx context.Context, targets *events.Targets) error {
-		st := events.TargetState{State: state, Since: time.Now().UTC()}
-		if state == events.TargetBusy {
-			until := st.Since.Add(claudeBusyTTL)
-			st.Until = &until
-		}
-		return targets.Set(ctx, target, st)
+	ttl := time.Duration(0)
+	if state == client.TargetBusy {
+		ttl = claudeBusyTTL
+	}
+	err := g.withClient(ctx, func(ctx context.Context, c *client.Client) error {
+		return c.SetTarget(ctx, target, state, ttl)
 	})
 	if err != nil {
 		fmt.Fprintf(g.stderr, "bgtask hook claude-code: target %s %s: %v\n", state, target, err)
@@ -278,7 +278,7 @@ func (g *globals) claudeWake(ctx context.Context, sid, target string) (err error
 		if handed {
 			return &exitError{code: 2}
 		}
-		if !retry || !pause(ctx) {
+		if !retry || !claudePause(ctx) {
 			return nil
 		}
 	}
@@ -324,7 +324,7 @@ type claudeWaiter struct {
 func (w *claudeWaiter) waitOnce(ctx context.Context, target string) (handed, retry bool) {
 	nc, err := w.g.claudeConnect()
 	if err != nil {
-		return false, errors.As(err, new(*serverAbsent))
+		return false, w.g.serverMayComeBack()
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -398,7 +398,7 @@ func heldByAWait(ctx context.Context, nc *nats.Conn, id string) bool {
 	deadline := time.Now().Add(claudeConsumeBound)
 	for asked := false; ; asked = true {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := nc.RequestWithContext(rctx, consumingSubject(id), nil)
+		_, err := nc.RequestWithContext(rctx, client.ConsumingPrefix+"."+id, nil)
 		cancel()
 		if err != nil || time.Now().After(deadline) {
 			return asked // no one answers (any more): it is the wait's if one did
@@ -409,6 +409,22 @@ func heldByAWait(ctx context.Context, nc *nats.Conn, id string) bool {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// serverMayComeBack reports whether a server ran in the home and nothing says it
+// is gone for good.
+func (g *globals) serverMayComeBack() bool {
+	if g.natsURL != "" {
+		return true
+	}
+	home, err := serverhome.Dir(g.home)
+	if err != nil {
+		return false
+	}
+	if _, err := os.Stat(filepath.Join(home, serverhome.CredentialsFile)); err != nil {
+		return false
+	}
+	return serverhome.Gone(home) == nil
 }
 
 // claudeConnect is the waiter's connection. nats.go's default error handler writes
@@ -470,7 +486,7 @@ func (w *claudeWaiter) handOver(ctx context.Context, msgs []jetstream.Msg) (hand
 	}
 	if err := w.handed.add(keys...); err != nil {
 		giveBack(acked)
-		pause(ctx) // the wake-ups are back at once: don't spin on a full disk
+		claudePause(ctx) // the wake-ups are back at once: don't spin on a full disk
 		return false
 	}
 	if _, err := w.g.stderr.Write(text.Bytes()); err != nil {
@@ -506,7 +522,7 @@ func ackUntil(ctx context.Context, m jetstream.Msg, deadline time.Time) bool {
 		if err == nil {
 			return true
 		}
-		if ctx.Err() != nil || time.Now().After(deadline) || !pause(ctx) {
+		if ctx.Err() != nil || time.Now().After(deadline) || !claudePause(ctx) {
 			return false
 		}
 	}
@@ -661,4 +677,14 @@ func unlockClaudeSession(f *os.File) {
 // processAlive reports whether pid is a live process.
 func processAlive(pid int) bool {
 	return !errors.Is(unix.Kill(pid, 0), unix.ESRCH)
+}
+
+// claudePause waits a moment, or until ctx ends (false).
+func claudePause(ctx context.Context) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(200 * time.Millisecond):
+		return true
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sys/unix"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/events"
 )
 
@@ -33,14 +34,14 @@ func TestSetupClaudeCodeIsIdempotentKeepsTheirsAndRemovesOurs(t *testing.T) {
 	if err := os.WriteFile(path, bad, 0o640); err != nil {
 		t.Fatal(err)
 	}
-	r := bgtask(t, home, "setup", "claude-code").must(t, exitUsage, "setup over hooks that are not an object")
+	r := bgtask(t, home, "setup", "claude-code").must(t, client.ExitUsage, "setup over hooks that are not an object")
 	if !strings.Contains(r.stderr, path) || !strings.Contains(r.stderr, "hooks: not a JSON object") {
 		t.Errorf("the error does not name the file and the field: %s", r.stderr)
 	}
 	if data, _ := os.ReadFile(path); string(data) != string(bad) {
 		t.Fatalf("a refused setup changed the file: %s", data)
 	}
-	bgtask(t, home, "setup", "claude-code", "--scope", "global").must(t, exitUsage, "setup --scope global")
+	bgtask(t, home, "setup", "claude-code", "--scope", "global").must(t, client.ExitUsage, "setup --scope global")
 
 	theirs := `{"model": "opus", "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "say done"}]}]}}`
 	if err := os.WriteFile(path, []byte(theirs), 0o640); err != nil {
@@ -82,12 +83,7 @@ func claudeHook(ctx context.Context, home, sid, arg string) (stderr string, code
 // inboxState is how many of the target's wake-ups are unread and unacknowledged.
 func inboxState(t *testing.T, home, target string) (pending, ackPending int) {
 	t.Helper()
-	g := &globals{home: home, timeout: 10 * time.Second, ctx: context.Background()}
-	c, js, err := g.streamClient()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	js := homeJetStream(t, home)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cons, err := js.Consumer(ctx, events.InboxStreamName, events.InboxConsumerName(target))

@@ -19,10 +19,12 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/bgtask/bgtask/agents/codex"
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/internal/serverhome"
 )
@@ -302,11 +304,17 @@ func (o *codexDelivery) run(ctx context.Context, g *globals) error {
 	if o.handed, err = openHandedLog(filepath.Join(dir, o.thread+".handed")); err != nil {
 		return err
 	}
-	c, js, err := g.streamClient()
+	openCtx, cancel := g.bounded(ctx)
+	defer cancel()
+	c, err := g.open(openCtx, g.timeout)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	js, err := jetstream.New(c.Conn())
+	if err != nil {
+		return err
+	}
 	target := "codex-" + o.thread
 	cons, err := events.InboxConsumer(ctx, js, target)
 	if err != nil {
@@ -316,7 +324,7 @@ func (o *codexDelivery) run(ctx context.Context, g *globals) error {
 		// One at a time: a message fetched is pending for this reader only, and each
 		// is kept in progress while it is handed over.
 		batch, err := cons.FetchNoWait(1)
-		if consumerNotPlacedYet(ctx, err) {
+		if noConsumerYet(ctx, err) {
 			continue
 		}
 		if err != nil {
@@ -329,7 +337,7 @@ func (o *codexDelivery) run(ctx context.Context, g *globals) error {
 				return err
 			}
 		}
-		if err := batch.Error(); n == 0 && consumerNotPlacedYet(ctx, err) {
+		if err := batch.Error(); n == 0 && noConsumerYet(ctx, err) {
 			continue
 		} else if err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
 			return fmt.Errorf("read inbox %s: %w", target, err)
@@ -636,8 +644,12 @@ func codexHook(ctx context.Context, g *globals, stdin io.Reader) error {
 	default:
 		return nil
 	}
-	return g.withTargets(ctx, func(ctx context.Context, targets *events.Targets) error {
-		return targets.Set(ctx, target, st)
+	ttl := time.Duration(0)
+	if st.Until != nil {
+		ttl = st.Until.Sub(st.Since)
+	}
+	return g.withClient(ctx, func(ctx context.Context, c *client.Client) error {
+		return c.SetTarget(ctx, target, st.State, ttl)
 	})
 }
 
@@ -670,4 +682,18 @@ func spawnCodexDeliver(g *globals, thread, event string) error {
 		return err
 	}
 	return cmd.Process.Release()
+}
+
+// noConsumerYet says whether a fetch found no consumer to answer it, as happens
+// on a cluster just after the consumer was created; it waits a moment before the
+// caller asks again.
+func noConsumerYet(ctx context.Context, err error) bool {
+	if !errors.Is(err, nats.ErrNoResponders) || ctx.Err() != nil {
+		return false
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(100 * time.Millisecond):
+	}
+	return true
 }

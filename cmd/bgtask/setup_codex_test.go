@@ -238,12 +238,7 @@ func (w *codexWorld) wake(t *testing.T, prompt string, args ...string) {
 // inboxed is how many wake-ups the thread's inbox holds, read or not, unacked.
 func (w *codexWorld) inboxed(t *testing.T) int {
 	t.Helper()
-	g := &globals{home: w.home, timeout: 10 * time.Second, ctx: context.Background()}
-	c, js, err := g.streamClient()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	js := homeJetStream(t, w.home)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cons, err := events.InboxConsumer(ctx, js, "codex-"+w.thread)

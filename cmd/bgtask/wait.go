@@ -10,12 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
-	"github.com/bgtask/bgtask/engine"
-	"github.com/bgtask/bgtask/engine/api"
-	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/client"
 )
 
 func waitCmd(g *globals) *cobra.Command {
@@ -76,22 +73,22 @@ func runWait(ctx context.Context, g *globals, refs []string, o waitOptions) erro
 		ctx, cancel = context.WithTimeout(ctx, o.timeout)
 		defer cancel()
 	}
-	c, err := g.dial(ctx, o.timeout)
+	c, err := g.open(ctx, o.timeout)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	tasks, err := waitedTasks(ctx, g, c, refs, o.timeout)
+	tasks, err := waitedTasks(ctx, c, refs)
 	if err != nil {
 		return err
 	}
 	if o.consume {
 		for _, t := range tasks {
-			stop, err := sayConsuming(c, t.ID)
+			release, err := c.HoldWakeup(t.ID)
 			if err != nil {
 				return err
 			}
-			defer stop()
+			defer release()
 		}
 	}
 	ended, stop := endOfEach(ctx, c, tasks)
@@ -112,12 +109,12 @@ func runWait(ctx context.Context, g *globals, refs []string, o waitOptions) erro
 			return r.err
 		}
 		done[r.i] = true
-		w, err := printer.print(r.state)
+		w, err := printer.print(r.task)
 		if err != nil {
 			return err
 		}
 		if o.consume {
-			if _, err := consumeWakeup(ctx, g, c, o.timeout, r.state); err != nil {
+			if _, err := c.ConsumeWakeup(ctx, r.task); err != nil {
 				return err
 			}
 		}
@@ -128,15 +125,11 @@ func runWait(ctx context.Context, g *globals, refs []string, o waitOptions) erro
 
 // waitedTasks reads the tasks refs name, each once: a ref that names no task, or
 // several, is an error before anything is waited for.
-func waitedTasks(ctx context.Context, g *globals, c *client, refs []string, timeout time.Duration) ([]api.TaskView, error) {
-	var tasks []api.TaskView
+func waitedTasks(ctx context.Context, c *client.Client, refs []string) ([]client.Task, error) {
+	var tasks []client.Task
 	seen := map[string]bool{}
 	for _, ref := range refs {
-		var t api.TaskView
-		err := g.call(ctx, c, timeout, true, func(ctx context.Context) (err error) {
-			t, err = c.api.Get(ctx, ref)
-			return err
-		})
+		t, err := c.Get(ctx, ref)
 		if err != nil {
 			return nil, err
 		}
@@ -148,27 +141,27 @@ func waitedTasks(ctx context.Context, g *globals, c *client, refs []string, time
 	return tasks, nil
 }
 
-// taskEnd is the state in which tasks[i] ended, or why it could not be seen to.
+// taskEnd is tasks[i] as it ended, or why it could not be seen to.
 type taskEnd struct {
-	i     int
-	state engine.State
-	err   error
+	i    int
+	task client.Task
+	err  error
 }
 
 // endOfEach sends each task's end as it comes, those that had ended first, in
 // order; stop ends the follows still going.
-func endOfEach(ctx context.Context, c *client, tasks []api.TaskView) (<-chan taskEnd, func()) {
+func endOfEach(ctx context.Context, c *client.Client, tasks []client.Task) (<-chan taskEnd, func()) {
 	ended := make(chan taskEnd, len(tasks)) // no follow waits to send
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for i, t := range tasks {
-		if t.Phase.Terminal() {
-			ended <- taskEnd{i: i, state: t.State}
+		if client.Ended(t) {
+			ended <- taskEnd{i: i, task: t}
 			continue
 		}
 		wg.Go(func() {
-			state, err := follow(ctx, c, t.ID, func(s engine.State) bool { return s.Phase.Terminal() })
-			ended <- taskEnd{i: i, state: state, err: err}
+			t, err := c.Follow(ctx, t.ID, client.Ended)
+			ended <- taskEnd{i: i, task: t, err: err}
 		})
 	}
 	return ended, func() { cancel(); wg.Wait() }
@@ -183,11 +176,8 @@ type wakeupPrinter struct {
 	printed int
 }
 
-func (p *wakeupPrinter) print(state engine.State) (events.Wakeup, error) {
-	w := state.CancelledWakeup()
-	if state.Wakeup != nil {
-		w = *state.Wakeup
-	}
+func (p *wakeupPrinter) print(t client.Task) (client.Wakeup, error) {
+	w := client.WakeupOf(t)
 	var err error
 	switch {
 	case p.asJSON && p.several:
@@ -208,7 +198,7 @@ func (p *wakeupPrinter) print(state engine.State) (events.Wakeup, error) {
 
 // waitTimedOut is the error of a wait whose timeout passed: first is the follow
 // that said so, and the others that had not ended say so through ended.
-func waitTimedOut(timeout time.Duration, tasks []api.TaskView, done []bool, first taskEnd, ended <-chan taskEnd) error {
+func waitTimedOut(timeout time.Duration, tasks []client.Task, done []bool, first taskEnd, ended <-chan taskEnd) error {
 	open := []taskEnd{first}
 	for i := range tasks {
 		if !done[i] && i != first.i {
@@ -218,101 +208,34 @@ func waitTimedOut(timeout time.Duration, tasks []api.TaskView, done []bool, firs
 	slices.SortFunc(open, func(a, b taskEnd) int { return a.i - b.i })
 	var names []string
 	for _, r := range open {
-		names = append(names, fmt.Sprintf("%s (%s)", tasks[r.i].ID, r.state.Phase))
+		names = append(names, fmt.Sprintf("%s (%s)", tasks[r.i].ID, r.task.Phase))
 	}
 	what := "task " + names[0]
 	if len(tasks) > 1 {
 		what = fmt.Sprintf("%d of %d tasks: %s", len(open), len(tasks), strings.Join(names, ", "))
 	}
-	return &exitError{code: exitTimeout, err: fmt.Errorf("timed out after %s waiting for %s", timeout, what)}
+	return &exitError{code: client.ExitTimeout, err: fmt.Errorf("timed out after %s waiting for %s", timeout, what)}
 }
 
 // worstOutcome is wait's exit for the statuses of the tasks it waited for: a
 // success only if each succeeded, else 3 if any ended otherwise, else 4.
 func worstOutcome(statuses []string) error {
-	var worst error
+	worst := 0
 	for _, status := range statuses {
-		err := outcome(status)
-		var exit *exitError
-		if errors.As(err, &exit) && exit.code == exitTaskFailed {
-			return err
-		}
-		if err != nil {
-			worst = err
+		switch code := client.OutcomeStatus(status); {
+		case code == client.ExitTaskFailed:
+			worst = code
+		case worst == 0:
+			worst = code
 		}
 	}
-	return worst
-}
-
-// sayConsuming answers on consumingSubject(id), until stop, that this wait will
-// consume the task's wake-up: from before the task fires until it is consumed,
-// so that the session's own reader of the inbox leaves it to the wait.
-func sayConsuming(c *client, id string) (stop func(), err error) {
-	sub, err := c.nc.Subscribe(consumingSubject(id), func(m *nats.Msg) { _ = m.Respond(nil) })
-	if err != nil {
-		return nil, err
-	}
-	return func() { _ = sub.Unsubscribe() }, nil
-}
-
-// consumeWakeup consumes the wake-up of a task that a wait saw end, and says
-// whether there was one: a task that woke nobody (cancelled, quiet) has none.
-func consumeWakeup(ctx context.Context, g *globals, c *client, timeout time.Duration, state engine.State) (bool, error) {
-	if state.Phase != engine.PhaseFired || state.Quiet {
-		return false, nil
-	}
-	err := g.call(ctx, c, timeout, true, func(ctx context.Context) error {
-		_, err := c.api.Consume(ctx, state.ID)
-		return err
-	})
-	if err != nil {
-		return false, fmt.Errorf("consume the wake-up of %s: %w", state.ID, err)
-	}
-	return true, nil
-}
-
-// ConsumingPrefix is where a `wait --consume` says it holds a task's wake-up:
-// it answers a request on ConsumingPrefix.<task id> from before the task fires
-// until it has consumed the wake-up. A reader of the inbox that hands wake-ups
-// to an agent (the Claude Code waiter) asks before it hands one over.
-const ConsumingPrefix = "bgtask.consuming"
-
-func consumingSubject(id string) string { return ConsumingPrefix + "." + id }
-
-// outcome is wait's exit for a task that ended with status: nil for a success,
-// else the status that tells a script it must not go on.
-func outcome(status string) error {
-	switch status {
-	case engine.StatusSucceeded:
+	if worst == 0 {
 		return nil
-	case engine.StatusCancelled:
-		return &exitError{code: exitTaskCancelled}
 	}
-	return &exitError{code: exitTaskFailed}
+	return &exitError{code: worst}
 }
 
-// follow reads a task's events until its state satisfies done, and returns that
-// state. On a timeout it returns the state reached so far with the context's error.
-func follow(ctx context.Context, c *client, id string, done func(engine.State) bool) (engine.State, error) {
-	js, err := c.jetstream()
-	if err != nil {
-		return engine.State{}, err
-	}
-	store, err := events.ConnectStore(ctx, js)
-	if err != nil {
-		return engine.State{}, err
-	}
-	var s engine.State
-	err = store.Follow(ctx, id, 0, func(rec events.Record, decodeErr error) bool {
-		if decodeErr == nil {
-			s, _ = engine.Apply(s, rec)
-		}
-		return !done(s)
-	})
-	return s, err
-}
-
-func printWakeup(w io.Writer, wake events.Wakeup) error {
+func printWakeup(w io.Writer, wake client.Wakeup) error {
 	_, err := io.WriteString(w, strings.TrimRight(wake.Prompt, "\n")+"\n")
 	return err
 }

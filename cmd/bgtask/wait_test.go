@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
 )
@@ -20,7 +21,7 @@ func TestWaitForSeveralTasksNamedByAStartOfTheirID(t *testing.T) {
 	failed := addTask(t, home, "--", "echo broken; exit 3")
 	cancelled := addTask(t, home, "--", "sleep 30")
 	bgtask(t, home, "cancel", cancelled[:8]).must(t, 0, "cancel by a start of the id")
-	bgtask(t, home, "wait", ok[:6], failed, "--timeout", "30s").must(t, exitTaskFailed, "wait for a success and a failure")
+	bgtask(t, home, "wait", ok[:6], failed, "--timeout", "30s").must(t, client.ExitTaskFailed, "wait for a success and a failure")
 
 	if v := decode[mcpTask](t, bgtask(t, home, "show", ok[:8], "--json").must(t, 0, "show by a start").stdout); v.ID != ok {
 		t.Errorf("show %s: task %s, want %s", ok[:8], v.ID, ok)
@@ -30,8 +31,8 @@ func TestWaitForSeveralTasksNamedByAStartOfTheirID(t *testing.T) {
 		code int
 	}{
 		{[]string{ok, ok[:8]}, 0}, // one task, named twice
-		{[]string{ok, cancelled[:8]}, exitTaskCancelled},
-		{[]string{cancelled, failed[:8], ok}, exitTaskFailed},
+		{[]string{ok, cancelled[:8]}, client.ExitTaskCancelled},
+		{[]string{cancelled, failed[:8], ok}, client.ExitTaskFailed},
 	} {
 		what := "wait " + strings.Join(c.args, " ")
 		r := bgtask(t, home, append(append([]string{"wait", "--json"}, c.args...), "--timeout", "30s")...).must(t, c.code, what)
@@ -61,11 +62,11 @@ func TestWaitForSeveralTasksNamedByAStartOfTheirID(t *testing.T) {
 	if w := decode[struct{ ID string }](t, r.stdout); w.ID != ok {
 		t.Errorf("wait --any printed the wake-up of %s, want %s's", w.ID, ok)
 	}
-	r = bgtask(t, home, "wait", ok, running[:8], "--timeout", "300ms").must(t, exitTimeout, "wait past its --timeout")
+	r = bgtask(t, home, "wait", ok, running[:8], "--timeout", "300ms").must(t, client.ExitTimeout, "wait past its --timeout")
 	if !strings.Contains(r.stdout, ok) || !strings.Contains(r.stderr, "1 of 2 tasks: "+running+" (") {
 		t.Errorf("wait of an ended and a running task past its --timeout: stdout %q, stderr %q", r.stdout, r.stderr)
 	}
-	r = bgtask(t, home, "wait", ok, "0000000000", "--timeout", "30s").must(t, exitNotFound, "wait for a task and no task")
+	r = bgtask(t, home, "wait", ok, "0000000000", "--timeout", "30s").must(t, client.ExitNotFound, "wait for a task and no task")
 	if r.stdout != "" {
 		t.Errorf("wait for a task and no task printed %q before it failed", r.stdout)
 	}
@@ -81,12 +82,12 @@ func TestAStartOfAnIDThatNamesNoOneTaskIsAnError(t *testing.T) {
 	a, b := keysWithIDsOfOneStart(t)
 	idA := addTask(t, home, "--idempotency-key", a, "--", "true")
 	idB := addTask(t, home, "--idempotency-key", b, "--", "true")
-	r := bgtask(t, home, "show", idA[:6], "--json").must(t, exitUsage, "show by a start of two ids")
+	r := bgtask(t, home, "show", idA[:6], "--json").must(t, client.ExitUsage, "show by a start of two ids")
 	e := decode[struct{ Error api.Error }](t, r.stdout).Error
 	if e.Code != api.CodeAmbiguous || e.Field != "id" || len(e.Matches) != 2 || !strings.Contains(e.Message, idA) || !strings.Contains(e.Message, idB) {
 		t.Errorf("show by a start of %s and %s: %+v", idA, idB, e)
 	}
-	r = bgtask(t, home, "wait", idA[:5]).must(t, exitUsage, "wait by a start of 5 characters")
+	r = bgtask(t, home, "wait", idA[:5]).must(t, client.ExitUsage, "wait by a start of 5 characters")
 	if !strings.Contains(r.stderr, "id: ") || !strings.Contains(r.stderr, "too short") {
 		t.Errorf("wait by a start of 5 characters says %q", r.stderr)
 	}
@@ -129,5 +130,5 @@ func TestJoinTakesAStartOfAnID(t *testing.T) {
 	if got := decode[mcpTask](t, bgtask(t, home, "show", j, "--json").must(t, 0, "show").stdout).Spec.Join; got == nil || !slices.Equal(got.Members, []string{a, b}) {
 		t.Errorf("the join's members: %+v, want %s and %s", got, a, b)
 	}
-	bgtask(t, home, "join", "--all", a[:5], b).must(t, exitUsage, "join with a start of 5 characters")
+	bgtask(t, home, "join", "--all", a[:5], b).must(t, client.ExitUsage, "join with a start of 5 characters")
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/internal/serverhome"
@@ -152,12 +153,9 @@ runs until they end, then removes its heartbeat and exits. Its tasks are not
 stopped or restarted. Prints what it still runs. 'bgtask workers' lists the ids.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !events.ValidToken(args[0]) {
-				return usageErr("worker id %q: use letters, digits, '-' and '_'", args[0])
-			}
-			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
-				reply, err := events.DrainWorker(ctx, c.nc, args[0])
-				if errors.Is(err, events.ErrNoWorker) {
+			return g.withClient(cmd.Context(), func(ctx context.Context, c *client.Client) error {
+				reply, err := c.DrainWorker(ctx, args[0])
+				if errors.Is(err, client.ErrNoWorker) {
 					return fmt.Errorf("worker %s: %w", args[0], err)
 				}
 				if err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
 )
@@ -24,8 +25,8 @@ heartbeat was stored. A stopped worker left running commands and still holds
 their leases until it starts again or the TTL passes.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return g.request(cmd.Context(), func(ctx context.Context, c *client) error {
-				reply, err := c.api.Workers(ctx)
+			return g.withClient(cmd.Context(), func(ctx context.Context, c *client.Client) error {
+				reply, err := c.Workers(ctx)
 				if err != nil {
 					return err
 				}
