@@ -33,7 +33,7 @@ var layout = map[string]rule{
 	"events/eventstest":   {},
 	"internal/secretenv":  {},
 	"internal/proc":       {},
-	"internal/testlane":   {},
+	"internal/testkit":    {},
 	"internal/httpapi":    {imports: []string{"engine", "engine/api", "events", "projections"}, tests: []string{"engine/node", "engine/sinks", "events/eventstest"}},
 	"engine":              {imports: []string{"events", "internal/secretenv"}, tests: []string{"engine/api", "engine/sinks", "events/eventstest", "projections"}},
 	"engine/api":          {imports: []string{"engine", "events"}, tests: []string{"events/eventstest", "projections"}},
@@ -51,7 +51,7 @@ var layout = map[string]rule{
 	"cmd/bgtask":          {all: true},
 	"cmd/bgtask/bench":    {imports: []string{"engine", "engine/api", "events", "internal/proc", "projections", "workers"}},
 	"cmd/bgtask-shim":     {imports: []string{"workers/shim", "workers/shim/waiter"}},
-	"integration":         {tests: []string{"engine", "events", "events/eventstest", "internal/testlane", "projections"}},
+	"integration":         {tests: []string{"engine", "events", "events/eventstest", "internal/testkit", "projections"}},
 }
 
 // listed is what go list says of one package.

@@ -22,15 +22,15 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/bgtask/bgtask/events"
-	"github.com/bgtask/bgtask/internal/testlane"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // bin is the bgtask binary built from this checkout, with bgtask-shim beside it.
 var bin string
 
 func TestMain(m *testing.M) {
-	if !testlane.Full() {
-		fmt.Printf("integration: every test here is of the full lane: run them with %s=1\n", testlane.Env)
+	if !testkit.Full() {
+		fmt.Printf("integration: every test here is of the full lane: run them with %s=1\n", testkit.Env)
 		os.Exit(0)
 	}
 	dir, err := os.MkdirTemp("", "bgtask-integration-")
