@@ -116,3 +116,18 @@ func (c *Client) targets(ctx context.Context) (*events.Targets, error) {
 
 // DefaultTarget receives the wake-ups of specs that name none.
 const DefaultTarget = engine.DefaultTarget
+
+// ValidName reports whether s may name a target or a worker: 1 to 128 letters,
+// digits, '-' or '_'.
+func ValidName(s string) bool { return events.ValidToken(s) }
+
+// CheckBusyTTL says why a busy state may not end by itself after ttl: it is not
+// positive, or longer than a busy state may last.
+func CheckBusyTTL(ttl time.Duration) error { return events.CheckBusyTTL(ttl) }
+
+// Where a deployment keeps the targets' states, and the archived histories: a
+// runtime may read and write a target's state with any NATS client.
+const (
+	TargetsBucket     = events.TargetsBucket
+	ArchiveStreamName = events.ArchiveStreamName
+)

@@ -20,7 +20,6 @@ import (
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/sinks"
-	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/internal/secretenv"
 	"github.com/bgtask/bgtask/internal/serverhome"
 )
@@ -66,7 +65,7 @@ func (b *bearerFlag) Type() string { return "NAME=SOURCE@URLPREFIX" }
 
 func (b *bearerFlag) Set(arg string) error {
 	name, rest, ok := strings.Cut(arg, "=")
-	if !ok || !events.ValidToken(name) {
+	if !ok || !client.ValidName(name) {
 		return fmt.Errorf("%q: want NAME=file:PATH@URLPREFIX or NAME=env:VAR@URLPREFIX, NAME 1-128 letters, digits, '-' or '_'", arg)
 	}
 	at := max(strings.LastIndex(rest, "@http://"), strings.LastIndex(rest, "@https://"))
@@ -187,7 +186,7 @@ target is busy and pushes them in order when it is idle again; defer_idle also
 waits for each push to be acknowledged before the next; immediate ignores the
 state. The inbox copy is written when the task fires, whatever the state.
 
-The states live in the JetStream KV bucket ` + events.TargetsBucket + `, one key per
+The states live in the JetStream KV bucket ` + client.TargetsBucket + `, one key per
 target, so a runtime can set its own with any NATS client: the value is busy,
 idle, or {"state":"busy","until":"RFC 3339 time"}. A target that never said
 anything is idle.`
@@ -206,7 +205,7 @@ func targetCmd(g *globals) *cobra.Command {
 			Args:  cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				if ttl != 0 {
-					if err := events.CheckBusyTTL(ttl); err != nil {
+					if err := client.CheckBusyTTL(ttl); err != nil {
 						return usageErr("--ttl %v", err)
 					}
 				}
@@ -216,7 +215,7 @@ func targetCmd(g *globals) *cobra.Command {
 			},
 		}
 		g.timeoutFlag(c)
-		if state == events.TargetBusy {
+		if state == client.TargetBusy {
 			c.Long = "Mark a target busy: wake-ups with policy queue or defer_idle are held until it is idle."
 			c.Flags().DurationVar(&ttl, "ttl", 0, "the busy state ends by itself after this long, at most 24h (so a runtime that crashes while busy does not hold its wake-ups forever); 0: until 'target idle'")
 		} else {
@@ -224,6 +223,6 @@ func targetCmd(g *globals) *cobra.Command {
 		}
 		return c
 	}
-	cmd.AddCommand(set(events.TargetBusy), set(events.TargetIdle), targetListCmd(g))
+	cmd.AddCommand(set(client.TargetBusy), set(client.TargetIdle), targetListCmd(g))
 	return cmd
 }

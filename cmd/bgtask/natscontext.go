@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
@@ -42,7 +42,7 @@ event (docs/security.md).`,
   nats --context bgtask req bgtask.list '{}'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if !events.ValidToken(name) {
+			if !client.ValidName(name) {
 				return usageErr("--name %q: use letters, digits, '-' and '_'", name)
 			}
 			home, err := serverhome.Dir(g.home)

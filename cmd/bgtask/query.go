@@ -16,7 +16,6 @@ import (
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
-	"github.com/bgtask/bgtask/events"
 )
 
 func listCmd(g *globals) *cobra.Command {
@@ -185,7 +184,7 @@ func printTask(w io.Writer, t api.TaskView) error {
 	timingRows(row, t)
 	row("fired", stamp(t.FiredAt))
 	if t.ArchiveSeq != 0 {
-		row("archived", fmt.Sprintf("its history is in %s at seq %d", events.ArchiveStreamName, t.ArchiveSeq))
+		row("archived", fmt.Sprintf("its history is in %s at seq %d", client.ArchiveStreamName, t.ArchiveSeq))
 	}
 	if len(t.Spec.Deliver) > 0 {
 		row("policy", t.Spec.DeliveryPolicy())

@@ -7,7 +7,7 @@ import (
 	"os"
 	"os/exec"
 
-	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
@@ -40,7 +40,7 @@ func currentSession(getenv func(string) string, home string, warn io.Writer) (ag
 			continue
 		}
 		target := v.prefix + id
-		if !events.ValidToken(target) {
+		if !client.ValidName(target) {
 			fmt.Fprintf(warn, "bgtask: %s=%q cannot name a target (1-128 letters, digits, '-' or '_'); the wake-up goes to the default target\n", v.name, id)
 			return agentSession{}, false
 		}
