@@ -67,7 +67,7 @@ func serverCmd(g *globals) *cobra.Command {
 bgtask.register and friends, the dispatcher that delivers wake-ups, the projector
 that rebuilds state from the stream, and a worker.
 
-The server listens on loopback only and lets in three serverhome.Identities, each with the
+The server listens on loopback only and lets in three identities, each with the
 least it needs: the engine (a key made at each start that never leaves the
 process), the workers (worker.nkey: the events of a run, never an outcome) and
 the clients (credentials.json, and client.nkey for the nats CLI: the API and
@@ -77,7 +77,7 @@ $BGTASK_HOME. With port 0 it listens where its last run did if that port is free
 'bgtask server nats-context' saves a context for the nats CLI. It serves the
 HTTP API and the dashboard on --http (loopback, port 0 as for NATS; URL and
 token in http.json, a token for /metrics alone in metrics.token; 'bgtask ui'
-logs a browser in: docs/http.md). Only one server runs per home. SIGINT or SIGTERM stops it cleanly. What the serverhome.Identities do and do
+logs a browser in: docs/http.md). Only one server runs per home. SIGINT or SIGTERM stops it cleanly. What the identities do and do
 not protect against: docs/security.md.
 
 With --nats URL (and the auth and TLS flags) it runs against an existing NATS
@@ -279,7 +279,7 @@ func (e *embeddedServer) serve(ctx context.Context) (roomAgain bool, err error) 
 }
 
 // openHome creates the home (0700) if need be, locks it for this server, and loads
-// the serverhome.Identities kept in it.
+// the identities kept in it.
 func openHome(dir string) (home string, lock *os.File, ids serverhome.Identities, err error) {
 	if home, err = serverhome.Dir(dir); err != nil {
 		return "", nil, ids, err
