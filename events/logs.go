@@ -307,6 +307,22 @@ func (w *LogWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// Skip drops the next n bytes of the output, which the writer never had: they
+// were lost before they were read. What is pending goes with them (pending output
+// is one unbroken run of bytes): it is older than what follows the gap, and a
+// gap comes after more output than the log keeps.
+func (w *LogWriter) Skip(n int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return
+	}
+	gone := int64(len(w.pending)) + n
+	w.pending = w.pending[:0]
+	w.offset += gone
+	w.dropped += gone
+}
+
 func (w *LogWriter) signal() {
 	select {
 	case w.wake <- struct{}{}:

@@ -127,6 +127,34 @@ func TestLogWriterKeepsTheLastBytesAndCountsTheDrop(t *testing.T) {
 	}
 }
 
+// Output the writer never had (freed before a worker read it) is skipped: what
+// follows is kept at its own offset, the total counts it, and so does the drop.
+func TestLogWriterSkipsOutputItNeverHad(t *testing.T) {
+	t.Parallel()
+	logs := openLogs(t)
+	w := logs.Writer("gap", events.Stdout, 0)
+	w.Write([]byte("before\n"))
+	w.Skip(100)
+	w.Write([]byte("after\n"))
+	total, dropped := w.Close(context.Background(), true)
+	if total != 113 || dropped < 100 {
+		t.Fatalf("total %d, dropped %d: want 113 and at least the 100 skipped", total, dropped)
+	}
+	var chunks []events.LogChunk
+	err := logs.Read(context.Background(), "gap", nil, func(c events.LogChunk) error {
+		chunks = append(chunks, c)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// "before" went with the skip, unless it was published before it.
+	if n := len(chunks); n < 2 || chunks[n-2].Offset != 107 || string(chunks[n-2].Data) != "after\n" || !chunks[n-1].EOF ||
+		n == 3 && (chunks[0].Offset != 0 || string(chunks[0].Data) != "before\n") || n > 3 {
+		t.Fatalf("chunks %+v, want \"after\\n\" at offset 107, and \"before\\n\" at 0 at most before it", chunks)
+	}
+}
+
 // A follower of a task's output reads what comes until the task has ended, then
 // what the log holds, and returns: its output was published before its end.
 func TestLogFollowEndsWithTheTask(t *testing.T) {

@@ -2,7 +2,6 @@ package workers
 
 import (
 	"errors"
-	"io"
 	"log/slog"
 	"os"
 
@@ -34,7 +33,7 @@ const punchStep = 1 << 20
 // restart's resume read it as before. A file system that cannot punch holes keeps
 // the whole file, as it did before; the log still keeps only its last part.
 type boundOutput struct {
-	to      io.Writer
+	to      OutputWriter
 	file    *os.File // nil: nothing is freed
 	offset  int64    // how far into the file the worker has read
 	punched int64    // the blocks before this are freed
@@ -43,7 +42,7 @@ type boundOutput struct {
 
 // newBoundOutput feeds to what the worker reads of the output file at path from
 // offset, and frees what it has read.
-func newBoundOutput(path string, offset int64, to io.Writer, log *slog.Logger) *boundOutput {
+func newBoundOutput(path string, offset int64, to OutputWriter, log *slog.Logger) *boundOutput {
 	b := &boundOutput{to: to, offset: offset, log: log}
 	if f, err := os.OpenFile(path, os.O_WRONLY, 0); err == nil {
 		b.file = f
@@ -71,6 +70,13 @@ func (b *boundOutput) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// Skip passes on that the n bytes at the offset read were freed before they were
+// read.
+func (b *boundOutput) Skip(n int64) {
+	b.to.Skip(n)
+	b.offset += n
+}
+
 func (b *boundOutput) close() {
 	if b.file != nil {
 		b.file.Close()
@@ -91,6 +97,19 @@ func dataFrom(path string, offset int64) int64 {
 		return offset // ENXIO: no data after offset, nothing freed past it either
 	}
 	return at
+}
+
+// freedAhead is how many bytes from offset in the output file f, just read there,
+// are freed (a hole), which read as zeros, not output. The shim frees the start of
+// a file past its last shim.OutputKeepBytes, read or not, whole blocks at a time,
+// and never frees less than it freed before: where the file has data again now,
+// the read had data.
+func freedAhead(f *os.File, offset int64) int64 {
+	at, err := unix.Seek(int(f.Fd()), offset, unix.SEEK_DATA)
+	if err != nil || at <= offset {
+		return 0 // ENXIO: no data from offset on (the file was emptied): nothing taken for freed
+	}
+	return at - offset
 }
 
 // lastData returns up to n bytes of the output file at path that end at offset,

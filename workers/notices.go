@@ -98,6 +98,15 @@ func (nw *noticeWatch) Write(p []byte) (int, error) {
 	return n, nil
 }
 
+// Skip drops the line being read: its end was freed before it was read, and the
+// next line's beginning is unknown, so neither is matched.
+func (nw *noticeWatch) Skip(n int64) {
+	nw.mu.Lock()
+	defer nw.mu.Unlock()
+	nw.offset += n
+	nw.line, nw.skipping = nw.line[:0], true
+}
+
 // check adds the line read to the pending notice if the rule matches it.
 func (nw *noticeWatch) check() {
 	line := bytes.TrimSuffix(nw.line, []byte{'\r'})

@@ -126,3 +126,18 @@ func TestNoticesResumeAfterTheLastOne(t *testing.T) {
 		t.Fatalf("a new run skips up to %d", nw.skipUpto)
 	}
 }
+
+// A gap in the output (bytes freed before they were read) breaks the line it fell
+// in, which no notice takes, and counts in the offsets notices go up to.
+func TestANoticeSkipsTheLineAGapBroke(t *testing.T) {
+	t.Parallel()
+	nw := newNoticeWatch(noticeState(t, `{"type":"line_pattern","regex":"^P","batch":"200ms"}`))
+	defer nw.stop()
+	_, _ = nw.Write([]byte("P 1\nP 2 "))
+	nw.Skip(100)
+	_, _ = nw.Write([]byte("P broken\nP 3\n"))
+	n := awaitDue(t, nw)
+	if strings.Join(n.Lines, "|") != "P 1|P 3" || n.Upto != int64(len("P 1\nP 2 ")+100+len("P broken\nP 3\n")) {
+		t.Fatalf("notice %+v, want P 1 and P 3, up to the end", n)
+	}
+}

@@ -422,6 +422,8 @@ func (c chunks) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+func (c chunks) Skip(n int64) { c <- fmt.Sprintf("[%d bytes skipped]", n) }
+
 // Copies waiting for output hold no buffer of their own: they borrow one for each
 // look at the file.
 func TestCopiesWaitingForOutputHoldNoBuffer(t *testing.T) {

@@ -12,10 +12,20 @@ import (
 	"github.com/bgtask/bgtask/engine"
 )
 
+// OutputWriter takes one stream of a command's output as the worker reads it
+// from its file: its bytes, and a count of the bytes the worker never read
+// (Skip), freed by the shim while the worker was away or far behind (see
+// package shim's bound.go). What comes after a skip does not follow on from what
+// came before it.
+type OutputWriter interface {
+	io.Writer
+	Skip(n int64)
+}
+
 // output is where one stream of a command's output goes: every writer it feeds
 // never blocks, so reading it never slows the command down more than a copy.
 type output struct {
-	writers []io.Writer
+	writers []OutputWriter
 	last    *atomic.Int64 // unix nanos of the last output on any stream
 }
 
@@ -25,6 +35,13 @@ func (o output) Write(p []byte) (int, error) {
 		_, _ = w.Write(p) // Tail, LogWriter and lineWatch never fail
 	}
 	return len(p), nil
+}
+
+func (o output) Skip(n int64) {
+	o.last.Store(time.Now().UnixNano())
+	for _, w := range o.writers {
+		w.Skip(n)
+	}
 }
 
 // lineWatch applies a completion rule to each stdout line. A line longer than
@@ -54,11 +71,10 @@ func (l *lineWatch) resume(path string, offset int64) {
 	if offset <= 0 {
 		return
 	}
-	start := max(0, offset-engine.MatchLineBytes)
-	partial := lastBytes(path, offset, offset-start)
+	partial := lastData(path, offset, min(offset, engine.MatchLineBytes))
 	if i := bytes.LastIndexByte(partial, '\n'); i >= 0 {
 		partial = partial[i+1:]
-	} else if start > 0 {
+	} else if int64(len(partial)) < offset { // the line began before what is left of it
 		l.mu.Lock()
 		l.skipping = true
 		l.mu.Unlock()
@@ -91,6 +107,14 @@ func (l *lineWatch) Write(p []byte) (int, error) {
 		p = rest
 	}
 	return n, nil
+}
+
+// Skip drops the line being read: its end was freed before it was read, and the
+// next line's beginning is unknown, so neither is matched.
+func (l *lineWatch) Skip(int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.line, l.skipping = l.line[:0], true
 }
 
 // check matches the line collected so far and starts the next one.
@@ -139,8 +163,9 @@ func (l *lineWatch) result() (string, bool) {
 
 // copyGrowing copies a file that a command is still writing into w, from offset,
 // until done is closed and the file holds nothing more. It returns the offset it
-// reached.
-func copyGrowing(n *notifier, path string, offset int64, w io.Writer, done <-chan struct{}) int64 {
+// reached. What the shim freed before it was read is skipped, not copied: it reads
+// as zeros.
+func copyGrowing(n *notifier, path string, offset int64, w OutputWriter, done <-chan struct{}) int64 {
 	f, err := os.Open(path)
 	if err != nil {
 		return offset
@@ -154,13 +179,7 @@ func copyGrowing(n *notifier, path string, offset int64, w io.Writer, done <-cha
 		grown.arm() // before the look: a write the look misses wakes the wait after it
 		buf := copyBuffers.Get().(*[copyBufferBytes]byte)
 		var err error
-		for err == nil { // a read that does not fill buf ends with an error, io.EOF at the end
-			var got int
-			if got, err = f.ReadAt(buf[:], offset); got > 0 {
-				_, _ = w.Write(buf[:got])
-				offset += int64(got)
-			}
-		}
+		offset, err = copyAvailable(f, offset, buf[:], w)
 		copyBuffers.Put(buf)
 		if final || !errors.Is(err, io.EOF) {
 			return offset
@@ -168,6 +187,33 @@ func copyGrowing(n *notifier, path string, offset int64, w io.Writer, done <-cha
 		// One more look once done: output written since the last one.
 		final = !grown.wait(done) || !pause(outputGather-time.Since(looked), done)
 		looked = time.Now()
+	}
+}
+
+// copyAvailable copies what the file f holds from offset into w, through buf, and
+// returns the offset it reached, with the error that stopped it: io.EOF at the
+// end. A part the shim freed before it was read reads as zeros, which are no
+// output: it is skipped.
+func copyAvailable(f *os.File, offset int64, buf []byte, w OutputWriter) (int64, error) {
+	for {
+		got, err := f.ReadAt(buf, offset) // a read that does not fill buf ends with an error
+		if got == 0 {
+			return offset, err
+		}
+		data := buf[:got]
+		if freed := freedAhead(f, offset); freed > 0 {
+			w.Skip(freed)
+			offset += freed
+			data = data[min(freed, int64(got)):]
+			err = nil // the output after the hole is read next
+		}
+		if len(data) > 0 {
+			_, _ = w.Write(data)
+			offset += int64(len(data))
+		}
+		if err != nil {
+			return offset, err
+		}
 	}
 }
 

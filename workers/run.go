@@ -3,7 +3,6 @@ package workers
 import (
 	"context"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -354,15 +353,15 @@ func (r *run) newWatcher(proc *process, run shimRun, logAt *offsets, fileAt offs
 	}
 	x.lastOutput.Store(time.Now().UnixNano())
 	tailOut, tailErr := x.tail.Stream(), x.tail.Stream()
-	stdout := output{writers: []io.Writer{tailOut, x.logs.stdout}, last: &x.lastOutput}
-	stderr := output{writers: []io.Writer{tailErr, x.logs.stderr}, last: &x.lastOutput}
+	stdout := output{writers: []OutputWriter{tailOut, x.logs.stdout}, last: &x.lastOutput}
+	stderr := output{writers: []OutputWriter{tailErr, x.logs.stderr}, last: &x.lastOutput}
 	if m := spec.Matcher(); m != nil {
 		// A match is on disk before the log has its line, so a worker that dies at
 		// any moment finds either the match or, where the log stands, the line again.
 		x.lines = newLineWatch(m, func(line string) {
 			x.decide(stopDecision{StoppedBy: events.StoppedByMatch, MatchedLine: &line, KeepRunning: spec.KeepRunning})
 		})
-		stdout.writers = append([]io.Writer{x.lines}, stdout.writers...)
+		stdout.writers = append([]OutputWriter{x.lines}, stdout.writers...)
 		if decided != nil && decided.MatchedLine != nil {
 			x.lines.matchedBefore(*decided.MatchedLine)
 		} else {
@@ -386,7 +385,7 @@ func (x *watcher) copy(fileAt offsets, stdout, stderr output) {
 	for _, f := range []struct {
 		name string
 		from int64
-		to   io.Writer
+		to   OutputWriter
 	}{{shim.StdoutFile, fileAt.stdout, stdout}, {shim.StderrFile, fileAt.stderr, stderr}} {
 		x.copying.Add(1)
 		go func() {

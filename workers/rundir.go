@@ -16,8 +16,10 @@ package workers
 //	                 before where no process has them open to write (runPool).
 //	                 The command appends to them directly. The worker reads them into the tail, the
 //	                 log and the completion rule, and frees the blocks no restart
-//	                 reads again (boundOutput): a reader may find a hole where
-//	                 old output was.
+//	                 reads again (boundOutput); the shim frees the start of each
+//	                 past its last shim.OutputKeepBytes, read or not (package
+//	                 shim's bound.go): a reader may find a hole where old output
+//	                 was, and skips it (freedAhead, resumeAt).
 //	run.json         shimRun, by the worker, atomically and durably, last (while
 //	                 the spawn is appended, for a task's first run): a run without
 //	                 it never had its shim started (errShimNotStarted); one of an

@@ -2,7 +2,6 @@ package workers
 
 import (
 	"bytes"
-	"io"
 	"strings"
 	"sync"
 )
@@ -28,7 +27,7 @@ func NewTail(maxLines, maxLineBytes int) *Tail {
 }
 
 // Stream returns a writer for one output stream.
-func (t *Tail) Stream() io.Writer {
+func (t *Tail) Stream() OutputWriter {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := &tailStream{t: t}
@@ -75,6 +74,21 @@ func (s *tailStream) Write(p []byte) (int, error) {
 		p = rest
 	}
 	return n, nil
+}
+
+// Skip ends the line being written where the output has a gap: the line and the
+// next one are kept, each marked cut.
+func (s *tailStream) Skip(n int64) {
+	t := s.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.total += n
+	if len(s.partial) > 0 {
+		s.cut = true
+		t.push(s.line())
+		s.partial = s.partial[:0]
+	}
+	s.cut = true
 }
 
 func (s *tailStream) line() string {

@@ -257,3 +257,21 @@ func TestTailKeepsAPartialLineOfOneStreamApartFromTheOther(t *testing.T) {
 		t.Fatalf("lines = %q, want %q", got, want)
 	}
 }
+
+// Output freed before it was read (Skip) breaks the line it fell in: the part
+// before and the part after are kept, each marked cut, and the bytes counted.
+func TestTailMarksTheLinesAGapInTheOutputCut(t *testing.T) {
+	t.Parallel()
+	tail := workers.NewTail(10, workers.MaxLineBytes)
+	stdout := tail.Stream()
+	stdout.Write([]byte("whole\nbegins"))
+	stdout.Skip(1000)
+	stdout.Write([]byte("ends\nnext\n"))
+	want := []string{"whole", "begins [line cut]", "ends [line cut]", "next"}
+	if got := tail.Lines(); !slices.Equal(got, want) {
+		t.Fatalf("lines = %q, want %q", got, want)
+	}
+	if got := tail.Bytes(); got != int64(len("whole\nbegins")+1000+len("ends\nnext\n")) {
+		t.Fatalf("Bytes() = %d, want the bytes skipped counted", got)
+	}
+}

@@ -9,8 +9,8 @@ import (
 // A shim whose command runs long hibernates: it execs its own binary as a waiter
 // written in C (package waiter), which does only what the shim must while the
 // command runs (reap its children, watch its deadline and its output for a
-// stall) in a few pages of memory, where a Go runtime holds half a MiB for each
-// running task. The process stays the command's parent and subreaper, with its
+// stall, its output files' bound) in a few pages of memory, where a Go runtime
+// holds half a MiB for each running task. The process stays the command's parent and subreaper, with its
 // PID, its start lock and its reserved exit file; when the command ends, or a
 // timer is due, the waiter execs the Go side again (--woken), which carries on
 // where it left off: stops the command if a timer is due, writes the exit, and
@@ -75,6 +75,7 @@ func (c *running) flags() []string {
 		n("--deadline-unix-ns", c.Deadline), n("--stall-after-ns", c.StallAfter), n("--kill-grace-ns", c.KillGrace),
 		n("--started-at-ns", c.startedAt), n("--exit-fd", int64(c.exit.fd)), n("--lock-fd", int64(c.lock)),
 		n("--idle-ns", c.idleAfter), n("--stall-size", c.output.size), n("--stall-since-ns", c.output.since),
+		n("--output-keep-bytes", c.outputKeep),
 	}
 }
 
@@ -86,6 +87,7 @@ func parseWoken(args []string) (c running, ended *syscall.WaitStatus, err error)
 		"--pid": &pid, "--deadline-unix-ns": &c.Deadline, "--stall-after-ns": &c.StallAfter, "--kill-grace-ns": &c.KillGrace,
 		"--started-at-ns": &c.startedAt, "--exit-fd": &exitFD, "--lock-fd": &lock, "--idle-ns": &c.idleAfter,
 		"--stall-size": &c.output.size, "--stall-since-ns": &c.output.since, "--status": &status,
+		"--output-keep-bytes": &c.outputKeep,
 	}
 	for _, arg := range args {
 		name, value, _ := cut(arg, '=')

@@ -301,3 +301,32 @@ func awaitCommandLine(t *testing.T, pid int, flag string) {
 		return bytes.Contains(cmdline, []byte("\x00"+flag+"\x00")), fmt.Sprintf("%q", cmdline)
 	})
 }
+
+// A hibernated shim keeps its command's output files within their bound as the
+// Go shim does (TestAShimBoundsTheOutputNoWorkerReads), told of each write by
+// the kernel, and goes on doing so when it wakes and hibernates again.
+func TestAHibernatedShimBoundsTheOutputNoWorkerReads(t *testing.T) {
+	env := JoinEnviron([]string{"PATH=" + os.Getenv("PATH")})
+	gate := filepath.Join(t.TempDir(), "go")
+	r := floodRun(t, env, gate)
+	_, cmd, said := hibernatedShim(t, 0, r, env)
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	if peak := peakWhileFlooding(t, r, gate); peak > outputBound {
+		t.Fatalf("the output file took %d bytes of disk while its command printed %d, want at most %d", peak, floodBytes, outputBound)
+	}
+	if ok, seen := hibernated(t, cmd.Process.Pid); !ok {
+		t.Fatalf("the shim woke while its command printed: %s", seen)
+	}
+	if err := os.WriteFile(gate+".end", nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the shim ended with %v: %s", err, said.Bytes())
+	}
+	if e := readExit(t, r.Dir); e.ExitCode != 0 {
+		t.Fatalf("exit %+v, want exit code 0", e)
+	}
+}

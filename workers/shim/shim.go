@@ -3,7 +3,8 @@
 // upgraded leaves its commands running. The shim starts the command in its own
 // process group with stdout and stderr going straight to files (nothing copies
 // them, so nothing can block the command), enforces the deadline and the stall
-// kill, reaps the command, and writes the exit file atomically. Everything it
+// kill, keeps the output files within their bound on disk (bound.go), reaps the
+// command, and writes the exit file atomically. Everything it
 // knows is in its arguments and its run directory, whose files are named below.
 // Who writes each of them, when, and what a reader may take from it is told in
 // one place, at the top of workers/rundir.go.
@@ -120,6 +121,10 @@ type running struct {
 	idleAfter int64    // the shim's --idle-ns
 	args      int      // how many of the shim's command line are its own arguments
 	output    outputSeen
+	// outputKeep is how much of the end of each output file is kept
+	// (OutputKeepBytes, bound.go); 0: the files are not bounded.
+	outputKeep int64
+	looked     outputLook // the last look at the output's bound
 }
 
 // outputSeen is what the stall watch saw of the command's output: its size, and
@@ -179,6 +184,9 @@ func (r Run) supervise(env []string, c running) error {
 	releaseOutput()
 	c.Run, c.pid, c.startedAt, c.exit = r, pid, started, exitFile
 	c.output = outputSeen{r.outputSize(), monotonic()}
+	if canPunch {
+		c.outputKeep, c.looked = OutputKeepBytes, outputLook{c.output.since, c.output.size}
+	}
 	return c.end(c.watch(reap))
 }
 
@@ -370,16 +378,20 @@ func (r *reaper) wait(pid int) {
 const hibernateAfter = 1e9
 
 // watch waits for the command to end, stopping its process group when its
-// deadline passes or it stalls, and says which did. A shim that can hibernates
-// once the command has run hibernateAfter.
+// deadline passes or it stalls, and says which did. Meanwhile it keeps the output
+// files within their bound (bound.go). A shim that can hibernates once the
+// command has run hibernateAfter.
 func (c *running) watch(reap *reaper) (string, syscall.WaitStatus) {
 	stallCheck := int64(-1)
 	if c.StallAfter > 0 {
 		stallCheck = max(c.StallAfter/10, 50e6)
 	}
-	hibernateAt := int64(-1)
+	hibernateAt, boundAt := int64(-1), int64(-1)
 	if hibernation {
 		hibernateAt = monotonic() + hibernateAfter
+	}
+	if c.outputKeep > 0 {
+		boundAt = c.looked.at + boundPoll
 	}
 	stop := func(by string) (string, syscall.WaitStatus) {
 		_ = syscall.Kill(-c.pid, syscall.SIGTERM)
@@ -389,20 +401,16 @@ func (c *running) watch(reap *reaper) (string, syscall.WaitStatus) {
 		return by, <-reap.exited
 	}
 	for {
-		until := hibernateAt
+		until := earliest(hibernateAt, boundAt)
 		if c.Deadline != 0 {
 			left := c.Deadline - wallClock()
 			if left <= 0 {
 				return stop(StoppedByDeadline)
 			}
-			if next := monotonic() + left; until < 0 || next < until {
-				until = next
-			}
+			until = earliest(until, monotonic()+left)
 		}
 		if stallCheck > 0 {
-			if next := monotonic() + stallCheck; until < 0 || next < until {
-				until = next
-			}
+			until = earliest(until, monotonic()+stallCheck)
 		}
 		if awaitReadable(reap.ended[0], until) {
 			return "", <-reap.exited
@@ -415,11 +423,22 @@ func (c *running) watch(reap *reaper) (string, syscall.WaitStatus) {
 				return stop(StoppedByStall)
 			}
 		}
+		if boundAt >= 0 && now >= boundAt {
+			boundAt = c.boundOutput(now)
+		}
 		if hibernateAt >= 0 && now >= hibernateAt {
 			c.hibernate(reap) // returns if it did not
 			hibernateAt = -1
 		}
 	}
+}
+
+// earliest is the earlier of two monotonic times, where -1 is none.
+func earliest(a, b int64) int64 {
+	if a < 0 || b >= 0 && b < a {
+		return b
+	}
+	return a
 }
 
 // outputSize is how much the command has written to its output files.

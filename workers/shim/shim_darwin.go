@@ -56,6 +56,12 @@ func pipeCloexec(p []int) error {
 // allocate has no fallocate to call: the exit file's room is written instead.
 func allocate(fd int, size int64) error { return syscall.EOPNOTSUPP }
 
+// canPunch is false: macOS has no call to free part of a file that Go reaches
+// (docs/platforms.md), so a run's output files grow to its command's end.
+const canPunch = false
+
+func punchHole(fd int, length int64) error { return syscall.EOPNOTSUPP }
+
 func dup(from, to int) error { return syscall.Dup2(from, to) }
 
 // onMainThread is true: macOS has no parent-death signal to lose, and no waiter.

@@ -38,6 +38,20 @@ func pipeCloexec(p []int) error { return syscall.Pipe2(p, syscall.O_CLOEXEC) }
 
 func allocate(fd int, size int64) error { return syscall.Fallocate(fd, 0, 0, size) }
 
+// canPunch says whether the system can free part of a file (punchHole).
+const canPunch = true
+
+// punchHole frees the blocks of the first length bytes of the file fd, keeping
+// its size. It fails with EOPNOTSUPP where the file system or the kernel cannot.
+func punchHole(fd int, length int64) error {
+	const keepSize, punch = 0x1, 0x2 // FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE
+	err := syscall.Fallocate(fd, punch|keepSize, 0, length)
+	if err == syscall.ENOSYS {
+		return syscall.EOPNOTSUPP
+	}
+	return err
+}
+
 func dup(from, to int) error { return syscall.Dup3(from, to, 0) }
 
 func clearCloexec(fd int) {

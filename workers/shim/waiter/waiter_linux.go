@@ -3,6 +3,7 @@
 package waiter
 
 /*
+#define _GNU_SOURCE // fallocate's flags, F_NOTIFY
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -18,8 +19,9 @@ package waiter
 
 // The waiter a shim becomes while its command runs long (see hibernate): it runs
 // from the binary's constructor, before the Go runtime starts, and never returns
-// to it. It reaps the shim's children, and when the command ends, its deadline
-// passes or its output stalls, it execs the shim's Go side again with what it saw.
+// to it. It reaps the shim's children, keeps the output files within their bound
+// (bound.go in package shim), and when the command ends, its deadline passes or
+// its output stalls, it execs the shim's Go side again with what it saw.
 
 static int64_t clock_ns(clockid_t id) {
 	struct timespec ts;
@@ -41,6 +43,37 @@ static int64_t file_size(const char *dir, const char *name) {
 	return st.st_size;
 }
 
+// The run directory (the start lock), whose writes the waiter is told of
+// (dnotify, one at a time: armed again before each look), as SIGIO; -1: none.
+static int notify_fd = -1;
+
+// The pace of the looks at the output's bound, as paceLooks in bound.go has it
+// (boundGather, boundPoll).
+static const int64_t bound_gather = 1000000, bound_poll = 20000000;
+
+static int64_t pace_looks(int64_t grown, int64_t elapsed, int64_t keep) {
+	if (grown <= 0) return bound_poll;
+	int64_t pace = (elapsed < bound_poll ? elapsed : bound_poll) * (keep / 8) / grown;
+	return pace < bound_gather ? bound_gather : pace > bound_poll ? bound_poll : pace;
+}
+
+// bound_file frees the start of the file dir/name past its last keep bytes, as
+// boundFile in bound.go does. It returns 0 where the file system cannot.
+static int bound_file(const char *dir, const char *name, int64_t keep) {
+	char path[4096];
+	struct stat st;
+	if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path || stat(path, &st) != 0) return 1;
+	if ((int64_t)st.st_blocks * 512 <= keep + keep / 8) return 1;
+	int64_t block = st.st_blksize > 4096 ? st.st_blksize : 4096;
+	int64_t upTo = (st.st_size - keep) / block * block;
+	if (upTo <= 0) return 1;
+	int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0) return 1;
+	int ok = fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, upTo) == 0 || (errno != EOPNOTSUPP && errno != ENOSYS);
+	close(fd);
+	return ok;
+}
+
 // wake execs the shim's Go side, argv with its flag at argv[at] made "--woken"
 // and what the waiter saw added; later flags win there.
 static void wake(int argc, char **argv, int at, const char *status, int64_t size, int64_t since) {
@@ -56,6 +89,10 @@ static void wake(int argc, char **argv, int at, const char *status, int64_t size
 	next[n++] = sinceArg;
 	if (status != NULL) next[n++] = (char *)status;
 	next[n] = NULL;
+	// The Go side watches no writes: a SIGIO pending or to come is ignored, not
+	// the default's end of the process.
+	signal(SIGIO, SIG_IGN);
+	if (notify_fd >= 0) fcntl(notify_fd, F_NOTIFY, 0);
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
@@ -70,8 +107,39 @@ static void wake(int argc, char **argv, int at, const char *status, int64_t size
 	_exit(126);
 }
 
+// The waiter's watch of the output files' bound.
+struct bound {
+	int64_t keep;         // --output-keep-bytes; 0: the files are not bounded
+	int armed;            // the next write to a file in the run directory raises SIGIO
+	int64_t looked, size; // the last look: when, and the files' size then
+};
+
+// bound_output looks at the output files in dir for their bound, if a look is
+// due, after it watches for the next write: a write after the look is never
+// missed. It lowers *wait to when the next look is due, where no write will wake
+// the waiter for it.
+static void bound_output(const char *dir, struct bound *b, int64_t *wait) {
+	int64_t now = clock_ns(CLOCK_MONOTONIC), size = file_size(dir, "stdout") + file_size(dir, "stderr");
+	int64_t due = b->looked + pace_looks(size - b->size, now - b->looked, b->keep);
+	if (now < due) {
+		if (*wait < 0 || due - now < *wait) *wait = due - now;
+		return;
+	}
+	// Without dnotify (fs.dir-notify-enable off), the files are polled.
+	if (notify_fd >= 0 && fcntl(notify_fd, F_NOTIFY, DN_MODIFY) != 0) notify_fd = -1;
+	b->armed = notify_fd >= 0;
+	if (!bound_file(dir, "stdout", b->keep) || !bound_file(dir, "stderr", b->keep)) {
+		if (b->armed) fcntl(notify_fd, F_NOTIFY, 0);
+		b->keep = b->armed = 0;
+		return;
+	}
+	b->looked = now, b->size = size;
+	if (!b->armed && (*wait < 0 || bound_poll < *wait)) *wait = bound_poll;
+}
+
 static void hibernate(int argc, char **argv, int at) {
 	int64_t pid = 0, deadline = 0, stallAfter = 0, size = 0, since = clock_ns(CLOCK_MONOTONIC);
+	struct bound bound = {0};
 	const char *dir = NULL, *v;
 	for (int i = at + 1; i < argc; i++) {
 		if (flag_value(argv[i], "--pid", &v)) pid = strtoll(v, NULL, 10);
@@ -80,15 +148,18 @@ static void hibernate(int argc, char **argv, int at) {
 		else if (flag_value(argv[i], "--stall-after-ns", &v)) stallAfter = strtoll(v, NULL, 10);
 		else if (flag_value(argv[i], "--stall-size", &v)) size = strtoll(v, NULL, 10);
 		else if (flag_value(argv[i], "--stall-since-ns", &v)) since = strtoll(v, NULL, 10);
+		else if (flag_value(argv[i], "--lock-fd", &v)) notify_fd = (int)strtol(v, NULL, 10);
+		else if (flag_value(argv[i], "--output-keep-bytes", &v)) bound.keep = strtoll(v, NULL, 10);
 	}
 	if (pid <= 0 || dir == NULL) return; // not a shim's: the Go side says so
-	// The command's end is awaited as SIGCHLD, blocked so that none is missed
-	// between a look at the children and the wait.
+	// The command's end is awaited as SIGCHLD, and writes to its output as SIGIO,
+	// both blocked so that none is missed between a look and the wait.
 	signal(SIGCHLD, SIG_DFL);
-	sigset_t chld;
-	sigemptyset(&chld);
-	sigaddset(&chld, SIGCHLD);
-	sigprocmask(SIG_SETMASK, &chld, NULL);
+	sigset_t wanted;
+	sigemptyset(&wanted);
+	sigaddset(&wanted, SIGCHLD);
+	sigaddset(&wanted, SIGIO);
+	sigprocmask(SIG_SETMASK, &wanted, NULL);
 	int64_t check = stallAfter > 0 ? (stallAfter / 10 > 50000000 ? stallAfter / 10 : 50000000) : -1;
 	for (;;) {
 		int status;
@@ -112,8 +183,9 @@ static void hibernate(int argc, char **argv, int at) {
 			else if (now - since >= stallAfter) wake(argc, argv, at, NULL, size, since);
 			if (wait < 0 || check < wait) wait = check;
 		}
+		if (bound.keep > 0 && !bound.armed) bound_output(dir, &bound, &wait);
 		struct timespec ts = {wait / 1000000000, wait % 1000000000};
-		sigtimedwait(&chld, NULL, wait < 0 ? NULL : &ts);
+		if (sigtimedwait(&wanted, NULL, wait < 0 ? NULL : &ts) == SIGIO) bound.armed = 0;
 	}
 }
 
