@@ -22,18 +22,22 @@ import (
 // limit does not fit in what it may store, which on the embedded server is 75% of
 // the disk it found free at its first start (and what it stores itself). A limit
 // fixed at 4 GiB kept a server on a disk with less than 5.4 GB free retrying its
-// start for ever.
+// start for ever; so did one that left no room for the streams made after it.
 const (
 	maxLogStreamBytes = 4 << 30
 	// minLogStreamBytes holds a few tasks' output, each keeping its last
 	// events.MaxLogBytes of stdout and of stderr.
 	minLogStreamBytes = 8 * 2 * events.MaxLogBytes
+	// otherStreamsBytes is the least room left beside the log stream, for the
+	// events, the inbox, the archive and the buckets, which reserve nothing but
+	// take room as they grow.
+	otherStreamsBytes = 4 << 20
 )
 
 // logStreamBytes is the log stream's size limit: asked, if given (more than 0), or
 // else half of what JetStream may store (maxStore; 0 or less: unknown) up to
-// 4 GiB. The other half is the events', the inbox's and the archive's, which
-// reserve nothing but take room as they grow.
+// 4 GiB, and minLogStreamBytes at least. The other half is the events', the
+// inbox's and the archive's.
 func logStreamBytes(asked, maxStore int64) int64 {
 	switch {
 	case asked > 0:
@@ -41,7 +45,40 @@ func logStreamBytes(asked, maxStore int64) int64 {
 	case maxStore <= 0:
 		return maxLogStreamBytes
 	}
-	return max(min(maxLogStreamBytes, maxStore/2), min(minLogStreamBytes, maxStore))
+	return max(min(maxLogStreamBytes, maxStore/2), minLogStreamBytes)
+}
+
+// checkStoreRoom refuses, in one line, a store that cannot hold the log stream
+// (logBytes, reserved) and otherStreamsBytes beside it: a stream made after the
+// log's would be refused at every retry. maxStore is what JetStream may store (0
+// or less: unknown, nothing is checked); dir is the embedded server's store, ""
+// for a cluster's account.
+func checkStoreRoom(maxStore, logBytes int64, dir string) error {
+	need := logBytes + otherStreamsBytes
+	if maxStore <= 0 || need <= maxStore {
+		return nil
+	}
+	streams := fmt.Sprintf("%s (%s for the tasks' output in BGTASK_LOGS, %s for their events and wake-ups)",
+		formatBytes(need), formatBytes(logBytes), formatBytes(otherStreamsBytes))
+	if dir == "" {
+		return fmt.Errorf("the JetStream account may store %s, and bgtask's streams need %s: give the account more storage, or a smaller --log-bytes",
+			formatBytes(maxStore), streams)
+	}
+	// JetStream may store 75% of the free disk and of what its store holds, so
+	// each byte it lacks takes a third more free.
+	free := freeSpace(dir)
+	return fmt.Errorf("not enough disk for the store at %s: %s free, and the server needs %s free there: JetStream stores at most 75%% of the free disk, and bgtask's streams need %s. Free disk space there, start the server with a --home on a larger disk, or give a smaller --log-bytes",
+		dir, formatBytes(free), formatBytes(free+(need-maxStore+2)/3*4), streams)
+}
+
+// freeSpace is the free space on the disk of dir, for an unprivileged writer; 0
+// if unknown.
+func freeSpace(dir string) int64 {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0
+	}
+	return int64(st.Bavail) * int64(st.Bsize)
 }
 
 // accountMaxStore is what the account of js may store, per copy of a stream of
@@ -234,8 +271,7 @@ func awaitRoom(ctx context.Context, dir string, alarm *storeAlarm, logger *slog.
 			if !alarm.Full() {
 				continue
 			}
-			var st syscall.Statfs_t
-			if err := syscall.Statfs(dir, &st); err == nil && int64(st.Bavail)*int64(st.Bsize) >= diskRoomBytes {
+			if freeSpace(dir) >= diskRoomBytes {
 				close(hasRoom)
 				return
 			}

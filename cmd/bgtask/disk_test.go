@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -49,17 +51,54 @@ func TestALogStreamLargerThanTheDiskFailsTheStartInOneLine(t *testing.T) {
 	}
 }
 
+// A server whose store's disk cannot hold the streams it makes stops within
+// seconds, in one line naming the store, the free space it found there and the
+// free space it needs, where it retried for ever; a disk that can hold them (100
+// MB) starts one.
+func TestAServerOnADiskTooSmallForItsStreamsSaysWhatItNeeds(t *testing.T) {
+	home := filepath.Join(mountTmpfs(t, 64<<20), "home")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out syncBuffer
+	start := time.Now()
+	err := Run(ctx, []string{"server", "--home", home, "--listen", "127.0.0.1:0"}, &out, &out)
+	if err == nil || ctx.Err() != nil || time.Since(start) > 10*time.Second {
+		t.Fatalf("server: %v after %s, want a refusal at once\n%s", err, time.Since(start), out.String())
+	}
+	msg := err.Error()
+	m := regexp.MustCompile(`store at (\S+): ([0-9.]+)MiB free, and the server needs ([0-9.]+)MiB free there`).FindStringSubmatch(msg)
+	if strings.Contains(msg, "\n") || m == nil || !strings.HasPrefix(m[1], home) {
+		t.Fatalf("the refusal %q does not say in one line where, with how much free, and how much it needs", msg)
+	}
+	free, _ := strconv.ParseFloat(m[2], 64)
+	need, _ := strconv.ParseFloat(m[3], 64)
+	// JetStream stores 75% of the free disk; the streams need 64 MiB of output and 4 MiB more.
+	if free > 64 || free < 60 || need < 90 || need > 91.5 {
+		t.Fatalf("the refusal %q says %v MiB free and %v MiB needed, want what a 64 MiB disk has and 90.7 MiB", msg, free, need)
+	}
+	startServer(t, filepath.Join(mountTmpfs(t, 100<<20), "home"))
+}
+
 func TestTheLogStreamFitsWhatJetStreamMayStore(t *testing.T) {
 	for _, c := range []struct{ asked, maxStore, want int64 }{
 		{0, 0, 4 << 30},                   // unknown: the old default
 		{0, 100 << 30, 4 << 30},           // a large disk
 		{0, 225 << 20, 225 << 19},         // 300 MB free: half
-		{0, 40 << 20, 40 << 20},           // too small for half to hold a few tasks: all of it
+		{0, 40 << 20, 64 << 20},           // the least a few tasks need, which checkStoreRoom refuses
 		{0, 100 << 20, 64 << 20},          // the least a few tasks need
 		{512 << 20, 225 << 20, 512 << 20}, // asked: as asked, refused by JetStream if it does not fit
 	} {
 		if got := logStreamBytes(c.asked, c.maxStore); got != c.want {
 			t.Errorf("logStreamBytes(%d, %d) = %d, want %d", c.asked, c.maxStore, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		maxStore, logBytes int64
+		refused            bool
+	}{{0, 64 << 20, false}, {68 << 20, 64 << 20, false}, {68<<20 - 1, 64 << 20, true}, {1 << 30, 1 << 30, true}} {
+		err := checkStoreRoom(c.maxStore, c.logBytes, "")
+		if refused := err != nil; refused != c.refused || refused && !strings.Contains(err.Error(), "account may store "+formatBytes(c.maxStore)) {
+			t.Errorf("checkStoreRoom(%d, %d) = %v, want refused %v, naming what the account may store", c.maxStore, c.logBytes, err, c.refused)
 		}
 	}
 	for in, want := range map[string]int64{"512MiB": 512 << 20, "2GiB": 2 << 30, "1000": 1000, "3 MB": 3e6} {

@@ -130,7 +130,7 @@ run if one can: registering a task is running a command.`,
 	o.worker.register(f)
 	o.delivery.register(f)
 	f.BoolVar(&o.denyPrivate, "webhook-deny-private", false, "refuse webhook destinations in loopback, private, link-local (cloud metadata), carrier-grade NAT and other non-public ranges, checked on the address each push dials (no HTTP proxy is used then); off by default for a single machine, on for a shared deployment (docs/security.md)")
-	f.Var(&o.logBytes, "log-bytes", "the size limit of the output log stream BGTASK_LOGS, such as 512MiB (default: half of what JetStream may store, at most 4GiB; the embedded server may store 75% of the disk it finds free)")
+	f.Var(&o.logBytes, "log-bytes", "the size limit of the output log stream BGTASK_LOGS, such as 512MiB (default: half of what JetStream may store, from 64MiB to 4GiB; the embedded server may store 75% of the disk it finds free)")
 	f.Uint64Var(&o.snapshotEvery, "snapshot-every", 100_000, "write a snapshot of the current state to "+serverhome.SnapshotFile+" in the home after this many events (and at least as many events as there are tasks), so that a restart reads it and replays only the events after it; 0: no snapshots, none read")
 	f.DurationVar(&o.archiveAfter, "archive-after", engine.DefaultArchiveAfter, "move tasks finished longer ago than this out of the event stream into the archive stream BGTASK_ARCHIVE (their history, audit and show stay whole); 0: never")
 	return cmd
@@ -234,7 +234,7 @@ func (e *embeddedServer) serve(ctx context.Context) (roomAgain bool, err error) 
 	eng, err := startEngine(ctx, nc, base, engineOptions{
 		writer: "engine@" + hostName(), leaseTTL: o.leaseTTL, replicas: 1,
 		push: o.pushing(e.secret), denyPrivate: o.denyPrivate, archiveAfter: o.archiveAfter,
-		logBytes: int64(o.logBytes), maxStore: e.maxStore, diskFull: alarm,
+		logBytes: int64(o.logBytes), maxStore: e.maxStore, storeDir: ns.JetStreamConfig().StoreDir, diskFull: alarm,
 		snapshots: projections.Snapshots{Path: filepath.Join(e.home, serverhome.SnapshotFile), Every: o.snapshotEvery, Build: buildID()},
 	})
 	if err != nil {
@@ -434,8 +434,9 @@ type engineOptions struct {
 	push         pushing
 	archiveAfter time.Duration
 	snapshots    projections.Snapshots
-	logBytes     int64 // asked for; 0: logStreamBytes fits it to maxStore
-	maxStore     int64 // what JetStream may store; 0: the account's limit, if any
+	logBytes     int64  // asked for; 0: logStreamBytes fits it to maxStore
+	maxStore     int64  // what JetStream may store; 0: the account's limit, if any
+	storeDir     string // the embedded server's store, for what it says of its disk
 	// denyPrivate refuses webhooks to non-public addresses at registration too.
 	denyPrivate bool
 	// diskFull, if set, says the store's disk is full: registrations and cancels
@@ -479,6 +480,9 @@ func openLogs(ctx context.Context, nc *nats.Conn, o engineOptions, log *slog.Log
 		maxStore = accountMaxStore(ctx, js, o.replicas)
 	}
 	logBytes := logStreamBytes(o.logBytes, maxStore)
+	if err := checkStoreRoom(maxStore, logBytes, o.storeDir); err != nil {
+		return err
+	}
 	_, err = retryStart(ctx, log, func() (*events.Logs, error) {
 		logs, err := events.OpenLogs(ctx, js, events.LogConfig{Replicas: o.replicas, MaxBytes: logBytes})
 		if tooBig := errStreamTooBig(err, events.LogStreamName, logBytes, maxStore); tooBig != nil {
