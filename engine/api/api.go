@@ -450,11 +450,7 @@ func (s *Server) get(ctx context.Context, data []byte) (any, error) {
 	if err := decode(data, &req); err != nil {
 		return nil, err
 	}
-	id, err := s.resolveID(ctx, req.ID)
-	if err != nil {
-		return nil, err
-	}
-	state, err := s.wholeTask(ctx, id)
+	state, err := s.namedTask(ctx, req.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -462,6 +458,15 @@ func (s *Server) get(ctx context.Context, data []byte) (any, error) {
 		return View(state), nil
 	}
 	return s.view(state), nil
+}
+
+// namedTask is the task ref names (resolveID), whole (wholeTask).
+func (s *Server) namedTask(ctx context.Context, ref string) (engine.State, error) {
+	id, err := s.resolveID(ctx, ref)
+	if err != nil {
+		return engine.State{}, err
+	}
+	return s.wholeTask(ctx, id)
 }
 
 // wholeTask is a task's state; an archived one's as it was when it finished, read

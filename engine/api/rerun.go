@@ -23,11 +23,7 @@ func (s *Server) rerun(ctx context.Context, data []byte) (any, error) {
 	if err := decode(data, &req); err != nil {
 		return nil, err
 	}
-	id, err := s.resolveID(ctx, req.ID)
-	if err != nil {
-		return nil, err
-	}
-	state, err := s.wholeTask(ctx, id)
+	state, err := s.namedTask(ctx, req.ID)
 	if err != nil {
 		return nil, err
 	}
