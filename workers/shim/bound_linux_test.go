@@ -30,8 +30,9 @@ func floodRun(t *testing.T, env []byte, gate string) Run {
 
 // outputBound is the most disk an output file may take: what the shim keeps, an
 // eighth more before it frees, and what a command printing as fast as this
-// machine writes adds before the shim's next look.
-const outputBound = OutputKeepBytes + OutputKeepBytes/8 + 32<<20
+// machine writes adds before the shim's next look on a busy machine (64 MiB: a
+// tenth of a second at 640 MB/s).
+const outputBound = OutputKeepBytes + OutputKeepBytes/8 + 64<<20
 
 // peakWhileFlooding opens gate and returns the most disk the run's stdout took
 // (blocks allocated) until the command printed all of it, which is then whole at

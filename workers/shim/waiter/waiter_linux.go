@@ -36,16 +36,21 @@ static int flag_value(const char *arg, const char *name, const char **value) {
 	return 1;
 }
 
-static int64_t file_size(const char *dir, const char *name) {
-	char path[4096];
+// file_size is the size of the file name in the directory dir, 0 if there is none.
+static int64_t file_size(int dir, const char *name) {
 	struct stat st;
-	if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path || stat(path, &st) != 0) return 0;
+	if (fstatat(dir, name, &st, 0) != 0) return 0;
 	return st.st_size;
 }
 
-// The run directory (the start lock), whose writes the waiter is told of
-// (dnotify, one at a time: armed again before each look), as SIGIO; -1: none.
-static int notify_fd = -1;
+// The waiter's watch of the output files' bound. No static variable holds it:
+// the first write to one would make a page of the binary the waiter's own.
+struct bound {
+	int64_t keep;         // --output-keep-bytes; 0: the files are not bounded
+	int polled;           // no dnotify (fs.dir-notify-enable is off): the files are polled
+	int armed;            // the next write to a file in the run directory raises SIGIO
+	int64_t looked, size; // the last look: when, and the files' size then
+};
 
 // The pace of the looks at the output's bound, as paceLooks in bound.go has it
 // (boundGather, boundPoll).
@@ -57,17 +62,16 @@ static int64_t pace_looks(int64_t grown, int64_t elapsed, int64_t keep) {
 	return pace < bound_gather ? bound_gather : pace > bound_poll ? bound_poll : pace;
 }
 
-// bound_file frees the start of the file dir/name past its last keep bytes, as
-// boundFile in bound.go does. It returns 0 where the file system cannot.
-static int bound_file(const char *dir, const char *name, int64_t keep) {
-	char path[4096];
+// bound_file frees the start of the file name in the directory dir past its last
+// keep bytes, as boundFile in bound.go does. It returns 0 where the file system
+// cannot.
+static int bound_file(int dir, const char *name, int64_t keep) {
 	struct stat st;
-	if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path || stat(path, &st) != 0) return 1;
-	if ((int64_t)st.st_blocks * 512 <= keep + keep / 8) return 1;
+	if (fstatat(dir, name, &st, 0) != 0 || (int64_t)st.st_blocks * 512 <= keep + keep / 8) return 1;
 	int64_t block = st.st_blksize > 4096 ? st.st_blksize : 4096;
 	int64_t upTo = (st.st_size - keep) / block * block;
 	if (upTo <= 0) return 1;
-	int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+	int fd = openat(dir, name, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
 	if (fd < 0) return 1;
 	int ok = fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, upTo) == 0 || (errno != EOPNOTSUPP && errno != ENOSYS);
 	close(fd);
@@ -76,7 +80,7 @@ static int bound_file(const char *dir, const char *name, int64_t keep) {
 
 // wake execs the shim's Go side, argv with its flag at argv[at] made "--woken"
 // and what the waiter saw added; later flags win there.
-static void wake(int argc, char **argv, int at, const char *status, int64_t size, int64_t since) {
+static void wake(int argc, char **argv, int at, const char *status, int64_t size, int64_t since, int dir) {
 	char **next = calloc(argc + 4, sizeof *next);
 	char sizeArg[64], sinceArg[64];
 	if (next == NULL) _exit(125);
@@ -92,7 +96,7 @@ static void wake(int argc, char **argv, int at, const char *status, int64_t size
 	// The Go side watches no writes: a SIGIO pending or to come is ignored, not
 	// the default's end of the process.
 	signal(SIGIO, SIG_IGN);
-	if (notify_fd >= 0) fcntl(notify_fd, F_NOTIFY, 0);
+	fcntl(dir, F_NOTIFY, 0);
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
@@ -107,29 +111,21 @@ static void wake(int argc, char **argv, int at, const char *status, int64_t size
 	_exit(126);
 }
 
-// The waiter's watch of the output files' bound.
-struct bound {
-	int64_t keep;         // --output-keep-bytes; 0: the files are not bounded
-	int armed;            // the next write to a file in the run directory raises SIGIO
-	int64_t looked, size; // the last look: when, and the files' size then
-};
-
-// bound_output looks at the output files in dir for their bound, if a look is
-// due, after it watches for the next write: a write after the look is never
-// missed. It lowers *wait to when the next look is due, where no write will wake
-// the waiter for it.
-static void bound_output(const char *dir, struct bound *b, int64_t *wait) {
+// bound_output looks at the output files in the run directory dir for their
+// bound, if a look is due, after it watches for the next write: a write after the
+// look is never missed. It lowers *wait to when the next look is due, where no
+// write will wake the waiter for it.
+static void bound_output(int dir, struct bound *b, int64_t *wait) {
 	int64_t now = clock_ns(CLOCK_MONOTONIC), size = file_size(dir, "stdout") + file_size(dir, "stderr");
 	int64_t due = b->looked + pace_looks(size - b->size, now - b->looked, b->keep);
 	if (now < due) {
 		if (*wait < 0 || due - now < *wait) *wait = due - now;
 		return;
 	}
-	// Without dnotify (fs.dir-notify-enable off), the files are polled.
-	if (notify_fd >= 0 && fcntl(notify_fd, F_NOTIFY, DN_MODIFY) != 0) notify_fd = -1;
-	b->armed = notify_fd >= 0;
+	if (!b->polled && fcntl(dir, F_NOTIFY, DN_MODIFY) != 0) b->polled = 1;
+	b->armed = !b->polled;
 	if (!bound_file(dir, "stdout", b->keep) || !bound_file(dir, "stderr", b->keep)) {
-		if (b->armed) fcntl(notify_fd, F_NOTIFY, 0);
+		fcntl(dir, F_NOTIFY, 0);
 		b->keep = b->armed = 0;
 		return;
 	}
@@ -139,19 +135,19 @@ static void bound_output(const char *dir, struct bound *b, int64_t *wait) {
 
 static void hibernate(int argc, char **argv, int at) {
 	int64_t pid = 0, deadline = 0, stallAfter = 0, size = 0, since = clock_ns(CLOCK_MONOTONIC);
+	int dir = -1; // the run directory, the start lock
 	struct bound bound = {0};
-	const char *dir = NULL, *v;
+	const char *v;
 	for (int i = at + 1; i < argc; i++) {
 		if (flag_value(argv[i], "--pid", &v)) pid = strtoll(v, NULL, 10);
-		else if (flag_value(argv[i], "--dir", &v)) dir = v;
 		else if (flag_value(argv[i], "--deadline-unix-ns", &v)) deadline = strtoll(v, NULL, 10);
 		else if (flag_value(argv[i], "--stall-after-ns", &v)) stallAfter = strtoll(v, NULL, 10);
 		else if (flag_value(argv[i], "--stall-size", &v)) size = strtoll(v, NULL, 10);
 		else if (flag_value(argv[i], "--stall-since-ns", &v)) since = strtoll(v, NULL, 10);
-		else if (flag_value(argv[i], "--lock-fd", &v)) notify_fd = (int)strtol(v, NULL, 10);
+		else if (flag_value(argv[i], "--lock-fd", &v)) dir = (int)strtol(v, NULL, 10);
 		else if (flag_value(argv[i], "--output-keep-bytes", &v)) bound.keep = strtoll(v, NULL, 10);
 	}
-	if (pid <= 0 || dir == NULL) return; // not a shim's: the Go side says so
+	if (pid <= 0 || dir < 0) return; // not a shim's: the Go side says so
 	// The command's end is awaited as SIGCHLD, and writes to its output as SIGIO,
 	// both blocked so that none is missed between a look and the wait.
 	signal(SIGCHLD, SIG_DFL);
@@ -168,19 +164,19 @@ static void hibernate(int argc, char **argv, int at) {
 			if (got == pid) {
 				char statusArg[32];
 				snprintf(statusArg, sizeof statusArg, "--status=%d", status);
-				wake(argc, argv, at, statusArg, size, since);
+				wake(argc, argv, at, statusArg, size, since, dir);
 			}
 		}
-		if (got < 0 && errno == ECHILD) wake(argc, argv, at, NULL, size, since); // the Go side's reap sees it
+		if (got < 0 && errno == ECHILD) wake(argc, argv, at, NULL, size, since, dir); // the Go side's reap sees it
 		int64_t wait = -1;
 		if (deadline != 0) {
 			wait = deadline - clock_ns(CLOCK_REALTIME);
-			if (wait <= 0) wake(argc, argv, at, NULL, size, since);
+			if (wait <= 0) wake(argc, argv, at, NULL, size, since, dir);
 		}
 		if (check > 0) {
 			int64_t now = clock_ns(CLOCK_MONOTONIC), seen = file_size(dir, "stdout") + file_size(dir, "stderr");
 			if (seen != size) size = seen, since = now;
-			else if (now - since >= stallAfter) wake(argc, argv, at, NULL, size, since);
+			else if (now - since >= stallAfter) wake(argc, argv, at, NULL, size, since, dir);
 			if (wait < 0 || check < wait) wait = check;
 		}
 		if (bound.keep > 0 && !bound.armed) bound_output(dir, &bound, &wait);
