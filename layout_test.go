@@ -48,8 +48,8 @@ var layout = map[string]rule{
 	"workers/shim/waiter": {imports: []string{"workers/shim"}},
 	"agents/claudecode":   {},
 	"agents/codex":        {},
+	"internal/bench":      {imports: []string{"engine", "engine/api", "events", "internal/proc", "projections", "workers"}},
 	"cmd/bgtask":          {all: true},
-	"cmd/bgtask/bench":    {imports: []string{"engine", "engine/api", "events", "internal/proc", "projections", "workers"}},
 	"cmd/bgtask-shim":     {imports: []string{"workers/shim", "workers/shim/waiter"}},
 	"integration":         {tests: []string{"engine", "events", "events/eventstest", "internal/testkit", "projections"}},
 }

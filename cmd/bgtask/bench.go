@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/bgtask/bgtask/client"
-	"github.com/bgtask/bgtask/cmd/bgtask/bench"
+	"github.com/bgtask/bgtask/internal/bench"
 	"github.com/bgtask/bgtask/internal/serverhome"
 )
 

@@ -18,7 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/bgtask/bgtask/client"
-	"github.com/bgtask/bgtask/cmd/bgtask/bench"
+	"github.com/bgtask/bgtask/internal/bench"
 	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
