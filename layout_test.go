@@ -51,7 +51,7 @@ var layout = map[string]rule{
 	"internal/bench":      {imports: []string{"engine", "engine/api", "events", "internal/proc", "projections", "workers"}},
 	"cmd/bgtask":          {all: true},
 	"cmd/bgtask-shim":     {imports: []string{"workers/shim", "workers/shim/waiter"}},
-	"integration":         {tests: []string{"engine", "events", "events/eventstest", "internal/testkit", "projections"}},
+	"integration":         {tests: []string{"engine", "events", "events/eventstest", "internal/testkit", "projections", "workers/shim"}},
 }
 
 // listed is what go list says of one package.
