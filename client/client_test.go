@@ -6,31 +6,31 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
 	"github.com/bgtask/bgtask/client"
+	"github.com/bgtask/bgtask/client/clienttest"
 	"github.com/bgtask/bgtask/engine"
-	"github.com/bgtask/bgtask/engine/node"
-	"github.com/bgtask/bgtask/engine/sinks"
-	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // The examples share one engine, whose home is $BGTASK_HOME while they run.
 func TestMain(m *testing.M) {
-	dir, stop, err := startEngine()
+	dir, err := os.MkdirTemp("", "bgtask-client-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	srv, err := clienttest.Start(dir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start an engine:", err)
 		os.Exit(1)
 	}
 	os.Setenv("BGTASK_HOME", dir)
 	code := m.Run()
-	stop()
+	srv.Stop()
 	os.RemoveAll(dir)
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
@@ -39,71 +39,6 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
-}
-
-// startEngine starts an embedded JetStream server and an engine on it (no
-// worker: a command stays armed, a timer fires), and leaves a home as a bgtask
-// server leaves one: its discovery file, its client identity, its lock held.
-func startEngine() (dir string, stop func(), err error) {
-	dir, err = os.MkdirTemp("", "bgtask-client-test-")
-	if err != nil {
-		return "", nil, err
-	}
-	var stops []func()
-	stop = func() {
-		for i := len(stops) - 1; i >= 0; i-- {
-			stops[i]()
-		}
-	}
-	defer func() {
-		if err != nil {
-			stop()
-			os.RemoveAll(dir)
-		}
-	}()
-	ids, err := serverhome.LoadOrCreateIdentities(dir)
-	if err != nil {
-		return "", nil, err
-	}
-	pub, err := ids.Client.PublicKey()
-	if err != nil {
-		return "", nil, err
-	}
-	lock, err := serverhome.Lock(dir)
-	if err != nil {
-		return "", nil, err
-	}
-	stops = append(stops, func() { lock.Close() })
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: filepath.Join(dir, serverhome.StoreDir),
-		NoLog: true, NoSigs: true, Nkeys: []*server.NkeyUser{{Nkey: pub}},
-		// The engine's connection comes in without credentials, as a user of its own.
-		Users: []*server.User{{Username: "engine", Password: "not used"}}, NoAuthUser: "engine"})
-	if err != nil {
-		return "", nil, err
-	}
-	ns.Start()
-	stops = append(stops, func() { ns.Shutdown(); ns.WaitForShutdown() })
-	if !ns.ReadyForConnections(10 * time.Second) {
-		return "", nil, errors.New("nats-server not ready")
-	}
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		return "", nil, err
-	}
-	stops = append(stops, nc.Close)
-	n, err := node.New(node.Config{Conn: nc, Writer: "engine", LeaseTTL: time.Minute, Replicas: 1,
-		Sinks: sinks.New([]byte("a test secret of enough bytes")), Version: "0.0.0-test"})
-	if err != nil {
-		return "", nil, err
-	}
-	if err := n.Start(context.Background()); err != nil {
-		return "", nil, err
-	}
-	stops = append(stops, n.Stop)
-	if err := serverhome.WriteDiscovery(dir, serverhome.Discovery{URL: ns.ClientURL(), PID: os.Getpid()}); err != nil {
-		return "", nil, err
-	}
-	return dir, stop, nil
 }
 
 func connect(t *testing.T, dir string) *client.Client {
@@ -121,11 +56,8 @@ func connect(t *testing.T, dir string) *client.Client {
 // A Go program registers a reminder and a command, reads them, waits for the
 // reminder's wake-up, and cancels the command, through the home's client identity.
 func TestAGoProgramRegistersWaitsAndCancels(t *testing.T) {
-	dir, stop, err := startEngine()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { stop(); os.RemoveAll(dir) })
+	dir := t.TempDir()
+	clienttest.Run(t, dir)
 	c := connect(t, dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

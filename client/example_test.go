@@ -88,11 +88,7 @@ func ExampleHandoff() {
 		}
 	}
 
-	inbox, err := c.Inbox(ctx, "example-agent")
-	if err != nil {
-		log.Fatal(err)
-	}
-	h := &client.Handoff{Inbox: inbox, Dir: c.Home() + "/example-agent", Batch: 10,
+	h := &client.Handoff{Target: "example-agent", Dir: c.Home() + "/handoff", Batch: 10,
 		Deliver: func(ctx context.Context, batch []client.Wakeup) error {
 			for _, w := range batch {
 				fmt.Println("to the agent:", w.Prompt) // a runtime gives its session a turn here
@@ -104,7 +100,7 @@ func ExampleHandoff() {
 		log.Fatal(err)
 	}
 	defer unlock()
-	n, err := h.Pending(ctx)
+	n, err := h.Pending(ctx, c)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -18,22 +18,25 @@ import (
 // Handoff hands the wake-ups of one target to an agent runtime (a hook that
 // gives a session a turn, a program that queues a message in a thread), each
 // once. Its state is two files in Dir: TARGET.lock, held by the one hand-off of
-// the target that runs, and TARGET.handed, a ledger of the wake-ups handed over
-// and not yet known acknowledged, each line synced before the step it records.
+// the target that runs (and removed when it lets go), and TARGET.handed, a
+// ledger of the wake-ups handed over and not yet known acknowledged, each line
+// synced before the step it records. A hand-off that takes the lock removes the
+// files of Dir that no hand-off touched for 30 days (a wake-up is kept as long).
 //
 // A wake-up goes through: (1) a wake-up that a `wait --consume` of its task holds
 // is left to it (LeaveToWaits); (2) one the ledger marks handed is only
 // acknowledged; (3) it is recorded as handing; (4) Deliver hands it over; (5) it
 // is recorded handed; (6) it is acknowledged, and taken out of the ledger. A
-// hand-off that dies between (5) and (6) leaves it to the next, which only
+// hand-off that dies between (5) and (6), or whose acknowledgement the server
+// does not confirm (ErrUnacknowledged), leaves it to the next, which only
 // acknowledges it: exactly once. One that dies within (4) leaves "handing", and
 // whether the runtime got it is not known: the next hand-off hands it over again
 // if Redeliver is set (at least once), else only acknowledges it (at most once).
 // A Deliver that returns an error did not hand it over: it goes back to the
-// inbox.
+// inbox, and so does, with Revocable, a hand-over cut short by its context.
 type Handoff struct {
-	// Inbox is the target's inbox.
-	Inbox *Inbox
+	// Target names the inbox whose wake-ups are handed over, and the files in Dir.
+	Target string
 	// Dir holds the lock and the ledger; it is made (0700) if need be.
 	Dir string
 	// Deliver hands wake-ups to the runtime: nil means the runtime has them all.
@@ -50,10 +53,17 @@ type Handoff struct {
 	// Dropped, if set, is told of each message of the inbox that is no wake-up,
 	// which is dropped.
 	Dropped func(d *Delivery)
+
+	inbox *Inbox // the inbox of the client last used
 }
 
 // ErrLocked: another hand-off of the target runs.
 var ErrLocked = errors.New("another hand-off of this target runs")
+
+// ErrUnacknowledged: wake-ups were handed over, and the server did not confirm
+// their acknowledgement in time (it went away). The ledger has them handed: the
+// next hand-off of the target acknowledges them, and hands them over no more.
+var ErrUnacknowledged = errors.New("wake-ups handed over and not acknowledged yet (the next hand-off acknowledges them)")
 
 // handedKeep is how long a ledger entry is kept: as long as the inbox keeps a
 // wake-up, after which it cannot come back.
@@ -68,43 +78,100 @@ const ackBound = 10 * time.Second
 // it: its print and consume take milliseconds.
 const consumeBound = time.Minute
 
+// awaitFetch bounds each of Await's waits for a wake-up: a wait that a restart
+// of the server cut short is made again within it.
+const awaitFetch = 20 * time.Second
+
 // Lock takes the target's lock, held until unlock: with wait, waiting for it
 // until ctx ends; without, failing with ErrLocked while another holds it. The
 // kernel drops it when the process ends, however it ends.
 func (h *Handoff) Lock(ctx context.Context, wait bool) (unlock func(), err error) {
+	if err := CheckTarget(h.Target); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(h.Dir, 0o700); err != nil {
 		return nil, err
 	}
-	path := filepath.Join(h.Dir, h.Inbox.target+".lock")
+	path := filepath.Join(h.Dir, h.Target+".lock")
+	f, err := lockFile(ctx, path, wait)
+	if err != nil {
+		return nil, err
+	}
+	prune(h.Dir, time.Now())
+	return func() { _ = os.Remove(path); f.Close() }, nil
+}
+
+// lockFile takes the lock of the file at path (made if need be): with wait,
+// waiting for it until ctx ends; without, failing with ErrLocked while another
+// holds it. A holder removes the file as it lets go, so a lock taken on a file
+// that is no longer the one at path is let go, and the one there now taken.
+func lockFile(ctx context.Context, path string, wait bool) (*os.File, error) {
 	for {
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 		if err != nil {
 			return nil, err
 		}
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
+		if err := flock(ctx, f, wait); err != nil {
+			f.Close()
+			return nil, err
+		}
+		locked, serr := f.Stat()
+		now, perr := os.Stat(path)
+		if serr == nil && perr == nil && os.SameFile(locked, now) {
+			return f, nil
 		}
 		f.Close()
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		if !wait {
-			return nil, ErrLocked
-		}
-		if !pause(ctx, 50*time.Millisecond) {
-			return nil, ctx.Err()
+	}
+}
+
+// flock takes f's lock, trying again while another holds it with wait.
+func flock(ctx context.Context, f *os.File, wait bool) error {
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		switch {
+		case err == nil:
+			return nil
+		case !errors.Is(err, unix.EWOULDBLOCK):
+			return fmt.Errorf("lock %s: %w", f.Name(), err)
+		case !wait:
+			return ErrLocked
+		case !pause(ctx, 50*time.Millisecond):
+			return ctx.Err()
 		}
 	}
 }
 
-// Pending hands over the wake-ups in the inbox now, until there are none, and
-// returns how many it handed over (not counting those only acknowledged). Hold
-// the lock.
-func (h *Handoff) Pending(ctx context.Context) (int, error) {
+// prune removes the ledgers and locks in dir that no hand-off touched for
+// handedKeep: every entry of such a ledger is past, and a lock that no one holds
+// is only a file.
+func prune(dir string, now time.Time) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		lock := strings.HasSuffix(e.Name(), ".lock")
+		if !lock && !strings.Contains(e.Name(), ".handed") { // a ledger, or the temp file of one
+			continue
+		}
+		info, err := e.Info()
+		if err != nil || now.Sub(info.ModTime()) < handedKeep {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		if !lock {
+			_ = os.Remove(path)
+		} else if f, err := lockFile(context.Background(), path, false); err == nil {
+			_ = os.Remove(path)
+			f.Close()
+		}
+	}
+}
+
+// Pending hands over the wake-ups in c's inbox of the target now, until there
+// are none, and returns how many it handed over (not counting those only
+// acknowledged). Hold the lock.
+func (h *Handoff) Pending(ctx context.Context, c *Client) (int, error) {
 	total := 0
 	for {
-		n, got, err := h.round(ctx, 0)
+		n, got, err := h.round(ctx, c, 0)
 		total += n
 		if err != nil || !got {
 			return total, err
@@ -115,42 +182,111 @@ func (h *Handoff) Pending(ctx context.Context) (int, error) {
 // Next waits up to wait for wake-ups, hands over those that came together, and
 // returns how many it handed over; 0 with no error when none came, or when all
 // that came were handed over before. Hold the lock.
-func (h *Handoff) Next(ctx context.Context, wait time.Duration) (int, error) {
-	n, _, err := h.round(ctx, wait)
+func (h *Handoff) Next(ctx context.Context, c *Client, wait time.Duration) (int, error) {
+	n, _, err := h.round(ctx, c, wait)
 	return n, err
 }
 
+// Await waits for wake-ups, as long as ctx lasts, and hands over the first that
+// come with those that came together (Next); it returns how many it handed over.
+// It waits through restarts of the server and while none runs, connecting with
+// cfg, and again whenever the connection fails. It gives up on an error of
+// Deliver, and on cfg's home when no server ever ran there (a *NoServerError).
+// Hold the lock.
+func (h *Handoff) Await(ctx context.Context, cfg Config) (int, error) {
+	for {
+		n, again, err := h.awaitOn(ctx, cfg)
+		switch {
+		case n > 0:
+			return n, err
+		case ctx.Err() != nil:
+			return 0, ctx.Err()
+		case !again:
+			return 0, err
+		}
+		if !pause(ctx, retryEvery) {
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// awaitOn waits on one connection; again says whether another may mend its
+// failure.
+func (h *Handoff) awaitOn(ctx context.Context, cfg Config) (n int, again bool, err error) {
+	c, err := Connect(ctx, cfg)
+	if err != nil {
+		// A server absent, even gone, may start again; a home that cannot be read,
+		// or where none ever ran, will not change.
+		var absent *NoServerError
+		return 0, errors.As(err, &absent) && !absent.Never, err
+	}
+	defer c.Close()
+	for {
+		n, err := h.Next(ctx, c, awaitFetch)
+		switch {
+		case errors.As(err, new(deliverError)):
+			return n, false, err
+		case err != nil:
+			return n, true, err // of the connection, the inbox or the ledger
+		case n > 0, ctx.Err() != nil:
+			return n, false, nil
+		}
+	}
+}
+
+// deliverError is an error of Deliver: the runtime's, which no new connection
+// mends.
+type deliverError struct{ error }
+
+func (e deliverError) Unwrap() error { return e.error }
+
 // round fetches one batch (waiting up to wait for its first) and hands it over.
-func (h *Handoff) round(ctx context.Context, wait time.Duration) (handed int, got bool, err error) {
+func (h *Handoff) round(ctx context.Context, c *Client, wait time.Duration) (handed int, got bool, err error) {
+	inbox, err := h.inboxOf(ctx, c)
+	if err != nil {
+		return 0, false, err
+	}
 	batch := max(h.Batch, 1)
-	ds, err := h.Inbox.Fetch(ctx, 1, wait)
+	ds, err := inbox.Fetch(ctx, 1, wait)
 	if err != nil || len(ds) == 0 {
 		return 0, false, err
 	}
 	if batch > 1 {
-		more, err := h.Inbox.Fetch(ctx, batch-1, 0)
+		more, err := inbox.Fetch(ctx, batch-1, 0)
 		if err != nil {
 			giveBack(ds)
 			return 0, true, err
 		}
 		ds = append(ds, more...)
 	}
-	ledger, err := openLedger(filepath.Join(h.Dir, h.Inbox.target+".handed"))
+	ledger, err := openLedger(filepath.Join(h.Dir, h.Target+".handed"))
 	if err != nil {
 		giveBack(ds)
 		return 0, true, err
 	}
-	fresh := h.sort(ctx, ledger, ds)
+	fresh := h.sort(ctx, c, ledger, ds)
 	if len(fresh) == 0 {
 		return 0, true, nil
 	}
 	return h.handOver(ctx, ledger, fresh)
 }
 
+// inboxOf is c's inbox of the target.
+func (h *Handoff) inboxOf(ctx context.Context, c *Client) (*Inbox, error) {
+	if h.inbox == nil || h.inbox.c != c {
+		inbox, err := c.Inbox(ctx, h.Target)
+		if err != nil {
+			return nil, err
+		}
+		h.inbox = inbox
+	}
+	return h.inbox, nil
+}
+
 // sort takes out of ds what is not to be handed over, and does with it what it
 // needs: a message that is no wake-up is dropped, one a wait holds is left to
 // it, one handed over before is acknowledged. It returns the rest.
-func (h *Handoff) sort(ctx context.Context, ledger *ledger, ds []*Delivery) []*Delivery {
+func (h *Handoff) sort(ctx context.Context, c *Client, ledger *ledger, ds []*Delivery) []*Delivery {
 	var fresh []*Delivery
 	for _, d := range ds {
 		key := handedKey(d.Wakeup)
@@ -160,7 +296,7 @@ func (h *Handoff) sort(ctx context.Context, ledger *ledger, ds []*Delivery) []*D
 			if h.Dropped != nil {
 				h.Dropped(d)
 			}
-		case h.LeaveToWaits && h.consumedByAWait(ctx, d.Wakeup):
+		case h.LeaveToWaits && consumedByAWait(ctx, c, d.Wakeup):
 			h.ack(ctx, ledger, d, key)
 		case ledger.state(key) == handed, ledger.state(key) == handing && !h.Redeliver:
 			h.ack(ctx, ledger, d, key)
@@ -186,30 +322,48 @@ func (h *Handoff) handOver(ctx context.Context, ledger *ledger, ds []*Delivery) 
 	stop := keepInProgress(ds)
 	err := h.Deliver(ctx, batch)
 	stop()
-	if err != nil || (h.Revocable && ctx.Err() != nil) {
-		_ = ledger.set("", keys...)
-		giveBack(ds)
-		if err == nil {
-			err = ctx.Err()
-		}
-		return 0, true, err
+	acked := make([]bool, len(ds))
+	switch {
+	case err != nil:
+		revoke(ledger, ds, keys, acked)
+		return 0, true, deliverError{err}
+	case h.Revocable && ctx.Err() != nil:
+		revoke(ledger, ds, keys, acked)
+		return 0, true, ctx.Err()
 	}
 	if err := ledger.set(handed, keys...); err != nil {
 		return len(ds), true, err // the next hand-off acknowledges them, or hands them again
 	}
 	deadline := time.Now().Add(ackBound)
+	unacked := 0
 	for i, d := range ds {
-		if !ackUntil(ctx, d, deadline) {
-			if h.Revocable && ctx.Err() != nil {
-				_ = ledger.set("", keys[i:]...)
-				giveBack(ds[i:])
-				return i, true, ctx.Err()
-			}
-			continue // the next hand-off acknowledges it
+		if acked[i] = ackUntil(ctx, d, deadline); acked[i] {
+			_ = ledger.set("", keys[i])
+		} else {
+			unacked++
 		}
-		_ = ledger.set("", keys[i])
+		if h.Revocable && ctx.Err() != nil {
+			return len(ds) - unacked - revoke(ledger, ds, keys, acked), true, ctx.Err()
+		}
+	}
+	if unacked > 0 {
+		return len(ds), true, fmt.Errorf("%w: %d of %d", ErrUnacknowledged, unacked, len(ds))
 	}
 	return len(ds), true, nil
+}
+
+// revoke takes the deliveries not acknowledged out of the ledger and gives them
+// back to the inbox, and returns how many those were.
+func revoke(ledger *ledger, ds []*Delivery, keys []string, acked []bool) int {
+	var back []string
+	for i, d := range ds {
+		if !acked[i] {
+			back = append(back, keys[i])
+			_ = d.Nak()
+		}
+	}
+	_ = ledger.set("", back...)
+	return len(back)
 }
 
 // ack acknowledges a wake-up not to be handed over, and takes it out of the
@@ -222,26 +376,29 @@ func (h *Handoff) ack(ctx context.Context, ledger *ledger, d *Delivery, key stri
 
 // consumedByAWait reports whether a `wait --consume` returned and consumed the
 // wake-up: it fetched it at once as it saw the task fire, and the turn that
-// waited has it. It asks the task's holder until none answers; a wake-up whose
-// wait ended without consuming it (killed, timed out, failed) is not.
-func (h *Handoff) consumedByAWait(ctx context.Context, w Wakeup) bool {
-	if w.Notice != "" || !h.heldByAWait(ctx, w.ID) {
+// waited has it. It waits while the task's holder answers, then asks whether the
+// task was consumed (a wait may have consumed it and let go before the first
+// question); a wake-up whose wait ended without consuming it (killed, timed out,
+// failed) is not.
+func consumedByAWait(ctx context.Context, c *Client, w Wakeup) bool {
+	if w.Notice != "" {
 		return false
 	}
-	t, err := h.Inbox.c.Get(ctx, w.ID)
+	waitWhileHeld(ctx, c, w.ID)
+	t, err := c.Get(ctx, w.ID)
 	return err == nil && t.Consumed
 }
 
-// heldByAWait reports whether a holder of task id's wake-up answered, and then
-// waits, up to consumeBound, until none does.
-func (h *Handoff) heldByAWait(ctx context.Context, id string) bool {
+// waitWhileHeld waits, up to consumeBound, while a holder of task id's wake-up
+// answers.
+func waitWhileHeld(ctx context.Context, c *Client, id string) {
 	deadline := time.Now().Add(consumeBound)
-	for asked := false; ; asked = true {
+	for {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := h.Inbox.c.nc.RequestWithContext(rctx, ConsumingPrefix+"."+id, nil)
+		_, err := c.nc.RequestWithContext(rctx, ConsumingPrefix+"."+id, nil)
 		cancel()
 		if err != nil || time.Now().After(deadline) || !pause(ctx, 20*time.Millisecond) {
-			return asked // no one answers (any more): it is the wait's if one did
+			return
 		}
 	}
 }

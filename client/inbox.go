@@ -28,8 +28,8 @@ type Inbox struct {
 
 // Inbox opens the inbox of target.
 func (c *Client) Inbox(ctx context.Context, target string) (*Inbox, error) {
-	if !events.ValidToken(target) {
-		return nil, &Error{Code: 400, Field: "target", Message: fmt.Sprintf("target %q: use 1-128 letters, digits, '-' or '_'", target)}
+	if err := CheckTarget(target); err != nil {
+		return nil, err
 	}
 	js, err := c.jetstream()
 	if err != nil {
@@ -44,6 +44,15 @@ func (c *Client) Inbox(ctx context.Context, target string) (*Inbox, error) {
 		return nil, err
 	}
 	return &Inbox{c: c, target: target, cons: cons}, nil
+}
+
+// CheckTarget says why name cannot name a target, if it cannot: an *Error
+// naming the field target.
+func CheckTarget(name string) error {
+	if !events.ValidToken(name) {
+		return &Error{Code: 400, Field: "target", Message: fmt.Sprintf("target %q: use 1-128 letters, digits, '-' or '_'", name)}
+	}
+	return nil
 }
 
 // Target is the inbox's target.

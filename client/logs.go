@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"strconv"
 	"time"
 
 	"github.com/bgtask/bgtask/engine"
@@ -74,8 +73,8 @@ const (
 // SetTarget says that a target is busy, until ttl has passed (0: until it says
 // idle), or idle. Pushes to a busy target under the defer_idle policy wait.
 func (c *Client) SetTarget(ctx context.Context, name, state string, ttl time.Duration) error {
-	if !events.ValidToken(name) {
-		return &Error{Code: 400, Field: "target", Message: "target " + strconv.Quote(name) + ": use 1-128 letters, digits, '-' or '_'"}
+	if err := CheckTarget(name); err != nil {
+		return err
 	}
 	st := TargetState{State: state, Since: time.Now().UTC()}
 	if state == TargetBusy && ttl != 0 {
