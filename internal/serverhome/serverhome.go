@@ -28,7 +28,7 @@ import (
 // it generated, the Discovery file clients read to find it, the port it last
 // listened on, and the snapshot of its projection.
 const (
-	CredentialsFile = "Credentials.json"
+	CredentialsFile = "credentials.json"
 	ClientSeedFile  = "client.nkey"
 	WorkerSeedFile  = "worker.nkey"
 	DiscoveryFile   = "server.json"
@@ -159,10 +159,10 @@ func ReadCredentials(home string) (Credentials, error) {
 		return creds, err
 	}
 	if err := json.Unmarshal(data, &creds); err != nil || creds.Seed == "" {
-		return creds, fmt.Errorf("%s is damaged: remove it and restart the server to generate new Credentials", filepath.Join(home, CredentialsFile))
+		return creds, fmt.Errorf("%s is damaged: remove it and restart the server to generate new credentials", filepath.Join(home, CredentialsFile))
 	}
 	if _, err := creds.keyPair(); err != nil {
-		return creds, fmt.Errorf("%s is damaged (%v): remove it and restart the server to generate new Credentials", filepath.Join(home, CredentialsFile), err)
+		return creds, fmt.Errorf("%s is damaged (%v): remove it and restart the server to generate new credentials", filepath.Join(home, CredentialsFile), err)
 	}
 	return creds, nil
 }
