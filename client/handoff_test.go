@@ -90,6 +90,13 @@ func ledger(t *testing.T, h *handoff, state string, ids ...string) {
 func TestAHandoffDeliversEachWakeupOnce(t *testing.T) {
 	c := connect(t, os.Getenv("BGTASK_HOME"))
 	ids := fired(t, c, "handoff-once", 3)
+	inbox, err := c.Inbox(context.Background(), "handoff-once")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := inbox.Unread(context.Background()); n != 3 || err != nil {
+		t.Errorf("the inbox holds %d unacknowledged, want 3: %v", n, err)
+	}
 	h := newHandoff(t, c, "handoff-once")
 	// Timers due together fire in any order.
 	if n := h.pending(t); n != 3 || !slices.Equal(slices.Sorted(slices.Values(h.got)), slices.Sorted(slices.Values(ids))) {
@@ -100,6 +107,9 @@ func TestAHandoffDeliversEachWakeupOnce(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(h.Dir, "handoff-once.handed")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the ledger is left once all is acknowledged: %v", err)
+	}
+	if n, err := inbox.Unread(context.Background()); n != 0 || err != nil {
+		t.Errorf("after the hand-off the inbox holds %d unacknowledged: %v", n, err)
 	}
 }
 

@@ -58,6 +58,19 @@ func CheckTarget(name string) error {
 // Target is the inbox's target.
 func (i *Inbox) Target() string { return i.target }
 
+// Unread is how many wake-ups the inbox holds that no reader acknowledged: not
+// read yet, or read and not acknowledged.
+func (i *Inbox) Unread(ctx context.Context) (int, error) {
+	var n int
+	return n, i.c.do(ctx, true, func(ctx context.Context) error {
+		info, err := i.cons.Info(ctx)
+		if err == nil {
+			n = int(info.NumPending) + info.NumAckPending
+		}
+		return err
+	})
+}
+
 // Delivery is one wake-up read from an inbox, to be acknowledged once acted on.
 type Delivery struct {
 	Wakeup Wakeup

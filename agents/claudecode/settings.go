@@ -1,13 +1,3 @@
-// Package claudecode holds what bgtask knows of Claude Code (@anthropic-ai/claude-code
-// 2.1.328) without running it: the hooks `bgtask setup claude-code` puts into a
-// settings.json, and how they are put in and taken out again without touching the
-// user's other settings.
-//
-// Claude Code reads hooks from the "hooks" object of its settings files:
-// {"hooks": {EVENT: [{"matcher": ..., "hooks": [{"type": "command", "command": ...,
-// "async": ..., "asyncRewake": ..., "timeout": ...}]}]}}. Every handler of bgtask's
-// is recognised by its command holding CommandMarker; every other key, group and
-// handler is kept as it was, in its place.
 package claudecode
 
 import (

@@ -72,9 +72,9 @@ func TestAClaudeWaiterLeavesAWakeUpToAWaitThatConsumesIt(t *testing.T) {
 		"while [ ! -e go ]; do sleep 0.05; done")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	waiter := runWaiter(ctx, t, home, &onWrite{do: func() {}})
+	waiter := runWaiter(ctx, home)
 	eventually(t, 30*time.Second, "the waiter takes the session's lock", func() bool {
-		f, err := os.Open(filepath.Join(home, "claude-sessions", "s4.lock"))
+		f, err := os.Open(filepath.Join(home, "claude-sessions", "claude-s4.lock"))
 		if err != nil {
 			return false
 		}

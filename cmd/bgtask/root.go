@@ -262,18 +262,28 @@ func (g *globals) sayWaiting(bound time.Duration, why error) {
 // messages (0: none).
 func (g *globals) open(ctx context.Context, bound time.Duration) (*client.Client, error) {
 	g.bound = bound
-	cfg := client.Config{Home: g.home, URL: g.natsURL, Name: "bgtask-cli",
-		Waiting: func(why error) { g.sayWaiting(bound, why) }}
+	cfg, err := g.clientConfig("bgtask-cli")
+	if err != nil {
+		return nil, err
+	}
+	cfg.Waiting = func(why error) { g.sayWaiting(bound, why) }
+	return client.Connect(ctx, cfg)
+}
+
+// clientConfig is the deployment the global flags name, to a connection named
+// name.
+func (g *globals) clientConfig(name string) (client.Config, error) {
+	cfg := client.Config{Home: g.home, URL: g.natsURL, Name: name}
 	if g.natsURL != "" {
 		opts, err := g.auth.options()
 		if err != nil {
-			return nil, err
+			return client.Config{}, err
 		}
 		cfg.Options = opts
 	} else if g.auth.given() {
-		return nil, usageErr("the NATS auth and TLS flags go with --nats URL; without it the home's own credentials are used")
+		return client.Config{}, usageErr("the NATS auth and TLS flags go with --nats URL; without it the home's own credentials are used")
 	}
-	return client.Connect(ctx, cfg)
+	return cfg, nil
 }
 
 // withClient runs fn with a client of the command's deployment, all within its
