@@ -1,12 +1,3 @@
-// Package codex holds what bgtask knows of the Codex CLI (@openai/codex 0.169.0)
-// without running it: the hooks file `bgtask setup codex` edits, and what the
-// answers of `codex queue` mean.
-//
-// Codex reads lifecycle hooks from $CODEX_HOME/hooks.json, a JSON document
-// {"hooks": {EVENT: [{"matcher": ..., "hooks": [{"type": "command", "command":
-// ...}]}]}} whose root may hold only "description" and "hooks". Each group of
-// bgtask's is one command handler, recognised by its command ending in
-// HookCommandSuffix; every other group, handler and field is kept as it was.
 package codex
 
 import (
