@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"golang.org/x/sys/unix"
 )
 
@@ -70,8 +71,8 @@ var ErrUnacknowledged = errors.New("wake-ups handed over and not acknowledged ye
 const handedKeep = 30 * 24 * time.Hour
 
 // ackBound is how long a hand-off retries the acknowledgement of a wake-up
-// handed over; one not made by then is made by the next hand-off, which the
-// ledger keeps from handing it over again.
+// handed over, while its connection lasts; one not made by then is made by the
+// next hand-off, which the ledger keeps from handing it over again.
 const ackBound = 10 * time.Second
 
 // consumeBound is how long a wake-up is left to a `wait --consume` that holds
@@ -418,17 +419,17 @@ func giveBack(ds []*Delivery) {
 	}
 }
 
-// ackUntil acknowledges d, again and again until it works, ctx ends or the
-// deadline passes.
+// ackUntil acknowledges d, again and again until it works, ctx ends, the
+// deadline passes or the connection is closed (the server is gone for good).
 func ackUntil(ctx context.Context, d *Delivery, deadline time.Time) bool {
 	for {
 		actx, cancel := context.WithDeadline(ctx, deadline)
 		err := d.Ack(actx)
 		cancel()
-		if err == nil {
+		switch {
+		case err == nil:
 			return true
-		}
-		if ctx.Err() != nil || time.Now().After(deadline) || !pause(ctx, retryEvery) {
+		case errors.Is(err, nats.ErrConnectionClosed), ctx.Err() != nil, time.Now().After(deadline), !pause(ctx, retryEvery):
 			return false
 		}
 	}

@@ -356,8 +356,13 @@ func TestAHandoverNotAcknowledgedIsOnlyAcknowledgedNext(t *testing.T) {
 		srv.Stop()
 		return deliver(ctx, batch)
 	}
+	began := time.Now()
 	if n, err := h.Pending(context.Background(), c); n != 1 || !errors.Is(err, client.ErrUnacknowledged) {
 		t.Fatalf("a hand-over whose server stopped: %d, %v; want 1 and ErrUnacknowledged", n, err)
+	}
+	// The server is gone for good: the acknowledgement is not retried for its 10 s.
+	if d := time.Since(began); d > 8*time.Second {
+		t.Errorf("the hand-over took %v to give up its acknowledgement", d)
 	}
 	clienttest.Run(t, dir)
 	c = connect(t, dir)

@@ -450,8 +450,11 @@ func TestTheWaiterStoppedWhileItsAckFailsGivesTheWakeUpBack(t *testing.T) {
 	session(t, "s6")
 	id := fire(t, home, "claude-s6")
 
-	// The server goes as the prompt is written, and Claude Code stops the hook
-	// while it retries the ack: the stop is what counts.
+	// The server goes as the prompt is written, to be restarted, and Claude Code
+	// stops the hook while it retries the ack: the stop is what counts.
+	if err := srv.Supervise(); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stop := func() {

@@ -102,6 +102,12 @@ func (s *Server) Stop() {
 	})
 }
 
+// Supervise makes the server one that a supervisor restarts: once it stops,
+// its clients wait for it to come back instead of finding it gone.
+func (s *Server) Supervise() error {
+	return serverhome.WriteFileAtomic(filepath.Join(s.Home, serverhome.SupervisorFile), []byte("clienttest"))
+}
+
 // Run starts a server in dir for a test, stopped when the test ends.
 func Run(t testing.TB, dir string) *Server {
 	t.Helper()
