@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"time"
@@ -109,4 +110,42 @@ func ExampleHandoff() {
 	// to the agent: Build finished.
 	// to the agent: Deploy finished.
 	// 2 handed over
+}
+
+// A reader follows a task's events as they are appended, each with its sequence
+// in the event stream, after which a reader that lost its place resumes
+// (EventOptions.After).
+func ExampleClient_Events() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := client.Connect(ctx, client.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	reg, err := c.Register(ctx, client.Spec{StartAt: "100ms", Prompt: "Look at the logs.", Target: "example-events"})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	feed, err := c.Events(ctx, client.EventOptions{Task: reg.ID})
+	if err != nil {
+		log.Fatal(err)
+	}
+	errFired := errors.New("fired")
+	err = feed.Read(ctx, func(ev client.Event) error {
+		fmt.Println(ev.Type)
+		if ev.Type == "fired" {
+			return errFired // enough
+		}
+		return nil
+	})
+	if !errors.Is(err, errFired) {
+		log.Fatal(err)
+	}
+	// Output:
+	// armed
+	// due
+	// completion-persisted
+	// fired
 }

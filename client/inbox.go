@@ -28,7 +28,7 @@ type Inbox struct {
 
 // Inbox opens the inbox of target.
 func (c *Client) Inbox(ctx context.Context, target string) (*Inbox, error) {
-	if err := CheckTarget(target); err != nil {
+	if err := checkName("target", target); err != nil {
 		return nil, err
 	}
 	js, err := c.jetstream()
@@ -48,12 +48,7 @@ func (c *Client) Inbox(ctx context.Context, target string) (*Inbox, error) {
 
 // CheckTarget says why name cannot name a target, if it cannot: an *Error
 // naming the field target.
-func CheckTarget(name string) error {
-	if !events.ValidToken(name) {
-		return &Error{Code: 400, Field: "target", Message: fmt.Sprintf("target %q: use 1-128 letters, digits, '-' or '_'", name)}
-	}
-	return nil
-}
+func CheckTarget(name string) error { return checkName("target", name) }
 
 // Target is the inbox's target.
 func (i *Inbox) Target() string { return i.target }
@@ -152,23 +147,81 @@ func (d *Delivery) InProgress() error { return d.msg.InProgress() }
 // Drop takes out a message that is no wake-up, so it comes back no more.
 func (d *Delivery) Drop() error { return d.msg.Term() }
 
-// Token names the delivery for AckToken, for a reader that acknowledges it
+// Token names the delivery for AckTokens, for a reader that acknowledges it
 // from elsewhere (the HTTP API's client).
 func (d *Delivery) Token() string {
 	return base64.RawURLEncoding.EncodeToString([]byte(d.msg.Reply()))
 }
 
-// AckToken acknowledges the delivery a Token names, and returns once the server
-// has recorded it. A token of another target's inbox is refused.
-func (i *Inbox) AckToken(ctx context.Context, token string) error {
-	raw, err := base64.RawURLEncoding.DecodeString(token)
-	prefix := "$JS.ACK." + events.InboxStreamName + "." + events.InboxConsumerName(i.target) + "."
-	subject := string(raw)
-	if err != nil || !strings.HasPrefix(subject, prefix) || strings.ContainsAny(subject, "*> \t\r\n") {
-		return &Error{Code: 400, Field: "acks", Message: fmt.Sprintf("%q is not an ack token of target %s's inbox", token, i.target)}
+// AckTokens acknowledges the wake-ups of target's inbox that the tokens name
+// (Delivery.Token), one after the other, and returns once the server has
+// recorded each; it needs no Inbox open. It checks them all first: a token of
+// another target's inbox is an *Error (400, field acks), and none is
+// acknowledged then.
+func (c *Client) AckTokens(ctx context.Context, target string, tokens ...string) error {
+	if err := checkName("target", target); err != nil {
+		return err
 	}
-	if _, err := i.c.nc.RequestWithContext(ctx, subject, []byte("+ACK")); err != nil {
-		return fmt.Errorf("the acknowledgement was not confirmed: %w", err)
+	prefix := "$JS.ACK." + events.InboxStreamName + "." + events.InboxConsumerName(target) + "."
+	subjects := make([]string, len(tokens))
+	for k, token := range tokens {
+		raw, err := base64.RawURLEncoding.DecodeString(token)
+		subject := string(raw)
+		if err != nil || !strings.HasPrefix(subject, prefix) || strings.ContainsAny(subject, "*> \t\r\n") {
+			return &Error{Code: 400, Field: "acks", Message: fmt.Sprintf("acks: %q is not an ack token of target %s's inbox", token, target)}
+		}
+		subjects[k] = subject
+	}
+	for _, subject := range subjects {
+		if _, err := c.nc.RequestWithContext(ctx, subject, []byte("+ACK")); err != nil {
+			return fmt.Errorf("the acknowledgement was not confirmed: %w", c.goneOr(err))
+		}
 	}
 	return nil
+}
+
+// Unread is what a target's inbox holds that no reader has acknowledged.
+type Unread struct {
+	// Count is how many wake-ups: not read yet, or read and not acknowledged.
+	Count int
+	// NoReader: nothing has opened the inbox yet, and Count is every wake-up in it.
+	NoReader bool
+}
+
+// Unread counts the wake-ups of a target's inbox that no reader has
+// acknowledged, without reading any, and without opening the inbox.
+func (c *Client) Unread(ctx context.Context, target string) (Unread, error) {
+	if err := checkName("target", target); err != nil {
+		return Unread{}, err
+	}
+	js, err := c.jetstream()
+	if err != nil {
+		return Unread{}, err
+	}
+	var out Unread
+	return out, c.do(ctx, true, func(ctx context.Context) error {
+		cons, err := js.Consumer(ctx, events.InboxStreamName, events.InboxConsumerName(target))
+		if err == nil {
+			ci, err := cons.Info(ctx)
+			if err != nil {
+				return err
+			}
+			out = Unread{Count: int(ci.NumPending) + ci.NumAckPending}
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return err
+		}
+		stream, err := js.Stream(ctx, events.InboxStreamName)
+		if err != nil {
+			return err
+		}
+		subject := events.InboxSubject(target)
+		si, err := stream.Info(ctx, jetstream.WithSubjectFilter(subject))
+		if err != nil {
+			return err
+		}
+		out = Unread{Count: int(si.State.Subjects[subject]), NoReader: true}
+		return nil
+	})
 }

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	"github.com/bgtask/bgtask/engine"
@@ -15,7 +16,8 @@ const (
 )
 
 // LogChunk is a piece of a command's output: its stream, its offset in the
-// stream, its bytes, and EOF on the last piece of a stream that ended.
+// stream, its bytes, EOF on the last piece of a stream that ended, and Seq, its
+// sequence in the log stream, after which a read resumes (LogOptions.After).
 type LogChunk = events.LogChunk
 
 // LogOptions choose what Logs reads.
@@ -71,24 +73,46 @@ const (
 )
 
 // SetTarget says that a target is busy, until ttl has passed (0: until it says
-// idle), or idle. Pushes to a busy target under the defer_idle policy wait.
-func (c *Client) SetTarget(ctx context.Context, name, state string, ttl time.Duration) error {
-	if err := CheckTarget(name); err != nil {
-		return err
+// idle), or idle, and returns the state stored. Pushes to a busy target under the
+// defer_idle policy wait.
+func (c *Client) SetTarget(ctx context.Context, name, state string, ttl time.Duration) (TargetState, error) {
+	if err := checkName("target", name); err != nil {
+		return TargetState{}, err
 	}
 	st := TargetState{State: state, Since: time.Now().UTC()}
-	if state == TargetBusy && ttl != 0 {
+	switch {
+	case state != TargetBusy && state != TargetIdle:
+		return TargetState{}, &Error{Code: 400, Field: "state", Message: "state " + strconv.Quote(state) + ": want busy or idle"}
+	case ttl != 0 && state != TargetBusy:
+		return TargetState{}, &Error{Code: 400, Field: "ttl", Message: "ttl: only a busy state ends by itself"}
+	case ttl != 0:
 		if err := events.CheckBusyTTL(ttl); err != nil {
-			return &Error{Code: 400, Field: "ttl", Message: err.Error()}
+			return TargetState{}, &Error{Code: 400, Field: "ttl", Message: err.Error()}
 		}
 		until := st.Since.Add(ttl)
 		st.Until = &until
 	}
 	targets, err := c.targets(ctx)
 	if err != nil {
-		return err
+		return TargetState{}, err
 	}
-	return c.do(ctx, true, func(ctx context.Context) error { return targets.Set(ctx, name, st) })
+	return st, c.do(ctx, true, func(ctx context.Context) error { return targets.Set(ctx, name, st) })
+}
+
+// Target returns the state of a target: idle if it never said one.
+func (c *Client) Target(ctx context.Context, name string) (TargetState, error) {
+	if err := checkName("target", name); err != nil {
+		return TargetState{}, err
+	}
+	targets, err := c.targets(ctx)
+	if err != nil {
+		return TargetState{}, err
+	}
+	var out TargetState
+	return out, c.do(ctx, true, func(ctx context.Context) (err error) {
+		out, err = targets.Get(ctx, name)
+		return err
+	})
 }
 
 // Targets returns the state of every target that said one.
@@ -119,6 +143,14 @@ const DefaultTarget = engine.DefaultTarget
 // ValidName reports whether s may name a target or a worker: 1 to 128 letters,
 // digits, '-' or '_'.
 func ValidName(s string) bool { return events.ValidToken(s) }
+
+// checkName is the *Error of a name (of a target: field) that is not valid.
+func checkName(field, name string) error {
+	if !events.ValidToken(name) {
+		return &Error{Code: 400, Field: field, Message: field + " " + strconv.Quote(name) + ": use 1-128 letters, digits, '-' or '_'"}
+	}
+	return nil
+}
 
 // CheckBusyTTL says why a busy state may not end by itself after ttl: it is not
 // positive, or longer than a busy state may last.

@@ -132,7 +132,8 @@ func (h Hook) mark(ctx context.Context, target, state string) {
 		if state == client.TargetBusy {
 			ttl = BusyTTL
 		}
-		return c.SetTarget(ctx, target, state, ttl)
+		_, err = c.SetTarget(ctx, target, state, ttl)
+		return err
 	}()
 	if err != nil {
 		fmt.Fprintf(h.Stderr, "bgtask hook claude-code: target %s %s: %v\n", state, target, err)

@@ -76,7 +76,8 @@ func (h Hook) Run(ctx context.Context, stdin io.Reader) error {
 		return err
 	}
 	defer c.Close()
-	return c.SetTarget(ctx, target, state, ttl)
+	_, err = c.SetTarget(ctx, target, state, ttl)
+	return err
 }
 
 // spawnDeliver hands the thread what its inbox holds, in a process of its own

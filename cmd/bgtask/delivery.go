@@ -210,7 +210,8 @@ func targetCmd(g *globals) *cobra.Command {
 					}
 				}
 				return g.withClient(cmd.Context(), func(ctx context.Context, c *client.Client) error {
-					return c.SetTarget(ctx, args[0], state, ttl)
+					_, err := c.SetTarget(ctx, args[0], state, ttl)
+					return err
 				})
 			},
 		}
