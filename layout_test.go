@@ -34,7 +34,7 @@ var layout = map[string]rule{
 	"internal/secretenv":    {},
 	"internal/proc":         {},
 	"internal/testkit":      {},
-	"internal/httpapi":      {imports: []string{"engine", "engine/api", "events", "projections"}, tests: []string{"engine/node", "engine/sinks", "events/eventstest"}},
+	"internal/httpapi":      {imports: []string{"client", "engine", "engine/api"}, tests: []string{"engine/node", "engine/sinks", "events", "events/eventstest", "projections"}},
 	"engine":                {imports: []string{"events", "internal/secretenv"}, tests: []string{"engine/api", "engine/sinks", "events/eventstest", "projections"}},
 	"engine/api":            {imports: []string{"engine", "events"}, tests: []string{"events/eventstest", "projections"}},
 	"engine/node":           {imports: []string{"engine", "engine/api", "events", "internal/metrics", "projections"}, tests: []string{"engine/sinks", "events/eventstest"}},

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -131,7 +132,7 @@ func TestInboxWithAnExplicitAck(t *testing.T) {
 		t.Fatalf("%d pending acks before the ack, want 1", n)
 	}
 	apiError(t, h.do("POST", "/v1/targets/other/inbox/ack", fmt.Sprintf(`{"acks":[%q]}`, got.Wakeups[0].Ack)), 400, "acks")
-	apiError(t, h.do("POST", "/v1/targets/bot/inbox/ack", fmt.Sprintf(`{"acks":[%q]}`, ackToken("bgtask.register"))), 400, "acks")
+	apiError(t, h.do("POST", "/v1/targets/bot/inbox/ack", fmt.Sprintf(`{"acks":[%q]}`, base64.RawURLEncoding.EncodeToString([]byte("bgtask.register")))), 400, "acks")
 	apiError(t, h.do("POST", "/v1/targets/bot/inbox/ack", `{"acks":[]}`), 400, "acks")
 	if n := pending(); n != 1 {
 		t.Fatalf("refused acks acknowledged: %d pending", n)

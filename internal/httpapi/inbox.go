@@ -2,25 +2,20 @@ package httpapi
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
-	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine/api"
-	"github.com/bgtask/bgtask/events"
 )
 
-// The inbox over HTTP reads a target's durable inbox consumer, as `bgtask
-// inbox` does, but leaves the acknowledgement to the caller: each wake-up comes
-// with an ack token, and one not acknowledged within events.InboxAckWait is
-// delivered again. So a caller that dies between reading a wake-up and acting
-// on it gets it back, and one that acknowledged never does.
+// The inbox over HTTP reads a target's inbox (client.Inbox), as `bgtask inbox`
+// does, but leaves the acknowledgement to the caller: each wake-up comes with an
+// ack token, and one not acknowledged within 10 seconds is delivered again. So
+// a caller that dies between reading a wake-up and acting on it gets it back,
+// and one that acknowledged never does.
 const (
 	maxInboxBatch = 100
 	maxInboxWait  = 25 * time.Second
@@ -58,53 +53,27 @@ func (s *Server) inbox(ctx context.Context, r *http.Request) (reply, error) {
 			return reply{}, badField("wait", "%q: want a duration from 0 to %s", v, maxInboxWait)
 		}
 	}
-	cons, err := events.InboxConsumer(ctx, s.js, name)
+	inbox, err := s.client.Inbox(ctx, name)
 	if err != nil {
 		return reply{}, err
 	}
-	var batch jetstream.MessageBatch
-	if wait > 0 {
-		batch, err = cons.Fetch(n, jetstream.FetchMaxWait(wait))
-	} else {
-		batch, err = cons.FetchNoWait(n)
-	}
+	got, err := inbox.Fetch(ctx, n, wait)
 	if err != nil {
-		return reply{}, fmt.Errorf("read inbox %s: %w", name, err)
+		return reply{}, err
 	}
 	out := struct {
 		Wakeups []delivered `json:"wakeups"`
 	}{Wakeups: []delivered{}}
-	for msg := range batch.Messages() {
-		meta, err := msg.Metadata()
-		if err != nil {
-			return reply{}, err
-		}
-		out.Wakeups = append(out.Wakeups, delivered{Seq: meta.Sequence.Stream, Ack: ackToken(msg.Reply()), Wakeup: msg.Data()})
-	}
-	if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil {
-		return reply{}, fmt.Errorf("read inbox %s: %w", name, err)
+	for _, d := range got {
+		// A message that is no wake-up goes as it is: the caller acknowledges it.
+		out.Wakeups = append(out.Wakeups, delivered{Seq: d.Seq, Ack: d.Token(), Wakeup: d.Raw})
 	}
 	return reply{body: out}, nil
 }
 
-func ackToken(replySubject string) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(replySubject))
-}
-
-// ackSubject reads an ack token back, holding it to the target's own consumer:
-// a token is a subject to publish to, and may name nothing else.
-func ackSubject(token, target string) (string, error) {
-	raw, err := base64.RawURLEncoding.DecodeString(token)
-	prefix := "$JS.ACK." + events.InboxStreamName + "." + events.InboxConsumerName(target) + "."
-	subject := string(raw)
-	if err != nil || !strings.HasPrefix(subject, prefix) || strings.ContainsAny(subject, "*> \t\r\n") {
-		return "", badField("acks", "%q is not an ack token of target %s's inbox", token, target)
-	}
-	return subject, nil
-}
-
 // ack serves POST /v1/targets/{name}/inbox/ack {"acks": [TOKEN...]}: each
-// acknowledgement is confirmed by the server before the reply.
+// acknowledgement is confirmed by the server before the reply. A token names a
+// wake-up of the target's own inbox, or none is acknowledged.
 func (s *Server) ack(ctx context.Context, r *http.Request) (reply, error) {
 	name := r.PathValue("name")
 	if err := checkTarget(name); err != nil {
@@ -119,20 +88,13 @@ func (s *Server) ack(ctx context.Context, r *http.Request) (reply, error) {
 	if len(req.Acks) == 0 || len(req.Acks) > maxInboxBatch {
 		return reply{}, badField("acks", "give 1 to %d ack tokens", maxInboxBatch)
 	}
-	subjects := make([]string, len(req.Acks))
-	for i, token := range req.Acks {
-		subject, err := ackSubject(token, name)
-		if err != nil {
-			return reply{}, err
+	if err := s.client.AckTokens(ctx, name, req.Acks...); err != nil {
+		if errors.As(err, new(*client.Error)) {
+			return reply{}, err // a token not of this inbox
 		}
-		subjects[i] = subject
-	}
-	for _, subject := range subjects {
-		if _, err := s.cfg.Conn.RequestWithContext(ctx, subject, []byte("+ACK")); err != nil {
-			return reply{}, &api.Error{Code: 502, Field: "acks", Message: "acks: the acknowledgement was not confirmed: " + err.Error()}
-		}
+		return reply{}, &api.Error{Code: 502, Field: "acks", Message: "acks: " + err.Error()}
 	}
 	return reply{body: struct {
 		Acked int `json:"acked"`
-	}{len(subjects)}}, nil
+	}{len(req.Acks)}}, nil
 }

@@ -14,9 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
-	"github.com/bgtask/bgtask/events"
 )
 
 // routes are every route of the server, each with its method: the document
@@ -362,28 +362,20 @@ func (s *Server) workers(ctx context.Context, _ *http.Request) (reply, error) {
 }
 
 func checkTarget(name string) error {
-	if !events.ValidToken(name) {
+	if !client.ValidName(name) {
 		return badField("name", "%q: use 1-128 letters, digits, '-' or '_'", name)
 	}
 	return nil
 }
 
-func (s *Server) targetBucket(ctx context.Context) (*events.Targets, error) {
-	return events.ConnectTargets(ctx, s.js)
-}
-
 // targetReply is a target's state with its name.
 type targetReply struct {
 	Name string `json:"name"`
-	events.TargetState
+	client.TargetState
 }
 
 func (s *Server) targets(ctx context.Context, _ *http.Request) (reply, error) {
-	tb, err := s.targetBucket(ctx)
-	if err != nil {
-		return reply{}, err
-	}
-	all, err := tb.List(ctx)
+	all, err := s.client.Targets(ctx)
 	if err != nil {
 		return reply{}, err
 	}
@@ -402,11 +394,7 @@ func (s *Server) target(ctx context.Context, r *http.Request) (reply, error) {
 	if err := checkTarget(name); err != nil {
 		return reply{}, err
 	}
-	tb, err := s.targetBucket(ctx)
-	if err != nil {
-		return reply{}, err
-	}
-	st, err := tb.Get(ctx, name)
+	st, err := s.client.Target(ctx, name)
 	return reply{body: targetReply{name, st}}, err
 }
 
@@ -423,26 +411,21 @@ func (s *Server) setTarget(ctx context.Context, r *http.Request) (reply, error) 
 	if err := decodeBody(r, &req); err != nil {
 		return reply{}, err
 	}
-	st := events.TargetState{State: req.State, Since: time.Now().UTC()}
+	var ttl time.Duration
 	switch {
-	case req.State != events.TargetBusy && req.State != events.TargetIdle:
+	case req.State != client.TargetBusy && req.State != client.TargetIdle:
 		return reply{}, badField("state", "%q: want busy or idle", req.State)
-	case req.TTL != "" && req.State != events.TargetBusy:
+	case req.TTL != "" && req.State != client.TargetBusy:
 		return reply{}, badField("ttl", "only a busy state ends by itself")
 	case req.TTL != "":
-		ttl, err := time.ParseDuration(req.TTL)
-		if err != nil {
+		var err error
+		if ttl, err = time.ParseDuration(req.TTL); err != nil {
 			return reply{}, badField("ttl", "%q: want a positive duration such as 10m", req.TTL)
 		}
-		if err := events.CheckBusyTTL(ttl); err != nil {
+		if err := client.CheckBusyTTL(ttl); err != nil {
 			return reply{}, badField("ttl", "%v", err)
 		}
-		until := st.Since.Add(ttl)
-		st.Until = &until
 	}
-	tb, err := s.targetBucket(ctx)
-	if err != nil {
-		return reply{}, err
-	}
-	return reply{body: targetReply{name, st}}, tb.Set(ctx, name, st)
+	st, err := s.client.SetTarget(ctx, name, req.State, ttl)
+	return reply{body: targetReply{name, st}}, err
 }

@@ -1,8 +1,8 @@
 // Package httpapi is bgtask's HTTP API: the routes of the NATS API one to one,
 // with the same JSON and the same error object, live events and task output as
-// Server-Sent Events, and the first page of the dashboard. It is a client of the
-// NATS API like the CLI: its handlers make the requests `bgtask` makes, on a
-// connection with the client identity's permissions.
+// Server-Sent Events, and the dashboard. It is a client like the CLI, built on
+// package client as the CLI is: its handlers make the requests `bgtask` makes,
+// on a connection with the client identity's permissions.
 //
 // Every request must name this server as its Host (DNS rebinding), carry no
 // foreign Origin, and present the bearer token or a dashboard session; a
@@ -22,17 +22,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine/api"
-	"github.com/bgtask/bgtask/events"
-	"github.com/bgtask/bgtask/projections"
 )
 
 // Config is what a Server is made of.
 type Config struct {
-	// Conn reaches the engine's API and reads the streams; it should have the
-	// client identity's permissions, not the engine's.
+	// Conn reaches the engine's API and reads the streams, as package client
+	// does; it should have the client identity's permissions, not the engine's.
 	Conn *nats.Conn
 	// Addr is the HOST:PORT to listen on; port 0 picks a free one.
 	Addr string
@@ -47,7 +45,7 @@ type Config struct {
 	MetricsToken string
 	// Audit, if set, runs `bgtask audit` for the dashboard's audit page; it
 	// reads the whole event log, so the page runs it when asked, not when shown.
-	Audit func(ctx context.Context) (projections.Report, error)
+	Audit func(ctx context.Context) (client.AuditReport, error)
 	// Heartbeat is how often an idle event stream sends a comment, so that
 	// proxies keep it open; 0: 15 s.
 	Heartbeat time.Duration
@@ -70,9 +68,14 @@ const (
 
 // Server serves the HTTP API (the engine.Component lifecycle: Start, Stop).
 type Server struct {
-	cfg      Config
-	api      *api.Client
-	js       jetstream.JetStream
+	cfg Config
+	// api makes the NATS API's requests once each, and passes the engine's
+	// replies on as it wrote them: a route answers 503 at once when no engine
+	// answers, where client waits for one.
+	api *api.Client
+	// client reads what the NATS API does not serve: the event and log streams,
+	// the inbox, the targets.
+	client   *client.Client
 	log      *slog.Logger
 	handler  http.Handler
 	sessions *sessions
@@ -109,11 +112,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	js, err := jetstream.New(cfg.Conn)
-	if err != nil {
-		return nil, err
-	}
-	s := &Server{cfg: cfg, api: api.NewClient(cfg.Conn), js: js, log: cfg.Logger,
+	s := &Server{cfg: cfg, api: api.NewClient(cfg.Conn), client: client.New(cfg.Conn), log: cfg.Logger,
 		sessions: newSessions(), streams: make(chan struct{}, cfg.MaxStreams)}
 	s.handler = s.guard(s.routes())
 	return s, nil
@@ -228,9 +227,4 @@ func (s *Server) Stop() {
 		srv.Close()
 	}
 	<-serving
-}
-
-// store is the event store, found when first needed (the engine creates it).
-func (s *Server) store(ctx context.Context) (*events.JetStreamStore, error) {
-	return events.ConnectStore(ctx, s.js)
 }

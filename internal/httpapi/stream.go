@@ -11,9 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine/api"
-	"github.com/bgtask/bgtask/events"
 )
 
 // sseItem is one Server-Sent Event: its id (a stream sequence; 0: none), its
@@ -159,86 +158,44 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
 	if err == nil && q.Get("task") != "" && q.Get("target") != "" {
 		err = badField("target", "give task or target, not both")
 	}
-	var after uint64
+	o := client.EventOptions{Task: q.Get("task"), Target: q.Get("target")}
 	var resumed bool
 	if err == nil {
-		after, resumed, err = resumeFrom(r)
+		o.After, resumed, err = resumeFrom(r)
 	}
-	task, target := q.Get("task"), q.Get("target")
 	ctx := r.Context()
-	var store *events.JetStreamStore
 	switch {
 	case err != nil:
-	case task != "":
-		var t api.TaskView
-		t, err = s.api.Get(ctx, task) // a 404 now, not an empty stream; and the whole id
-		task = t.ID
-	case target != "":
-		err = checkTarget(target)
+	case o.Task != "":
+		var t client.Task
+		t, err = s.api.Get(ctx, o.Task) // a 404 now, not an empty stream, and at once
+		o.Task = t.ID
+	case o.Target != "":
+		err = checkTarget(o.Target)
 	}
+	o.FromNow = !resumed && o.Task == ""
+	var feed *client.EventFeed
 	if err == nil {
-		store, err = s.store(ctx)
-	}
-	if err == nil && !resumed && task == "" {
-		after, err = store.LastSeq(ctx)
+		feed, err = s.client.Events(ctx, o)
 	}
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	match := func(events.Record) bool { return true }
-	if target != "" {
-		match = s.ofTarget(ctx, target)
-	}
 	s.stream(w, r, func(ctx context.Context, push func(sseItem) bool) error {
-		var pushErr error
-		err := store.Follow(ctx, task, after, func(rec events.Record, decodeErr error) bool {
-			if decodeErr != nil || !match(rec) {
-				return true // a bad event is the audit's to report; a stream goes on
-			}
-			data, err := json.Marshal(engine.HideEnvIn(rec))
+		err := feed.Read(ctx, func(ev client.Event) error {
+			data, err := json.Marshal(ev)
 			if err != nil {
-				pushErr = err
-				return false
+				return err
 			}
-			return push(sseItem{id: rec.Seq, data: data})
+			if !push(sseItem{id: ev.Seq, data: data}) {
+				return context.Canceled
+			}
+			return nil
 		})
-		if pushErr != nil {
-			return pushErr
-		}
 		if errors.Is(err, context.Canceled) {
 			return nil
 		}
 		return err
 	})
-}
-
-// maxTargetCache bounds what a target's stream remembers of tasks' targets.
-const maxTargetCache = 100_000
-
-// ofTarget matches the events of the tasks for target: a task's target is in
-// its armed event, or, for a task armed before the stream started, asked for.
-func (s *Server) ofTarget(ctx context.Context, target string) func(events.Record) bool {
-	known := map[string]bool{}
-	return func(rec events.Record) bool {
-		if is, ok := known[rec.TaskID]; ok {
-			return is
-		}
-		if len(known) >= maxTargetCache {
-			clear(known)
-		}
-		var spec engine.Spec
-		if p, err := rec.Decode(); err == nil {
-			if armed, ok := p.(*events.Armed); ok && json.Unmarshal(armed.Spec, &spec) == nil {
-				known[rec.TaskID] = spec.Target == target
-				return known[rec.TaskID]
-			}
-		}
-		t, err := s.api.Get(ctx, rec.TaskID)
-		if err != nil {
-			return false // not cached: asked again at its next event
-		}
-		known[rec.TaskID] = t.Spec.Target == target
-		return known[rec.TaskID]
-	}
 }

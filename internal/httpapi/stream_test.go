@@ -195,6 +195,16 @@ func TestLogsFollowAndResume(t *testing.T) {
 	apiError(t, h.do("GET", "/v1/tasks/"+id+"/logs?follow=yes", ""), 400, "follow")
 }
 
+// A log that cannot be read is the error object, not an empty log.
+func TestALogThatCannotBeReadIsAnError(t *testing.T) {
+	h := start(t)
+	id := must[api.Registered](t, h.do("POST", "/v1/tasks", `{"command":"true"}`), 201).ID
+	if err := h.nats.JS.DeleteStream(context.Background(), events.LogStreamName); err != nil {
+		t.Fatal(err)
+	}
+	apiError(t, h.do("GET", "/v1/tasks/"+id+"/logs", ""), 500, "")
+}
+
 // gatedWriter is a response whose writes after the first wait for the gate: a
 // client that stopped reading.
 type gatedWriter struct {

@@ -7,11 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
-	"github.com/bgtask/bgtask/events"
-	"github.com/bgtask/bgtask/projections"
 )
 
 // workersPage lists the live workers: their state, labels, and load against
@@ -36,31 +33,23 @@ func (s *Server) workersPage(w http.ResponseWriter, r *http.Request) {
 }
 
 // targetRow is a target on its page: its state, and its unread wake-ups: those
-// its inbox consumer has not delivered yet, or, before anything read its inbox
+// its inbox's readers have not acknowledged, or, before anything read its inbox
 // (NoReader), those in the inbox for it.
 type targetRow struct {
 	Name     string
-	State    events.TargetState
+	State    client.TargetState
 	Busy     bool
 	Unread   int
 	NoReader bool
 }
 
-func (s *Server) targetRow(ctx context.Context, name string, st events.TargetState, now time.Time) targetRow {
+func (s *Server) targetRow(ctx context.Context, name string, st client.TargetState, now time.Time) targetRow {
 	row := targetRow{Name: name, State: st, Busy: st.BusyAt(now)}
-	if c, err := s.js.Consumer(ctx, events.InboxStreamName, events.InboxConsumerName(name)); err == nil {
-		if info, err := c.Info(ctx); err == nil {
-			row.Unread = int(info.NumPending) + info.NumAckPending
-			return row
-		}
+	u, err := s.client.Unread(ctx, name)
+	if err != nil {
+		u = client.Unread{NoReader: true} // none shown: a count not known
 	}
-	row.NoReader = true
-	if stream, err := s.js.Stream(ctx, events.InboxStreamName); err == nil {
-		subject := events.InboxSubject(name)
-		if info, err := stream.Info(ctx, jetstream.WithSubjectFilter(subject)); err == nil {
-			row.Unread = int(info.State.Subjects[subject])
-		}
-	}
+	row.Unread, row.NoReader = u.Count, u.NoReader
 	return row
 }
 
@@ -71,11 +60,7 @@ func (s *Server) targetsPage(w http.ResponseWriter, r *http.Request) {
 		Nav, Error string
 		Targets    []targetRow
 	}{Nav: "targets"}
-	tb, err := s.targetBucket(ctx)
-	var all map[string]events.TargetState
-	if err == nil {
-		all, err = tb.List(ctx)
-	}
+	all, err := s.client.Targets(ctx)
 	if err != nil {
 		v.Error = asError(err).Message
 	}
@@ -93,7 +78,7 @@ func (s *Server) auditPage(w http.ResponseWriter, r *http.Request) {
 	v := struct {
 		Nav, Error string
 		Ran, Can   bool
-		Report     projections.Report
+		Report     client.AuditReport
 		Took       time.Duration
 	}{Nav: "audit", Can: s.cfg.Audit != nil}
 	q, err := query(r, "run")

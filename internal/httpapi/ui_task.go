@@ -11,9 +11,9 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
-	"github.com/bgtask/bgtask/events"
 )
 
 // taskView is a task's page: the task, its timeline, and a key for its re-run
@@ -29,7 +29,7 @@ type taskView struct {
 // timelineItem is one event of a task's history, or a run of ticks in one.
 type timelineItem struct {
 	Seq     uint64
-	Type    events.Type
+	Type    string
 	Time    time.Time
 	Writer  string
 	Summary string
@@ -56,20 +56,27 @@ func (s *Server) taskDetail(w http.ResponseWriter, r *http.Request) {
 		RerunKey: "rerun-" + uuid.NewString(), Done: done})
 }
 
+// The events the timeline shows in a way of its own, by their names in the
+// stream (docs/architecture.md), as the dashboard's script knows them.
+const (
+	eventArmed = "armed"
+	eventTick  = "tick"
+)
+
 // timeline is a history as the page shows it: consecutive ticks folded into one
 // item, every event with a line of its payload's scalar fields.
-func timeline(recs []events.Record) []timelineItem {
+func timeline(recs []client.Event) []timelineItem {
 	var items []timelineItem
 	for _, rec := range recs {
-		if n := len(items); rec.Type == events.TypeTick && n > 0 && items[n-1].Ticks > 0 {
+		if n := len(items); rec.Type == eventTick && n > 0 && items[n-1].Ticks > 0 {
 			last := &items[n-1]
 			last.Ticks++
 			last.Last, last.Seq = rec.Time, rec.Seq
 			last.Summary = tickSummary(last.Ticks, rec.Payload)
 			continue
 		}
-		it := timelineItem{Seq: rec.Seq, Type: rec.Type, Time: rec.Time, Writer: rec.Writer, Summary: summary(rec)}
-		if rec.Type == events.TypeTick {
+		it := timelineItem{Seq: rec.Seq, Type: string(rec.Type), Time: rec.Time, Writer: rec.Writer, Summary: summary(rec)}
+		if rec.Type == eventTick {
 			it.Ticks, it.Last, it.Summary = 1, rec.Time, tickSummary(1, rec.Payload)
 		}
 		var pretty bytes.Buffer
@@ -82,19 +89,21 @@ func timeline(recs []events.Record) []timelineItem {
 }
 
 func tickSummary(n int, payload json.RawMessage) string {
-	var tick events.Tick
+	var tick struct {
+		OutputBytes int64 `json:"output_bytes"`
+	}
 	_ = json.Unmarshal(payload, &tick)
 	return fmt.Sprintf("×%d · %d bytes of output", n, tick.OutputBytes)
 }
 
 // summary is an event's payload in one line: its scalar fields as key=value and
 // its lists of lines joined; an armed event shows its command.
-func summary(rec events.Record) string {
+func summary(rec client.Event) string {
 	var fields map[string]any
 	if json.Unmarshal(rec.Payload, &fields) != nil {
 		return ""
 	}
-	if rec.Type == events.TypeArmed {
+	if rec.Type == eventArmed {
 		var armed struct{ Spec engine.Spec }
 		if json.Unmarshal(rec.Payload, &armed) == nil {
 			return "command=" + armed.Spec.CommandLine() + targetOf(armed.Spec)
