@@ -47,23 +47,23 @@ const (
 // Sink is a push sink of a spec's deliver list.
 type Sink struct {
 	// Type is webhook or exec.
-	Type string `json:"type"`
+	Type string `json:"type" jsonschema:"webhook or exec"`
 	// URL is where a webhook POSTs the wake-up.
-	URL string `json:"url,omitempty"`
+	URL string `json:"url,omitempty" jsonschema:"webhook: the http(s) URL the wake-up is POSTed to, signed"`
 	// Body is a webhook's body as a JSON template: its string values may use the
 	// prompt's placeholders and {{prompt}} (see RenderBody). Without it, the body
 	// is the wake-up JSON.
-	Body json.RawMessage `json:"body,omitempty"`
+	Body json.RawMessage `json:"body,omitempty" jsonschema:"webhook: the body as a JSON template whose strings may use the prompt's placeholders and {{prompt}} (default: the wake-up)"`
 	// Bearer names a bearer token the server declares (WebhookBearer), which a
 	// webhook sends as Authorization: Bearer. The token itself is never in a spec.
-	Bearer string `json:"bearer,omitempty"`
+	Bearer string `json:"bearer,omitempty" jsonschema:"webhook: the name of a bearer token the server declares, sent as Authorization: Bearer"`
 	// Argv is the program an exec sink runs, with the rendered prompt on stdin; its
 	// elements may use the prompt's placeholders and {{prompt}}.
-	Argv []string `json:"argv,omitempty"`
+	Argv []string `json:"argv,omitempty" jsonschema:"exec: the program and its arguments, which may use the prompt's placeholders and {{prompt}}; the prompt is on its stdin"`
 	// Timeout bounds one attempt (default 30s for a webhook, 10m for exec).
-	Timeout string `json:"timeout,omitempty"`
+	Timeout string `json:"timeout,omitempty" jsonschema:"bound of one attempt (default 30s for a webhook, 10m for exec)"`
 	// MaxAttempts bounds the attempts before delivery-failed (default 8).
-	MaxAttempts int `json:"max_attempts,omitempty"`
+	MaxAttempts int `json:"max_attempts,omitempty" jsonschema:"attempts before delivery fails (default 8)"`
 }
 
 // AttemptTimeout is how long one attempt may take.

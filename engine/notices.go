@@ -17,12 +17,12 @@ import (
 // many. The final wake-up comes once, as always.
 type Notify struct {
 	// Type is json_line or line_pattern, with Match or Regex as for a completion rule.
-	Type        string         `json:"type"`
-	Match       map[string]any `json:"match,omitempty"`
-	Regex       string         `json:"regex,omitempty"`
-	Batch       string         `json:"batch,omitempty"`
-	MinInterval string         `json:"min_interval,omitempty"`
-	Max         int            `json:"max,omitempty"`
+	Type        string         `json:"type" jsonschema:"json_line: a JSON line with the fields of match; line_pattern: a line matching regex"`
+	Match       map[string]any `json:"match,omitempty" jsonschema:"json_line: fields the line's object must have"`
+	Regex       string         `json:"regex,omitempty" jsonschema:"line_pattern: a Go RE2 regular expression"`
+	Batch       string         `json:"batch,omitempty" jsonschema:"gather the lines of this long after the first into one notice"`
+	MinInterval string         `json:"min_interval,omitempty" jsonschema:"at least this long between two notices"`
+	Max         int            `json:"max,omitempty" jsonschema:"at most this many notices (default 100)"`
 }
 
 // Notice bounds.

@@ -14,7 +14,7 @@ import (
 // Placement limits which workers may take a task: every label it names must be one
 // of the worker's labels, with the same value. No labels: any worker.
 type Placement struct {
-	Labels map[string]string `json:"labels,omitempty"`
+	Labels map[string]string `json:"labels,omitempty" jsonschema:"labels a worker must have"`
 }
 
 // HostLabel is the label every worker has: the host it runs on.

@@ -29,84 +29,84 @@ const DefaultTarget = "default"
 // Spec is what a caller asks bgtask to run and how to wake it.
 type Spec struct {
 	// Command is a shell string, run with bash -c.
-	Command string `json:"command,omitempty"`
+	Command string `json:"command,omitempty" jsonschema:"the command, a shell string run with bash -c"`
 	// Argv runs a program without a shell; argv[0] is looked up in the PATH of the
 	// command's environment.
-	Argv []string `json:"argv,omitempty"`
+	Argv []string `json:"argv,omitempty" jsonschema:"a program and its arguments, run without a shell instead of command; the program is looked up in the command's PATH"`
 	// Cwd is an absolute directory; empty means the worker's home directory.
-	Cwd string `json:"cwd,omitempty"`
+	Cwd string `json:"cwd,omitempty" jsonschema:"the working directory, absolute (default: the worker's home)"`
 	// Env is added to the worker's login environment; with Environment caller it
 	// is the whole environment.
-	Env map[string]string `json:"env,omitempty"`
+	Env map[string]string `json:"env,omitempty" jsonschema:"variables set in the command's environment"`
 	// Environment is what the command's environment starts from: login (default,
 	// written as none) or caller.
-	Environment string `json:"environment,omitempty"`
+	Environment string `json:"environment,omitempty" jsonschema:"what the command's environment starts from: login (default: the worker's login environment, env set over it) or caller (env is the whole environment)"`
 	// Kind is a free label, for people and filters.
-	Kind string `json:"kind,omitempty"`
+	Kind string `json:"kind,omitempty" jsonschema:"a label for the task (build, test, deploy, ...)"`
 	// Prompt is the wake-up's template; see Render.
-	Prompt string `json:"prompt,omitempty"`
+	Prompt string `json:"prompt,omitempty" jsonschema:"template of the wake-up's prompt; placeholders {{result}} {{exit_code}} {{status}} {{reason}} {{task_id}} {{kind}} {{command}} {{tail}} {{duration}} {{origin.KEY}}"`
 	// Target names the inbox the wake-up goes to.
-	Target string `json:"target,omitempty"`
+	Target string `json:"target,omitempty" jsonschema:"the inbox the wake-up goes to (default \"default\")"`
 	// Origin is opaque routing data returned in the wake-up.
-	Origin json.RawMessage `json:"origin,omitempty"`
+	Origin json.RawMessage `json:"origin,omitempty" jsonschema:"JSON returned as-is in the wake-up: the caller's routing data"`
 	// IdempotencyKey makes registration idempotent: the same key, the same task.
-	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	IdempotencyKey string `json:"idempotency_key,omitempty" jsonschema:"the same key registers the same task once and returns its id"`
 
 	// Completion decides when the task is done (default: when the command exits).
-	Completion *Completion `json:"completion,omitempty"`
+	Completion *Completion `json:"completion,omitempty" jsonschema:"done before the command exits, when a stdout line matches (default: when it exits)"`
 	// KeepRunning leaves the command running after its completion rule matched.
-	KeepRunning bool `json:"keep_running,omitempty"`
+	KeepRunning bool `json:"keep_running,omitempty" jsonschema:"leave the command running after its completion rule matched"`
 	// StallAfter is how long the command may print nothing before it is stalled.
-	StallAfter string `json:"stall_after,omitempty"`
+	StallAfter string `json:"stall_after,omitempty" jsonschema:"a command that prints nothing for this long (e.g. 5m) is stalled"`
 	// OnStall is notify (default), kill or respawn.
-	OnStall string `json:"on_stall,omitempty"`
+	OnStall string `json:"on_stall,omitempty" jsonschema:"what a stall does: notify (default: wake once and keep watching), kill, or respawn"`
 	// MaxRespawns bounds on_stall respawn (default 1).
-	MaxRespawns *int `json:"max_respawns,omitempty"`
+	MaxRespawns *int `json:"max_respawns,omitempty" jsonschema:"how many times on_stall respawn starts the command again (default 1)"`
 	// Deadline is a duration from registration or an RFC 3339 time; the engine
 	// stores it as a time.
-	Deadline string `json:"deadline,omitempty"`
+	Deadline string `json:"deadline,omitempty" jsonschema:"stop the command as timed_out after this long (30m) or at this RFC 3339 time"`
 	// Result decides the wake-up's {{result}} (default: the last 50 lines).
-	Result *Result `json:"result,omitempty"`
+	Result *Result `json:"result,omitempty" jsonschema:"what the wake-up's {{result}} is (default: the last 50 lines)"`
 	// MaxResultBytes truncates the result (default 32 KiB).
-	MaxResultBytes int `json:"max_result_bytes,omitempty"`
+	MaxResultBytes int `json:"max_result_bytes,omitempty" jsonschema:"truncate the result to this many bytes (default 32768)"`
 	// OnLost is what happens when the task's worker is gone past its lease: fail
 	// (default: the outcome is lost) or respawn (another worker runs it again; for
 	// idempotent commands only).
-	OnLost string `json:"on_lost,omitempty"`
+	OnLost string `json:"on_lost,omitempty" jsonschema:"when the task's worker is gone: fail (default, outcome lost) or respawn (run it again elsewhere; for idempotent commands)"`
 
 	// Policy is when the wake-up is pushed to the deliver sinks: queue (default),
 	// defer_idle or immediate.
-	Policy string `json:"policy,omitempty"`
+	Policy string `json:"policy,omitempty" jsonschema:"when the deliver sinks get the wake-up: queue (default), defer_idle or immediate"`
 	// Deliver lists push sinks that get the wake-up besides the inbox.
-	Deliver []Sink `json:"deliver,omitempty"`
+	Deliver []Sink `json:"deliver,omitempty" jsonschema:"push sinks that get the wake-up besides the inbox"`
 	// Placement limits which workers may take the task (default: any worker).
-	Placement *Placement `json:"placement,omitempty"`
+	Placement *Placement `json:"placement,omitempty" jsonschema:"which workers may take the task (default: any)"`
 
 	// StartAt is when the command starts, or, for a spec with no command (a timer),
 	// when the task fires: a duration from registration or an RFC 3339 time; the
 	// engine stores it as a time.
-	StartAt string `json:"start_at,omitempty"`
+	StartAt string `json:"start_at,omitempty" jsonschema:"start the command after this long (20m) or at this RFC 3339 time; with no command, a timer that wakes the caller then"`
 	// Retry runs the command again after an attempt that ends in one of its statuses.
-	Retry *Retry `json:"retry,omitempty"`
+	Retry *Retry `json:"retry,omitempty" jsonschema:"run an attempt that ended in one of on again, with backoff; one wake-up after the last"`
 	// ProbeEvery makes the command a probe, run again this long after each run
 	// that does not meet the completion rule (with none: that does not exit 0).
-	ProbeEvery string `json:"probe_every,omitempty"`
+	ProbeEvery string `json:"probe_every,omitempty" jsonschema:"the command is a probe: run it again this long after each run (at least 1s) until a run meets completion (default: exits 0), within the deadline"`
 	// Notify sends notices of matching output lines while the command runs.
-	Notify *Notify `json:"notify,omitempty"`
+	Notify *Notify `json:"notify,omitempty" jsonschema:"while the command runs, send the stdout lines that match as notices to the inbox (each a wake-up with notice nK); the final wake-up still comes once"`
 	// RerunOf names the task this one runs again.
 	RerunOf string `json:"rerun_of,omitempty"`
 	// Occurrence names the slot of a schedule that registered the task.
 	Occurrence *Occurrence `json:"occurrence,omitempty"`
 	// External: the task runs nothing and ends when completed from outside
 	// (bgtask complete), or at its deadline.
-	External bool `json:"external,omitempty"`
+	External bool `json:"external,omitempty" jsonschema:"run nothing: the task ends when completed from outside (bgtask complete) or at its deadline"`
 	// WakeOn lists the outcomes that wake the caller (default: all); another
 	// ends the task quietly: no inbox message, no push.
-	WakeOn []string `json:"wake_on,omitempty"`
+	WakeOn []string `json:"wake_on,omitempty" jsonschema:"the outcomes that wake the caller (default: all); another ends the task quietly"`
 	// After lists the tasks this one waits for; AfterPolicy says what they must
 	// have done for it to run: succeeded (default; else it is skipped) or ended.
-	After       []string `json:"after,omitempty"`
-	AfterPolicy string   `json:"after_policy,omitempty"`
+	After       []string `json:"after,omitempty" jsonschema:"task ids this one waits for: it starts once they have ended"`
+	AfterPolicy string   `json:"after_policy,omitempty" jsonschema:"what the tasks of after must have done: succeeded (default; else this one is skipped) or ended"`
 	// Join makes a task with no command the group of its members: it fires once
 	// when all of them (or, mode any, the first) have ended.
 	Join *Join `json:"join,omitempty"`
@@ -121,6 +121,38 @@ func ParseSpec(data []byte) (Spec, error) { return ParseSpecAt(data, time.Now())
 // ParseSpecAt decodes and validates a spec registered at now (a relative deadline
 // counts from it). Every rejection is a *FieldError.
 func ParseSpecAt(data []byte, now time.Time) (Spec, error) {
+	s, err := DecodeSpec(data)
+	if err != nil {
+		return Spec{}, err
+	}
+	if err := s.Validate(); err != nil {
+		return Spec{}, err
+	}
+	if err := s.validateTiming(now); err != nil {
+		return Spec{}, err
+	}
+	if err := s.validateWatch(now); err != nil {
+		return Spec{}, err
+	}
+	if err := s.validateDelivery(); err != nil {
+		return Spec{}, err
+	}
+	if err := s.validateProbe(); err != nil {
+		return Spec{}, err
+	}
+	if err := s.validateNotify(); err != nil {
+		return Spec{}, err
+	}
+	return s, nil
+}
+
+// DecodeSpec reads a spec as the engine reads one, without validating its
+// values: it refuses a document over the size limits, JSON that CheckJSON
+// refuses, a field it does not know (or spelt in another case) and a value of the
+// wrong type, each with a *FieldError naming the field. A front-end that fills in
+// a spec's defaults decodes it so: what it sends on is what it was given, a
+// 64-bit number in a json_line match included.
+func DecodeSpec(data []byte) (Spec, error) {
 	if len(data) > MaxSpecWithEnvBytes {
 		return Spec{}, fieldErr("spec", "%d bytes is over the limit of %d (%d for its env, %d for the rest)", len(data), MaxSpecWithEnvBytes, MaxEnvBytes, MaxSpecBytes)
 	}
@@ -144,24 +176,6 @@ func ParseSpecAt(data []byte, now time.Time) (Spec, error) {
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return Spec{}, fieldErr("spec", "unexpected data after the JSON object")
-	}
-	if err := s.Validate(); err != nil {
-		return Spec{}, err
-	}
-	if err := s.validateTiming(now); err != nil {
-		return Spec{}, err
-	}
-	if err := s.validateWatch(now); err != nil {
-		return Spec{}, err
-	}
-	if err := s.validateDelivery(); err != nil {
-		return Spec{}, err
-	}
-	if err := s.validateProbe(); err != nil {
-		return Spec{}, err
-	}
-	if err := s.validateNotify(); err != nil {
-		return Spec{}, err
 	}
 	return s, nil
 }

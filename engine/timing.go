@@ -17,17 +17,17 @@ const KindTimer = "timer"
 // once, after the last, with the attempts before it listed in the wake-up.
 type Retry struct {
 	// Max is how many attempts may follow the first: 1 to MaxRetries.
-	Max int `json:"max"`
+	Max int `json:"max" jsonschema:"how many more attempts, 1 to 100"`
 	// Backoff is the wait before the first retry (default 1s); each next one waits
 	// twice as long, up to MaxBackoff (default 5m), less a random part of up to half
 	// (jitter), so that tasks that failed together do not retry together.
-	Backoff    string `json:"backoff,omitempty"`
-	MaxBackoff string `json:"max_backoff,omitempty"`
+	Backoff    string `json:"backoff,omitempty" jsonschema:"the wait before the first retry (default 1s), doubled for each next"`
+	MaxBackoff string `json:"max_backoff,omitempty" jsonschema:"the longest wait (default 5m)"`
 	// On are the statuses an attempt is retried on (default: all of RetryStatuses).
-	On []string `json:"on,omitempty"`
+	On []string `json:"on,omitempty" jsonschema:"statuses retried (default: failed, timed_out, stalled, lost)"`
 	// Deadline bounds each attempt; a spec's deadline given as a duration fills it
 	// in, so that every attempt has as long as the first.
-	Deadline string `json:"deadline,omitempty"`
+	Deadline string `json:"deadline,omitempty" jsonschema:"bound of each attempt (default: the spec's deadline when it is a duration)"`
 }
 
 // MaxRetries bounds Retry.Max: a wake-up lists every attempt.

@@ -23,12 +23,12 @@ const (
 
 // Completion decides when a task is done. The default is the command's exit.
 type Completion struct {
-	Type string `json:"type"`
+	Type string `json:"type" jsonschema:"json_line: a JSON line with the fields of match; line_pattern: a line matching regex"`
 	// Match is, for json_line, the fields a stdout line's JSON object must have: a
 	// value ending in * matches by prefix, dotted keys reach nested fields.
-	Match map[string]any `json:"match,omitempty"`
+	Match map[string]any `json:"match,omitempty" jsonschema:"json_line: fields the line's object must have (a value ending in * matches a prefix, a.b reaches nested keys)"`
 	// Regex is, for line_pattern, the Go RE2 expression a stdout line must match.
-	Regex string `json:"regex,omitempty"`
+	Regex string `json:"regex,omitempty" jsonschema:"line_pattern: a Go RE2 regular expression"`
 }
 
 // Stall actions.
@@ -53,14 +53,14 @@ const (
 
 // Result decides what the wake-up's {{result}} holds.
 type Result struct {
-	Type string `json:"type"`
+	Type string `json:"type" jsonschema:"tail, matched_line or command"`
 	// Lines is, for tail, how many lines of output (default 50, at most MaxTailLines).
-	Lines int `json:"lines,omitempty"`
+	Lines int `json:"lines,omitempty" jsonschema:"tail: how many lines (default 50, at most 1000)"`
 	// Argv is, for command, a program run after completion in the task's cwd and env;
 	// its stdout is the result.
-	Argv []string `json:"argv,omitempty"`
+	Argv []string `json:"argv,omitempty" jsonschema:"command: a program run after the task in its cwd and env; its stdout is the result"`
 	// Timeout bounds the result command (default 60s).
-	Timeout string `json:"timeout,omitempty"`
+	Timeout string `json:"timeout,omitempty" jsonschema:"command: its bound (default 60s)"`
 }
 
 // Limits and defaults of the watch rules.
