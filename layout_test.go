@@ -34,6 +34,7 @@ var layout = map[string]rule{
 	"internal/secretenv":    {},
 	"internal/proc":         {},
 	"internal/testkit":      {},
+	"internal/mcp":          {imports: []string{"client", "engine", "internal/proc"}},
 	"internal/httpapi":      {imports: []string{"client", "engine", "engine/api"}, tests: []string{"engine/node", "engine/sinks", "events", "events/eventstest", "projections"}},
 	"engine":                {imports: []string{"events", "internal/secretenv"}, tests: []string{"engine/api", "engine/sinks", "events/eventstest", "projections"}},
 	"engine/api":            {imports: []string{"engine", "events"}, tests: []string{"events/eventstest", "projections"}},

@@ -59,25 +59,7 @@ func withCallerEnv(g *globals, doc map[string]any) error {
 	return nil
 }
 
-// callerEnvUnlessLogin makes the environment of doc's command the caller's
-// (withCallerEnv) unless doc names another: the MCP add's, whose process has the
-// agent's environment.
-func callerEnvUnlessLogin(g *globals, doc map[string]any) error {
-	if doc["command"] == nil && doc["argv"] == nil {
-		return nil // a timer or an external task runs nothing: no environment
-	}
-	var environment string
-	if raw, given := doc["environment"].(json.RawMessage); given && json.Unmarshal(raw, &environment) != nil {
-		return nil // not a string: the engine says so
-	}
-	if environment != "" && environment != engine.EnvironmentCaller {
-		return nil
-	}
-	return withCallerEnv(g, doc)
-}
-
-// stringMap reads a spec's env as --env, a --spec or the MCP add's arguments gave
-// it.
+// stringMap reads a spec's env as --env or a --spec gave it.
 func stringMap(v any) (map[string]string, error) {
 	switch v := v.(type) {
 	case nil:

@@ -1,4 +1,4 @@
-package main
+package mcpserver
 
 import (
 	"bufio"
@@ -14,14 +14,15 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// The stdio transport of `bgtask mcp`: one JSON-RPC message a line, as the MCP
-// spec's stdio transport has it. The SDK's own (mcp.IOTransport) ends the session
-// at the first line it cannot decode, which takes the agent's tools away for the
-// rest of its session. This one answers such a line with the JSON-RPC error for it
-// and reads on.
+// The stdio transport: one JSON-RPC message a line, as the MCP spec's stdio
+// transport has it. The SDK's own (mcp.IOTransport) ends the session at the first
+// line it cannot decode, which takes the agent's tools away for the rest of its
+// session. This one answers such a line with the JSON-RPC error for it and reads
+// on.
 
-// mcpMaxLine bounds one message, as the SDK bounds one frame.
-const mcpMaxLine = mcp.DefaultMaxLineLength
+// maxLine bounds one message, as the SDK bounds one frame: a longer line is
+// refused.
+const maxLine = mcp.DefaultMaxLineLength
 
 // stdioTransport serves one session on r and w.
 type stdioTransport struct {
@@ -57,7 +58,7 @@ type inLine struct {
 // SDK's own reader does.
 func (c *stdioConn) readLines(r *bufio.Reader) {
 	for {
-		data, tooLong, err := readLine(r, mcpMaxLine)
+		data, tooLong, err := readLine(r, maxLine)
 		if len(bytes.TrimSpace(data)) > 0 || tooLong {
 			if !c.send(inLine{data: data, tooLong: tooLong}) {
 				return
@@ -177,7 +178,7 @@ func refuse(id any, code int64, format string, args ...any) *rpcRefusal {
 // request: MCP has had none since its version 2025-06-18.
 func parseMessage(line []byte, tooLong bool) (jsonrpc.Message, *rpcRefusal) {
 	if tooLong {
-		return nil, refuse(nil, jsonrpc.CodeInvalidRequest, "invalid request: a line of more than %d bytes", mcpMaxLine)
+		return nil, refuse(nil, jsonrpc.CodeInvalidRequest, "invalid request: a line of more than %d bytes", maxLine)
 	}
 	var fields map[string]json.RawMessage
 	err := json.Unmarshal(line, &fields)
