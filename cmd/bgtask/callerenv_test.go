@@ -16,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // callerSetup starts a server, and gives this process (the caller of the client
@@ -155,7 +156,7 @@ func TestNoReadPathShowsTheEnvironmentsValues(t *testing.T) {
 	} {
 		outputs["bgtask "+strings.Join(args, " ")] = bgtask(t, home, args...).must(t, 0, strings.Join(args, " ")).stdout
 	}
-	info, err := readHTTPInfo(home)
+	info, err := serverhome.ReadHTTPInfo(home)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +187,7 @@ func TestNoReadPathShowsTheEnvironmentsValues(t *testing.T) {
 }
 
 // eventStreamUntil reads an event stream of the HTTP API until it has sent want.
-func eventStreamUntil(t *testing.T, info httpInfo, path, want string) string {
+func eventStreamUntil(t *testing.T, info serverhome.HTTPInfo, path, want string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

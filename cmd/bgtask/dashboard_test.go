@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // browserTools finds node, chromium and playwright-core (on NODE_PATH, as
@@ -43,7 +45,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	node, chromium := browserTools(t)
 	home := t.TempDir()
 	startServer(t, home)
-	info, err := readHTTPInfo(home)
+	info, err := serverhome.ReadHTTPInfo(home)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,9 +24,6 @@ import (
 	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
-// webhookSecretFile holds the key webhook bodies are signed with, in the home.
-const webhookSecretFile = "webhook-secret"
-
 // deliveryOptions are the server's flags for push sinks.
 type deliveryOptions struct {
 	secretFile string
@@ -35,7 +32,7 @@ type deliveryOptions struct {
 }
 
 func (o *deliveryOptions) register(f *pflag.FlagSet) {
-	f.StringVar(&o.secretFile, "webhook-secret-file", "", "file with the key that signs webhook bodies (X-Bgtask-Signature: sha256=HMAC); default HOME/"+webhookSecretFile+", generated on first start. Engine replicas need the same one")
+	f.StringVar(&o.secretFile, "webhook-secret-file", "", "file with the key that signs webhook bodies (X-Bgtask-Signature: sha256=HMAC); default HOME/"+serverhome.WebhookSecretFile+", generated on first start. Engine replicas need the same one")
 	f.DurationVar(&o.retryBase, "retry-base", engine.DefaultRetryBase, "wait after a push sink's first failed attempt; it doubles with each attempt, up to 5m, with jitter")
 	f.Var(&o.bearers, "webhook-bearer", "declare a bearer token that webhook sinks may name (\"bearer\": \"NAME\") as NAME=file:PATH@URLPREFIX or NAME=env:VAR@URLPREFIX: the token is read from the file (again at each push) or the server's environment variable, and sent as Authorization: Bearer only to URLs under the prefix; repeat with the same NAME and source for more prefixes (docs/webhooks.md). Engine replicas need the same ones")
 }
@@ -112,7 +109,7 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 func loadWebhookSecret(file, home string) ([]byte, error) {
 	generate := file == ""
 	if generate {
-		file = filepath.Join(home, webhookSecretFile)
+		file = filepath.Join(home, serverhome.WebhookSecretFile)
 	}
 	data, err := os.ReadFile(file)
 	if errors.Is(err, fs.ErrNotExist) && generate {

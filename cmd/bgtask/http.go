@@ -31,14 +31,6 @@ import (
 	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
-// httpFile tells clients where the HTTP API listens and its bearer token.
-const httpFile = "http.json"
-
-// metricsTokenFile holds the bearer token that reads GET /metrics and nothing
-// else. Made once and kept, unlike http.json's token: a scraper's configuration
-// names the file once.
-const metricsTokenFile = "metrics.token"
-
 // httpOptions are the server's --http flags.
 type httpOptions struct {
 	addr   string // HOST:PORT, or off
@@ -46,7 +38,7 @@ type httpOptions struct {
 }
 
 func (o *httpOptions) register(f *pflag.FlagSet) {
-	f.StringVar(&o.addr, "http", "127.0.0.1:0", "HOST:PORT of the HTTP API and dashboard (port 0: the last run's port if free, else a free one), or off; its URL and token go to HOME/"+httpFile+", a token for /metrics alone to HOME/"+metricsTokenFile)
+	f.StringVar(&o.addr, "http", "127.0.0.1:0", "HOST:PORT of the HTTP API and dashboard (port 0: the last run's port if free, else a free one), or off; its URL and token go to HOME/"+serverhome.HTTPFile+", a token for /metrics alone to HOME/"+serverhome.MetricsTokenFile)
 	f.BoolVar(&o.remote, "http-remote", false, "allow --http on an address that is not loopback: whoever reaches it with the token runs commands, over plain HTTP (put TLS in front)")
 }
 
@@ -59,13 +51,6 @@ func (o httpOptions) check() error {
 		return &exitError{code: client.ExitUsage, err: err}
 	}
 	return nil
-}
-
-// httpInfo is the content of HOME/http.json.
-type httpInfo struct {
-	URL   string `json:"url"`
-	Token string `json:"token"`
-	PID   int    `json:"pid"`
 }
 
 // newHTTPToken is the bearer token of one run of the server.
@@ -132,21 +117,20 @@ func announceHTTP(home, url, token string) error {
 			return fmt.Errorf("write %s: %w", serverhome.HTTPPortFile, err)
 		}
 	}
-	data, _ := json.MarshalIndent(httpInfo{URL: url, Token: token, PID: os.Getpid()}, "", "  ")
-	if err := serverhome.WriteFileAtomic(filepath.Join(home, httpFile), data); err != nil {
-		return fmt.Errorf("write %s: %w", httpFile, err)
+	if err := serverhome.WriteHTTPInfo(home, serverhome.HTTPInfo{URL: url, Token: token, PID: os.Getpid()}); err != nil {
+		return fmt.Errorf("write %s: %w", serverhome.HTTPFile, err)
 	}
 	return nil
 }
 
 // loadMetricsToken reads HOME/metrics.token, making it (0600) the first time.
 func loadMetricsToken(home string) (string, error) {
-	path := filepath.Join(home, metricsTokenFile)
+	path := filepath.Join(home, serverhome.MetricsTokenFile)
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		token := newHTTPToken()
 		if err := serverhome.WriteFileAtomic(path, []byte(token)); err != nil {
-			return "", fmt.Errorf("write %s: %w", metricsTokenFile, err)
+			return "", fmt.Errorf("write %s: %w", serverhome.MetricsTokenFile, err)
 		}
 		return token, nil
 	}
@@ -163,21 +147,9 @@ func loadMetricsToken(home string) (string, error) {
 // removeHTTPFile removes HOME/http.json if this process wrote it (replicas of
 // an engine may share a home).
 func removeHTTPFile(home string) {
-	if info, err := readHTTPInfo(home); err == nil && info.PID == os.Getpid() {
-		os.Remove(filepath.Join(home, httpFile))
+	if info, err := serverhome.ReadHTTPInfo(home); err == nil && info.PID == os.Getpid() {
+		os.Remove(filepath.Join(home, serverhome.HTTPFile))
 	}
-}
-
-func readHTTPInfo(home string) (httpInfo, error) {
-	var info httpInfo
-	data, err := os.ReadFile(filepath.Join(home, httpFile))
-	if err != nil {
-		return info, err
-	}
-	if err := json.Unmarshal(data, &info); err != nil || info.URL == "" || info.Token == "" {
-		return info, fmt.Errorf("%s is damaged: restart the server to write it again", filepath.Join(home, httpFile))
-	}
-	return info, nil
 }
 
 func uiCmd(g *globals) *cobra.Command {
@@ -216,7 +188,7 @@ HttpOnly, SameSite=Strict cookie, 24 hours, ended by a restart of the server).`,
 
 // loginLink asks the server of home for a one-time login link.
 func loginLink(ctx context.Context, home string) (string, error) {
-	info, err := readHTTPInfo(home)
+	info, err := serverhome.ReadHTTPInfo(home)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", &exitError{code: client.ExitNoServer, err: fmt.Errorf("no HTTP API runs in %s: start 'bgtask server' (without --http off)", home)}
 	}
@@ -313,7 +285,7 @@ func externalHTTP(ctx context.Context, g *globals, o httpOptions, home string, h
 		return func() {}, nil
 	}
 	if homeErr != nil {
-		logger.Warn("no HTTP API: the home for "+httpFile+" cannot be created", "home", home, "err", homeErr)
+		logger.Warn("no HTTP API: the home for "+serverhome.HTTPFile+" cannot be created", "home", home, "err", homeErr)
 		return func() {}, nil
 	}
 	nc, err := g.connect("bgtask-http")

@@ -20,7 +20,7 @@ import (
 )
 
 // httpCall makes a request to the home's HTTP API with its token.
-func httpCall(t *testing.T, info httpInfo, method, path, body string) (int, string) {
+func httpCall(t *testing.T, info serverhome.HTTPInfo, method, path, body string) (int, string) {
 	t.Helper()
 	req, _ := http.NewRequest(method, info.URL+path, strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+info.Token)
@@ -40,13 +40,13 @@ func httpCall(t *testing.T, info httpInfo, method, path, body string) (int, stri
 func TestServerServesTheHTTPAPI(t *testing.T) {
 	home := t.TempDir()
 	s := startServer(t, home)
-	fi, err := os.Stat(filepath.Join(home, httpFile))
+	fi, err := os.Stat(filepath.Join(home, serverhome.HTTPFile))
 	if err != nil || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("%s: %v, %v", httpFile, fi, err)
+		t.Fatalf("%s: %v, %v", serverhome.HTTPFile, fi, err)
 	}
-	info, err := readHTTPInfo(home)
+	info, err := serverhome.ReadHTTPInfo(home)
 	if err != nil || !strings.HasPrefix(info.URL, "http://127.0.0.1:") || len(info.Token) < 40 {
-		t.Fatalf("%s: %+v, %v", httpFile, info, err)
+		t.Fatalf("%s: %+v, %v", serverhome.HTTPFile, info, err)
 	}
 	code, body := httpCall(t, info, "POST", "/v1/tasks", `{"command":"echo over-http","target":"web"}`)
 	if code != 201 {
@@ -103,8 +103,8 @@ func TestServerServesTheHTTPAPI(t *testing.T) {
 		t.Fatalf("the login link: %d %s", resp.StatusCode, page)
 	}
 	s.stop()
-	if _, err := os.Stat(filepath.Join(home, httpFile)); !os.IsNotExist(err) {
-		t.Fatalf("%s after the server stopped: %v", httpFile, err)
+	if _, err := os.Stat(filepath.Join(home, serverhome.HTTPFile)); !os.IsNotExist(err) {
+		t.Fatalf("%s after the server stopped: %v", serverhome.HTTPFile, err)
 	}
 	if r := bgtask(t, home, "ui", "--print"); r.code != client.ExitNoServer {
 		t.Fatalf("ui with no server: exit %d, want %d", r.code, client.ExitNoServer)
@@ -118,16 +118,16 @@ func TestServerServesTheHTTPAPI(t *testing.T) {
 func TestServerKeepsItsHTTPAddressAndMetricsToken(t *testing.T) {
 	home := t.TempDir()
 	s := startServer(t, home)
-	first, err := readHTTPInfo(home)
+	first, err := serverhome.ReadHTTPInfo(home)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tokenFile := filepath.Join(home, metricsTokenFile)
+	tokenFile := filepath.Join(home, serverhome.MetricsTokenFile)
 	if st, err := os.Stat(tokenFile); err != nil || st.Mode().Perm() != 0o600 {
-		t.Fatalf("%s: %v, %v", metricsTokenFile, st, err)
+		t.Fatalf("%s: %v, %v", serverhome.MetricsTokenFile, st, err)
 	}
 	metricsToken, _ := os.ReadFile(tokenFile)
-	scrape := func(info httpInfo) int {
+	scrape := func(info serverhome.HTTPInfo) int {
 		t.Helper()
 		req, _ := http.NewRequest("GET", info.URL+"/metrics", nil)
 		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(metricsToken)))
@@ -139,12 +139,12 @@ func TestServerKeepsItsHTTPAddressAndMetricsToken(t *testing.T) {
 		return resp.StatusCode
 	}
 	if code := scrape(first); code != 200 {
-		t.Fatalf("/metrics with %s: %d", metricsTokenFile, code)
+		t.Fatalf("/metrics with %s: %d", serverhome.MetricsTokenFile, code)
 	}
 	s.stop()
 
 	s = startServer(t, home)
-	again, err := readHTTPInfo(home)
+	again, err := serverhome.ReadHTTPInfo(home)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,10 +152,10 @@ func TestServerKeepsItsHTTPAddressAndMetricsToken(t *testing.T) {
 		t.Fatalf("after a restart: %s, token new: %v; want %s, a new token", again.URL, again.Token != first.Token, first.URL)
 	}
 	if kept, _ := os.ReadFile(tokenFile); string(kept) != string(metricsToken) {
-		t.Fatalf("%s changed at a restart", metricsTokenFile)
+		t.Fatalf("%s changed at a restart", serverhome.MetricsTokenFile)
 	}
 	if code := scrape(again); code != 200 {
-		t.Fatalf("/metrics with %s after a restart: %d", metricsTokenFile, code)
+		t.Fatalf("/metrics with %s after a restart: %d", serverhome.MetricsTokenFile, code)
 	}
 	s.stop()
 
@@ -165,7 +165,7 @@ func TestServerKeepsItsHTTPAddressAndMetricsToken(t *testing.T) {
 	}
 	defer taken.Close()
 	s = startServer(t, home)
-	moved, err := readHTTPInfo(home)
+	moved, err := serverhome.ReadHTTPInfo(home)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,8 +188,8 @@ func TestServerHTTPFlags(t *testing.T) {
 		_, err := serverhome.ReadDiscovery(home)
 		return err == nil
 	})
-	if _, err := os.Stat(filepath.Join(home, httpFile)); !os.IsNotExist(err) {
-		t.Fatalf("%s with --http off: %v", httpFile, err)
+	if _, err := os.Stat(filepath.Join(home, serverhome.HTTPFile)); !os.IsNotExist(err) {
+		t.Fatalf("%s with --http off: %v", serverhome.HTTPFile, err)
 	}
 	cancel()
 	if err := <-done; err != nil {
@@ -209,7 +209,7 @@ func TestServerWithNATSServesHTTP(t *testing.T) {
 		done <- Run(ctx, []string{"--home", home, "--nats", url, "--user", "engine", "--password", "engine-pw", "server", "--no-worker"}, out, out)
 	}()
 	awaitText(t, out, "bgtask server ready", done)
-	info, err := readHTTPInfo(home)
+	info, err := serverhome.ReadHTTPInfo(home)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,8 +225,8 @@ func TestServerWithNATSServesHTTP(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("server: %v\n%s", err, out.String())
 	}
-	if _, err := os.Stat(filepath.Join(home, httpFile)); !os.IsNotExist(err) {
-		t.Fatalf("%s after the server stopped: %v", httpFile, err)
+	if _, err := os.Stat(filepath.Join(home, serverhome.HTTPFile)); !os.IsNotExist(err) {
+		t.Fatalf("%s after the server stopped: %v", serverhome.HTTPFile, err)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bgtask/bgtask/internal/serverhome"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -55,7 +56,7 @@ func TestServerWithNATSMakesItsHome(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("server: %v\n%s", err, out.String())
 	}
-	if _, err := os.Stat(filepath.Join(home, webhookSecretFile)); err != nil {
+	if _, err := os.Stat(filepath.Join(home, serverhome.WebhookSecretFile)); err != nil {
 		t.Fatalf("the home was not made with its webhook secret: %v", err)
 	}
 

@@ -1,7 +1,8 @@
 // Package serverhome is the layout of a bgtask server's home directory, shared by the
 // server that keeps it and the clients that find the server through it: where the
 // server listens (its discovery file), the identities it generated, its lock, the
-// ports it keeps across restarts, and whether a supervisor restarts it.
+// ports it keeps across restarts, the HTTP API's file and tokens, the webhook
+// secret, and whether a supervisor restarts it.
 package serverhome
 
 import (
