@@ -38,6 +38,7 @@ var layout = map[string]rule{
 	"internal/httpapi":      {imports: []string{"client", "engine", "engine/api"}, tests: []string{"engine/node", "engine/sinks", "events", "events/eventstest", "projections"}},
 	"engine":                {imports: []string{"events", "internal/secretenv"}, tests: []string{"engine/api", "engine/sinks", "events/eventstest", "projections"}},
 	"engine/api":            {imports: []string{"engine", "events"}, tests: []string{"events/eventstest", "projections"}},
+	"engine/server":         {imports: []string{"client", "engine", "engine/api", "engine/node", "engine/sinks", "events", "internal/httpapi", "internal/secretenv", "internal/serverhome", "projections", "workers"}, tests: []string{"internal/testkit", "workers/shim"}},
 	"engine/node":           {imports: []string{"engine", "engine/api", "events", "internal/metrics", "projections"}, tests: []string{"engine/sinks", "events/eventstest"}},
 	"internal/metrics":      {imports: []string{"engine", "events"}, tests: []string{"engine/api", "engine/node", "engine/sinks", "events/eventstest", "workers", "workers/shim"}},
 	"client":                {imports: []string{"engine", "engine/api", "events", "internal/serverhome", "projections"}, tests: []string{"client/clienttest"}},

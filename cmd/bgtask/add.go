@@ -646,3 +646,12 @@ func parseKeyValues(flag string, pairs []string) (map[string]string, error) {
 func usageErr(format string, args ...any) error {
 	return &exitError{code: client.ExitUsage, err: fmt.Errorf(format, args...)}
 }
+
+// hostName is this host's name, the host label of a task that must run here.
+func hostName() string {
+	h, err := os.Hostname()
+	if err != nil {
+		return "localhost"
+	}
+	return h
+}

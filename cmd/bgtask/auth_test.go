@@ -46,11 +46,7 @@ func TestTheCredentialsBgtaskConnectsWithAreHeld(t *testing.T) {
 			t.Fatalf("%+v: %v", a, err)
 		}
 	}
-	webhookKey := "0123456789abcdef0123456789abcdef"
-	if _, err := loadWebhookSecret(write("webhook-secret", webhookKey+"\n"), dir); err != nil {
-		t.Fatal(err)
-	}
-	env := []string{"A=password-from-the-flag", "B=password-from-the-variable", "C=" + nkeySeed, "D=" + credsSeed, "E=" + webhookKey}
+	env := []string{"A=password-from-the-flag", "B=password-from-the-variable", "C=" + nkeySeed, "D=" + credsSeed}
 	if got := secretenv.Without(env); len(got) != 0 {
 		t.Errorf("these credentials are not held: %q", got)
 	}

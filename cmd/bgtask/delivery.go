@@ -2,12 +2,7 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -19,40 +14,21 @@ import (
 
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/engine/server"
 	"github.com/bgtask/bgtask/engine/sinks"
-	"github.com/bgtask/bgtask/internal/secretenv"
 	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
-// deliveryOptions are the server's flags for push sinks.
-type deliveryOptions struct {
-	secretFile string
-	retryBase  time.Duration
-	bearers    bearerFlag
-}
-
-func (o *deliveryOptions) register(f *pflag.FlagSet) {
-	f.StringVar(&o.secretFile, "webhook-secret-file", "", "file with the key that signs webhook bodies (X-Bgtask-Signature: sha256=HMAC); default HOME/"+serverhome.WebhookSecretFile+", generated on first start. Engine replicas need the same one")
-	f.DurationVar(&o.retryBase, "retry-base", engine.DefaultRetryBase, "wait after a push sink's first failed attempt; it doubles with each attempt, up to 5m, with jitter")
-	f.Var(&o.bearers, "webhook-bearer", "declare a bearer token that webhook sinks may name (\"bearer\": \"NAME\") as NAME=file:PATH@URLPREFIX or NAME=env:VAR@URLPREFIX: the token is read from the file (again at each push) or the server's environment variable, and sent as Authorization: Bearer only to URLs under the prefix; repeat with the same NAME and source for more prefixes (docs/webhooks.md). Engine replicas need the same ones")
-}
-
-// pushing is what the engine's pusher is made with.
-type pushing struct {
-	runner    engine.SinkRunner
-	retryBase time.Duration
-	// bearers are the bearer tokens webhooks may name, which registration checks.
-	bearers engine.WebhookBearers
-}
-
-func (o deliveryOptions) pushing(secret []byte) pushing {
-	return pushing{runner: sinks.New(secret).WithBearers(o.bearers.m), retryBase: o.retryBase, bearers: o.bearers.m}
+func registerDeliveryFlags(f *pflag.FlagSet, o *server.DeliveryOptions) {
+	f.StringVar(&o.SecretFile, "webhook-secret-file", "", "file with the key that signs webhook bodies (X-Bgtask-Signature: sha256=HMAC); default HOME/"+serverhome.WebhookSecretFile+", generated on first start. Engine replicas need the same one")
+	f.DurationVar(&o.RetryBase, "retry-base", engine.DefaultRetryBase, "wait after a push sink's first failed attempt; it doubles with each attempt, up to 5m, with jitter")
+	f.Var(&bearerFlag{m: &o.Bearers}, "webhook-bearer", "declare a bearer token that webhook sinks may name (\"bearer\": \"NAME\") as NAME=file:PATH@URLPREFIX or NAME=env:VAR@URLPREFIX: the token is read from the file (again at each push) or the server's environment variable, and sent as Authorization: Bearer only to URLs under the prefix; repeat with the same NAME and source for more prefixes (docs/webhooks.md). Engine replicas need the same ones")
 }
 
 // bearerFlag is --webhook-bearer, checked as each is given: its token is readable
 // now (a typo fails the start, not the first push) and its prefix is a URL prefix.
 type bearerFlag struct {
-	m    engine.WebhookBearers
+	m    *engine.WebhookBearers
 	args []string
 }
 
@@ -86,49 +62,22 @@ func (b *bearerFlag) Set(arg string) error {
 	if _, err := sinks.Token(bearer); err != nil {
 		return err
 	}
-	if earlier, ok := b.m[name]; ok {
+	if earlier, ok := (*b.m)[name]; ok {
 		if earlier.File != bearer.File || earlier.Env != bearer.Env {
 			return fmt.Errorf("%s is declared twice with different sources", name)
 		}
 		bearer.Prefixes = earlier.Prefixes
 	}
 	bearer.Prefixes = append(bearer.Prefixes, prefix)
-	if b.m == nil {
-		b.m = engine.WebhookBearers{}
+	if *b.m == nil {
+		*b.m = engine.WebhookBearers{}
 	}
-	b.m[name] = bearer
+	(*b.m)[name] = bearer
 	b.args = append(b.args, arg)
 	return nil
 }
 
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-// loadWebhookSecret reads the webhook key from file, or from the home, where it is
-// generated (32 random bytes, hex, mode 0600) the first time. It never goes into a
-// spec or the stream.
-func loadWebhookSecret(file, home string) ([]byte, error) {
-	generate := file == ""
-	if generate {
-		file = filepath.Join(home, serverhome.WebhookSecretFile)
-	}
-	data, err := os.ReadFile(file)
-	if errors.Is(err, fs.ErrNotExist) && generate {
-		key := make([]byte, 32)
-		_, _ = rand.Read(key)
-		data = []byte(hex.EncodeToString(key) + "\n")
-		if err := serverhome.WriteFileAtomic(file, data); err != nil {
-			return nil, fmt.Errorf("write webhook secret: %w", err)
-		}
-	} else if err != nil {
-		return nil, fmt.Errorf("webhook secret: %w", err)
-	}
-	secret := []byte(strings.TrimSpace(string(data)))
-	if len(secret) < 16 {
-		return nil, usageErr("webhook secret %s: %d bytes is too short to sign with; use at least 16", file, len(secret))
-	}
-	secretenv.Hold(string(secret))
-	return secret, nil
-}
 
 func targetListCmd(g *globals) *cobra.Command {
 	var asJSON bool

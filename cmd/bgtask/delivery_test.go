@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/bgtask/bgtask/engine"
 )
 
 // TestWebhookBearerFlag: --webhook-bearer declares a token by name, source and URL
@@ -17,7 +19,8 @@ func TestWebhookBearerFlag(t *testing.T) {
 	if err := os.WriteFile(file, []byte("file-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var f bearerFlag
+	var bearers engine.WebhookBearers
+	f := bearerFlag{m: &bearers}
 	for _, arg := range []string{
 		"openclaw=file:" + file + "@http://127.0.0.1:18789/hooks/",
 		"openclaw=file:" + file + "@https://gateway.example/hooks/",
@@ -27,10 +30,10 @@ func TestWebhookBearerFlag(t *testing.T) {
 			t.Fatalf("Set(%s): %v", arg, err)
 		}
 	}
-	oc, ci := f.m["openclaw"], f.m["ci"]
-	if len(f.m) != 2 || oc.File != file || len(oc.Prefixes) != 2 || !oc.Allows("https://gateway.example/hooks/wake") ||
+	oc, ci := bearers["openclaw"], bearers["ci"]
+	if len(bearers) != 2 || oc.File != file || len(oc.Prefixes) != 2 || !oc.Allows("https://gateway.example/hooks/wake") ||
 		ci.Env != "BGTASK_TEST_TOKEN" || !ci.Allows("https://ci.example/hook") || ci.Allows("https://ci.example/other") {
-		t.Fatalf("bearers = %+v", f.m)
+		t.Fatalf("bearers = %+v", bearers)
 	}
 	for arg, reason := range map[string]string{
 		"openclaw":                                 "want NAME=file:PATH@URLPREFIX",
@@ -48,7 +51,7 @@ func TestWebhookBearerFlag(t *testing.T) {
 			t.Errorf("Set(%s) = %v, want ...%s", arg, err, reason)
 		}
 	}
-	if len(f.m) != 2 || len(f.m["openclaw"].Prefixes) != 2 {
-		t.Fatalf("a refused value changed the bearers: %+v", f.m)
+	if len(bearers) != 2 || len(bearers["openclaw"].Prefixes) != 2 {
+		t.Fatalf("a refused value changed the bearers: %+v", bearers)
 	}
 }

@@ -124,20 +124,6 @@ func serverURLOf(t *testing.T, home string) string {
 	return d.URL
 }
 
-func TestACleanRestartKeepsThePort(t *testing.T) {
-	quietHome(t)
-	home := t.TempDir()
-	first := startEmbedded(t, home)
-	before := serverURLOf(t, home)
-	// A client connection leaves the server's side of it in TIME_WAIT at the stop.
-	mustRunHome(t, home, "list")
-	first.stop(t)
-	startEmbedded(t, home)
-	if after := serverURLOf(t, home); after != before {
-		t.Fatalf("the server listened on %s, then on %s after a clean stop", before, after)
-	}
-}
-
 // The recipe of docs/api.md with the real nats CLI: a context saved by bgtask reaches the
 // server as the client identity, and still does after a restart.
 func TestTheNATSCLIReachesTheServerThroughASavedContext(t *testing.T) {

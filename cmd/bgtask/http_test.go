@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"os"
@@ -111,122 +110,12 @@ func TestServerServesTheHTTPAPI(t *testing.T) {
 	}
 }
 
-// A restart keeps the HTTP API's address, as it keeps the NATS port, and
-// HOME/metrics.token (0600, made once) reads /metrics across restarts; the API's
-// own token is new at each start. When the last port is taken, the server
-// listens on another and says so.
-func TestServerKeepsItsHTTPAddressAndMetricsToken(t *testing.T) {
-	home := t.TempDir()
-	s := startServer(t, home)
-	first, err := serverhome.ReadHTTPInfo(home)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokenFile := filepath.Join(home, serverhome.MetricsTokenFile)
-	if st, err := os.Stat(tokenFile); err != nil || st.Mode().Perm() != 0o600 {
-		t.Fatalf("%s: %v, %v", serverhome.MetricsTokenFile, st, err)
-	}
-	metricsToken, _ := os.ReadFile(tokenFile)
-	scrape := func(info serverhome.HTTPInfo) int {
-		t.Helper()
-		req, _ := http.NewRequest("GET", info.URL+"/metrics", nil)
-		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(metricsToken)))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	if code := scrape(first); code != 200 {
-		t.Fatalf("/metrics with %s: %d", serverhome.MetricsTokenFile, code)
-	}
-	s.stop()
-
-	s = startServer(t, home)
-	again, err := serverhome.ReadHTTPInfo(home)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if again.URL != first.URL || again.Token == first.Token {
-		t.Fatalf("after a restart: %s, token new: %v; want %s, a new token", again.URL, again.Token != first.Token, first.URL)
-	}
-	if kept, _ := os.ReadFile(tokenFile); string(kept) != string(metricsToken) {
-		t.Fatalf("%s changed at a restart", serverhome.MetricsTokenFile)
-	}
-	if code := scrape(again); code != 200 {
-		t.Fatalf("/metrics with %s after a restart: %d", serverhome.MetricsTokenFile, code)
-	}
-	s.stop()
-
-	taken, err := net.Listen("tcp", strings.TrimPrefix(first.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer taken.Close()
-	s = startServer(t, home)
-	moved, err := serverhome.ReadHTTPInfo(home)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if moved.URL == first.URL || !strings.Contains(s.out.String(), "the port of the last run's HTTP API is taken") {
-		t.Fatalf("with its port taken: %s\n%s", moved.URL, s.out.String())
-	}
-}
-
+// A --http the server cannot serve on is the command line's fault: exit status 2,
+// naming the way out.
 func TestServerHTTPFlags(t *testing.T) {
 	home := t.TempDir()
 	if r := bgtask(t, home, "server", "--http", "192.0.2.1:8080"); r.code != client.ExitUsage || !strings.Contains(r.stderr, "--http-remote") {
 		t.Fatalf("a non-loopback --http: exit %d, %s", r.code, r.stderr)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, []string{"server", "--home", home, "--listen", "127.0.0.1:0", "--http", "off", "--no-worker"}, io.Discard, io.Discard)
-	}()
-	eventually(t, 30*time.Second, "the server ready", func() bool {
-		_, err := serverhome.ReadDiscovery(home)
-		return err == nil
-	})
-	if _, err := os.Stat(filepath.Join(home, serverhome.HTTPFile)); !os.IsNotExist(err) {
-		t.Fatalf("%s with --http off: %v", serverhome.HTTPFile, err)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-}
-
-// With --nats, the server serves the HTTP API too, and writes its http.json
-// into the home.
-func TestServerWithNATSServesHTTP(t *testing.T) {
-	url := startExternalNATS(t)
-	home := t.TempDir()
-	ctx, cancel := context.WithCancel(context.Background())
-	out := &syncBuffer{}
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, []string{"--home", home, "--nats", url, "--user", "engine", "--password", "engine-pw", "server", "--no-worker"}, out, out)
-	}()
-	awaitText(t, out, "bgtask server ready", done)
-	info, err := serverhome.ReadHTTPInfo(home)
-	if err != nil {
-		t.Fatal(err)
-	}
-	code, body := httpCall(t, info, "POST", "/v1/tasks", `{"start_at":"1h","prompt":"later"}`)
-	if code != 201 {
-		t.Fatalf("register over HTTP with --nats: %d %s", code, body)
-	}
-	id := decode[struct{ ID string }](t, body).ID
-	if code, body := httpCall(t, info, "GET", "/v1/tasks/"+id, ""); code != 200 || !strings.Contains(body, `"armed"`) {
-		t.Fatalf("get: %d %s", code, body)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("server: %v\n%s", err, out.String())
-	}
-	if _, err := os.Stat(filepath.Join(home, serverhome.HTTPFile)); !os.IsNotExist(err) {
-		t.Fatalf("%s after the server stopped: %v", serverhome.HTTPFile, err)
 	}
 }
 

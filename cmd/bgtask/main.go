@@ -13,6 +13,7 @@ import (
 
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine/api"
+	"github.com/bgtask/bgtask/engine/server"
 	"github.com/bgtask/bgtask/workers/shim"
 )
 
@@ -59,6 +60,8 @@ func classify(err error) (int, *api.Error) {
 			return exit.code, apiErr
 		}
 		return exit.code, &api.Error{Code: client.CodeOfStatus(exit.code), Message: exit.err.Error()}
+	case errors.As(err, new(*server.BadOption)):
+		return client.ExitUsage, &api.Error{Code: client.CodeOfStatus(client.ExitUsage), Message: err.Error()}
 	case errors.As(err, &apiErr):
 		return client.StatusOfCode(apiErr.Code), apiErr
 	case errors.As(err, new(*client.NoServerError)), errors.Is(err, api.ErrNoServer):

@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/internal/serverhome"
 )
@@ -44,43 +41,14 @@ func connectAs(t *testing.T, home, file string, violations chan<- error) *nats.C
 	return nc
 }
 
-// refused publishes data on subject and awaits the server's permissions violation.
-func refused(t *testing.T, nc *nats.Conn, violations <-chan error, subject string) {
-	t.Helper()
-	if err := nc.Publish(subject, []byte(`{}`)); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		select {
-		case err := <-violations:
-			if strings.Contains(err.Error(), `"`+subject+`"`) {
-				return
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("publish to %s was not refused", subject)
-		}
-	}
-}
-
-// jsPublish publishes into a stream and reports whether it was stored.
-func jsPublish(t *testing.T, nc *nats.Conn, subject string) error {
-	t.Helper()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err = js.Publish(ctx, subject, []byte(`{}`), jetstream.WithExpectStream(events.StreamName))
-	return err
-}
-
-func TestTheClientIdentityRunsTheCLIButWritesNoEvent(t *testing.T) {
+// The whole CLI runs as the client identity (credentials.json) that it connects
+// as: nothing it does is refused. What the identity may not do around the API is
+// engine/server's test.
+func TestTheClientIdentityRunsTheCLI(t *testing.T) {
 	quietHome(t)
 	home := t.TempDir()
 	srv := startEmbedded(t, home)
 
-	// The whole CLI, as the client identity (credentials.json) that it connects as.
 	var added struct{ ID string }
 	if err := json.Unmarshal([]byte(mustRunHome(t, home, "add", "--json", "--target", "idt", "--", "echo out-line")), &added); err != nil {
 		t.Fatal(err)
@@ -126,27 +94,6 @@ func TestTheClientIdentityRunsTheCLIButWritesNoEvent(t *testing.T) {
 		t.Fatalf("a CLI command was refused something it needs:\n%s", log)
 	}
 
-	// Around the API: no event, no wake-up, no stream of its own.
-	victim := strings.TrimSpace(mustRunHome(t, home, "add", "--", "sleep 600"))
-	violations := make(chan error, 16)
-	nc := connectAs(t, home, filepath.Join(home, serverhome.ClientSeedFile), violations)
-	for _, typ := range []events.Type{events.TypeCancelled, events.TypeExited, events.TypeFired, events.TypeArmed} {
-		refused(t, nc, violations, events.TaskSubject(victim, typ))
-	}
-	refused(t, nc, violations, events.InboxSubject("idt"))
-	refused(t, nc, violations, "$JS.API.STREAM.CREATE.MINE")
-	if err := jsPublish(t, nc, events.TaskSubject(victim, events.TypeCancelled)); err == nil {
-		t.Error("a JetStream publish of a cancelled event was stored")
-	}
-	var shown struct{ State string }
-	if err := json.Unmarshal([]byte(mustRunHome(t, home, "show", victim, "--json")), &shown); err != nil {
-		t.Fatal(err)
-	}
-	if shown.State != string(engine.PhaseRunning) {
-		t.Fatalf("the victim is %s, want running", shown.State)
-	}
-	mustRunHome(t, home, "cancel", victim)
-
 	// Last, as it leaves the server without a worker: drain is the user's too.
 	var workers struct {
 		Workers []struct{ ID string } `json:"workers"`
@@ -155,23 +102,6 @@ func TestTheClientIdentityRunsTheCLIButWritesNoEvent(t *testing.T) {
 		t.Fatalf("workers --json: %+v, %v", workers, err)
 	}
 	mustRunHome(t, home, "worker", "drain", workers.Workers[0].ID)
-
-	// credentials.json and client.nkey are the same user; the engine's seed is in
-	// no file of the home.
-	creds, err := serverhome.ReadCredentials(home)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, _ := serverhome.ReadSeedFile(filepath.Join(home, serverhome.ClientSeedFile))
-	worker, _ := serverhome.ReadSeedFile(filepath.Join(home, serverhome.WorkerSeedFile))
-	if creds.Seed != client.Seed {
-		t.Error("credentials.json and client.nkey hold different identities")
-	}
-	for _, seed := range seedsIn(t, home) {
-		if seed != client.Seed && seed != worker.Seed {
-			t.Errorf("a seed other than the client's and the worker's is on disk")
-		}
-	}
 }
 
 // inboxUnacked reports whether target's inbox consumer has a wake-up not acked
@@ -192,72 +122,4 @@ func inboxUnacked(t *testing.T, home, target string) bool {
 	}
 	info, err := cons.Info(ctx)
 	return err != nil || info.NumPending+uint64(info.NumAckPending) > 0
-}
-
-var seedPattern = regexp.MustCompile(`SU[A-Z2-7]{56}`)
-
-// seedsIn lists the user nkey seeds in the files of home, the store aside.
-func seedsIn(t *testing.T, home string) []string {
-	t.Helper()
-	var seeds []string
-	err := filepath.WalkDir(home, func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && d.Name() == serverhome.StoreDir {
-			return filepath.SkipDir
-		}
-		if d.Type().IsRegular() {
-			data, err := os.ReadFile(path)
-			if err != nil {
-				return err
-			}
-			for _, m := range seedPattern.FindAll(data, -1) {
-				seeds = append(seeds, string(m))
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return seeds
-}
-
-func TestTheWorkerIdentityAppendsARunsEventsButNoOutcome(t *testing.T) {
-	quietHome(t)
-	home := t.TempDir()
-	startEmbedded(t, home, "--no-worker")
-
-	violations := make(chan error, 16)
-	nc := connectAs(t, home, filepath.Join(home, serverhome.WorkerSeedFile), violations)
-	const task = "01a00000-0000-7000-8000-000000000000"
-	for _, typ := range []events.Type{events.TypeSpawned, events.TypeTick, events.TypeExited} {
-		if err := jsPublish(t, nc, events.TaskSubject(task, typ)); err != nil {
-			t.Errorf("the worker identity cannot append %s: %v", typ, err)
-		}
-	}
-	for _, typ := range []events.Type{events.TypeCancelled, events.TypeCompletionPersisted, events.TypeFired, events.TypeArmed,
-		events.TypeDue, events.TypeRetryScheduled, events.TypePaused, events.TypeResumed, events.TypeCompleted, events.TypeSkipped, events.TypeJoined, events.TypeConsumed} {
-		refused(t, nc, violations, events.TaskSubject(task, typ))
-	}
-	refused(t, nc, violations, "bgtask.register")
-	refused(t, nc, violations, "bgtask.rerun")
-	refused(t, nc, violations, events.InboxSubject("default"))
-
-	// A `bgtask worker --home` process connects as it, and runs tasks.
-	wnc, err := (&globals{home: home}).connectWorker()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := newWorker(context.Background(), wnc, workerOptions{stateDir: t.TempDir(), maxTasks: 4, tick: time.Second, killGrace: time.Second}, engine.Base{})
-	if err != nil {
-		wnc.Close()
-		t.Fatal(err)
-	}
-	defer w.Stop()
-	id := strings.TrimSpace(mustRunHome(t, home, "add", "--", "echo from-worker"))
-	if out, err := runHome(t, home, "wait", id, "--timeout", "60s"); err != nil {
-		t.Fatalf("wait on a task of the worker: %v\n%s", err, out)
-	}
 }

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -17,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/bgtask/bgtask/client"
+	"github.com/bgtask/bgtask/engine/server"
 	"github.com/bgtask/bgtask/internal/secretenv"
 	"github.com/bgtask/bgtask/internal/serverhome"
 )
@@ -157,9 +156,28 @@ func buildID() string {
 }
 
 // connect opens a connection as the client identity of the home (or as the auth
-// flags say, with --nats), for a part of the server that acts as a client of it.
+// flags say, with --nats), for a program that acts as a client of the server.
 func (g *globals) connect(name string, extra ...nats.Option) (*nats.Conn, error) {
-	return g.connectAs(name, serverhome.ReadCredentials, extra...)
+	d, err := g.deployment()
+	if err != nil {
+		return nil, err
+	}
+	return d.Connect(name, extra...)
+}
+
+// deployment is where the global flags say a process connects: to --nats with
+// the auth flags' options, else to the server of the home.
+func (g *globals) deployment() (server.Deployment, error) {
+	d := server.Deployment{Home: g.home, URL: g.natsURL}
+	if g.natsURL == "" {
+		if g.auth.given() {
+			return d, usageErr("the NATS auth and TLS flags go with --nats URL; without it the home's own credentials are used")
+		}
+		return d, nil
+	}
+	var err error
+	d.Auth, err = g.auth.options()
+	return d, err
 }
 
 // holdCredentials holds (secretenv.Hold) the credentials a client command
@@ -175,55 +193,6 @@ func (g *globals) holdCredentials() {
 			secretenv.Hold(creds.Seed)
 		}
 	}
-}
-
-// connectAs opens a connection named name: to --nats with the auth flags, else to
-// the home's server as the identity that identity reads from the home.
-func (g *globals) connectAs(name string, identity func(home string) (serverhome.Credentials, error), extra ...nats.Option) (*nats.Conn, error) {
-	opts := append([]nats.Option{nats.Name(name), nats.Timeout(5 * time.Second), nats.MaxReconnects(-1)}, extra...)
-	if g.natsURL != "" {
-		auth, err := g.auth.options()
-		if err != nil {
-			return nil, err
-		}
-		nc, err := nats.Connect(g.natsURL, append(opts, auth...)...)
-		if err != nil {
-			return nil, fmt.Errorf("connect to %s: %w", g.natsURL, err)
-		}
-		return nc, nil
-	}
-	if g.auth.given() {
-		return nil, usageErr("the NATS auth and TLS flags go with --nats URL; without it the home's own credentials are used")
-	}
-	home, err := serverhome.Dir(g.home)
-	if err != nil {
-		return nil, err
-	}
-	d, err := serverhome.ReadDiscovery(home)
-	if errors.Is(err, os.ErrNotExist) {
-		// A server writes its credentials at its first start and removes its
-		// discovery file when it stops: with credentials, one ran here and may be
-		// starting again.
-		return nil, fmt.Errorf("the bgtask server of %s is not running (it wrote no %s yet)", home, serverhome.DiscoveryFile)
-	}
-	if err != nil {
-		return nil, err
-	}
-	creds, err := identity(home)
-	if err != nil {
-		return nil, fmt.Errorf("read the identity of %s: %w", name, err)
-	}
-	auth, err := creds.NATSOption()
-	if err != nil {
-		return nil, fmt.Errorf("read the identity of %s: %w", name, err)
-	}
-	// Reconnects go where the server is now, should it come back on another port.
-	opts = append(opts, auth, nats.SetCustomDialer(serverhome.NewDialer(home, 5*time.Second)))
-	nc, err := nats.Connect(d.URL, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("the bgtask server of %s (pid %d, %s) does not answer: %w", home, d.PID, d.URL, err)
-	}
-	return nc, nil
 }
 
 // defaultTimeout bounds a client command that does not wait for a task to end:
@@ -273,17 +242,11 @@ func (g *globals) open(ctx context.Context, bound time.Duration) (*client.Client
 // clientConfig is the deployment the global flags name, to a connection named
 // name.
 func (g *globals) clientConfig(name string) (client.Config, error) {
-	cfg := client.Config{Home: g.home, URL: g.natsURL, Name: name}
-	if g.natsURL != "" {
-		opts, err := g.auth.options()
-		if err != nil {
-			return client.Config{}, err
-		}
-		cfg.Options = opts
-	} else if g.auth.given() {
-		return client.Config{}, usageErr("the NATS auth and TLS flags go with --nats URL; without it the home's own credentials are used")
+	d, err := g.deployment()
+	if err != nil {
+		return client.Config{}, err
 	}
-	return cfg, nil
+	return client.Config{Home: d.Home, URL: d.URL, Options: d.Auth, Name: name}, nil
 }
 
 // withClient runs fn with a client of the command's deployment, all within its
@@ -323,12 +286,4 @@ func printJSONLine(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	return enc.Encode(v)
-}
-
-// connectWorker opens the connection of a `bgtask worker` process: with --nats,
-// as the auth flags say; else as the home's worker identity.
-func (g *globals) connectWorker() (*nats.Conn, error) {
-	return g.connectAs("bgtask-worker", func(home string) (serverhome.Credentials, error) {
-		return serverhome.ReadSeedFile(filepath.Join(home, serverhome.WorkerSeedFile))
-	})
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,35 +13,8 @@ import (
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/events/eventstest"
-	"github.com/bgtask/bgtask/internal/serverhome"
 	"github.com/bgtask/bgtask/projections"
 )
-
-// The client identity may call every schedule endpoint: each gets a reply of
-// the API (whatever the engine answers), not a permission violation.
-func TestTheClientIdentityCallsTheScheduleEndpoints(t *testing.T) {
-	quietHome(t)
-	home := t.TempDir()
-	srv := startEmbedded(t, home)
-	violations := make(chan error, 16)
-	nc := connectAs(t, home, filepath.Join(home, serverhome.ClientSeedFile), violations)
-	for _, subject := range []string{
-		api.SubjectScheduleAdd, api.SubjectScheduleList, api.SubjectScheduleShow, api.SubjectSchedulePause,
-		api.SubjectScheduleResume, api.SubjectScheduleDelete, api.SubjectScheduleTrigger,
-	} {
-		if _, err := nc.Request(subject, []byte(`{"name":"perm"}`), 10*time.Second); err != nil {
-			t.Errorf("%s: %v", subject, err)
-		}
-	}
-	select {
-	case err := <-violations:
-		t.Fatalf("refused: %v", err)
-	default:
-	}
-	if log := srv.log.String(); strings.Contains(log, "Violation") {
-		t.Fatalf("a schedule subject was refused:\n%s", log)
-	}
-}
 
 // serveSchedulesAt runs the API with its schedules and their runner on a NATS
 // server of its own, for the CLI to reach with --nats.

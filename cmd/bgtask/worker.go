@@ -4,45 +4,37 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"os"
-	"os/signal"
-	"path/filepath"
-	"syscall"
-	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/bgtask/bgtask/client"
-	"github.com/bgtask/bgtask/engine"
-	"github.com/bgtask/bgtask/events"
-	"github.com/bgtask/bgtask/internal/serverhome"
+	"github.com/bgtask/bgtask/engine/server"
 	"github.com/bgtask/bgtask/workers"
 	"github.com/bgtask/bgtask/workers/shim"
 )
 
-// workerOptions are the flags of a worker, in `bgtask worker` and `bgtask server`.
-type workerOptions struct {
-	id        string
-	stateDir  string
-	maxTasks  int
-	tick      time.Duration
-	killGrace time.Duration
-	labels    []string
-	exclusive bool
-	drain     bool
+// workerFlags are the flags of a worker, in `bgtask worker` and `bgtask server`,
+// into o; the labels are parsed when the command runs.
+type workerFlags struct {
+	o         *server.WorkerOptions
+	keyValues []string
 }
 
-func (o *workerOptions) register(f *pflag.FlagSet) {
-	f.StringVar(&o.id, "worker-id", "", "the worker's identity in events (default: HOST-RANDOM, kept in the state directory)")
-	f.IntVar(&o.maxTasks, "max-tasks", workers.DefaultMaxTasks, "commands the worker runs at once; it takes no task beyond that")
-	f.DurationVar(&o.tick, "tick", workers.DefaultTickInterval, "interval of a running task's tick events")
-	f.DurationVar(&o.killGrace, "kill-grace", workers.DefaultKillGrace, "time between TERM and KILL when a task's process group is stopped")
-	f.StringArrayVar(&o.labels, "label", nil, "KEY=VALUE the worker advertises; a task's placement must match its labels (repeatable; host=HOSTNAME is always added unless given)")
-	f.BoolVar(&o.exclusive, "exclusive", false, "keep the worker for its --label labels: take only tasks whose placement names each of them (host aside)")
+func registerWorkerFlags(f *pflag.FlagSet, o *server.WorkerOptions) *workerFlags {
+	w := &workerFlags{o: o}
+	f.StringVar(&o.ID, "worker-id", "", "the worker's identity in events (default: HOST-RANDOM, kept in the state directory)")
+	f.IntVar(&o.MaxTasks, "max-tasks", workers.DefaultMaxTasks, "commands the worker runs at once; it takes no task beyond that")
+	f.DurationVar(&o.Tick, "tick", workers.DefaultTickInterval, "interval of a running task's tick events")
+	f.DurationVar(&o.KillGrace, "kill-grace", workers.DefaultKillGrace, "time between TERM and KILL when a task's process group is stopped")
+	f.StringArrayVar(&w.keyValues, "label", nil, "KEY=VALUE the worker advertises; a task's placement must match its labels (repeatable; host=HOSTNAME is always added unless given)")
+	f.BoolVar(&o.Exclusive, "exclusive", false, "keep the worker for its --label labels: take only tasks whose placement names each of them (host aside)")
+	return w
+}
+
+// labels are the --label flags' labels.
+func (w *workerFlags) labels() (map[string]string, error) {
+	return parseKeyValues("--label", w.keyValues)
 }
 
 const workerLong = `Run a worker as its own process, on this host or another. It connects to the
@@ -69,8 +61,9 @@ with its heartbeat removed. Upgrading workers one at a time by draining or by
 restarting them loses nothing and restarts no task.`
 
 func workerCmd(g *globals) *cobra.Command {
-	var o workerOptions
-	var logLevel, stateDir string
+	var o server.WorkerOptions
+	var logLevel string
+	var flags *workerFlags
 	cmd := &cobra.Command{
 		Use:   "worker",
 		Short: "Run a worker that takes tasks and runs their commands",
@@ -85,60 +78,20 @@ func workerCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if stateDir == "" {
-				home, err := serverhome.Dir(g.home)
-				if err != nil {
-					return err
-				}
-				name := "default"
-				if o.id != "" {
-					name = o.id // each named worker keeps its own runs
-				}
-				stateDir = filepath.Join(home, "workers", name)
+			if o.Labels, err = flags.labels(); err != nil {
+				return err
 			}
-			o.stateDir = stateDir
-			nc, err := g.connectWorker()
+			d, err := g.deployment()
 			if err != nil {
 				return err
 			}
-			defer nc.Close()
-			if err := waitForServer(cmd.Context(), nc, logger); err != nil {
-				if cmd.Context().Err() != nil {
-					return nil // stopped while it waited
-				}
-				return err
-			}
-			// SIGUSR1 drains; registered before the worker starts so an early one is not lost.
-			usr1 := make(chan os.Signal, 1)
-			signal.Notify(usr1, syscall.SIGUSR1)
-			defer signal.Stop(usr1)
-			w, err := retryStart(cmd.Context(), logger, func() (*workerHandle, error) {
-				w, err := newWorker(cmd.Context(), nc, o, engine.Base{Logger: logger})
-				if errors.Is(err, workers.ErrStateDirInUse) {
-					return nil, &exitError{code: 1, err: err} // waiting does not free it
-				}
-				return w, err
-			})
-			if err != nil {
-				return err
-			}
-			defer w.Stop()
-			for {
-				select {
-				case <-cmd.Context().Done():
-					return nil
-				case <-usr1:
-					w.w.Drain()
-				case <-w.w.Drained():
-					return nil
-				}
-			}
+			return server.RunWorker(cmd.Context(), d, o, logger)
 		},
 	}
-	o.register(cmd.Flags())
-	cmd.Flags().BoolVar(&o.drain, "drain", false, "start draining: watch the runs left in the state directory to their end, take no new task, then exit")
+	flags = registerWorkerFlags(cmd.Flags(), &o)
+	cmd.Flags().BoolVar(&o.Drain, "drain", false, "start draining: watch the runs left in the state directory to their end, take no new task, then exit")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	cmd.Flags().StringVar(&stateDir, "state-dir", "", "where the worker keeps its runs and identity (default HOME/workers/WORKER-ID, or HOME/workers/default)")
+	cmd.Flags().StringVar(&o.StateDir, "state-dir", "", "where the worker keeps its runs and identity (default HOME/workers/WORKER-ID, or HOME/workers/default)")
 	cmd.AddCommand(drainCmd(g))
 	return cmd
 }
@@ -185,81 +138,4 @@ func shimCmd() *cobra.Command {
 			return shim.Main(args)
 		},
 	}
-}
-
-// waitForServer waits until a bgtask server has created the streams and the
-// heartbeat bucket: in a deployment, workers may start before any engine.
-func waitForServer(ctx context.Context, nc *nats.Conn, logger *slog.Logger) error {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	for logged := false; ; {
-		_, err := js.Stream(ctx, events.StreamName)
-		if err == nil {
-			_, err = js.Stream(ctx, events.LogStreamName)
-		}
-		if err == nil {
-			_, err = js.KeyValue(ctx, events.WorkersBucket)
-		}
-		if err == nil {
-			return nil
-		}
-		if errors.Is(err, nats.ErrPermissionViolation) || errors.Is(err, nats.ErrAuthorization) {
-			return err
-		}
-		// Not created yet, or a cluster too busy or electing a leader to answer.
-		if !logged {
-			logger.Info("waiting for a bgtask server to create the streams", "err", err)
-			logged = true
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Second):
-		}
-	}
-}
-
-// newWorker starts a worker on nc; it owns nc and closes it when stopped.
-func newWorker(ctx context.Context, nc *nats.Conn, o workerOptions, base engine.Base) (*workerHandle, error) {
-	if o.stateDir == "" {
-		return nil, errors.New("worker: no state directory")
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
-	store, err := events.ConnectStore(ctx, js)
-	if err != nil {
-		return nil, err
-	}
-	labels, err := parseKeyValues("--label", o.labels)
-	if err != nil {
-		return nil, err
-	}
-	if err := engine.ValidateLabels("--label", labels); err != nil {
-		return nil, usageErr("%v", err)
-	}
-	if o.exclusive && len(engine.ExclusiveLabels(labels)) == 0 {
-		return nil, usageErr("--exclusive: give the labels the worker is kept for with --label KEY=VALUE (host does not count)")
-	}
-	w := workers.New(nc, js, store, workers.Config{
-		ID: o.id, MaxTasks: o.maxTasks, TickInterval: o.tick, KillGrace: o.killGrace, StateDir: o.stateDir,
-		Labels: labels, Exclusive: o.exclusive, Drain: o.drain, Base: base,
-	})
-	if err := w.Start(ctx); err != nil {
-		return nil, err
-	}
-	return &workerHandle{w: w, nc: nc}, nil
-}
-
-type workerHandle struct {
-	w  *workers.Worker
-	nc *nats.Conn
-}
-
-func (h *workerHandle) Stop() {
-	h.w.Stop()
-	h.nc.Close()
 }

@@ -1,9 +1,9 @@
-package main
+package server
 
 import (
 	"slices"
 
-	"github.com/nats-io/nats-server/v2/server"
+	natsserver "github.com/nats-io/nats-server/v2/server"
 
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine/api"
@@ -69,8 +69,8 @@ var (
 		events.TaskSubject("*", events.TypeConsumed),
 	}
 
-	workerPermissions = &server.Permissions{
-		Publish: &server.SubjectPermission{
+	workerPermissions = &natsserver.Permissions{
+		Publish: &natsserver.SubjectPermission{
 			Allow: append([]string{
 				events.TaskSubject("*", events.TypeSpawned),
 				events.TaskSubject("*", events.TypeTick),
@@ -88,7 +88,7 @@ var (
 				api.SubjectRegister, api.SubjectRerun, events.InboxPrefix + ".>", events.ArchiveSubject,
 			}, outcomeEvents, neverWrite),
 		},
-		Subscribe: &server.SubjectPermission{
+		Subscribe: &natsserver.SubjectPermission{
 			Allow: []string{
 				events.WorkerPrefix + ".*.>",
 				events.SubjectPrefix + ".>",
@@ -98,8 +98,8 @@ var (
 		},
 	}
 
-	clientPermissions = &server.Permissions{
-		Publish: &server.SubjectPermission{
+	clientPermissions = &natsserver.Permissions{
+		Publish: &natsserver.SubjectPermission{
 			Allow: append([]string{
 				api.SubjectRegister, api.SubjectRerun, api.SubjectCancel, api.SubjectGet, api.SubjectList,
 				api.SubjectHistory, api.SubjectWorkers, api.SubjectPause, api.SubjectResume, api.SubjectComplete,
@@ -118,7 +118,7 @@ var (
 				"$JS.API.STREAM.PURGE.>",
 			}, neverWrite),
 		},
-		Subscribe: &server.SubjectPermission{
+		Subscribe: &natsserver.SubjectPermission{
 			Allow: []string{
 				events.SubjectPrefix + ".>", events.InboxPrefix + ".>", events.LogPrefix + ".>",
 				client.ConsumingPrefix + ".*", "_INBOX.>",

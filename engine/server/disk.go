@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"context"
@@ -11,10 +11,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/events"
 )
 
@@ -107,24 +106,24 @@ func errStreamTooBig(err error, stream string, asked, maxStore int64) error {
 	if maxStore > 0 {
 		room += " (" + formatBytes(maxStore) + ", 75% of the free disk)"
 	}
-	return &exitError{code: client.ExitUsage, err: fmt.Errorf("stream %s asks for %s, more than %s: free disk space, or give a smaller --log-bytes",
-		stream, formatBytes(asked), room)}
+	return badOption("stream %s asks for %s, more than %s: free disk space, or give a smaller --log-bytes",
+		stream, formatBytes(asked), room)
 }
 
-// byteSize is a flag's size in bytes: a number with an optional KiB, MiB, GiB
-// (or KB, MB, GB) suffix.
-type byteSize int64
+// ByteSize is a size in bytes; as a flag's value (a pflag.Value), a number with
+// an optional KiB, MiB, GiB (or KB, MB, GB) suffix.
+type ByteSize int64
 
-func (b *byteSize) String() string {
+func (b *ByteSize) String() string {
 	if *b == 0 {
 		return "0"
 	}
 	return formatBytes(int64(*b))
 }
 
-func (b *byteSize) Type() string { return "size" }
+func (b *ByteSize) Type() string { return "size" }
 
-func (b *byteSize) Set(s string) error {
+func (b *ByteSize) Set(s string) error {
 	units := []struct {
 		suffix string
 		mult   int64
@@ -140,7 +139,7 @@ func (b *byteSize) Set(s string) error {
 	if err != nil || n < 0 || n > (1<<62)/mult {
 		return fmt.Errorf("%q: want a size such as 512MiB or 2GiB", s)
 	}
-	*b = byteSize(n * mult)
+	*b = ByteSize(n * mult)
 	return nil
 }
 
@@ -168,13 +167,13 @@ const diskRoomBytes = 16 << 20
 // storeAlarm passes on the embedded server's log, and notes a write of its store
 // that failed for lack of space.
 type storeAlarm struct {
-	server.Logger
+	natsserver.Logger
 	mu     sync.Mutex
 	full   bool
 	raised chan struct{} // closed when full becomes true
 }
 
-func newStoreAlarm(l server.Logger) *storeAlarm {
+func newStoreAlarm(l natsserver.Logger) *storeAlarm {
 	return &storeAlarm{Logger: l, raised: make(chan struct{})}
 }
 
@@ -210,7 +209,7 @@ func (a *storeAlarm) Raised() <-chan struct{} {
 
 // watchStoreDisk has the embedded server log through an alarm that notes a write
 // of its store that failed for lack of space.
-func watchStoreDisk(ns *server.Server, logger *slog.Logger) *storeAlarm {
+func watchStoreDisk(ns *natsserver.Server, logger *slog.Logger) *storeAlarm {
 	alarm := newStoreAlarm(natsLogger{logger.With("component", "nats")})
 	ns.SetLoggerV2(alarm, false, false, false)
 	return alarm

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"context"
@@ -15,9 +15,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/internal/serverhome"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // A server on a disk with far less free than the log stream's 4 GiB starts, and
@@ -25,27 +27,33 @@ import (
 func TestTheServerStartsOnASmallDisk(t *testing.T) {
 	home := filepath.Join(mountTmpfs(t, 300<<20), "home")
 	startServer(t, home)
-	id := addTask(t, home, "--", "echo small; exit 3")
-	r := bgtask(t, home, "wait", id, "--json", "--timeout", "30s")
-	if got := decode[struct {
-		ExitCode *int `json:"exit_code"`
-	}](t, r.stdout).ExitCode; got == nil || *got != 3 {
-		t.Fatalf("wait: %s %s, want exit code 3", r.stdout, r.stderr)
+	c := newClient(t, home)
+	id := register(t, c, client.Spec{Command: "echo small; exit 3"})
+	if code := exitCodeOf(t, c, id, 30*time.Second); code != 3 {
+		t.Fatalf("exit code %d, want 3", code)
 	}
+}
+
+// runAtOnce runs a server with o and returns the error it stops with, failing
+// the test if it serves or takes more than 10 seconds to refuse.
+func runAtOnce(t *testing.T, o Options) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := Run(ctx, o)
+	if err == nil || ctx.Err() != nil || time.Since(start) > 10*time.Second {
+		t.Fatalf("server: %v after %s, want a refusal at once", err, time.Since(start))
+	}
+	return err
 }
 
 // A log stream asked to be larger than the disk holds is no start to retry: the
 // server stops at once, and says why in one line.
 func TestALogStreamLargerThanTheDiskFailsTheStartInOneLine(t *testing.T) {
-	home := filepath.Join(mountTmpfs(t, 300<<20), "home")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var out syncBuffer
-	start := time.Now()
-	err := Run(ctx, []string{"server", "--home", home, "--listen", "127.0.0.1:0", "--log-bytes", "1GiB"}, &out, &out)
-	if err == nil || ctx.Err() != nil || time.Since(start) > 10*time.Second {
-		t.Fatalf("server: %v after %s, want a refusal at once\n%s", err, time.Since(start), out.String())
-	}
+	o := testOptions(filepath.Join(mountTmpfs(t, 300<<20), "home"), &syncBuffer{})
+	o.LogBytes = 1 << 30
+	err := runAtOnce(t, o)
 	if msg := err.Error(); strings.Contains(msg, "\n") || !strings.Contains(msg, "BGTASK_LOGS") || !strings.Contains(msg, "1GiB") || !strings.Contains(msg, "--log-bytes") {
 		t.Fatalf("the refusal %q does not say in one line which stream asks for how much, and what to do", msg)
 	}
@@ -57,15 +65,7 @@ func TestALogStreamLargerThanTheDiskFailsTheStartInOneLine(t *testing.T) {
 // MB) starts one.
 func TestAServerOnADiskTooSmallForItsStreamsSaysWhatItNeeds(t *testing.T) {
 	home := filepath.Join(mountTmpfs(t, 64<<20), "home")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var out syncBuffer
-	start := time.Now()
-	err := Run(ctx, []string{"server", "--home", home, "--listen", "127.0.0.1:0"}, &out, &out)
-	if err == nil || ctx.Err() != nil || time.Since(start) > 10*time.Second {
-		t.Fatalf("server: %v after %s, want a refusal at once\n%s", err, time.Since(start), out.String())
-	}
-	msg := err.Error()
+	msg := runAtOnce(t, testOptions(home, &syncBuffer{})).Error()
 	m := regexp.MustCompile(`store at (\S+): ([0-9.]+)MiB free, and the server needs ([0-9.]+)MiB free there`).FindStringSubmatch(msg)
 	if strings.Contains(msg, "\n") || m == nil || !strings.HasPrefix(m[1], home) {
 		t.Fatalf("the refusal %q does not say in one line where, with how much free, and how much it needs", msg)
@@ -102,13 +102,13 @@ func TestTheLogStreamFitsWhatJetStreamMayStore(t *testing.T) {
 		}
 	}
 	for in, want := range map[string]int64{"512MiB": 512 << 20, "2GiB": 2 << 30, "1000": 1000, "3 MB": 3e6} {
-		var b byteSize
+		var b ByteSize
 		if err := b.Set(in); err != nil || int64(b) != want {
 			t.Errorf("--log-bytes %s = %d, %v; want %d", in, b, err, want)
 		}
 	}
 	for _, bad := range []string{"", "x", "-1MiB", "1.5GiB", "99999999999GiB"} {
-		var b byteSize
+		var b ByteSize
 		if err := b.Set(bad); err == nil {
 			t.Errorf("--log-bytes %q accepted", bad)
 		}
@@ -138,11 +138,13 @@ func fill(t *testing.T, dir string) string {
 // A disk that fills while a command runs, and has room again after it ended: the
 // running server records the command's exit code, with no restart.
 func TestAFullDiskFreedAgainLosesNoExitAndNeedsNoRestart(t *testing.T) {
+	testkit.FullOnly(t)
 	disk := mountTmpfs(t, 100<<20)
 	home, dir := filepath.Join(disk, "home"), t.TempDir()
 	srv := startServer(t, home)
-	id := addTask(t, home, "--cwd", dir, "--", `while [ ! -e go ]; do sleep 0.05; done; exit 3`)
-	eventually(t, 20*time.Second, "the command started", func() bool {
+	c := newClient(t, home)
+	id := register(t, c, client.Spec{Cwd: dir, Command: `while [ ! -e go ]; do sleep 0.05; done; exit 3`})
+	testkit.Eventually(t, 20*time.Second, "the command started", func() bool {
 		_, err := os.Stat(filepath.Join(home, "worker", "runs", id+"-1", "pid.json"))
 		return err == nil
 	})
@@ -150,31 +152,20 @@ func TestAFullDiskFreedAgainLosesNoExitAndNeedsNoRestart(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the full disk noticed", func() bool {
-		return strings.Contains(srv.out.String(), "disk of the event store is full")
+	testkit.Eventually(t, 30*time.Second, "the full disk noticed", func() bool {
+		return strings.Contains(srv.log.String(), "disk of the event store is full")
 	})
 	// A registration meanwhile is refused with the reason, not left unanswered.
-	if r := bgtask(t, home, "add", "--json", "--", "true"); r.code == 0 || !strings.Contains(r.stdout, "disk is full") {
-		t.Fatalf("add while the disk is full: exit %d, %s %s; want a refusal naming the disk", r.code, r.stdout, r.stderr)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.Register(ctx, client.Spec{Command: "true"}); err == nil || !strings.Contains(err.Error(), "disk is full") {
+		t.Fatalf("register while the disk is full: %v; want a refusal naming the disk", err)
 	}
 	if err := os.Remove(filled); err != nil {
 		t.Fatal(err)
 	}
-	r := bgtask(t, home, "wait", id, "--json", "--timeout", "60s")
-	if got := decode[struct {
-		ExitCode *int `json:"exit_code"`
-	}](t, r.stdout).ExitCode; got == nil || *got != 3 {
-		t.Fatalf("wait: %s %s, want exit code 3\n%s", r.stdout, r.stderr, srv.out.String())
-	}
-}
-
-// eventually polls cond until it holds, or fails the test after timeout.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("not %s within %s", what, timeout)
-		}
+	if code := exitCodeOf(t, c, id, 60*time.Second); code != 3 {
+		t.Fatalf("exit code %d, want 3\n%s", code, srv.log.String())
 	}
 }
 
@@ -183,6 +174,7 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 // requests, and then answers them and records a registration. Loading JetStream
 // again on its own, with clients connected, was a data race in nats-server.
 func TestClientsAskingWhileTheDiskFillsAndFreesAreAnsweredAfter(t *testing.T) {
+	testkit.FullOnly(t)
 	disk := mountTmpfs(t, 100<<20)
 	home := filepath.Join(disk, "home")
 	srv := startServer(t, home)
@@ -209,26 +201,28 @@ func TestClientsAskingWhileTheDiskFillsAndFreesAreAnsweredAfter(t *testing.T) {
 		})
 	}
 	defer func() { close(stop); wg.Wait() }()
+	c := newClient(t, home)
+	registered := func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := c.Register(ctx, client.Spec{Command: "true"})
+		return err == nil
+	}
 	for round := 1; round <= 3; round++ {
 		filled := fill(t, disk)
 		// A write to the full disk is what raises the alarm; the first few may
 		// still fit in the pages the store's files hold already.
-		eventually(t, 30*time.Second, "the full disk noticed", func() bool {
-			bgtask(t, home, "add", "--json", "--", "true")
-			return strings.Count(srv.out.String(), "disk of the event store is full") >= round
+		testkit.Eventually(t, 30*time.Second, "the full disk noticed", func() bool {
+			registered()
+			return strings.Count(srv.log.String(), "disk of the event store is full") >= round
 		})
 		if err := os.Remove(filled); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 30*time.Second, "a registration taken again", func() bool {
-			return bgtask(t, home, "add", "--json", "--", "true").code == 0
-		})
+		testkit.Eventually(t, 30*time.Second, "a registration taken again", registered)
 	}
-	id := addTask(t, home, "--", "exit 4")
-	r := bgtask(t, home, "wait", id, "--json", "--timeout", "60s")
-	if got := decode[struct {
-		ExitCode *int `json:"exit_code"`
-	}](t, r.stdout).ExitCode; got == nil || *got != 4 {
-		t.Fatalf("wait: %s %s, want exit code 4\n%s", r.stdout, r.stderr, srv.out.String())
+	id := register(t, c, client.Spec{Command: "exit 4"})
+	if code := exitCodeOf(t, c, id, 60*time.Second); code != 4 {
+		t.Fatalf("exit code %d, want 4\n%s", code, srv.log.String())
 	}
 }
