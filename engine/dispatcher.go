@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testsignal"
 )
 
 // TaskReader gives the current state of a task, as far as the reader has seen.
@@ -37,6 +38,10 @@ type Dispatcher struct {
 	sent    map[string]int  // notices known to be in the inbox, by task
 	wake    chan struct{}
 	run     lifecycle
+
+	// TestSignals are for tests alone: Worked carries the id of each task a loop
+	// has done with: delivered, found undeliverable, or left as the dispatcher stops.
+	TestSignals struct{ Worked testsignal.Signal[string] }
 }
 
 // Deliveries is how many wake-ups an engine's dispatcher delivers at once. Each
@@ -181,6 +186,7 @@ func (d *Dispatcher) loop(ctx context.Context) {
 // work delivers what a task is queued for, retrying until it is done or the
 // dispatcher stops.
 func (d *Dispatcher) work(ctx context.Context, id string, notice bool) {
+	defer d.TestSignals.Worked.Signal(id)
 	defer d.done(id)
 	backoff := 50 * time.Millisecond
 	for {

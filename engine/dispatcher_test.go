@@ -334,33 +334,24 @@ func TestConcurrentDispatchersDeliverEachTaskOnce(t *testing.T) {
 	}
 }
 
-// waitForPhase polls the task's last event until the task reaches phase or the
-// deadline passes.
-func waitForPhase(t *testing.T, store events.Store, id string, want events.Type) {
+// waitWorked waits until the dispatcher has done with every task of ids.
+func waitWorked(t *testing.T, d *engine.Dispatcher, ids ...string) {
 	t.Helper()
-	ctx := context.Background()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		last, err := store.Last(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if last.Type == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task %s: last event is still %s, want %s", id, last.Type, want)
-		}
-		<-tick.C
+	left := map[string]bool{}
+	for _, id := range ids {
+		left[id] = true
 	}
+	d.TestSignals.Worked.WaitFor(10*time.Second, fmt.Sprintf("%d tasks delivered", len(ids)), func(id string) bool {
+		delete(left, id)
+		return len(left) == 0
+	})
 }
 
 func TestDispatcherDeliversWhatItIsNotified(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	d := engine.NewDispatcher(b.store, b.inbox, noReader{}, engineWriter, 2, engine.Base{})
+	d.TestSignals.Worked.Init(t)
 	if err := d.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -372,9 +363,7 @@ func TestDispatcherDeliversWhatItIsNotified(t *testing.T) {
 		d.Notify(s)
 		d.Notify(s) // a duplicate notification is harmless
 	}
-	for _, id := range ids {
-		waitForPhase(t, b.store, id, events.TypeFired)
-	}
+	waitWorked(t, d, ids...)
 	d.Stop()
 	for _, id := range ids {
 		b.checkDeliveredOnce(t, id)
@@ -416,6 +405,7 @@ func TestADispatcherDeliversTheWakeupsOfABurstAtOnce(t *testing.T) {
 	const burst = 32
 	inbox := &gatedInbox{Inbox: b.inbox, open: burst, opened: make(chan struct{})}
 	d := engine.NewDispatcher(b.store, inbox, noReader{}, engineWriter, engine.Deliveries, engine.Base{})
+	d.TestSignals.Worked.Init(t)
 	var ids []string
 	for range burst {
 		s := b.ended(t, `{"command":"true"}`)
@@ -426,9 +416,7 @@ func TestADispatcherDeliversTheWakeupsOfABurstAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(d.Stop) // also when the test fails before its own Stop
-	for _, id := range ids {
-		waitForPhase(t, b.store, id, events.TypeFired)
-	}
+	waitWorked(t, d, ids...)
 	d.Stop()
 	for _, id := range ids {
 		b.checkDeliveredOnce(t, id)
@@ -442,13 +430,13 @@ func TestDispatcherRecoversUnfinishedDeliveries(t *testing.T) {
 	persisted := b.ended(t, `{"command":"true"}`)
 	persisted = b.advance(t, persisted.ID, engineWriter, engine.PersistCompletion{})
 	d := engine.NewDispatcher(b.store, b.inbox, noReader{}, engineWriter, 1, engine.Base{})
+	d.TestSignals.Worked.Init(t)
 	d.Recover([]engine.State{ended, persisted})
 	if err := d.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(d.Stop) // also when the test fails before its own Stop
-	waitForPhase(t, b.store, ended.ID, events.TypeFired)
-	waitForPhase(t, b.store, persisted.ID, events.TypeFired)
+	waitWorked(t, d, ended.ID, persisted.ID)
 	d.Stop()
 	b.checkDeliveredOnce(t, ended.ID)
 	b.checkDeliveredOnce(t, persisted.ID)
@@ -459,13 +447,14 @@ func TestDispatcherRetriesAFailedDelivery(t *testing.T) {
 	b := setup(t)
 	inbox := &recordingInbox{Inbox: b.inbox, failFirst: 2}
 	d := engine.NewDispatcher(b.store, inbox, noReader{}, engineWriter, 1, engine.Base{})
+	d.TestSignals.Worked.Init(t)
 	if err := d.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(d.Stop) // also when the test fails before its own Stop
 	s := b.ended(t, `{"command":"true"}`)
 	d.Notify(s)
-	waitForPhase(t, b.store, s.ID, events.TypeFired)
+	waitWorked(t, d, s.ID)
 	d.Stop()
 	b.checkDeliveredOnce(t, s.ID)
 	calls := inbox.calls()

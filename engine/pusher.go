@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testsignal"
 )
 
 // SinkRunner makes one attempt of a push sink.
@@ -50,6 +51,10 @@ type Pusher struct {
 	// ctx is what the work runs under, from Start until Stop.
 	ctx context.Context
 	run lifecycle
+
+	// TestSignals are for tests alone: Planned carries each plan of a target,
+	// as the pusher carries it out.
+	TestSignals struct{ Planned testsignal.Signal[Plan] }
 }
 
 // NewPusher returns the pusher of engine me. retryBase 0 means DefaultRetryBase.
@@ -155,6 +160,7 @@ func (p *Pusher) plan() time.Time {
 			st = events.TargetState{State: events.TargetIdle}
 		}
 		plan := PlanTarget(tasks, st, p.me, now)
+		p.TestSignals.Planned.Signal(plan)
 		if !plan.Next.IsZero() && (next.IsZero() || plan.Next.Before(next)) {
 			next = plan.Next
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/sinks"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/projections"
 )
 
@@ -65,12 +66,16 @@ func (r *receiver) snapshot() (map[string][]string, map[string]int) {
 	return requests, accepted
 }
 
-// replica is one engine's projector and pusher over a shared store.
-func startReplica(t *testing.T, store *events.JetStreamStore, me engine.Engine) {
+// startReplica starts one engine's projector and pusher over a shared store;
+// setup is done to the pusher before it starts.
+func startReplica(t *testing.T, store *events.JetStreamStore, me engine.Engine, setup ...func(*engine.Pusher)) {
 	t.Helper()
 	var pusher *engine.Pusher
 	proj := projections.New(store, func(s engine.State, _ events.Record) { pusher.Notify(s) }, engine.Base{})
 	pusher = engine.NewPusher(store, proj, sinks.New([]byte("a test secret of enough bytes")), me, 20*time.Millisecond, engine.Base{})
+	for _, f := range setup {
+		f(pusher)
+	}
 	if err := proj.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -127,17 +132,10 @@ func TestReplicasPushEachAttemptOnce(t *testing.T) {
 	startReplica(t, b.store, engine.Engine{Writer: "engine-a", Instance: "a"})
 	startReplica(t, b.store, engine.Engine{Writer: "engine-b", Instance: "b"})
 
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testkit.Eventually(t, 60*time.Second, fmt.Sprintf("every one of %d tasks accepted", tasks), func() bool {
 		_, accepted := rcv.snapshot()
-		if len(accepted) == tasks {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("accepted %d of %d tasks", len(accepted), tasks)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return len(accepted) == tasks
+	})
 	for i := range tasks {
 		id := fmt.Sprintf("task-%02d", i)
 		s := waitDelivered(t, b.store, id)
@@ -154,20 +152,15 @@ func TestReplicasPushEachAttemptOnce(t *testing.T) {
 // waitDelivered waits until the log says task id's sinks are done.
 func waitDelivered(t *testing.T, store events.Store, id string) engine.State {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		s, err := engine.Load(context.Background(), store, id)
-		if err != nil {
+	var s engine.State
+	testkit.Eventually(t, 30*time.Second, "task "+id+" delivered", func() bool {
+		var err error
+		if s, err = engine.Load(context.Background(), store, id); err != nil {
 			t.Fatal(err)
 		}
-		if s.Acknowledged() {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task %s not delivered: %+v", id, s.Deliveries)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return s.Acknowledged()
+	})
+	return s
 }
 
 // On an idle target, queue pushes each wake-up at once, while an earlier push is
@@ -190,7 +183,11 @@ echo "$BGTASK_TASK_ID end" >>"$1/log"`
 			spec := `{"command":"true","target":"agent","policy":"` + policy + `","deliver":[{"type":"exec","argv":` + string(argv) + `}]}`
 			fireInStore(t, b.store, "first", spec)
 			fireInStore(t, b.store, "second", spec)
-			startReplica(t, b.store, engine.Engine{Writer: "engine-a", Instance: "a"})
+			var pusher *engine.Pusher
+			startReplica(t, b.store, engine.Engine{Writer: "engine-a", Instance: "a"}, func(p *engine.Pusher) {
+				pusher = p
+				p.TestSignals.Planned.Init(t)
+			})
 
 			lines := func() []string {
 				data, err := os.ReadFile(filepath.Join(dir, "log"))
@@ -201,11 +198,7 @@ echo "$BGTASK_TASK_ID end" >>"$1/log"`
 			}
 			waitLog := func(line string) {
 				t.Helper()
-				for deadline := time.Now().Add(20 * time.Second); !slices.Contains(lines(), line); time.Sleep(20 * time.Millisecond) {
-					if time.Now().After(deadline) {
-						t.Fatalf("%s: no %q in the sinks' log %q", policy, line, lines())
-					}
-				}
+				testkit.Eventually(t, 20*time.Second, fmt.Sprintf("%q in the sinks' log", line), func() bool { return slices.Contains(lines(), line) })
 			}
 			release := func(id string) {
 				if err := os.WriteFile(filepath.Join(dir, "release-"+id), nil, 0o600); err != nil {
@@ -219,8 +212,18 @@ echo "$BGTASK_TASK_ID end" >>"$1/log"`
 				release("first")
 				release("second")
 			} else {
-				// A second push wrongly started with the first shows up in this time.
-				time.Sleep(time.Second)
+				// Once the pusher sees the first push in flight, it plans to start
+				// nothing: a second push started with the first shows in that plan,
+				// or in one before it.
+				startsSecond := func(p engine.Plan) bool {
+					return slices.ContainsFunc(p.Start, func(push engine.Push) bool { return push.TaskID == "second" })
+				}
+				plan := pusher.TestSignals.Planned.WaitFor(20*time.Second, "a plan with the first push in flight", func(p engine.Plan) bool {
+					return len(p.Start) == 0 || startsSecond(p)
+				})
+				if startsSecond(plan) || !slices.Contains(plan.Held, "second") {
+					t.Fatalf("defer_idle: the plan while the first push ran is %+v, want the second held", plan)
+				}
 				if s, err := engine.Load(context.Background(), b.store, "second"); err != nil || s.Deliveries[0].Attempts != 0 {
 					t.Fatalf("defer_idle: the second push started while the first was running: %+v %v", s.Deliveries, err)
 				}

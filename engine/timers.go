@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testsignal"
 )
 
 // Timers ends a task whose deadline passes while it still waits for a worker (the
@@ -23,6 +24,10 @@ type Timers struct {
 	ctx     context.Context
 	run     lifecycle
 	running sync.WaitGroup
+
+	// TestSignals are for tests alone: Expired carries the id of each task whose
+	// timer ran, once it has done what it found to do.
+	TestSignals struct{ Expired testsignal.Signal[string] }
 }
 
 // NewTimers returns the deadline timers of an engine.
@@ -100,6 +105,7 @@ func (t *Timers) expire(id string) {
 	t.running.Add(1)
 	t.mu.Unlock()
 	defer t.running.Done()
+	defer t.TestSignals.Expired.Signal(id)
 
 	ctx, cancel := context.WithTimeout(t.ctx, 30*time.Second)
 	defer cancel()

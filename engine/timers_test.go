@@ -36,6 +36,7 @@ func TestTimersEndATaskNoWorkerTookBeforeItsDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	timers := engine.NewTimers(store, storeReader{store}, "engine", engine.Base{})
+	timers.TestSignals.Expired.Init(t)
 	if err := timers.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -62,22 +63,17 @@ func TestTimersEndATaskNoWorkerTookBeforeItsDeadline(t *testing.T) {
 		timers.Notify(s)
 	}
 
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		s, err := engine.Load(ctx, store, late)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s.Phase == engine.PhaseEnded {
-			if s.Status != engine.StatusTimedOut {
-				t.Fatalf("expired task status %q, want timed_out", s.Status)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task still %s long after its deadline", s.Phase)
-		}
-		time.Sleep(20 * time.Millisecond)
+	ran := map[string]bool{}
+	timers.TestSignals.Expired.WaitFor(20*time.Second, "both timers run", func(id string) bool {
+		ran[id] = true
+		return ran[late] && ran[taken]
+	})
+	s, err := engine.Load(ctx, store, late)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Phase != engine.PhaseEnded || s.Status != engine.StatusTimedOut {
+		t.Fatalf("the expired task is %s %q, want ended timed_out", s.Phase, s.Status)
 	}
 	if s, _ := engine.Load(ctx, store, taken); s.Phase != engine.PhaseRunning {
 		t.Fatalf("the task a worker took is %s, want running", s.Phase)
@@ -103,26 +99,18 @@ func TestTimersFireATimerAtItsTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	timers := engine.NewTimers(store, storeReader{store}, "engine", engine.Base{})
+	timers.TestSignals.Expired.Init(t)
 	if err := timers.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	timers.Notify(armed)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		s, err := engine.Load(ctx, store, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s.Phase == engine.PhaseEnded {
-			if s.Status != engine.StatusSucceeded || s.EndedAt.Before(armed.Spec.StartTime()) {
-				t.Fatalf("timer ended %s at %s, want succeeded at %s or after", s.Status, s.EndedAt, armed.Spec.StartAt)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timer still %s long after its time", s.Phase)
-		}
-		time.Sleep(20 * time.Millisecond)
+	timers.TestSignals.Expired.WaitFor(20*time.Second, "the timer run", nil)
+	s, err := engine.Load(ctx, store, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Phase != engine.PhaseEnded || s.Status != engine.StatusSucceeded || s.EndedAt.Before(armed.Spec.StartTime()) {
+		t.Fatalf("timer %s %s at %s, want ended succeeded at %s or after", s.Phase, s.Status, s.EndedAt, armed.Spec.StartAt)
 	}
 	timers.Stop() // waits for a fire in progress
 	h, err := store.History(ctx, id)
