@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testsignal"
 )
 
 // ScheduleStore keeps the schedules (events.Schedules): every change is
@@ -41,6 +42,10 @@ type ScheduleRunner struct {
 	base     Base
 	kick     chan struct{}
 	lc       lifecycle
+
+	// TestSignals are for tests alone: Ran carries the time each pass over the
+	// schedules began, once the pass is done.
+	TestSignals struct{ Ran testsignal.Signal[time.Time] }
 }
 
 // ScheduleReread is how often the runner reads the bucket when it hears of no
@@ -94,9 +99,11 @@ func (r *ScheduleRunner) changed() {
 func (r *ScheduleRunner) loop(ctx context.Context) {
 	for {
 		wait := ScheduleReread
+		began := r.base.Now()
 		if next := r.runAll(ctx); !next.IsZero() {
 			wait = min(wait, max(next.Sub(r.base.Now()), 0))
 		}
+		r.TestSignals.Ran.Signal(began)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/projections"
 )
 
@@ -22,7 +24,13 @@ type scheduleBundle struct {
 
 	mu      sync.Mutex
 	created map[string]int // by idempotency key: registrations that armed a task
+
+	// ahead is how far the runners' clock is ahead of the wall clock.
+	ahead atomic.Int64
 }
+
+// now is the runners' clock.
+func (b *scheduleBundle) now() time.Time { return time.Now().Add(time.Duration(b.ahead.Load())) }
 
 func setupSchedules(t *testing.T) *scheduleBundle {
 	t.Helper()
@@ -56,12 +64,22 @@ func (b *scheduleBundle) register(ctx context.Context, raw []byte) (string, bool
 
 func (b *scheduleBundle) runner(t *testing.T) *engine.ScheduleRunner {
 	t.Helper()
-	r := engine.NewScheduleRunner(b.schedules, b.register, b.proj, b.svc.Cancel, engine.Base{})
+	r := engine.NewScheduleRunner(b.schedules, b.register, b.proj, b.svc.Cancel, engine.Base{Now: b.now})
+	r.TestSignals.Ran.Init(t) // a pass a second or two: a test may leave them unread
 	if err := r.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(r.Stop)
 	return r
+}
+
+// awaitPassAfter waits for a pass of r begun after at: any pass that read the
+// schedules before is over.
+func awaitPassAfter(t *testing.T, r *engine.ScheduleRunner, at time.Time) {
+	t.Helper()
+	r.TestSignals.Ran.WaitFor(15*time.Second, "a pass over the schedules begun after "+at.Format(time.StampMilli), func(began time.Time) bool {
+		return began.After(at)
+	})
 }
 
 func (b *scheduleBundle) add(t *testing.T, s engine.Schedule) engine.Schedule {
@@ -87,28 +105,27 @@ func (b *scheduleBundle) stored(t *testing.T, name string) engine.Schedule {
 	return s
 }
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
-
 // Two engines run one schedule: every slot is registered, each once, and a
 // pause holds.
 func TestTwoScheduleRunnersRegisterEverySlotOnce(t *testing.T) {
 	b := setupSchedules(t)
-	b.runner(t)
-	b.runner(t)
+	runners := []*engine.ScheduleRunner{b.runner(t), b.runner(t)}
 	s := b.add(t, engine.Schedule{Name: "tick", Every: "1s", Overlap: engine.OverlapAllow, CatchUp: engine.CatchUpAll})
-	waitUntil(t, "five slots", func() bool { return b.stored(t, "tick").After.Sub(s.CreatedAt) >= 5*time.Second })
+	testkit.Eventually(t, 15*time.Second, "five slots", func() bool { return b.stored(t, "tick").After.Sub(s.CreatedAt) >= 5*time.Second })
 	pausedAt := time.Now()
 	if _, err := engine.PauseSchedule(context.Background(), b.schedules, "tick", true, pausedAt); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second) // slots that must not be registered
+	// Two slots' time passes for the runners, then a change to the schedules
+	// wakes each to a pass that reads the pause: a runner that wrote back what
+	// it read before the pause, or registered the slots of a paused schedule,
+	// has done so by its end.
+	b.ahead.Add(int64(2 * time.Second))
+	woken := b.now()
+	b.add(t, engine.Schedule{Name: "yearly", Cron: "0 0 1 1 *"})
+	for _, r := range runners {
+		awaitPassAfter(t, r, woken)
+	}
 	if got := b.stored(t, "tick"); !got.Paused {
 		t.Fatal("a runner unpaused the schedule, writing back what it read before")
 	}
@@ -135,7 +152,7 @@ func TestTwoScheduleRunnersRegisterEverySlotOnce(t *testing.T) {
 	if len(b.created) != n || n < 5 {
 		t.Errorf("%d occurrences registered for %d slots: %v", len(b.created), n, b.created)
 	}
-	waitUntil(t, "the projection", func() bool { return len(b.proj.Occurrences("tick", 0)) >= n })
+	testkit.Eventually(t, 15*time.Second, "every occurrence in the projection", func() bool { return len(b.proj.Occurrences("tick", 0)) >= n })
 }
 
 func maxTime(a, b time.Time) time.Time {
@@ -151,16 +168,16 @@ func TestScheduleOverlapSkipWaitsForThePrevious(t *testing.T) {
 	b := setupSchedules(t)
 	b.runner(t)
 	b.add(t, engine.Schedule{Name: "slow", Every: "1s"})
-	waitUntil(t, "a first occurrence", func() bool { return b.stored(t, "slow").LastID != "" })
+	testkit.Eventually(t, 15*time.Second, "a first occurrence", func() bool { return b.stored(t, "slow").LastID != "" })
 	first := b.stored(t, "slow")
-	waitUntil(t, "two skipped slots", func() bool { return b.stored(t, "slow").After.Sub(first.LastSlot) >= 2*time.Second })
+	testkit.Eventually(t, 15*time.Second, "two skipped slots", func() bool { return b.stored(t, "slow").After.Sub(first.LastSlot) >= 2*time.Second })
 	if got := b.stored(t, "slow"); got.LastID != first.LastID {
 		t.Fatalf("a second occurrence while the first is armed: %s", got.LastID)
 	}
 	if _, err := b.svc.Cancel(context.Background(), first.LastID, "done"); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the next occurrence", func() bool { return b.stored(t, "slow").LastID != first.LastID })
+	testkit.Eventually(t, 15*time.Second, "the next occurrence", func() bool { return b.stored(t, "slow").LastID != first.LastID })
 	if occ := b.proj.Occurrences("slow", 0); len(occ) < 1 {
 		t.Fatalf("occurrences: %v", occ)
 	}
@@ -171,9 +188,9 @@ func TestScheduleOverlapCancelPrevious(t *testing.T) {
 	b := setupSchedules(t)
 	b.runner(t)
 	b.add(t, engine.Schedule{Name: "latest", Every: "1s", Overlap: engine.OverlapCancelPrevious})
-	waitUntil(t, "a first occurrence", func() bool { return b.stored(t, "latest").LastID != "" })
+	testkit.Eventually(t, 15*time.Second, "a first occurrence", func() bool { return b.stored(t, "latest").LastID != "" })
 	first := b.stored(t, "latest").LastID
-	waitUntil(t, "the first cancelled", func() bool {
+	testkit.Eventually(t, 15*time.Second, "the first cancelled", func() bool {
 		st, ok := b.proj.Task(first)
 		return ok && st.Phase == engine.PhaseCancelled
 	})
@@ -194,7 +211,7 @@ func TestScheduleTriggerAndPause(t *testing.T) {
 	if got := b.stored(t, "manual"); got.LastID != id || !got.Paused {
 		t.Fatalf("after trigger: %+v", got)
 	}
-	waitUntil(t, "the occurrence", func() bool {
+	testkit.Eventually(t, 15*time.Second, "the occurrence", func() bool {
 		occ := b.proj.Occurrences("manual", 0)
 		return len(occ) == 1 && occ[0].ID == id
 	})
@@ -205,6 +222,9 @@ func TestScheduleTriggerAndPause(t *testing.T) {
 type pausingStore struct {
 	*events.Schedules
 	once sync.Once
+	// paused is closed once the pause is stored, at pausedAt.
+	paused   chan struct{}
+	pausedAt time.Time
 }
 
 func (p *pausingStore) Update(ctx context.Context, name string, value []byte, rev uint64) (uint64, error) {
@@ -212,6 +232,8 @@ func (p *pausingStore) Update(ctx context.Context, name string, value []byte, re
 		if _, err := engine.PauseSchedule(ctx, p.Schedules, name, true, time.Now()); err != nil {
 			panic(err)
 		}
+		p.pausedAt = time.Now()
+		close(p.paused)
 	})
 	return p.Schedules.Update(ctx, name, value, rev)
 }
@@ -220,17 +242,20 @@ func (p *pausingStore) Update(ctx context.Context, name string, value []byte, re
 func TestScheduleRunnerKeepsAChangeMadeMeanwhile(t *testing.T) {
 	b := setupSchedules(t)
 	b.add(t, engine.Schedule{Name: "raced", Every: "1s", Overlap: engine.OverlapAllow})
-	r := engine.NewScheduleRunner(&pausingStore{Schedules: b.schedules}, b.register, b.proj, b.svc.Cancel, engine.Base{})
+	store := &pausingStore{Schedules: b.schedules, paused: make(chan struct{})}
+	r := engine.NewScheduleRunner(store, b.register, b.proj, b.svc.Cancel, engine.Base{})
+	r.TestSignals.Ran.Init(t)
 	if err := r.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	defer r.Stop()
-	waitUntil(t, "the first slot's occurrence", func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return len(b.created) > 0
-	})
-	time.Sleep(2 * time.Second) // slots that must not be registered
+	select {
+	case <-store.paused:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the runner did not store its first advance")
+	}
+	// A pass begun after the pause reads it: the one that raced it is over.
+	awaitPassAfter(t, r, store.pausedAt)
 	if got := b.stored(t, "raced"); !got.Paused {
 		t.Fatalf("the runner undid the pause made while it registered: %+v", got)
 	}
