@@ -126,10 +126,11 @@ func BenchmarkReplay(b *testing.B) {
 		snaps := projections.Snapshots{Path: filepath.Join(b.TempDir(), "projection.snapshot"), Every: 1}
 		p := projections.New(store, nil, engine.Base{})
 		p.UseSnapshots(snaps)
+		p.TestSignals.Snapshotted.Init(b)
 		if err := p.Start(ctx); err != nil {
 			b.Fatal(err)
 		}
-		awaitSnapshot(b, snaps.Path, uint64(count))
+		awaitSnapshot(b, p, uint64(count))
 		p.Stop()
 		b.ReportAllocs()
 		for b.Loop() {

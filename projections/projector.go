@@ -17,6 +17,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testsignal"
 )
 
 // Log is the part of the event store the projector reads.
@@ -111,6 +112,14 @@ type Projector struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	err    error
+
+	// TestSignals are for tests alone: Snapshotted carries the sequence of each
+	// snapshot written; looked, the sequence applied at each look for a quiet
+	// stream (releaseWhenQuiet), once the look is done.
+	TestSignals struct {
+		Snapshotted testsignal.Signal[uint64]
+		looked      testsignal.Signal[uint64]
+	}
 }
 
 // Replayed says how the projector rebuilt its state when it started: from which
@@ -235,16 +244,18 @@ var (
 	releaseShare   uint64 = 10
 )
 
+// releaseLooks is how many times in releaseQuiet the stream is looked at.
+const releaseLooks = 3
+
 // releaseWhenQuiet gives the memory back each time the stream has gone quiet
 // (releaseTrickle, releaseShare) after releaseBurst events or more since mark,
 // until ctx ends.
 func (p *Projector) releaseWhenQuiet(ctx context.Context, mark uint64, done chan<- struct{}) {
 	defer close(done)
-	const looks = 3 // per releaseQuiet
-	tick := time.NewTicker(releaseQuiet / looks)
+	tick := time.NewTicker(releaseQuiet / releaseLooks)
 	defer tick.Stop()
 	// seen is the sequence applied at each of the last looks, the oldest first.
-	var seen [looks + 1]uint64
+	var seen [releaseLooks + 1]uint64
 	for i := range seen {
 		seen[i] = mark
 	}
@@ -257,14 +268,15 @@ func (p *Projector) releaseWhenQuiet(ctx context.Context, mark uint64, done chan
 		case <-tick.C:
 		}
 		copy(seen[:], seen[1:])
-		seen[looks] = p.Applied()
-		applied, recent := seen[looks], seen[looks]-seen[0]
+		seen[releaseLooks] = p.Applied()
+		applied, recent := seen[releaseLooks], seen[releaseLooks]-seen[0]
 		busiest = max(busiest, recent)
 		quiet := recent <= releaseTrickle || recent <= busiest/releaseShare
-		if n >= looks-1 && quiet && applied-mark >= releaseBurst {
+		if n >= releaseLooks-1 && quiet && applied-mark >= releaseBurst {
 			releaseMemory()
 			mark, busiest = applied, 0
 		}
+		p.TestSignals.looked.Signal(applied)
 	}
 }
 

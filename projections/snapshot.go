@@ -592,4 +592,5 @@ func (p *Projector) saveSnapshot(ctx context.Context) {
 	}
 	p.base.Logger.Info("projection snapshot written", "path", p.snapshots.Path, "seq", h.Seq,
 		"tasks", len(states)+len(sums), "bytes", size, "took", time.Since(start).Round(time.Millisecond))
+	p.TestSignals.Snapshotted.Signal(h.Seq)
 }

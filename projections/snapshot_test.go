@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -17,21 +18,12 @@ import (
 	"github.com/bgtask/bgtask/projections"
 )
 
-// awaitSnapshot waits until the snapshot at path holds the stream up to seq: a
-// projector writes it in the background.
-func awaitSnapshot(t testing.TB, path string, seq uint64) {
+// awaitSnapshot waits until p has written a snapshot of the stream up to seq,
+// which it does in the background. Its snapshots signal only if a test set
+// p.TestSignals.Snapshotted up before p started.
+func awaitSnapshot(t testing.TB, p *projections.Projector, seq uint64) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		at, err := projections.SnapshotSeq(path)
-		if err == nil && at >= seq {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no snapshot at seq %d in %s: %d, %v", seq, path, at, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	p.TestSignals.Snapshotted.WaitFor(20*time.Second, fmt.Sprintf("a snapshot at seq %d", seq), func(at uint64) bool { return at >= seq })
 }
 
 // served is what a projector serves.
@@ -82,6 +74,7 @@ func startProjector(t *testing.T, store projections.Log, snaps *projections.Snap
 	p := projections.New(store, nil, engine.Base{})
 	if snaps != nil {
 		p.UseSnapshots(*snaps)
+		p.TestSignals.Snapshotted.Init(t)
 	}
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -156,7 +149,7 @@ func TestStartFromASnapshotEqualsAFullReplay(t *testing.T) {
 	if r := first.Replayed(); r.SnapshotSeq != 0 || r.Seqs != snapSeq {
 		t.Fatalf("first start: %+v, want the whole stream (%d events)", r, snapSeq)
 	}
-	awaitSnapshot(t, snaps.Path, snapSeq)
+	awaitSnapshot(t, first, snapSeq)
 
 	// After the snapshot, applied live by the first projector too: the running task
 	// exits, the ended one is persisted, one more is armed.
@@ -188,7 +181,7 @@ func TestASnapshotThatDoesNotFitIsIgnored(t *testing.T) {
 	dir := t.TempDir()
 	snaps := projections.Snapshots{Path: filepath.Join(dir, "valid.snapshot"), Every: 5}
 	p := startProjector(t, store, &snaps)
-	awaitSnapshot(t, snaps.Path, lastSeq(t, store))
+	awaitSnapshot(t, p, lastSeq(t, store))
 	p.Stop()
 	valid, err := os.ReadFile(snaps.Path)
 	if err != nil {

@@ -188,10 +188,31 @@ func TestALongReplayReleasesItsGarbage(t *testing.T) {
 // tasks, with the release's thresholds set for a test (and set back after it),
 // and its releases counted.
 type releases struct {
+	t          *testing.T
+	p          *Projector
 	n          atomic.Int64
 	appended   int
 	recs       []events.Record
 	appendUpTo func(n int) // appends the records up to n and waits for the projector
+}
+
+// looked waits until the projector has looked n times at the stream with every
+// event appended so far in it: it has been quiet for as long.
+func (r *releases) looked(n int) {
+	r.t.Helper()
+	seen := 0
+	r.p.TestSignals.looked.WaitFor(10*time.Second, fmt.Sprintf("%d looks at the stream up to event %d", n, r.appended), func(applied uint64) bool {
+		if applied == uint64(r.appended) {
+			seen++
+		}
+		return seen == n
+	})
+}
+
+// released waits for the projector's release number n.
+func (r *releases) released(n int64) {
+	r.t.Helper()
+	r.p.TestSignals.looked.WaitFor(10*time.Second, fmt.Sprintf("release number %d", n), func(uint64) bool { return r.n.Load() >= n })
 }
 
 func newReleases(t *testing.T, tasks int, burst, trickle uint64, quiet time.Duration) *releases {
@@ -202,7 +223,7 @@ func newReleases(t *testing.T, tasks int, burst, trickle uint64, quiet time.Dura
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &releases{recs: finishedRecords(t, tasks)}
+	r := &releases{t: t, recs: finishedRecords(t, tasks)}
 	burst0, trickle0, share0, quiet0, release0 := releaseBurst, releaseTrickle, releaseShare, releaseQuiet, releaseMemory
 	t.Cleanup(func() { // after the projector's Stop, registered below
 		releaseBurst, releaseTrickle, releaseShare, releaseQuiet, releaseMemory = burst0, trickle0, share0, quiet0, release0
@@ -210,10 +231,12 @@ func newReleases(t *testing.T, tasks int, burst, trickle uint64, quiet time.Dura
 	releaseBurst, releaseTrickle, releaseShare, releaseQuiet = burst, trickle, 10, quiet
 	releaseMemory = func() { r.n.Add(1) }
 	p := New(store, nil, engine.Base{})
+	p.TestSignals.looked.Init(t)
 	if err := p.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Stop)
+	r.p = p
 	lastOf := map[string]uint64{}
 	r.appendUpTo = func(n int) {
 		t.Helper()
@@ -238,16 +261,14 @@ func newReleases(t *testing.T, tasks int, burst, trickle uint64, quiet time.Dura
 func TestABurstReleasesItsGarbageOnceQuiet(t *testing.T) {
 	const burst = 5
 	r := newReleases(t, 3, burst, 2, 60*time.Millisecond)
-	quiet := func() { time.Sleep(6 * releaseQuiet) }
+	quiet := func() { r.looked(2 * releaseLooks) } // twice the time it judges by
 	r.appendUpTo(burst - 1)
 	quiet()
 	if n := r.n.Load(); n != 0 {
 		t.Fatalf("%d events, fewer than a burst, released the memory %d times", burst-1, n)
 	}
 	r.appendUpTo(burst)
-	for deadline := time.Now().Add(5 * time.Second); r.n.Load() == 0 && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
-	}
+	r.released(1)
 	if n := r.n.Load(); n != 1 {
 		t.Fatalf("a burst of %d events then a quiet stream released the memory %d times, want once", burst, n)
 	}
@@ -257,7 +278,9 @@ func TestABurstReleasesItsGarbageOnceQuiet(t *testing.T) {
 	}
 	r.appendUpTo(2 * burst)
 	for r.n.Load() == 1 && r.appended < len(r.recs) {
-		time.Sleep(releaseQuiet * 2 / 3) // at most releaseTrickle events in releaseQuiet
+		// One event each two looks: at most releaseTrickle (2) in the three
+		// looks of releaseQuiet.
+		r.looked(2)
 		r.appendUpTo(r.appended + 1)
 	}
 	if n := r.n.Load(); n != 2 {
@@ -269,17 +292,17 @@ func TestABurstReleasesItsGarbageOnceQuiet(t *testing.T) {
 // where what goes on is more than a trickle: many running tasks tick, each once in
 // 10 s, and would otherwise keep the server at its peak for as long as they run.
 func TestABurstIsReleasedBesideTheTicksOfManyRunningTasks(t *testing.T) {
-	// A burst of 120 events, then about 8 in each releaseQuiet: more than the
-	// trickle, at most a tenth (releaseShare) of the burst.
-	const burst, pause = 120, 30 * time.Millisecond
+	// A burst of 120 events, then 3 between two looks, 9 in releaseQuiet: more
+	// than the trickle, at most a tenth (releaseShare) of the burst.
+	const burst, each = 120, 3
 	r := newReleases(t, 40, 100, 2, 240*time.Millisecond)
 	r.appendUpTo(burst)
-	for r.n.Load() == 0 && r.appended < len(r.recs) {
-		time.Sleep(pause)
-		r.appendUpTo(r.appended + 1)
+	for r.n.Load() == 0 && r.appended+each <= len(r.recs) {
+		r.looked(1)
+		r.appendUpTo(r.appended + each)
 	}
 	if r.n.Load() == 0 {
-		t.Fatalf("a burst of %d events then %d more, one each %s, never released the memory", burst, r.appended-burst, pause)
+		t.Fatalf("a burst of %d events then %d more, %d between two looks, never released the memory", burst, r.appended-burst, each)
 	}
 }
 
