@@ -129,12 +129,15 @@ func BenchmarkApplyWhileListing(b *testing.B) {
 		}
 	})
 	var waits []time.Duration
+	// An event each millisecond, not a writer that starves the lists.
+	pace := time.NewTicker(time.Millisecond)
+	defer pace.Stop()
 	for b.Loop() {
+		<-pace.C
 		start := time.Now()
 		p.mu.Lock()
 		waits = append(waits, time.Since(start))
 		p.mu.Unlock()
-		time.Sleep(time.Millisecond) // an event now and then, not a writer that starves the lists
 	}
 	close(stop)
 	listing.Wait()
