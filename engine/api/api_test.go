@@ -19,6 +19,7 @@ import (
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/events/eventstest"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/projections"
 )
 
@@ -34,12 +35,13 @@ func (noFleet) Waiting(engine.State) string    { return "" }
 // server and its event store.
 func serve(t *testing.T) (*eventstest.Server, *events.JetStreamStore) {
 	t.Helper()
-	return serveWith(t, func(s events.Store) events.Store { return s })
+	srv, store, _ := serveWith(t, func(s events.Store) events.Store { return s })
+	return srv, store
 }
 
 // serveWith is serve with the engine appending through wrap(store), on a server
-// with configure's options.
-func serveWith(t *testing.T, wrap func(events.Store) events.Store, configure ...func(*server.Options)) (*eventstest.Server, *events.JetStreamStore) {
+// with configure's options; it returns the projection the API answers from too.
+func serveWith(t *testing.T, wrap func(events.Store) events.Store, configure ...func(*server.Options)) (*eventstest.Server, *events.JetStreamStore, *projections.Projector) {
 	t.Helper()
 	srv := eventstest.Run(t, configure...)
 	ctx := context.Background()
@@ -62,7 +64,7 @@ func serveWith(t *testing.T, wrap func(events.Store) events.Store, configure ...
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	return srv, store
+	return srv, store, proj
 }
 
 // Registrations are answered concurrently: identical ones, raced from several
@@ -160,7 +162,7 @@ func TestRegistrationsWaitForTheirAppendsTogether(t *testing.T) {
 	t.Parallel()
 	const n = 4
 	meeting := &meetingStore{arrived: make(chan struct{}, n), met: make(chan struct{}), n: n}
-	srv, _ := serveWith(t, func(s events.Store) events.Store {
+	srv, _, _ := serveWith(t, func(s events.Store) events.Store {
 		meeting.Store = s
 		return meeting
 	})
@@ -277,22 +279,15 @@ func registerMany(t *testing.T, srv *eventstest.Server, n int, spec func(i int) 
 // listed waits until the projection the API lists from holds n tasks.
 func listed(t *testing.T, client *api.Client, n int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for {
+	testkit.Eventually(t, 30*time.Second, fmt.Sprintf("%d tasks listed", n), func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
 		page, err := client.ListPage(ctx, api.ListRequest{ListQuery: engine.ListQuery{Limit: 1}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if page.Total >= n {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("the projection holds %d tasks, want %d", page.Total, n)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+		return page.Total >= n
+	})
 }
 
 // listAll lists every task through the client's paging and checks that it got
@@ -452,7 +447,7 @@ func TestListRefusesABadCursor(t *testing.T) {
 // task bigger than the max payload, asked for alone, listed, or its history.
 func TestRepliesTooLargeForAMessageAreErrors(t *testing.T) {
 	t.Parallel()
-	srv, store := serveWith(t, func(s events.Store) events.Store { return s }, func(o *server.Options) { o.MaxPayload = 128 << 10 })
+	srv, store, proj := serveWith(t, func(s events.Store) events.Store { return s }, func(o *server.Options) { o.MaxPayload = 128 << 10 })
 	client := api.NewClient(srv.Conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -490,15 +485,12 @@ func TestRepliesTooLargeForAMessageAreErrors(t *testing.T) {
 		}
 	}
 	// Once the projection has the exit, the task is too large to show.
-	for {
-		var view api.TaskView
-		if view, err = client.Get(ctx, reg.ID); err != nil || ctx.Err() != nil {
-			break
-		}
-		if view.Phase == engine.PhaseEnded {
-			t.Fatalf("got the ended task whole, %d bytes of tail", len(view.Run.Tail[0]))
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := proj.WaitFor(ctx, state.Seq); err != nil {
+		t.Fatal(err)
+	}
+	view, err := client.Get(ctx, reg.ID)
+	if err == nil {
+		t.Fatalf("got the %s task whole, %d bytes of tail", view.Phase, len(view.Run.Tail[0]))
 	}
 	tooLarge("get", err, "max_payload")
 	_, err = client.History(ctx, reg.ID)

@@ -11,6 +11,7 @@ import (
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/events/eventstest"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/projections"
 )
 
@@ -77,11 +78,12 @@ func TestScheduleEndpoints(t *testing.T) {
 		t.Fatalf("list: %+v %v", list, err)
 	}
 	var show api.ScheduleView
-	for deadline := time.Now().Add(10 * time.Second); len(show.Occurrences) < 2; time.Sleep(100 * time.Millisecond) {
-		if show, err = c.ShowSchedule(ctx, "tick"); err != nil || time.Now().After(deadline) {
-			t.Fatalf("show: %+v %v", show, err)
+	testkit.Eventually(t, 10*time.Second, "two occurrences shown", func() bool {
+		if show, err = c.ShowSchedule(ctx, "tick"); err != nil {
+			t.Fatalf("show: %v", err)
 		}
-	}
+		return len(show.Occurrences) >= 2
+	})
 	if o := show.Occurrences; !o[0].Slot.After(o[1].Slot) || o[0].State != engine.PhaseArmed || o[0].ID == "" {
 		t.Fatalf("occurrences, newest first: %+v", o)
 	}
