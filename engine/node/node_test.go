@@ -13,6 +13,7 @@ import (
 	"github.com/bgtask/bgtask/engine/node"
 	"github.com/bgtask/bgtask/engine/sinks"
 	"github.com/bgtask/bgtask/events/eventstest"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -118,21 +119,14 @@ func TestNodeEndsAndFiresATaskNoWorkerTakes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		v, err := client.Get(ctx, reg.ID)
-		if err != nil {
+	var v api.TaskView
+	testkit.Eventually(t, 20*time.Second, "the task fired", func() bool {
+		if v, err = client.Get(ctx, reg.ID); err != nil {
 			t.Fatal(err)
 		}
-		if v.Phase == engine.PhaseFired {
-			if v.Status != engine.StatusTimedOut {
-				t.Fatalf("status %q, want timed_out", v.Status)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task still %s long after its deadline", v.Phase)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return v.Phase == engine.PhaseFired
+	})
+	if v.Status != engine.StatusTimedOut {
+		t.Fatalf("status %q, want timed_out", v.Status)
 	}
 }
