@@ -17,6 +17,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 func execSink(argv ...string) engine.Sink { return engine.Sink{Type: engine.SinkExec, Argv: argv} }
@@ -212,33 +213,32 @@ func pidGone(pid int) bool {
 	return len(fields) > 0 && fields[0] == "Z"
 }
 
-// waitGone polls until pid is gone; it fails the test after a generous bound.
+// waitGone waits until pid is gone; it fails the test, and kills pid, after a
+// generous bound.
 func waitGone(t *testing.T, pid int) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !pidGone(pid); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
+	defer func() { // also as the failure ends the test
+		if !pidGone(pid) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
-			t.Fatalf("process %d is still running", pid)
 		}
-	}
+	}()
+	testkit.Eventually(t, 10*time.Second, fmt.Sprintf("process %d gone", pid), func() bool { return pidGone(pid) })
 }
 
 // readPID waits for a script to write a pid file.
 func readPID(t *testing.T, file string) int {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		data, err := os.ReadFile(file)
-		if err == nil && strings.HasSuffix(string(data), "\n") {
-			pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return pid
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not written", file)
-		}
+	var data []byte
+	testkit.Eventually(t, 10*time.Second, file+" written", func() bool {
+		var err error
+		data, err = os.ReadFile(file)
+		return err == nil && strings.HasSuffix(string(data), "\n")
+	})
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		t.Fatal(err)
 	}
+	return pid
 }
 
 func TestExecTimeoutKillsTheWholeProcessGroup(t *testing.T) {
