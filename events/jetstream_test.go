@@ -7,13 +7,37 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/events/eventstest"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// awaitForgotten waits until the server no longer answers a publish of a message
+// with id msgID, made under condition, as a duplicate: the stream's dedupe
+// window has passed for it. The probe goes to subject, and condition must fail
+// for it, so that it is never stored: inside the window it is acknowledged as a
+// duplicate; after, it is refused.
+func awaitForgotten(t *testing.T, js jetstream.JetStream, subject, msgID string, condition jetstream.PublishOpt) {
+	t.Helper()
+	testkit.Eventually(t, 30*time.Second, "message "+msgID+" out of the dedupe window", func() bool {
+		ack, err := js.PublishMsg(context.Background(), &nats.Msg{Subject: subject}, jetstream.WithMsgID(msgID), condition)
+		var apiErr *jetstream.APIError
+		switch {
+		case err == nil && ack.Duplicate:
+			return false
+		case errors.As(err, &apiErr):
+			return true
+		}
+		t.Fatalf("probe of message %s: %+v, %v; want a duplicate or a refusal", msgID, ack, err)
+		return false
+	})
+}
 
 func openStore(t *testing.T) (*events.JetStreamStore, *eventstest.Server) {
 	t.Helper()
@@ -141,7 +165,9 @@ func TestInboxDeliversOnceAcrossARecheck(t *testing.T) {
 	}
 	// A second attempt, as after a crash before fired was written, finds the first
 	// even when JetStream's dedupe window has passed (as after a long outage).
-	time.Sleep(3 * window)
+	// (A single server checks the last message expected after the dedupe, and no
+	// message has this id.)
+	awaitForgotten(t, srv.JS, events.InboxSubject(w.Target), w.ID, jetstream.WithExpectLastMsgID("no message's id"))
 	again, err := inbox.Deliver(ctx, w, persisted)
 	if err != nil {
 		t.Fatal(err)

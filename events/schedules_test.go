@@ -8,6 +8,7 @@ import (
 
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/events/eventstest"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 func TestSchedulesCreateGetListUpdateDelete(t *testing.T) {
@@ -73,18 +74,16 @@ func TestSchedulesWatchHearsChanges(t *testing.T) {
 	changed := make(chan struct{}, 10)
 	done := make(chan error, 1)
 	go func() { done <- s.Watch(ctx, func() { changed <- struct{}{} }) }()
-	deadline := time.After(10 * time.Second)
-	for heard := false; !heard; {
-		// The watch may start after the first create: create until one is heard.
+	// The watch may start after the first create: create until one is heard.
+	testkit.Eventually(t, 10*time.Second, "a change heard", func() bool {
 		_, _ = s.Create(ctx, "w"+time.Now().Format("150405.000000")[7:], []byte(`{}`))
 		select {
 		case <-changed:
-			heard = true
+			return true
 		case <-time.After(100 * time.Millisecond):
-		case <-deadline:
-			t.Fatal("no change heard")
+			return false
 		}
-	}
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
