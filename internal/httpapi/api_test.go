@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // The routes answer what the NATS API answers, with its JSON and its error
@@ -22,7 +24,7 @@ func TestRoutesMirrorTheNATSAPI(t *testing.T) {
 	if again := must[api.Registered](t, h.do("POST", "/v1/tasks", timer), 200); again.ID != reg.ID || again.Created {
 		t.Fatalf("the same idempotency key again: %+v, want %s not created", again, reg.ID)
 	}
-	eventually(t, "the timer fired", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the timer fired", func() bool {
 		return must[api.TaskView](t, h.do("GET", "/v1/tasks/"+reg.ID, ""), 200).Phase == engine.PhaseFired
 	})
 	held := must[api.Registered](t, h.do("POST", "/v1/tasks", `{"command":"true"}`), 201) // no worker: it stays armed
@@ -106,7 +108,7 @@ func TestInboxWithAnExplicitAck(t *testing.T) {
 	h := start(t)
 	reg := must[api.Registered](t, h.do("POST", "/v1/tasks", `{"start_at":"100ms","prompt":"hello","target":"bot"}`), 201)
 	var got struct{ Wakeups []delivered }
-	eventually(t, "the wake-up in the inbox", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the wake-up in the inbox", func() bool {
 		got = must[struct{ Wakeups []delivered }](t, h.do("GET", "/v1/targets/bot/inbox?wait=1s", ""), 200)
 		return len(got.Wakeups) > 0
 	})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // Each filter of GET /v1/tasks selects the tasks it names, from the running
@@ -30,7 +31,7 @@ func TestListFilters(t *testing.T) {
 	cancelled := reg(`{"command":"make lint","target":"agent-1","kind":"build","placement":{"labels":{"pool":"green"}}}`)
 	must[api.TaskView](t, h.do("POST", "/v1/tasks/"+cancelled+"/cancel", ""), 200)
 	timer := reg(`{"start_at":"100ms","prompt":"rang"}`)
-	eventually(t, "the timer fired", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the timer fired", func() bool {
 		return must[api.TaskView](t, h.do("GET", "/v1/tasks/"+timer, ""), 200).Phase == engine.PhaseFired
 	})
 	for _, tc := range []struct {
@@ -85,7 +86,7 @@ func TestTheTaskListKeepsItsFilters(t *testing.T) {
 		builds = append(builds, id)
 		must[api.Registered](t, h.do("POST", "/v1/tasks", `{"command":"make test","kind":"test"}`), 201)
 	}
-	eventually(t, "the list has the 6 tasks", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the list has the 6 tasks", func() bool {
 		return must[api.ListReply](t, h.do("GET", "/v1/tasks", ""), 200).Total == 6
 	})
 	first := string(h.page("GET", "/?kind=build&label=pool%3Dblue&limit=2", "").body)

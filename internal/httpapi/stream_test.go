@@ -16,6 +16,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // A client that reconnects with the last id it got resumes exactly there: the
@@ -132,7 +133,7 @@ func TestOpenStreamsAreBounded(t *testing.T) {
 		t.Fatalf("a third stream: %d", code)
 	}
 	a.close()
-	eventually(t, "a stream's slot freed", func() bool {
+	testkit.Eventually(t, 20*time.Second, "a stream's slot freed", func() bool {
 		code, _ := status()
 		return code == 200
 	})

@@ -12,6 +12,7 @@ import (
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/projections"
 )
 
@@ -65,7 +66,7 @@ func TestTheDashboardsFormsRefuseOtherSites(t *testing.T) {
 	if r := h.page("POST", "/tasks/"+reg.ID+"/cancel", "reason=from+the+page", own...); r.status != 303 || r.header.Get("Location") != "/tasks/"+reg.ID {
 		t.Fatalf("cancel: %d %s", r.status, r.body)
 	}
-	eventually(t, "the task cancelled from the page", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the task cancelled from the page", func() bool {
 		got := must[api.TaskView](t, h.do("GET", "/v1/tasks/"+reg.ID, ""), 200)
 		return got.Phase == engine.PhaseCancelled && got.Reason == "from the page"
 	})
@@ -83,7 +84,7 @@ func TestTheTaskListPages(t *testing.T) {
 		ids = append(ids, must[api.Registered](t, h.do("POST", "/v1/tasks", `{"command":"true","start_at":"1h"}`), 201).ID)
 	}
 	must[api.TaskView](t, h.do("POST", "/v1/tasks/"+ids[0]+"/cancel", ""), 200)
-	eventually(t, "the list has the 5 tasks", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the list has the 5 tasks", func() bool {
 		return must[api.ListReply](t, h.do("GET", "/v1/tasks", ""), 200).Total == 5
 	})
 	first := string(h.page("GET", "/?state=armed&limit=2", "").body)
