@@ -29,6 +29,7 @@ import (
 	"github.com/bgtask/bgtask/engine/sinks"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/events/eventstest"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/workers"
 	"github.com/bgtask/bgtask/workers/shim"
 )
@@ -104,14 +105,38 @@ func (f *fleet) register(t *testing.T, spec string) string {
 func (f *fleet) waitTask(t *testing.T, id, what string, cond func(engine.State) bool) engine.State {
 	t.Helper()
 	var s engine.State
-	eventually(t, 30*time.Second, func() string {
-		s, _ = f.engine.Projector().Task(id)
-		if cond(s) {
-			return ""
+	met := false
+	defer func() { // as a failure ends the test too
+		if !met {
+			t.Logf("task %s is %s %s", id, s.Phase, s.Status)
 		}
-		return fmt.Sprintf("task %s is %s %s, not %s", id, s.Phase, s.Status, what)
+	}()
+	testkit.Eventually(t, 30*time.Second, "task "+id+" "+what, func() bool {
+		s, _ = f.engine.Projector().Task(id)
+		met = cond(s)
+		return met
 	})
 	return s
+}
+
+// waitScrape waits until a scrape shows want, and returns it. The projector
+// tells the metrics after its state shows an event: the counts may lag a wait
+// for the state by an instant.
+func (f *fleet) waitScrape(t *testing.T, want map[string]float64) map[string]float64 {
+	t.Helper()
+	var got map[string]float64
+	var why string
+	defer func() { // as a failure ends the test too
+		if why != "" {
+			t.Logf("the last scrape differs:\n%s", why)
+		}
+	}()
+	testkit.Eventually(t, 10*time.Second, "the scrape showing every count", func() bool {
+		got = f.scrape(t)
+		why = mismatch(got, want)
+		return why == ""
+	})
+	return got
 }
 
 func fired(s engine.State) bool   { return s.Phase == engine.PhaseFired }
@@ -170,13 +195,7 @@ func TestMetricsCountWhatHappensToTasks(t *testing.T) {
 		"bgtask_slots_available":                                        4,
 		"bgtask_append_conflicts_total":                                 0,
 	}
-	// The projector tells the metrics after its state shows the event: the
-	// last counts may lag the waits above by an instant.
-	var got map[string]float64
-	eventually(t, 10*time.Second, func() string {
-		got = f.scrape(t)
-		return mismatch(got, want)
-	})
+	got := f.waitScrape(t, want)
 	for _, name := range []string{"bgtask_task_queue_seconds_sum", "bgtask_task_run_seconds_sum", "bgtask_wakeup_latency_seconds_sum"} {
 		if got[name] <= 0 {
 			t.Errorf("%s = %v: the histogram observed no time", name, got[name])
@@ -196,7 +215,7 @@ func TestMetricsCountWhatHappensToTasks(t *testing.T) {
 	want["bgtask_task_queue_seconds_count"] = 7
 	want["bgtask_task_run_seconds_count"] = 5
 	want[`bgtask_tasks{state="fired"}`] = 6
-	eventually(t, 10*time.Second, func() string { return mismatch(f.scrape(t), want) })
+	f.waitScrape(t, want)
 }
 
 // killShim kills the shim of a task's run, as a crash would.
@@ -346,23 +365,6 @@ func (f *fleet) checkMicroStats(t *testing.T, scraped map[string]float64) {
 			data.Tasks["state=fired"] != scraped[`bgtask_tasks{state="fired"}`] {
 			t.Fatalf("endpoint %s: the stats' data %s differ from the scrape", ep.Name, ep.Data)
 		}
-	}
-}
-
-// eventually polls check until it returns "" or the timeout passes, and then
-// fails with what it last returned.
-func eventually(t *testing.T, timeout time.Duration, check func() string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		why := check()
-		if why == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(why)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
