@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/bgtask/bgtask/internal/proc"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -90,18 +91,13 @@ func TestAReusedPIDIsGone(t *testing.T) {
 	}
 	var second *exec.Cmd
 	var secondID proc.Identity
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	testkit.Eventually(t, 10*time.Second, "a process started a clock tick after the first", func() bool {
 		second = started(t)
 		if secondID, err = proc.Of(second.Process.Pid); err != nil {
 			t.Fatal(err)
 		}
-		if secondID.Start != firstID.Start {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no process started a clock tick after the first")
-		}
-	}
+		return secondID.Start != firstID.Start
+	})
 	reused := proc.Identity{PID: second.Process.Pid, Start: firstID.Start, Boot: firstID.Boot}
 	if err := proc.Check(reused); !errors.Is(err, proc.ErrGone) || !strings.Contains(err.Error(), "another process") {
 		t.Fatalf("a PID that names another process: %v", err)
@@ -136,16 +132,13 @@ func TestAZombieIsGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cmd.Wait()
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	testkit.Eventually(t, 10*time.Second, "the process that ended gone", func() bool {
 		_, err := proc.Of(cmd.Process.Pid)
-		if errors.Is(err, proc.ErrGone) {
-			break
-		}
-		if err != nil || time.Now().After(deadline) {
+		if err != nil && !errors.Is(err, proc.ErrGone) {
 			t.Fatalf("a process that ended: %v", err)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return err != nil
+	})
 }
 
 // A watch sees the end of a process that is not this one's child, before anyone
