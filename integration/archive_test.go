@@ -5,6 +5,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // Tasks finished longer ago than --archive-after leave the event stream for the
@@ -16,7 +18,7 @@ func TestFinishedTasksAreArchivedAndStayWhole(t *testing.T) {
 	const command = "echo archived-output; exit 3"
 	id := add(t, home, "--idempotency-key", "nightly-7", "--", command)
 	waitFor(t, home, id)
-	eventually(t, 60*time.Second, "the task was not archived", func() bool {
+	testkit.Eventually(t, 60*time.Second, "the task archived", func() bool {
 		return strings.Contains(ok(t, home, "list", "--json"), `"state": "archived"`)
 	})
 	check := func(when string) {

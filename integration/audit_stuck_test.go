@@ -5,6 +5,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // A running task whose worker appends no tick for longer than the lease TTL plus
@@ -30,7 +32,7 @@ func TestAuditReportsATaskStuckRunning(t *testing.T) {
 		} `json:"violations"`
 	}
 	var spawned time.Time
-	eventually(t, 30*time.Second, "the task did not start running", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the task running", func() bool {
 		r := decodeJSON[report](t, ok(t, home, "audit", "--json"))
 		if len(r.Open) == 1 && r.Open[0].Phase == "running" {
 			spawned = r.Open[0].Since
@@ -48,7 +50,7 @@ func TestAuditReportsATaskStuckRunning(t *testing.T) {
 	}
 
 	var got report
-	eventually(t, 30*time.Second, "the silent run was never stuck with --stuck-after 1s", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the silent run stuck with --stuck-after 1s", func() bool {
 		r := run(t, home, "audit", "--json", "--stuck-after", "1s")
 		got = decodeJSON[report](t, r.stdout)
 		if len(got.Violations) == 0 {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // needClaudeTool finds a program the agent tests drive, or skips the test saying why;
@@ -51,7 +52,7 @@ type claudeSession struct {
 func (s *claudeSession) open(args ...string) {
 	s.t.Helper()
 	s.run("new-session", "-d", "-s", "s", "-x", "200", "-y", "50", "-c", s.dir, strings.Join(append(s.launch, args...), " "))
-	eventually(s.t, 60*time.Second, "claude did not show its prompt", func() bool {
+	testkit.Eventually(s.t, 60*time.Second, "claude showing its prompt", func() bool {
 		return strings.Contains(s.screen(), "for shortcuts")
 	})
 }
@@ -62,7 +63,7 @@ func (s *claudeSession) close() {
 	s.t.Helper()
 	s.run("send-keys", "-t", "s", "-l", "/exit")
 	s.run("send-keys", "-t", "s", "Enter")
-	eventually(s.t, 30*time.Second, "claude did not exit", func() bool {
+	testkit.Eventually(s.t, 30*time.Second, "claude exited", func() bool {
 		cmd := exec.Command(s.tmux[0], append(s.tmux[1:], "has-session", "-t", "s")...)
 		cmd.Env = withoutClaudeTMUX(os.Environ())
 		return cmd.Run() != nil
@@ -173,7 +174,7 @@ func (s *claudeSession) turnOne(tasks int) (ids []string, target string) {
 	s.t.Helper()
 	s.run("send-keys", "-t", "s", "-l", claudeTrigger)
 	s.run("send-keys", "-t", "s", "Enter")
-	eventually(s.t, 60*time.Second, "the Bash call's result never reached the model", func() bool {
+	testkit.Eventually(s.t, 60*time.Second, "the Bash call's result at the model", func() bool {
 		for _, r := range s.model.mainRequests() {
 			if strings.Contains(r.body, `"tool_result"`) {
 				ids = nil
@@ -203,7 +204,7 @@ func (s *claudeSession) turnOne(tasks int) (ids []string, target string) {
 	if !strings.HasPrefix(target, "claude-") || !strings.Contains(string(shown.Spec.Origin), `"claude-code"`) {
 		s.t.Fatalf("the task's target %q, origin %s: not the session's", target, shown.Spec.Origin)
 	}
-	eventually(s.t, 60*time.Second, "the session's turn did not end (its target is not idle)", func() bool {
+	testkit.Eventually(s.t, 60*time.Second, "the session's turn ended (its target idle)", func() bool {
 		return s.targetState(target) == events.TargetIdle && len(s.model.mainRequests()) >= 2
 	})
 	return ids, target
@@ -246,7 +247,7 @@ func (s *claudeSession) awaitWakeUps(target string, ids []string) {
 func (s *claudeSession) awaitWakeUpsSince(before int, target string, ids []string) {
 	s.t.Helper()
 	seen := map[string]bool{}
-	eventually(s.t, 90*time.Second, "the session was not woken with every prompt", func() bool {
+	testkit.Eventually(s.t, 90*time.Second, "the session woken with every prompt", func() bool {
 		for i, r := range s.model.mainRequests()[before:] {
 			for _, id := range ids {
 				if !seen[id] && strings.Contains(r.body, wakePrompt(id)) {
@@ -262,7 +263,7 @@ func (s *claudeSession) awaitWakeUpsSince(before int, target string, ids []strin
 	})
 	// Acknowledged, all of it, and the session idle again: nothing more to come.
 	_, js := connect(s.t, s.home)
-	eventually(s.t, 60*time.Second, "the inbox still holds wake-ups, or the session did not go idle", func() bool {
+	testkit.Eventually(s.t, 60*time.Second, "every wake-up acknowledged and the session idle", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		cons, err := js.Consumer(ctx, events.InboxStreamName, events.InboxConsumerName(target))
@@ -356,7 +357,7 @@ func TestClaudeCodeSessionClosedGetsItsWakeUpAtResume(t *testing.T) {
 	openGates(t, s.dir, 1)
 	waitFor(t, s.home, ids[0])
 	_, js := connect(t, s.home)
-	eventually(t, 30*time.Second, "the wake-up is not waiting in the inbox", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the wake-up waiting in the inbox", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		cons, err := js.Consumer(ctx, events.InboxStreamName, events.InboxConsumerName(target))

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/bgtask/bgtask/events/eventstest"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // deployment is a NATS JetStream cluster configured with the shipped account and
@@ -124,7 +125,7 @@ func (d *deployment) connect(t *testing.T, user string, opts ...nats.Option) (*n
 // machine a cluster takes a while to create its R3 streams.
 func (d *deployment) workersReady(t *testing.T, n int) {
 	t.Helper()
-	eventually(t, 3*time.Minute, "workers ready", func() bool {
+	testkit.Eventually(t, 3*time.Minute, "workers ready", func() bool {
 		r := d.run(t, "client", "workers", "--json")
 		if r.code != 0 {
 			return false

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // TestCodexSessionIsWokenByItsTasks drives a real interactive Codex 0.169.0 session
@@ -150,13 +151,13 @@ trust_level = "trusted"
 	if !bypassTrust {
 		// The user trusts the hooks setup installed, once, as Codex asks at the first
 		// start after it.
-		eventually(t, 60*time.Second, "Codex asking to review the new hooks", func() bool {
+		testkit.Eventually(t, 60*time.Second, "Codex asking to review the new hooks", func() bool {
 			screen, _ := tmux("capture-pane", "-p")
 			return strings.Contains(screen, "Trust all and continue")
 		})
 		// A key that comes while the TUI still discards what was typed before it drew
 		// the question is lost: it is pressed again until the screen shows it.
-		eventually(t, 20*time.Second, "the choice to trust the hooks selected", func() bool {
+		testkit.Eventually(t, 20*time.Second, "the choice to trust the hooks selected", func() bool {
 			screen, _ := tmux("capture-pane", "-p")
 			if strings.Contains(screen, "› 2. Trust all and continue") {
 				return true
@@ -172,12 +173,12 @@ trust_level = "trusted"
 
 	// Turn 1: the model's shell call registers the tasks, and the turn ends.
 	var thread string
-	eventually(t, 60*time.Second, "Codex's first request to the model", func() bool {
+	testkit.Eventually(t, 60*time.Second, "Codex's first request to the model", func() bool {
 		thread = model.mainThread()
 		return thread != ""
 	})
 	target := "codex-" + thread
-	eventually(t, 60*time.Second, "four tasks registered from the Codex session", func() bool {
+	testkit.Eventually(t, 60*time.Second, "four tasks registered from the Codex session", func() bool {
 		ids = model.registered()
 		return len(ids) == 4
 	})
@@ -189,7 +190,7 @@ trust_level = "trusted"
 	if st := model.stateAtFirstRequest(); st != events.TargetBusy {
 		t.Errorf("target %s was %q while turn 1 ran, want busy (UserPromptSubmit hook)", target, st)
 	}
-	eventually(t, 30*time.Second, target+" idle after turn 1 (Stop hook)", func() bool {
+	testkit.Eventually(t, 30*time.Second, target+" idle after turn 1 (Stop hook)", func() bool {
 		return targetState(t, home, target) == events.TargetIdle
 	})
 
@@ -200,7 +201,7 @@ trust_level = "trusted"
 	prompts := map[string]string{}
 	openGate(t, proj, "gate-a")
 	prompts[ids[0]] = waitFor(t, home, ids[0]).Prompt
-	eventually(t, 60*time.Second, "the thread's turn for task A's wake-up", func() bool {
+	testkit.Eventually(t, 60*time.Second, "the thread's turn for task A's wake-up", func() bool {
 		return model.queuedTurnsWith(thread, prompts[ids[0]]) == 1
 	})
 	openGate(t, proj, "gate-b")
@@ -208,13 +209,13 @@ trust_level = "trusted"
 	for _, id := range ids[1:3] {
 		prompts[id] = waitFor(t, home, id).Prompt
 	}
-	eventually(t, 60*time.Second, "the thread's turns for tasks B and C", func() bool {
+	testkit.Eventually(t, 60*time.Second, "the thread's turns for tasks B and C", func() bool {
 		return model.queuedTurnsWith(thread, prompts[ids[1]]) == 1 && model.queuedTurnsWith(thread, prompts[ids[2]]) == 1
 	})
 	// Every wake-up was acknowledged once handed over: nothing is left to hand
 	// over again, so no later turn can bring one twice.
 	for _, id := range ids[:3] {
-		eventually(t, 30*time.Second, "task "+id+"'s exec sink succeeded", func() bool {
+		testkit.Eventually(t, 30*time.Second, "task "+id+"'s exec sink succeeded", func() bool {
 			for _, r := range payloads[events.DeliveryResult](t, history(t, home, id), "delivery-result") {
 				if r.OK {
 					return true
@@ -226,7 +227,7 @@ trust_level = "trusted"
 	if left := ok(t, home, "inbox", "--target", target, "--json"); strings.TrimSpace(left) != "" {
 		t.Errorf("wake-ups left in the inbox of %s: %s", target, left)
 	}
-	eventually(t, 30*time.Second, target+" idle after the wake-ups' turns", func() bool {
+	testkit.Eventually(t, 30*time.Second, target+" idle after the wake-ups' turns", func() bool {
 		return targetState(t, home, target) == events.TargetIdle
 	})
 
@@ -237,7 +238,7 @@ trust_level = "trusted"
 	}
 	openGate(t, proj, "gate-d")
 	prompts[ids[3]] = waitFor(t, home, ids[3]).Prompt
-	eventually(t, 60*time.Second, "the closed thread's turn for task D", func() bool {
+	testkit.Eventually(t, 60*time.Second, "the closed thread's turn for task D", func() bool {
 		return model.queuedTurnsWith(thread, prompts[ids[3]]) == 1
 	})
 
@@ -255,7 +256,7 @@ trust_level = "trusted"
 	}
 	startTUI("resume", "-C", proj, thread)
 	pressed = time.Time{}
-	eventually(t, 30*time.Second, "the resumed session taking a prompt", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the resumed session taking a prompt", func() bool {
 		screen, _ := tmux("capture-pane", "-p")
 		if strings.Contains(screen, "› go on") {
 			return true
@@ -267,7 +268,7 @@ trust_level = "trusted"
 		return false
 	})
 	keys("Enter")
-	eventually(t, 60*time.Second, "the resumed thread's turn for task E", func() bool {
+	testkit.Eventually(t, 60*time.Second, "the resumed thread's turn for task E", func() bool {
 		return model.queuedTurnsWith(thread, prompts[e]) == 1
 	})
 

@@ -26,6 +26,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // fastRetries keeps a push sink's retries quick: 50ms, then about 100ms, 200ms...
@@ -105,7 +106,7 @@ func (h *hook) accepted() []string {
 // waitAccepted waits until the hook has accepted a request for id.
 func (h *hook) waitAccepted(t *testing.T, id string) {
 	t.Helper()
-	eventually(t, 60*time.Second, "the webhook never accepted "+id, func() bool { return slices.Contains(h.accepted(), id) })
+	testkit.Eventually(t, 60*time.Second, "the webhook accepting "+id, func() bool { return slices.Contains(h.accepted(), id) })
 }
 
 // taskLog reads task histories straight from the event stream: cheap enough to poll,
@@ -143,13 +144,13 @@ func (l *taskLog) count(t *testing.T, id string) map[string]int {
 // waitUntil polls task id's event counts until cond holds.
 func (l *taskLog) waitUntil(t *testing.T, id, what string, cond func(n map[string]int) bool) {
 	t.Helper()
-	eventually(t, 60*time.Second, "task "+id+": "+what, func() bool { return cond(l.count(t, id)) })
+	testkit.Eventually(t, 60*time.Second, "task "+id+": "+what, func() bool { return cond(l.count(t, id)) })
 }
 
 // waitSinksDone waits until each push sink of task id delivered or gave up.
 func (l *taskLog) waitSinksDone(t *testing.T, id string, sinks int) {
 	t.Helper()
-	l.waitUntil(t, id, "push sinks not done", func(n map[string]int) bool {
+	l.waitUntil(t, id, "push sinks done", func(n map[string]int) bool {
 		return okResults(t, l, id)+n["delivery-failed"] >= sinks
 	})
 }
@@ -394,7 +395,7 @@ func TestWebhook404IsNotRetried(t *testing.T) {
 
 	id := add(t, home, "--target", "hook-404", "--webhook", hk.URL+"/gone", "--", "true")
 	waitFor(t, home, id)
-	log.waitUntil(t, id, "no delivery-failed", func(n map[string]int) bool { return n["delivery-failed"] == 1 })
+	log.waitUntil(t, id, "a delivery-failed", func(n map[string]int) bool { return n["delivery-failed"] == 1 })
 
 	h := history(t, home, id)
 	if n := countTypes(h); n["delivery-attempt"] != 1 || n["delivery-result"] != 1 || n["delivery-failed"] != 1 {
@@ -573,7 +574,7 @@ func TestAPushInFlightWhenTheServerDiesIsMadeAgainWithTheSameKey(t *testing.T) {
 
 	id := add(t, home, "--target", "agent-f", "--webhook", hk.URL, "--", "true")
 	waitFor(t, home, id)
-	eventually(t, 60*time.Second, "the first push did not arrive", func() bool { return len(hk.requests()) == 1 })
+	testkit.Eventually(t, 60*time.Second, "the first push arrived", func() bool { return len(hk.requests()) == 1 })
 	srv.stop(syscall.SIGKILL)
 	startServer(t, home, args...)
 	log := openLog(t, home)
@@ -682,7 +683,7 @@ func TestDeferIdlePushesOneAtATime(t *testing.T) {
 
 	first := add(t, home, "--target", target, "--policy", "defer_idle", "--exec-json", sink, "--", "echo first")
 	waitFor(t, home, first)
-	eventually(t, 60*time.Second, "the first exec did not start", func() bool { return len(lines(started)) == 1 })
+	testkit.Eventually(t, 60*time.Second, "the first exec started", func() bool { return len(lines(started)) == 1 })
 	second := add(t, home, "--target", target, "--policy", "defer_idle", "--exec-json", sink, "--", "echo second")
 	waitFor(t, home, second)
 	holdBarrier(t, home, target, hk)
@@ -692,7 +693,7 @@ func TestDeferIdlePushesOneAtATime(t *testing.T) {
 	}
 
 	touch(t, filepath.Join(dir, "release-"+first))
-	eventually(t, 60*time.Second, "the second exec did not start", func() bool { return len(lines(started)) == 2 })
+	testkit.Eventually(t, 60*time.Second, "the second exec started", func() bool { return len(lines(started)) == 2 })
 	if got := lines(finished); !slices.Equal(got, []string{first}) {
 		t.Fatalf("the second exec started when finished = %v, want %s finished", got, first)
 	}
@@ -719,7 +720,7 @@ func TestDeferIdleWaitsForAnEarlierWakeupsRetryAndQueueDoesNot(t *testing.T) {
 		target := "agent-" + strings.ReplaceAll(policy, "_", "-")
 		first := add(t, home, "--target", target, "--policy", policy, "--exec-json", failing, "--", "true")
 		waitFor(t, home, first)
-		log.waitUntil(t, first, "the first push did not fail", func(n map[string]int) bool { return n["delivery-result"] == 1 })
+		log.waitUntil(t, first, "the first push failed", func(n map[string]int) bool { return n["delivery-result"] == 1 })
 
 		second := add(t, home, "--target", target, "--policy", policy, "--webhook", hk.URL, "--", "true")
 		waitFor(t, home, second)
@@ -805,7 +806,7 @@ func TestExecSinkSuccessRetryAndGiveUp(t *testing.T) {
 
 	// max_attempts 3, always failing: three attempts, then delivery-failed.
 	waitFor(t, home, giveUp)
-	log.waitUntil(t, giveUp, "no delivery-failed", func(n map[string]int) bool { return n["delivery-failed"] == 1 })
+	log.waitUntil(t, giveUp, "a delivery-failed", func(n map[string]int) bool { return n["delivery-failed"] == 1 })
 	h = history(t, home, giveUp)
 	if n := countTypes(h); n["delivery-attempt"] != 3 || n["delivery-result"] != 3 || n["delivery-failed"] != 1 {
 		t.Fatalf("give-up: history %v, want 3 attempts, 3 results, 1 delivery-failed", n)
@@ -823,7 +824,7 @@ func TestExecSinkSuccessRetryAndGiveUp(t *testing.T) {
 
 	// A program that cannot start is not retried.
 	waitFor(t, home, missing)
-	log.waitUntil(t, missing, "no delivery-failed", func(n map[string]int) bool { return n["delivery-failed"] == 1 })
+	log.waitUntil(t, missing, "a delivery-failed", func(n map[string]int) bool { return n["delivery-failed"] == 1 })
 	pushedOnce(t, home, missing)
 	auditClean(t, home)
 }
@@ -908,10 +909,10 @@ func TestAnInboxReaderKilledBeforeItsAckGetsTheWakeupAgain(t *testing.T) {
 	// The next reader gets it, once the dead reader's ack wait is over.
 	for _, target := range []string{byClient, byCLI} {
 		reader := start(t, home, "inbox", "--follow", "--target", target, "--json")
-		eventually(t, 90*time.Second, target+": the next reader did not get the wake-up", func() bool {
+		testkit.Eventually(t, 90*time.Second, target+": the wake-up at the next reader", func() bool {
 			return strings.Contains(reader.out.String(), ids[target])
 		})
-		eventually(t, 30*time.Second, target+": the wake-up was not acknowledged", func() bool {
+		testkit.Eventually(t, 30*time.Second, target+": the wake-up acknowledged", func() bool {
 			info := consumerInfo(t, js, target)
 			return info.NumAckPending == 0 && info.NumPending == 0
 		})

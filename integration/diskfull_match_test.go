@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // A completion line matched while the disk of the worker's runs is full: the
@@ -20,12 +22,12 @@ func TestALineMatchedWhileTheRunsDiskIsFullCompletesTheTask(t *testing.T) {
 	makeGate(t, dir, "go")
 	id := add(t, home, "--cwd", dir, "--complete-on-regex", "^MATCH$", "--", `printf MAT; `+gate("go")+`echo CH; exec sleep 600`)
 	stdout := filepath.Join(runs, "runs", id+"-1", "stdout")
-	eventually(t, 30*time.Second, "the command printed the first half of its line", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the command printed the first half of its line", func() bool {
 		data, _ := os.ReadFile(stdout)
 		return string(data) == "MAT"
 	})
 	// The worker has written the run's state since it began to read its output.
-	eventually(t, 30*time.Second, "no tick recorded", func() bool { return countTypes(history(t, home, id))["tick"] > 0 })
+	testkit.Eventually(t, 30*time.Second, "a tick recorded", func() bool { return countTypes(history(t, home, id))["tick"] > 0 })
 	ballast := fillDisk(t, runs)
 	openGate(t, dir, "go")
 	w := waitFor(t, home, id)

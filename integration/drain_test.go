@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 type workersJSON struct {
@@ -45,7 +47,7 @@ func TestLabelsPlacementAndDrainFromTheCommandLine(t *testing.T) {
 	startServer(t, home)
 	blue := start(t, home, "worker", "--worker-id", "blue", "--label", "pool=blue", "--tick", "200ms")
 	green := start(t, home, "worker", "--worker-id", "green", "--label", "pool=green")
-	eventually(t, 60*time.Second, "three workers ready", func() bool {
+	testkit.Eventually(t, 60*time.Second, "three workers ready", func() bool {
 		return strings.Count(ok(t, home, "workers", "--json"), `"state": "ready"`) == 3
 	})
 	host, err := os.Hostname()
@@ -66,7 +68,7 @@ func TestLabelsPlacementAndDrainFromTheCommandLine(t *testing.T) {
 		t.Errorf("--anywhere placement %v, want none", got)
 	}
 	red := add(t, home, "--label", "pool=red", "--", "echo red")
-	eventually(t, 30*time.Second, "the red task says what it waits for", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the red task saying what it waits for", func() bool {
 		return strings.Contains(showPlaced(t, home, red).Waiting, "no live worker has these labels")
 	})
 	if list := ok(t, home, "list"); !strings.Contains(list, red+" waiting for a worker with pool=red") {
@@ -75,7 +77,7 @@ func TestLabelsPlacementAndDrainFromTheCommandLine(t *testing.T) {
 
 	gate := filepath.Join(t.TempDir(), "go")
 	long := add(t, home, "--label", "pool=blue", "--", `while [ ! -e "`+gate+`" ]; do sleep 0.05; done`)
-	eventually(t, 30*time.Second, "the blue task running", func() bool { return showPlaced(t, home, long).State == "running" })
+	testkit.Eventually(t, 30*time.Second, "the blue task running", func() bool { return showPlaced(t, home, long).State == "running" })
 	if w := showPlaced(t, home, long).Worker; w != "blue" {
 		t.Fatalf("task placed on pool=blue runs on %s", w)
 	}
@@ -84,7 +86,7 @@ func TestLabelsPlacementAndDrainFromTheCommandLine(t *testing.T) {
 		t.Errorf("drain: %s", out)
 	}
 	later := add(t, home, "--label", "pool=blue", "--", "echo later")
-	eventually(t, 30*time.Second, "the later task waits for the draining worker", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the later task waiting for the draining worker", func() bool {
 		return strings.Contains(showPlaced(t, home, later).Waiting, "draining")
 	})
 	if err := os.WriteFile(gate, nil, 0o644); err != nil {

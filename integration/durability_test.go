@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // Commands outlive the server that started them, whether it stops gracefully or is
@@ -26,7 +27,7 @@ func TestCommandsSurviveTheServerAndTheirExitsAreRecordedOnce(t *testing.T) {
 			back := add(t, home, "--cwd", dir, "--", `echo $$ > back.pid; while [ ! -e back ]; do sleep 0.02; done; exit 3`)
 			awayPID := readPID(t, filepath.Join(dir, "away.pid"))
 			backPID := readPID(t, filepath.Join(dir, "back.pid"))
-			eventually(t, 30*time.Second, "the first command's output never reached the log", func() bool {
+			testkit.Eventually(t, 30*time.Second, "the first command's output in the log", func() bool {
 				return ok(t, home, "logs", away) == "start\n"
 			})
 
@@ -35,7 +36,7 @@ func TestCommandsSurviveTheServerAndTheirExitsAreRecordedOnce(t *testing.T) {
 				t.Fatalf("a command died with the server (%v)", sig)
 			}
 			touch(t, filepath.Join(dir, "away"))
-			eventually(t, 30*time.Second, "the command did not end", func() bool { return processGone(awayPID) })
+			testkit.Eventually(t, 30*time.Second, "the command ended", func() bool { return processGone(awayPID) })
 
 			startServer(t, home)
 			w := waitFor(t, home, away)
@@ -88,7 +89,7 @@ func TestCancelReachesACommandStartedBeforeARestart(t *testing.T) {
 	srv.stop(syscall.SIGKILL)
 	startServer(t, home)
 	ok(t, home, "cancel", id)
-	eventually(t, 30*time.Second, "the command outlived its cancel", func() bool { return processGone(pid) })
+	testkit.Eventually(t, 30*time.Second, "the command gone after its cancel", func() bool { return processGone(pid) })
 	if w := waitFor(t, home, id); w.Status != "cancelled" {
 		t.Fatalf("status %q", w.Status)
 	}
@@ -123,7 +124,7 @@ func TestAWorkerGoneForGoodLosesItsTasks(t *testing.T) {
 		t.Fatalf("wake-up of a task whose worker is gone: %+v", w)
 	}
 	start(t, home, "worker", "--worker-id", "rescuer", "--tick", "200ms")
-	eventually(t, 30*time.Second, "the task was not run again", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the task run again", func() bool {
 		data, _ := os.ReadFile(filepath.Join(dir, "respawning.pids"))
 		return strings.Count(string(data), "\n") == 2
 	})
@@ -138,7 +139,7 @@ func TestAWorkerGoneForGoodLosesItsTasks(t *testing.T) {
 
 	// The doomed worker comes back: both its runs are no longer its own.
 	start(t, home, "worker", "--worker-id", "doomed", "--tick", "200ms")
-	eventually(t, 30*time.Second, "the old run outlived its fenced worker", func() bool { return processGone(failingPID) })
+	testkit.Eventually(t, 30*time.Second, "the old run gone with its fenced worker", func() bool { return processGone(failingPID) })
 	auditClean(t, home)
 }
 

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // Named faults, each in the window it is about. The randomised trials
@@ -54,12 +56,12 @@ func TestAKilledShimLosesItsTaskOnceAndTakesItsCommandWithIt(t *testing.T) {
 			if tc.away && portableEnabled {
 				startServer(t, home)
 			}
-			eventually(t, 30*time.Second, "the command outlived its shim", func() bool { return processGone(pid) })
+			testkit.Eventually(t, 30*time.Second, "the command gone with its shim", func() bool { return processGone(pid) })
 			if tc.away && !portableEnabled {
 				startServer(t, home)
 			}
 			if tc.respawn {
-				eventually(t, 30*time.Second, "the task did not run again", func() bool { return len(pidPairs(filepath.Join(dir, "pids"))) == 2 })
+				testkit.Eventually(t, 30*time.Second, "the task run again", func() bool { return len(pidPairs(filepath.Join(dir, "pids"))) == 2 })
 				openGate(t, dir, "second-run")
 			}
 			w := waitFor(t, home, id)
@@ -110,7 +112,7 @@ func TestAWorkerKilledTwiceInARowRecordsEachExitOnce(t *testing.T) {
 	}
 	end := func(i int) {
 		openGate(t, dir, "g"+strconv.Itoa(i))
-		eventually(t, 30*time.Second, "a command did not end", func() bool { return processGone(pid[i]) })
+		testkit.Eventually(t, 30*time.Second, "the command ended", func() bool { return processGone(pid[i]) })
 	}
 
 	w.stop(syscall.SIGKILL)
@@ -119,7 +121,7 @@ func TestAWorkerKilledTwiceInARowRecordsEachExitOnce(t *testing.T) {
 	w = worker()
 	// Killed again the moment it watches a run again: it may have recorded some of
 	// the exits, or none.
-	eventually(t, 30*time.Second, "the worker did not find its runs again", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the worker finding its runs again", func() bool {
 		return strings.Contains(w.out.String(), "watching a run again")
 	})
 	w.stop(syscall.SIGKILL)
@@ -165,7 +167,7 @@ func TestTwentyCommandsSurviveAServerKill(t *testing.T) {
 	srv.stop(syscall.SIGKILL)
 	for i := 0; i < tasks; i += 2 {
 		openGate(t, dir, "g"+strconv.Itoa(i))
-		eventually(t, 30*time.Second, "a command did not end", func() bool { return processGone(pids[i]) })
+		testkit.Eventually(t, 30*time.Second, "the command ended", func() bool { return processGone(pids[i]) })
 	}
 	for i := 1; i < tasks; i += 2 {
 		if processGone(pids[i]) {
@@ -209,7 +211,7 @@ func TestABackgroundGrandchildNeitherDelaysTheWakeupNorOutlivesIt(t *testing.T) 
 	// Without a subreaper (bgtask_portable, as on macOS) a session of the command's
 	// own is out of the shim's reach and runs on (docs/platforms.md).
 	if !portableEnabled {
-		eventually(t, 30*time.Second, "the sleeper outlived its command's shim", func() bool { return processGone(orphan) })
+		testkit.Eventually(t, 30*time.Second, "the sleeper gone with its command's shim", func() bool { return processGone(orphan) })
 	}
 	auditClean(t, home)
 }
@@ -269,13 +271,13 @@ func TestAWorkerKilledInTheKillGraceFinishesTheStopItDecided(t *testing.T) {
 	id := add(t, home, "--cwd", dir, "--complete-on-regex", "^MATCH$", "--",
 		`trap 'echo TERM >> termed' TERM; echo $$ $PPID > pids; echo MATCH; while :; do sleep 0.05; done`)
 	pid, _ := waitPIDPair(t, filepath.Join(dir, "pids"))
-	eventually(t, 30*time.Second, "the worker did not stop the command", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the worker stopping the command", func() bool {
 		_, err := os.Stat(filepath.Join(dir, "termed"))
 		return err == nil
 	})
 	// The matched line is in the log: a worker watching the command again from
 	// where the log stands would never see it.
-	eventually(t, 30*time.Second, "the matched line never reached the log", func() bool { return ok(t, home, "logs", "--stdout", id) == "MATCH\n" })
+	testkit.Eventually(t, 30*time.Second, "the matched line in the log", func() bool { return ok(t, home, "logs", "--stdout", id) == "MATCH\n" })
 	w.stop(syscall.SIGKILL) // in its 60s grace
 
 	start(t, home, "worker", "--worker-id", "graceful", "--kill-grace", "1s")
@@ -283,7 +285,7 @@ func TestAWorkerKilledInTheKillGraceFinishesTheStopItDecided(t *testing.T) {
 	if wk.Status != "succeeded" || wk.MatchedLine != "MATCH" {
 		t.Fatalf("wake-up %+v, want succeeded with the matched line", wk)
 	}
-	eventually(t, 30*time.Second, "the command outlived its stop", func() bool { return processGone(pid) })
+	testkit.Eventually(t, 30*time.Second, "the command gone after its stop", func() bool { return processGone(pid) })
 	if n := countTypes(history(t, home, id)); n["exited"] != 1 || n["fired"] != 1 {
 		t.Fatalf("history %v", n)
 	}

@@ -400,19 +400,6 @@ func allEvents(t *testing.T, js jetstream.JetStream) []events.Record {
 	return out
 }
 
-// eventually polls cond until it holds or the deadline passes: for conditions that
-// no event announces, such as a process being gone.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // processGone reports whether pid has exited: no such process, or a zombie that
 // only waits for a parent that is not ours to reap it.
 func processGone(pid int) bool {
@@ -520,7 +507,7 @@ func pidPairs(path string) [][2]int {
 // command's shell and its shim.
 func waitPIDPair(t *testing.T, path string) (command, shim int) {
 	t.Helper()
-	eventually(t, 30*time.Second, "no pids in "+path, func() bool { return len(pidPairs(path)) > 0 })
+	testkit.Eventually(t, 30*time.Second, "pids in "+path, func() bool { return len(pidPairs(path)) > 0 })
 	p := pidPairs(path)[0]
 	return p[0], p[1]
 }

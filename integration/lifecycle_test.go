@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 func TestAddWaitFiresExactlyOnceWithExitCodeAndTail(t *testing.T) {
@@ -103,7 +104,7 @@ func TestCancelKillsTheProcessTreeAndDeliversNothing(t *testing.T) {
 	id := add(t, home, "--cwd", dir, "--", script)
 
 	pids := map[string]int{}
-	eventually(t, 30*time.Second, "the command tree did not start", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the command tree started", func() bool {
 		for _, name := range []string{"leader", "child", "grandchild"} {
 			data, err := os.ReadFile(filepath.Join(dir, name))
 			pid, perr := strconv.Atoi(strings.TrimSpace(string(data)))
@@ -120,7 +121,7 @@ func TestCancelKillsTheProcessTreeAndDeliversNothing(t *testing.T) {
 
 	ok(t, home, "cancel", id, "--reason", "test")
 	for name, pid := range pids {
-		eventually(t, 30*time.Second, name+" still runs after cancel", func() bool { return processGone(pid) })
+		testkit.Eventually(t, 30*time.Second, name+" gone after cancel", func() bool { return processGone(pid) })
 	}
 	w := waitFor(t, home, id)
 	if w.Status != "cancelled" {

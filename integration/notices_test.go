@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // A command's notices go on across a SIGKILL of the server while it prints: every
@@ -20,7 +22,7 @@ func TestNoticesAreNeitherLostNorRepeatedAcrossAKillOfTheServer(t *testing.T) {
 	const lines = 8
 	id := add(t, home, "--target", "progress", "--notify-on-regex", "^PROGRESS",
 		"--", fmt.Sprintf("for i in $(seq %d); do echo PROGRESS $i; echo other; sleep 0.5; done", lines))
-	eventually(t, 30*time.Second, "two notices", func() bool {
+	testkit.Eventually(t, 30*time.Second, "two notices", func() bool {
 		return countTypes(history(t, home, id))["notice"] >= 2
 	})
 	srv.stop(syscall.SIGKILL)

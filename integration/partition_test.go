@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // netns is a network namespace joined to the host by a veth pair: a process run in
@@ -84,7 +86,7 @@ func (n *netns) startWorkerIn(t *testing.T, d *deployment, home string, args ...
 func firstTickPID(t *testing.T, d *deployment, id string) int {
 	t.Helper()
 	var pid int
-	eventually(t, 60*time.Second, "the task started", func() bool {
+	testkit.Eventually(t, 60*time.Second, "the task started", func() bool {
 		var hist struct {
 			Events []struct {
 				Type    string `json:"type"`
@@ -117,7 +119,7 @@ func historyTypes(t *testing.T, d *deployment, id string) []string {
 			Type string `json:"type"`
 		}
 	}
-	eventually(t, 30*time.Second, "the history of "+id, func() bool {
+	testkit.Eventually(t, 30*time.Second, "the history of "+id+" read", func() bool {
 		r := d.run(t, "client", "history", id, "--json")
 		return r.code == 0 && json.Unmarshal([]byte(r.stdout), &hist) == nil
 	})
@@ -152,7 +154,7 @@ func TestAPartitionedWorker(t *testing.T) {
 		if err := os.WriteFile(gate, nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 30*time.Second, "the command ended while cut off", func() bool { return processGone(pid) })
+		testkit.Eventually(t, 30*time.Second, "the command ended while cut off", func() bool { return processGone(pid) })
 		ns.heal()
 		w := decodeJSON[wakeup](t, d.ok(t, "client", "wait", id, "--json", "--timeout", "60s"))
 		if w.Status != "succeeded" || !strings.Contains(strings.Join(w.Tail, "\n"), "ended while cut off") {
@@ -188,7 +190,7 @@ func TestAPartitionedWorker(t *testing.T) {
 		}
 		ns.heal()
 		// The first run was fenced: its worker found the task was no longer its own.
-		eventually(t, 60*time.Second, "the fenced run stopped", func() bool { return processGone(pid) })
+		testkit.Eventually(t, 60*time.Second, "the fenced run stopped", func() bool { return processGone(pid) })
 		types := historyTypes(t, d, id)
 		if n := strings.Count(strings.Join(types, " "), "fired"); n != 1 {
 			t.Fatalf("history %v: fired %d times", types, n)

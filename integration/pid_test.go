@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // watched is a process that bgtask does not start, for a task to watch: this
@@ -44,7 +46,7 @@ func (w *watched) alive() bool {
 // awaitWatching waits until a worker holds the watch of task id.
 func awaitWatching(t *testing.T, home, id string) {
 	t.Helper()
-	eventually(t, 30*time.Second, "a worker took the watch", func() bool {
+	testkit.Eventually(t, 30*time.Second, "a worker took the watch", func() bool {
 		return countTypes(history(t, home, id))["spawned"] == 1
 	})
 }
@@ -165,7 +167,7 @@ func TestAWatchIsBoundedByItsDeadlineAndCancelled(t *testing.T) {
 	cancelled := add(t, home, "--target", "pids", "--pid", p.pid)
 	// A watch ticks as a command does (the server's --tick is 200ms): the audit
 	// takes a running task with no event of its run for a long time for a stuck one.
-	eventually(t, 30*time.Second, "the watch ticked twice", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the watch ticked twice", func() bool {
 		return countTypes(history(t, home, cancelled))["tick"] >= 2
 	})
 	if show := ok(t, home, "show", cancelled); !strings.Contains(show, p.pid) {
@@ -178,7 +180,7 @@ func TestAWatchIsBoundedByItsDeadlineAndCancelled(t *testing.T) {
 	if !p.alive() {
 		t.Fatal("the watched process was stopped")
 	}
-	eventually(t, 10*time.Second, "the cancelled watch's run directory is gone", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the cancelled watch's run directory gone", func() bool {
 		runs, _ := os.ReadDir(home + "/worker/runs")
 		return len(runs) == 0
 	})
@@ -224,7 +226,7 @@ func TestAWatchedPIDRunsOnlyOnItsHost(t *testing.T) {
 	p := startWatched(t)
 	id := add(t, home, "--target", "pids", "--pid", p.pid)
 	host, _ := os.Hostname()
-	eventually(t, 30*time.Second, "the watch waits for a worker of its host", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the watch waiting for a worker of its host", func() bool {
 		var v struct{ Waiting string }
 		return json.Unmarshal([]byte(ok(t, home, "show", id, "--json")), &v) == nil && strings.Contains(v.Waiting, "host="+host)
 	})

@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // probeWakeup is the part of a wake-up a probe's test reads.
@@ -29,7 +31,7 @@ func TestAProbeGoesOnAcrossAKillOfTheServer(t *testing.T) {
 	}
 	id := add(t, home, "--cwd", dir, "--target", "probes", "--probe-every", "1s", "--complete-on-regex", "^done$",
 		"--", "echo run >> runs; cat status")
-	eventually(t, 30*time.Second, "two probe runs did not match", func() bool {
+	testkit.Eventually(t, 30*time.Second, "two probe runs that did not match", func() bool {
 		return countTypes(history(t, home, id))["probe-scheduled"] >= 2
 	})
 	before := countTypes(history(t, home, id))["probe-scheduled"]

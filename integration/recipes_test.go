@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // recorder is a stand-in for an agent runtime's CLI: it records its arguments (each
@@ -58,7 +60,7 @@ func TestRecipesWakeTheirRuntimes(t *testing.T) {
 		spec := strings.ReplaceAll(string(data), "SESSION_ID", "sess-42")
 		id := add(t, home, "--spec", writeSpec(t, spec), "--", "echo recipe output from "+tc.runtime)
 		var recorded string
-		eventually(t, 60*time.Second, tc.recipe+": the runtime was not called", func() bool {
+		testkit.Eventually(t, 60*time.Second, tc.recipe+": the runtime called", func() bool {
 			out, err := os.ReadFile(filepath.Join(records, tc.runtime+".args"))
 			recorded = string(out)
 			return err == nil
@@ -151,7 +153,7 @@ func TestOpenClawRecipeWakesTheGatewayOnce(t *testing.T) {
 	for _, task := range []struct {
 		id, end string
 	}{{anonymous, "delivery-failed"}, {id, "delivery-result"}} {
-		eventually(t, 60*time.Second, task.id+": no "+task.end, func() bool { return countTypes(history(t, home, task.id))[task.end] == 1 })
+		testkit.Eventually(t, 60*time.Second, task.id+": "+task.end+" in its history", func() bool { return countTypes(history(t, home, task.id))[task.end] == 1 })
 	}
 	mu.Lock()
 	got, refused := append([]wake(nil), wakes...), unauthorized
@@ -227,7 +229,7 @@ func TestSlackRecipePostsThePrompt(t *testing.T) {
 		}
 	} else {
 		var stdin []byte
-		eventually(t, 60*time.Second, "the Slack recipe did not call curl", func() bool {
+		testkit.Eventually(t, 60*time.Second, "the Slack recipe calling curl", func() bool {
 			_, err := os.Stat(filepath.Join(records, "curl.args"))
 			return err == nil
 		})
@@ -269,7 +271,7 @@ func TestInboxLoopRecipe(t *testing.T) {
 	})
 	first := add(t, home, "--target", "loop-target", "--", "true")
 	second := add(t, home, "--target", "loop-target", "--", "exit 3")
-	eventually(t, 60*time.Second, "the loop did not print both wake-ups", func() bool {
+	testkit.Eventually(t, 60*time.Second, "the loop printing both wake-ups", func() bool {
 		return strings.Contains(out.String(), "task "+first+" succeeded\n") && strings.Contains(out.String(), "task "+second+" failed\n")
 	})
 }

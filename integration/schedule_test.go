@@ -5,6 +5,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // Two engine replicas on a 3-node cluster run one schedule, and one of them is
@@ -22,10 +24,10 @@ func TestTwoEnginesRunEverySlotOfAScheduleOnce(t *testing.T) {
 	show := func() scheduleShown {
 		return decodeJSON[scheduleShown](t, d.ok(t, "client", "schedule", "show", "every-second", "--json"))
 	}
-	eventually(t, time.Minute, "three occurrences", func() bool { return len(show().Occurrences) >= 3 })
+	testkit.Eventually(t, time.Minute, "three occurrences", func() bool { return len(show().Occurrences) >= 3 })
 	engines[0].stop(syscall.SIGKILL)
 	before := len(show().Occurrences)
-	eventually(t, time.Minute, "three more occurrences with one engine", func() bool { return len(show().Occurrences) >= before+3 })
+	testkit.Eventually(t, time.Minute, "three more occurrences with one engine", func() bool { return len(show().Occurrences) >= before+3 })
 	d.ok(t, "client", "schedule", "pause", "every-second")
 
 	occ := show().Occurrences

@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // timedWakeup is the part of a wake-up that timers and retries add.
@@ -57,7 +59,7 @@ func TestRetriesGoOnAcrossAKillOfTheServer(t *testing.T) {
 	runs := filepath.Join(dir, "runs")
 	id := add(t, home, "--cwd", dir, "--target", "retries", "--retry", "2", "--retry-backoff", "3s",
 		"--", "echo run >> runs; exit 3")
-	eventually(t, 30*time.Second, "the first attempt ended and a retry waits", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the first attempt ended and a retry waits", func() bool {
 		return countTypes(history(t, home, id))["retry-scheduled"] == 1
 	})
 	srv.stop(syscall.SIGKILL)

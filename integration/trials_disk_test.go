@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // The disk-full fault: a part of the bgtask home lives on a small tmpfs, which a
@@ -241,7 +242,7 @@ func (tr *trial) awaitStoreRestart() {
 	if !strings.Contains(tr.server.out.String(), "JetStream failed to store a msg") {
 		return // the store never found its disk full
 	}
-	eventually(tr.t, 60*time.Second, "the server restarted on its store", func() bool {
+	testkit.Eventually(tr.t, 60*time.Second, "the server restarted on its store", func() bool {
 		out := tr.server.out.String()
 		i := strings.LastIndex(out, "has room again")
 		return i >= 0 && strings.Contains(out[i:], "bgtask server ready")

@@ -18,6 +18,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // Randomised fault trials. Each trial starts a real server (and, in half of them,
@@ -339,7 +340,7 @@ func runTrial(t *testing.T, seed uint64) {
 		serverCrashed = tr.server.done
 	}
 	for _, w := range tr.workers {
-		eventually(t, 60*time.Second, "a worker did not start", func() bool {
+		testkit.Eventually(t, 60*time.Second, "a worker started", func() bool {
 			select {
 			case <-w.done: // a crash point at its first spawn
 				return true
@@ -498,7 +499,7 @@ func (tr *trial) openWhileDown(part, parts int) {
 		// Each line is a run's command and its shim; a shim whose run is over may
 		// take another, and has let go of this task's run directory.
 		for k, pid := range tr.pids("pids", i) {
-			eventually(tr.t, 30*time.Second, fmt.Sprintf("task %d's command did not end after its gate opened", i), func() bool {
+			testkit.Eventually(tr.t, 30*time.Second, fmt.Sprintf("task %d's command ended after its gate opened", i), func() bool {
 				return processGone(pid) || k%2 == 1 && !holdsFileOf(pid, "/runs/"+tr.ids[i]+"-")
 			})
 		}
@@ -739,7 +740,7 @@ func (tr *trial) check() {
 	for i := range tr.plan.tasks {
 		for _, file := range left {
 			for _, pid := range tr.pids(file, i) {
-				eventually(t, 30*time.Second, fmt.Sprintf("task %d left process %d (from %s) behind (seed %d)", i, pid, file, tr.plan.seed),
+				testkit.Eventually(t, 30*time.Second, fmt.Sprintf("process %d of task %d (from %s) gone (seed %d)", pid, i, file, tr.plan.seed),
 					func() bool { return processGone(pid) })
 			}
 		}

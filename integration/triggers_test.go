@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // gatedCommand waits for the gate name, then marks its end with name.done.
@@ -17,7 +19,7 @@ func gatedCommand(name string) string { return gate(name) + "touch " + name + ".
 func endGated(t *testing.T, dir, name string) {
 	t.Helper()
 	openGate(t, dir, name)
-	eventually(t, 30*time.Second, name+" ended", func() bool {
+	testkit.Eventually(t, 30*time.Second, name+" ended", func() bool {
 		_, err := os.Stat(filepath.Join(dir, name+".done"))
 		return err == nil
 	})
@@ -32,7 +34,7 @@ func TestADependencyThatEndsWhileTheServerIsDownStartsItsDependentOnce(t *testin
 	makeGate(t, dir, "a")
 	a := add(t, home, "--cwd", dir, "--", gatedCommand("a"))
 	b := add(t, home, "--cwd", dir, "--after", a, "--", "echo ran >> b.runs")
-	eventually(t, 30*time.Second, "a runs", func() bool { return countTypes(history(t, home, a))["spawned"] == 1 })
+	testkit.Eventually(t, 30*time.Second, "a running", func() bool { return countTypes(history(t, home, a))["spawned"] == 1 })
 	srv.stop(syscall.SIGKILL)
 	endGated(t, dir, "a")
 	startServer(t, home)

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // A home whose event stream has the layout before one subject per task (every
@@ -25,7 +26,7 @@ func TestAnOldLayoutHomeIsUpgradedWhenTheServerStarts(t *testing.T) {
 	srv := startServer(t, home, "--archive-after", "1s")
 	archived := add(t, home, "--idempotency-key", "nightly-7", "--", "echo archived-output; exit 3")
 	waitFor(t, home, archived)
-	eventually(t, 60*time.Second, "the task was not archived", func() bool {
+	testkit.Eventually(t, 60*time.Second, "the task archived", func() bool {
 		return strings.Contains(ok(t, home, "list", "--json"), `"state": "archived"`)
 	})
 	// The default --archive-after from here, so that the archiver leaves the next
@@ -35,7 +36,7 @@ func TestAnOldLayoutHomeIsUpgradedWhenTheServerStarts(t *testing.T) {
 	done := add(t, home, "--idempotency-key", "build-42", "--", "echo built")
 	waitFor(t, home, done)
 	running := add(t, home, "--idempotency-key", "deploy-1", "--", "sleep 3; echo deployed")
-	eventually(t, 30*time.Second, "the task did not start", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the task started", func() bool {
 		return countTypes(history(t, home, running))["spawned"] == 1
 	})
 	tasks := []string{archived, done, running}

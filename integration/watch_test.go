@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 type shown struct {
@@ -32,7 +34,7 @@ func show(t *testing.T, home, id string) shown {
 func readPID(t *testing.T, path string) int {
 	t.Helper()
 	var pid int
-	eventually(t, 30*time.Second, "no pid in "+path, func() bool {
+	testkit.Eventually(t, 30*time.Second, "a pid in "+path, func() bool {
 		data, err := os.ReadFile(path)
 		if err != nil {
 			return false
@@ -61,7 +63,7 @@ func TestJSONLineCompletionStopsALingeringWatcher(t *testing.T) {
 		t.Fatalf("matched line %q, result %q", s.MatchedLine, s.Result)
 	}
 	pid := readPID(t, filepath.Join(dir, "pid"))
-	eventually(t, 15*time.Second, "the watcher still runs after its completion line", func() bool { return processGone(pid) })
+	testkit.Eventually(t, 15*time.Second, "the watcher gone after its completion line", func() bool { return processGone(pid) })
 }
 
 func TestJSONLineThatDoesNotMatchEveryFieldIsIgnored(t *testing.T) {
@@ -165,7 +167,7 @@ func TestStallNotifyWakesOnceAndKeepsWatching(t *testing.T) {
 func firstInboxLine(t *testing.T, home string) string {
 	t.Helper()
 	var line string
-	eventually(t, 30*time.Second, "nothing arrived in the inbox", func() bool {
+	testkit.Eventually(t, 30*time.Second, "a wake-up in the inbox", func() bool {
 		line, _, _ = strings.Cut(ok(t, home, "inbox", "--json"), "\n")
 		return line != ""
 	})
@@ -203,7 +205,7 @@ func TestLogsKeepEveryLineAndFollow(t *testing.T) {
 	id := add(t, home, "--cwd", dir, "--", `for i in $(seq 1 3000); do echo line-$i; done; echo err-line >&2; while [ ! -e go ]; do sleep 0.05; done; echo last`)
 	followed := make(chan result, 1)
 	go func() { followed <- run(t, home, "logs", id, "--follow", "--stdout") }()
-	eventually(t, 30*time.Second, "the first lines never reached the log", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the first lines in the log", func() bool {
 		return strings.Contains(ok(t, home, "logs", id), "line-3000\n")
 	})
 	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o600); err != nil {
