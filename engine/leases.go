@@ -85,6 +85,7 @@ func (l *Leases) Check(ctx context.Context) error {
 			return err
 		}
 	}
+	l.base.Logger.Debug("leases checked", "running", len(running), "workers", len(alive))
 	return nil
 }
 
