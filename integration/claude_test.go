@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/events"
+	osproc "github.com/bgtask/bgtask/internal/proc"
 	"github.com/bgtask/bgtask/internal/testkit"
 )
 
@@ -115,12 +117,9 @@ func startClaudeSession(t *testing.T, bashCommand string) *claudeSession {
 		// gone: the temporary HOME is removed only once it has (killed, if it
 		// lingers past 3s).
 		for _, f := range strings.Fields(string(pids)) {
-			pid, _ := strconv.Atoi(f)
-			for start := time.Now(); pid > 0 && runs(pid) && time.Since(start) < 5*time.Second; {
-				if time.Since(start) > 3*time.Second {
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				}
-				time.Sleep(20 * time.Millisecond)
+			if pid, _ := strconv.Atoi(f); pid > 0 && !ended(pid, 3*time.Second) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				ended(pid, 2*time.Second)
 			}
 		}
 	})
@@ -371,12 +370,22 @@ func TestClaudeCodeSessionClosedGetsItsWakeUpAtResume(t *testing.T) {
 	s.awaitWakeUps(target, ids)
 }
 
-// runs reports whether process pid has not exited (a zombie has).
-func runs(pid int) bool {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+// ended waits up to within for process pid, which this one did not start, to
+// end, and reports whether it did.
+func ended(pid int, within time.Duration) bool {
+	id, err := osproc.Of(pid)
 	if err != nil {
+		return true // gone already
+	}
+	w, err := osproc.Start(id)
+	if err != nil {
+		return errors.Is(err, osproc.ErrGone)
+	}
+	defer w.Stop()
+	select {
+	case <-w.Ended:
+		return true
+	case <-time.After(within):
 		return false
 	}
-	_, after, _ := strings.Cut(string(stat), ") ")
-	return !strings.HasPrefix(after, "Z")
 }

@@ -176,25 +176,29 @@ func serverArgs(args ...string) []string {
 // awaitServer waits until the server p started on home serves requests.
 func awaitServer(t *testing.T, p *proc, home string) *proc {
 	t.Helper()
+	serving := false
+	defer func() { // as a failure ends the test too
+		if !serving {
+			t.Logf("the server's output:\n%s", p.out.String())
+		}
+	}()
 	// A server finds its worker's runs again before it serves: on a busy machine,
 	// with many runs, that takes a while.
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testkit.Eventually(t, 60*time.Second, "the server serving", func() bool {
 		// The discovery file is written once the API serves; it must be this process's.
 		data, err := os.ReadFile(filepath.Join(home, "server.json"))
 		var d struct{ PID int }
-		if err == nil && json.Unmarshal(data, &d) == nil && d.PID == p.cmd.Process.Pid {
-			return p
+		if serving = err == nil && json.Unmarshal(data, &d) == nil && d.PID == p.cmd.Process.Pid; serving {
+			return true
 		}
 		select {
 		case <-p.done:
-			t.Fatalf("server exited at start:\n%s", p.out.String())
-		case <-time.After(20 * time.Millisecond):
+			t.Fatal("server exited at start")
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("server not ready after 60s:\n%s", p.out.String())
-		}
-	}
+		return false
+	})
+	return p
 }
 
 // result is what a CLI command did.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/projections"
 )
 
@@ -148,13 +149,7 @@ func TestRestartFromASnapshotServesTheSameState(t *testing.T) {
 	}
 	// With --snapshot-every 1 a snapshot is due whenever as many events as there
 	// are tasks were applied since the last.
-	deadline := time.Now().Add(30 * time.Second)
-	for snapshotSeq(t, home) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no snapshot written in 30s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.Eventually(t, 30*time.Second, "a snapshot written", func() bool { return snapshotSeq(t, home) != 0 })
 	before := snapshot(t, home, ids)
 	srv.stop(syscall.SIGKILL)
 

@@ -139,17 +139,13 @@ func (tr *trial) registerLate(nc *nats.Conn, i int) (id string, full bool) {
 func (tr *trial) registerRefused(nc *nats.Conn, i int) string {
 	t := tr.t
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		id, full := tr.registerLate(nc, i)
-		if !full {
-			return id
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task %d still refused for a full disk %s after it was freed", i, 30*time.Second)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	var id string
+	testkit.Eventually(t, 30*time.Second, fmt.Sprintf("task %d taken after the disk was freed", i), func() bool {
+		var full bool
+		id, full = tr.registerLate(nc, i)
+		return !full
+	})
+	return id
 }
 
 // noResponder is the code request gives a registration no server took: the
@@ -223,7 +219,7 @@ func (tr *trial) fillAndFree() {
 		}
 	}
 	tr.openWhileDown(0, 1)
-	time.Sleep(p.full)
+	time.Sleep(p.full) // how long the disk stays full: a random pause, it waits for nothing
 	if err := os.Remove(ballast); err != nil {
 		t.Fatal(err)
 	}
