@@ -2,9 +2,12 @@ package integration
 
 import (
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // A server restarted with a shorter --lease-ttl changes the lease of the workers
@@ -20,10 +23,13 @@ func TestWorkersFollowALeaseTTLLoweredByARestartOfTheServer(t *testing.T) {
 	waitPIDPair(t, filepath.Join(dir, "pids"))
 	srv.stop(syscall.SIGTERM)
 	const ttl = 10 * time.Second
-	startServer(t, home, "--no-worker", "--lease-ttl", ttl.String())
+	srv = startServer(t, home, "--no-worker", "--lease-ttl", ttl.String(), "--log-level", "debug")
 	// The engine checks the leases one TTL after its start, and every quarter TTL
-	// after: the worker holds its lease across several of them.
-	time.Sleep(2 * ttl)
+	// after: the worker holds its lease across several of them (the first five,
+	// two TTLs).
+	testkit.Eventually(t, 4*ttl, "five lease checks", func() bool {
+		return strings.Count(srv.out.String(), "leases checked") >= 5
+	})
 	added := time.Now()
 	fresh := add(t, home, "--cwd", dir, "--", "true")
 	if w := waitFor(t, home, fresh); w.Status != "succeeded" {

@@ -3,7 +3,10 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -17,17 +20,30 @@ import (
 // once, after them.
 func TestNoticesAreNeitherLostNorRepeatedAcrossAKillOfTheServer(t *testing.T) {
 	t.Parallel()
-	home := t.TempDir()
+	home, dir := t.TempDir(), t.TempDir()
 	srv := startServer(t, home)
 	const lines = 8
-	id := add(t, home, "--target", "progress", "--notify-on-regex", "^PROGRESS",
-		"--", fmt.Sprintf("for i in $(seq %d); do echo PROGRESS $i; echo other; sleep 0.5; done", lines))
+	// The command prints two lines, then three more once the server is killed,
+	// then the rest once it is back; it counts its lines in a file of its own too.
+	makeGate(t, dir, "down")
+	makeGate(t, dir, "up")
+	command := fmt.Sprintf(`for i in $(seq %d); do
+if [ $i = 3 ]; then %sfi
+if [ $i = 6 ]; then %sfi
+echo PROGRESS $i; echo $i >> printed; echo other; sleep 0.5
+done`, lines, gate("down"), gate("up"))
+	id := add(t, home, "--cwd", dir, "--target", "progress", "--notify-on-regex", "^PROGRESS", "--", command)
 	testkit.Eventually(t, 30*time.Second, "two notices", func() bool {
 		return countTypes(history(t, home, id))["notice"] >= 2
 	})
 	srv.stop(syscall.SIGKILL)
-	time.Sleep(time.Second) // the command prints on while no server watches it
+	openGate(t, dir, "down")
+	testkit.Eventually(t, 30*time.Second, "three lines printed while no server watches the command", func() bool {
+		data, _ := os.ReadFile(filepath.Join(dir, "printed"))
+		return strings.Count(string(data), "\n") == 5
+	})
 	startServer(t, home)
+	openGate(t, dir, "up")
 	ok(t, home, "wait", id, "--timeout", "45s")
 
 	var got []string

@@ -33,7 +33,8 @@ func TestATimerDueWhileTheServerIsDownFiresOnceLate(t *testing.T) {
 	id := add(t, home, "--target", "reminders", "--delay", "2s", "--prompt", "stand-up, {{late_by}} late")
 	due := time.Now().Add(2 * time.Second)
 	srv.stop(syscall.SIGKILL)
-	// The timer's time passes while nothing runs.
+	// The timer's time passes while nothing runs: on the wall clock, which no
+	// test moves for another process.
 	time.Sleep(time.Until(due.Add(1500 * time.Millisecond)))
 	startServer(t, home)
 	w := decodeJSON[timedWakeup](t, ok(t, home, "wait", id, "--json", "--timeout", "45s"))

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -93,15 +94,19 @@ func TestCompleteRacingTheExitDecidesOnce(t *testing.T) {
 	startServer(t, home)
 	const tasks = 12
 	ids := make([]string, tasks)
-	var wg sync.WaitGroup
+	dir := t.TempDir()
 	for i := range ids {
-		ids[i] = add(t, home, "--target", "race", "--", "sleep 1")
-		wg.Go(func() {
-			// Spread over the command's end, a second after its registration: some
-			// land before it, some after.
-			time.Sleep(time.Duration(400+100*i) * time.Millisecond)
-			run(t, home, "complete", ids[i], "--status", "failed", "--result", "raced")
+		// Commands that run from 0 to 2.75 s once started: completes made as each
+		// starts land after the end of the short ones, before that of the long.
+		ids[i] = add(t, home, "--cwd", dir, "--target", "race", "--", fmt.Sprintf("touch started.%d; sleep %.2f", i, 0.25*float64(i)))
+	}
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		testkit.Eventually(t, 30*time.Second, fmt.Sprintf("command %d started", i), func() bool {
+			_, err := os.Stat(filepath.Join(dir, fmt.Sprintf("started.%d", i)))
+			return err == nil
 		})
+		wg.Go(func() { run(t, home, "complete", id, "--status", "failed", "--result", "raced") })
 	}
 	wg.Wait()
 	outcomes := map[string]int{}
