@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/workers/shim"
 )
 
@@ -29,13 +30,13 @@ func TestOutputPrintedWhileTheServerIsStoppedStaysBoundedOnDisk(t *testing.T) {
 	id := add(t, home, "--cwd", dir, "--", gate("flood")+"yes 0123456789abcdef | head -c 200000000; echo end; "+gate("over")+"echo after")
 	run := filepath.Join(home, "worker", "runs", id+"-1")
 	var pids struct{ Shim struct{ PID int } }
-	eventually(t, 30*time.Second, "the command started", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the command started", func() bool {
 		data, err := os.ReadFile(filepath.Join(run, shim.PIDFile))
 		return err == nil && json.Unmarshal(data, &pids) == nil
 	})
 	if !portableEnabled {
 		// What bounds the output is then the waiter the shim becomes.
-		eventually(t, 30*time.Second, "the shim hibernated", func() bool {
+		testkit.Eventually(t, 30*time.Second, "the shim hibernated", func() bool {
 			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids.Shim.PID))
 			return bytes.Contains(cmdline, []byte("\x00--hibernated\x00"))
 		})
