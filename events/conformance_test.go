@@ -16,6 +16,7 @@ import (
 
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/events/eventstest"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // conformanceDedupe is the suite's dedupe window: short, so that a retry after it
@@ -375,9 +376,7 @@ func conformOneSubjectPerTask(t *testing.T, top *topology) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	if err := top.conns[1].Flush(); err != nil {
-		t.Fatal(err)
-	}
+	awaitInterest(t, top.conns[1], top.conns[0])
 	var seq uint64
 	for _, p := range []events.Payload{&events.Armed{Spec: []byte(`{}`)}, &events.Cancelled{Reason: "r"}} {
 		if seq, err = top.stores[0].Append(ctx, mustEvent(t, task, p), seq); err != nil {
@@ -473,4 +472,26 @@ func conformLastSeqIsTheLastEventStored(t *testing.T, top *topology) {
 			t.Fatalf("LastSeq through store %d with the last message gone: %d, %v; want %d", i, got, err, first)
 		}
 	}
+}
+
+// awaitInterest returns once the subscriptions made on sub so far are known
+// where pub publishes. In a cluster a subscription reaches the other servers
+// over their routes a moment after its own server has it; a subscription made
+// after them travels behind them, so a request pub can get answered on it says
+// they have arrived.
+func awaitInterest(t *testing.T, sub, pub *nats.Conn) {
+	t.Helper()
+	probe := nats.NewInbox()
+	responder, err := sub.Subscribe(probe, func(m *nats.Msg) { _ = m.Respond(nil) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer responder.Unsubscribe()
+	if err := sub.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, "the subscription known across the cluster", func() bool {
+		_, err := pub.Request(probe, nil, time.Second)
+		return err == nil
+	})
 }
