@@ -33,13 +33,6 @@ func StartRunAndDie(shim []string, runDir, taskID string, epoch uint64, spec eng
 // ShimAlive is shimAlive: whether a shim holds the start lock of the run in dir.
 var ShimAlive = shimAlive
 
-// FreeRuns is the number of cleaned run directories w keeps for its next runs.
-func FreeRuns(w *Worker) int {
-	w.pool.mu.Lock()
-	defer w.pool.mu.Unlock()
-	return len(w.pool.free)
-}
-
 // launchShim starts the shim of a prepared run and hands it the run at once.
 func launchShim(shimCmd []string, dir string, run shimRun) error {
 	s, err := startShim(shimCmd, dir, run)

@@ -615,13 +615,42 @@ func TestAStateDirectoryKeepsItsWorkersIdentityWhileItHoldsRuns(t *testing.T) {
 	}
 
 	// Without runs, the directory may change hands.
-	eventually(t, 10*time.Second, "the run directory emptied", func() bool {
-		runs, _ := filepath.Glob(filepath.Join(state, "runs", "[^.]*")) // not the free ones
+	eventually(t, 10*time.Second, "the run directory removed", func() bool {
+		runs, _ := filepath.Glob(filepath.Join(state, "runs", "*"))
 		return len(runs) == 0
 	})
 	again.Stop()
 	if w := b.startWorker(t, workers.Config{ID: "second", StateDir: state}); w.ID() != "second" {
 		t.Fatalf("worker id %q on an empty state directory, want second", w.ID())
+	}
+}
+
+// A worker that starts removes what its runs directory holds that no worker made
+// for a run (the name of none), files and all, and takes tasks as ever.
+func TestAWorkerThatStartsRemovesWhatIsNotARun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state := t.TempDir()
+	var stray []string
+	for _, name := range []string{".free-17", "not a run", "task-x"} {
+		dir := filepath.Join(state, "runs", name)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "exit.json.tmp"), []byte(`{"exit_code":3}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		stray = append(stray, dir)
+	}
+	b.startWorker(t, workers.Config{StateDir: state})
+	for _, dir := range stray {
+		if _, err := os.Lstat(dir); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s after the worker started: %v, want it removed", filepath.Base(dir), err)
+		}
+	}
+	id := b.arm(t, engine.Spec{Command: "exit 4", Cwd: t.TempDir()})
+	if st := b.waitFor(t, id, 20*time.Second, "ended", ended); st.Run == nil || st.Run.ExitCode != 4 {
+		t.Fatalf("ended %s (%q), want exit 4", st.Status, st.Reason)
 	}
 }
 

@@ -96,7 +96,7 @@ func (w *Worker) take(ctx context.Context, id string) (events.OfferReply, *run, 
 	// The run's directory is made before the spawn is appended: a worker that dies
 	// between the two finds the task again when it restarts.
 	dir := w.runDir(id, armed.Epoch+1)
-	if err := w.pool.intent(dir); errors.Is(err, fs.ErrExist) {
+	if err := writeIntent(dir); errors.Is(err, fs.ErrExist) {
 		return events.OfferReply{Reason: events.DeclineTaken}, nil, logAt // taken before a restart, and held
 	} else if err != nil {
 		log.Error("worker: cannot write its state directory", "err", err)

@@ -271,7 +271,7 @@ func stableID(dir, want string) (string, error) {
 	case have != "" && (want == "" || want == have):
 		return have, nil
 	case have != "":
-		if runs, _ := filepath.Glob(filepath.Join(dir, "runs", runsPattern)); len(runs) > 0 {
+		if runs, _ := filepath.Glob(filepath.Join(dir, "runs", "*")); len(runs) > 0 {
 			return "", fmt.Errorf("worker state directory %s holds %d runs of worker %s: start worker %s on it to watch them to their end, or give worker %s a state directory of its own",
 				dir, len(runs), have, have, want)
 		}

@@ -118,7 +118,7 @@ func (r *run) execute(ctx context.Context, logAt offsets, first func(*offsets) b
 	defer r.dropPrepared()
 	for respawn := first(&logAt); respawn; respawn = r.runOnce(ctx, &logAt) {
 		dir := w.runDir(id, r.state.Epoch+1)
-		if err := w.pool.intent(dir); err != nil {
+		if err := writeIntent(dir); err != nil {
 			w.cfg.Base.Logger.Error("respawn not started", "task", id, "err", err)
 			return
 		}

@@ -4,17 +4,15 @@ package workers
 // one run of a task meet, and what a restarted worker finds the run again by. Who
 // writes each file, when, and what a reader may take from it:
 //
-//	(the directory)  the worker, before it appends the spawn (writeIntent, or
-//	                 runPool.intent), made durable: no task is taken without a
-//	                 trace on disk. Its name
+//	(the directory)  the worker, before it appends the spawn (writeIntent), made
+//	                 durable: no task is taken without a trace on disk. Its name
 //	                 says the task and epoch (intentOf). It is also the run's
 //	                 start lock: the worker locks it (flock) and sends it to the
 //	                 shim with the run (shim.receiveRun); the shim holds it until
 //	                 the run is over, so a lock found free means no shim works on
 //	                 the run or ever will (shimAlive).
-//	stdout, stderr   made by the worker (prepareRun), or kept empty from a run
-//	                 before where no process has them open to write (runPool).
-//	                 The command appends to them directly. The worker reads them into the tail, the
+//	stdout, stderr   made by the worker (prepareRun); the command appends
+//	                 to them directly. The worker reads them into the tail, the
 //	                 log and the completion rule, and frees the blocks no restart
 //	                 reads again (boundOutput); the shim frees the start of each
 //	                 past its last shim.OutputKeepBytes, read or not (package
@@ -29,8 +27,7 @@ package workers
 //	                 its stdin (shim.EnvironFD) and a result command runs in.
 //	exit.json.tmp    the shim, before the command starts: the exit file's blocks,
 //	                 so that a full disk loses no exit.
-//	starting         the shim, just before it starts the command (by renaming
-//	                 starting.tmp, where a recycled directory has it). Beside it,
+//	starting         the shim, just before it starts the command. Beside it,
 //	                 with no pid.json and the lock free: the shim died starting
 //	                 it, and the command with it (errShimDied).
 //	pid.json         shimPIDs, by the shim, once the command started, whole (by
@@ -52,12 +49,12 @@ package workers
 // none (readRecord).
 //
 // Until the start is recorded (pid.json, or a start error in exit.json) the shim's
-// stdout and stderr are a pipe the worker reads (startingShim.hand). Once the run's end is
-// in the log, a run watched to its end has its directory emptied for the next run
-// (the sweeper, sweepDelay later; runPool), which finds the temp files of run.json,
-// pid.json, exit.json and starting, and writes them as it would new ones; a worker removes a run's directory, at its next
-// start, when the log says the run is not its own (reattach). The shim's side of
-// all this is package shim.
+// stdout and stderr are a pipe the worker reads (startingShim.hand). A worker removes
+// the directory once the run's end is in the log (a run watched to its end through
+// the sweeper, sweepDelay later), or, at its next start, when the log says the run
+// is not its own (reattach), which removes then too whatever else STATE/runs holds
+// that no worker made for a run (intentOf). The shim's side of all this is package
+// shim.
 
 import (
 	"encoding/json"

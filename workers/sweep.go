@@ -7,20 +7,19 @@ import (
 )
 
 // sweepDelay is how long the directory of a run watched to its end stays before it
-// is recycled (runPool) or removed. Either changes metadata that the file system
-// commits with the next fsync on the disk: done at once, it would ride on the
-// fsyncs of the very wake-up that the end sets off (completion-persisted, the
-// inbox) and delay it. A tenth of a second is past that wake-up, and batches the
-// runs that end meanwhile.
+// is removed. Removing a run's directory unlinks its files and the directory,
+// metadata that the file system's journal commits with the next fsync on the disk:
+// removed at once, they would ride on the fsyncs of the very wake-up that the end
+// sets off (completion-persisted, the inbox) and delay it. A tenth of a second is
+// past that wake-up, and batches the runs that end meanwhile into one commit.
 const sweepDelay = 100 * time.Millisecond
 
-// sweeper hands the directories of finished runs to drop, a while after their end
-// and together. A worker that dies meanwhile finds them at its next start, as it finds
+// sweeper removes the directories of finished runs, a while after their end and
+// together. A worker that dies meanwhile finds them at its next start, as it finds
 // a run whose end it recorded just before it died: the log says the run is no
 // longer its own, and the directory goes.
 type sweeper struct {
 	delay    time.Duration
-	drop     func(dir string) // what becomes of a directory swept: runPool.recycle
 	mu       sync.Mutex
 	dirs     []string
 	timer    *time.Timer // the sweep to come, if any
@@ -41,18 +40,18 @@ func (s *sweeper) remove(dir string) {
 		s.sweeping.Add(1)
 		s.timer = time.AfterFunc(s.delay, func() {
 			defer s.sweeping.Done()
-			s.sweep(s.drop)
+			s.sweep()
 		})
 	}
 }
 
-func (s *sweeper) sweep(drop func(dir string)) {
+func (s *sweeper) sweep() {
 	s.mu.Lock()
 	dirs := s.dirs
 	s.dirs, s.timer = nil, nil
 	s.mu.Unlock()
 	for _, dir := range dirs {
-		drop(dir)
+		_ = os.RemoveAll(dir)
 	}
 }
 
@@ -66,8 +65,6 @@ func (s *sweeper) flush() {
 		s.sweeping.Done() // it will not run
 	}
 	s.mu.Unlock()
-	s.sweep(removeAll)
+	s.sweep()
 	s.sweeping.Wait()
 }
-
-func removeAll(dir string) { _ = os.RemoveAll(dir) }

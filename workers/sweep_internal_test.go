@@ -23,7 +23,7 @@ func TestTheDirectoriesOfFinishedRunsGoLaterOrOnAFlush(t *testing.T) {
 		return dir
 	}
 
-	later := sweeper{delay: time.Millisecond, drop: removeAll}
+	later := sweeper{delay: time.Millisecond}
 	a, b := run("a"), run("b")
 	later.remove(a)
 	later.remove(b)
@@ -32,7 +32,7 @@ func TestTheDirectoriesOfFinishedRunsGoLaterOrOnAFlush(t *testing.T) {
 		t.Fatalf("after the delay: a there %v, b there %v; want both removed", exists(a), exists(b))
 	}
 
-	waiting := sweeper{delay: time.Hour, drop: removeAll}
+	waiting := sweeper{delay: time.Hour}
 	c := run("c")
 	waiting.remove(c)
 	if !exists(c) {

@@ -16,7 +16,6 @@ import (
 	"maps"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -132,10 +131,8 @@ type Worker struct {
 	lock   *os.File
 	// notify tells the runs when their files change: one inotify instance for all.
 	notify *notifier
-	// finished recycles the directories of runs whose end is recorded into pool,
-	// where the runs to come take theirs.
+	// finished removes the directories of runs whose end is recorded.
 	finished sweeper
-	pool     *runPool
 	// spares are the shims whose runs have ended, waiting for another.
 	spares *spareShims
 
@@ -203,9 +200,8 @@ func New(nc *nats.Conn, js jetstream.JetStream, store events.Store, cfg Config) 
 		cfg: cfg, host: hostname(), nc: nc, js: js, store: store,
 		slots: make(chan struct{}, cfg.MaxTasks), runs: map[string]*run{}, taking: map[string]bool{},
 		state: events.WorkerStarting, started: time.Now().UTC(), drained: make(chan struct{}),
-		pool: newRunPool(filepath.Join(cfg.StateDir, "runs"), 2*cfg.MaxTasks), spares: &spareShims{max: min(cfg.MaxTasks, maxSpareShims)},
+		finished: sweeper{delay: sweepDelay}, spares: &spareShims{max: min(cfg.MaxTasks, maxSpareShims)},
 	}
-	w.finished = sweeper{delay: sweepDelay, drop: w.pool.recycle}
 	w.env = sync.OnceValue(func() []string {
 		if cfg.Env != nil {
 			return secretenv.Without(cfg.Env)
@@ -320,7 +316,6 @@ func (w *Worker) abort(err error) error {
 	w.unsubscribe()
 	w.notify.close()
 	w.finished.flush()
-	w.pool.drain()
 	w.spares.close()
 	return err
 }
@@ -393,7 +388,6 @@ func (w *Worker) Stop() {
 	w.wg.Wait()
 	w.notify.close()
 	w.finished.flush()
-	w.pool.drain()
 	w.spares.close()
 	ctx, cancel := context.WithTimeout(context.Background(), appendTimeout)
 	defer cancel()

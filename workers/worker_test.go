@@ -924,59 +924,6 @@ func TestTheFirstTickIsLeftOutWhenTheCommandHasEnded(t *testing.T) {
 	})
 }
 
-// A run takes the directory of one that ended, with the files its worker and shim
-// write (its output files are new), and finds none of its output, environment or
-// records there: its own output, exit and tail alone.
-func TestARunTakesTheDirectoryOfOneThatEnded(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	state := t.TempDir()
-	w := b.startWorker(t, workers.Config{StateDir: state})
-	runs := filepath.Join(state, "runs")
-	first := b.arm(t, engine.Spec{Command: "echo first-output; echo first-error >&2; exit 3", Cwd: t.TempDir(), Env: map[string]string{"TOKEN": "first-secret"}})
-	b.waitFor(t, first, 20*time.Second, "ended", ended)
-	// Renamed to a free name first, the directory is cleaned and then kept.
-	eventually(t, 10*time.Second, "the first run's directory kept for the next", func() bool {
-		return workers.FreeRuns(w) == 1
-	})
-	free, _ := filepath.Glob(filepath.Join(runs, ".free-*"))
-	if len(free) != 1 {
-		t.Fatalf("free run directories %q, want one", free)
-	}
-	// Each file the next run writes but its output, by the name it will have once
-	// written.
-	before := map[string]os.FileInfo{}
-	for _, name := range []string{"run.json.tmp", "pid.json.tmp", "starting.tmp", "exit.json.tmp"} {
-		info, err := os.Stat(filepath.Join(free[0], name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		before[strings.TrimSuffix(name, ".tmp")] = info
-	}
-	before["exit.json.tmp"] = before["exit.json"] // the exit file is a temp file until the end
-	delete(before, "exit.json")
-	cwd := t.TempDir()
-	second := b.arm(t, engine.Spec{Command: `until [ -e go ]; do sleep 0.05; done; env | grep -c first-secret; echo second-output`, Cwd: cwd})
-	b.waitFor(t, second, 20*time.Second, "running", func(s engine.State) bool { return s.Phase == engine.PhaseRunning })
-	dir := filepath.Join(runs, second+"-1")
-	eventually(t, 10*time.Second, "the second run's pid.json", func() bool {
-		_, err := os.Stat(filepath.Join(dir, "pid.json"))
-		return err == nil
-	})
-	for name, was := range before {
-		if now, err := os.Stat(filepath.Join(dir, name)); err != nil || !os.SameFile(was, now) {
-			t.Errorf("the second run's %s is a new file (%v): want the first run's", name, err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(cwd, "go"), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s := b.waitFor(t, second, 20*time.Second, "ended", ended)
-	if s.Run == nil || s.Run.ExitCode != 0 || !slices.Equal(s.Run.Tail, []string{"0", "second-output"}) {
-		t.Fatalf("second run ended %+v, want exit 0 and its own output alone", s.Run)
-	}
-}
-
 // A shim whose run is over takes the worker's next run: the second task's command
 // is a child of the first task's shim. One killed while it waits leaves the next
 // run to a shim started for it, and the run goes on as any other.

@@ -107,13 +107,13 @@ const (
 
 func writeFile(path string, data []byte, mode durability) error {
 	tmp := path + ".tmp"
-	fd, err := open(tmp, syscall.O_WRONLY|syscall.O_CREAT, 0o600)
+	fd, err := open(tmp, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_TRUNC, 0o600)
 	if err != nil {
 		return err
 	}
 	defer syscall.Close(fd)
-	if err := overwrite(fd, tmp, data); err != nil {
-		return err
+	if err := writeAll(fd, data); err != nil {
+		return &fileError{"write", tmp, err}
 	}
 	if mode == syncBeforeRename {
 		if err := syscall.Fsync(fd); err != nil {
@@ -133,26 +133,6 @@ func writeFile(path string, data []byte, mode durability) error {
 	}
 	// The rename is on disk once its directory is: best effort, the file's data is.
 	_ = SyncDir(dirOf(path))
-	return nil
-}
-
-// overwrite makes the file fd (at path) hold data. A recycled run directory's temp
-// file holds its last record: written over and cut to length, it keeps its blocks,
-// where truncating it first would give them back and take them again.
-func overwrite(fd int, path string, data []byte) error {
-	for off := 0; off < len(data); {
-		n, err := syscall.Pwrite(fd, data[off:], int64(off))
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return &fileError{"write", path, err}
-		}
-		off += n
-	}
-	if err := syscall.Ftruncate(fd, int64(len(data))); err != nil {
-		return &fileError{"truncate", path, err}
-	}
 	return nil
 }
 

@@ -221,9 +221,11 @@ func (r Run) start(env []string) (pid int, err error) {
 	}
 	// From here on the command may be running before its PIDs are recorded: a worker
 	// that finds this file and no pid.json knows the shim died starting it.
-	if err := markStarting(r.Dir); err != nil {
+	starting, err := open(join(r.Dir, StartingFile), syscall.O_WRONLY|syscall.O_CREAT|syscall.O_TRUNC, 0o600)
+	if err != nil {
 		return 0, err
 	}
+	syscall.Close(starting)
 	// Where the kernel has a parent-death signal (commandAttr), it follows the
 	// thread that started the command: the shim's main goroutine keeps that
 	// thread until the shim ends (the main thread, in a shim that can hibernate).
@@ -238,20 +240,6 @@ func (r Run) start(env []string) (pid int, err error) {
 		return 0, &fileError{"fork/exec", r.Path, err}
 	}
 	return pid, nil
-}
-
-// markStarting makes the starting file: from its temp file where a recycled run
-// directory keeps one (the worker's runPool), so that no inode is made for it.
-func markStarting(dir string) error {
-	path := join(dir, StartingFile)
-	if syscall.Rename(path+".tmp", path) == nil {
-		return nil
-	}
-	fd, err := open(path, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	return syscall.Close(fd)
 }
 
 // exitReserveBytes is the room the exit file is given before the command starts:
@@ -272,8 +260,7 @@ type exitFile struct {
 func reserveExit(dir string) (exitFile, error) {
 	e := exitFile{dir: dir, fd: -1}
 	tmp := join(dir, ExitFile) + ".tmp"
-	// Not truncated: a recycled directory's temp file has its blocks already.
-	fd, err := open(tmp, syscall.O_RDWR|syscall.O_CREAT, 0o600)
+	fd, err := open(tmp, syscall.O_RDWR|syscall.O_CREAT|syscall.O_TRUNC, 0o600)
 	if err != nil {
 		return e, err
 	}
@@ -311,6 +298,25 @@ func (e exitFile) write(exit exitRecord) error {
 		return &fileError{"sync", path, err}
 	}
 	_ = SyncDir(e.dir)
+	return nil
+}
+
+// overwrite makes the file fd (at path) hold data: written over the blocks the
+// file has and cut to its length, it takes no block more.
+func overwrite(fd int, path string, data []byte) error {
+	for off := 0; off < len(data); {
+		n, err := syscall.Pwrite(fd, data[off:], int64(off))
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return &fileError{"write", path, err}
+		}
+		off += n
+	}
+	if err := syscall.Ftruncate(fd, int64(len(data))); err != nil {
+		return &fileError{"truncate", path, err}
+	}
 	return nil
 }
 
