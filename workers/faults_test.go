@@ -210,7 +210,7 @@ func TestARunWithItsExitOnDiskAndNoPIDsEndsAsItsExitSays(t *testing.T) {
 	b := setup(t)
 	state, dir := t.TempDir(), t.TempDir()
 	id, runDir := takenBeforeARestart(t, b, state, dir, "")
-	exit := fmt.Sprintf(`{"run":%q,"exit_code":7,"started_at":"2026-12-01T10:00:00Z","ended_at":"2026-12-01T10:00:01Z"}`, id+"-1")
+	exit := `{"exit_code":7,"started_at":"2026-12-01T10:00:00Z","ended_at":"2026-12-01T10:00:01Z"}`
 	for name, data := range map[string]string{"exit.json": exit, "starting": ""} {
 		if err := os.WriteFile(filepath.Join(runDir, name), []byte(data), 0o600); err != nil {
 			t.Fatal(err)

@@ -335,12 +335,12 @@ var (
 func awaitShim(n *notifier, dir string, waiting func()) (*process, error) {
 	outcome := func() (*process, error, bool) {
 		var exit shimExit
-		hasExit := readRecord(dir, shim.ExitFile, &exit) == nil
+		hasExit := readJSON(filepath.Join(dir, shim.ExitFile), &exit) == nil
 		if hasExit && exit.StartError != "" {
 			return nil, errors.New(exit.StartError), true
 		}
 		var pids shimPIDs
-		if readRecord(dir, shim.PIDFile, &pids) == nil {
+		if readJSON(filepath.Join(dir, shim.PIDFile), &pids) == nil {
 			return attachProcess(n, dir, pids), nil, true
 		}
 		if hasExit {
@@ -433,7 +433,7 @@ func (p *process) watch(changes *waiter) {
 
 func (p *process) readExit() bool {
 	var exit shimExit
-	if readRecord(p.dir, shim.ExitFile, &exit) != nil {
+	if readJSON(filepath.Join(p.dir, shim.ExitFile), &exit) != nil {
 		return false
 	}
 	p.take(exit)

@@ -44,10 +44,6 @@ package workers
 //	                 match: a worker killed meanwhile finishes the same decision
 //	                 (decisionOf).
 //
-// pid.json and exit.json name their run (the directory's name): one naming another
-// run, which a recycled directory may hold after a crash of the host, counts as
-// none (readRecord).
-//
 // Until the start is recorded (pid.json, or a start error in exit.json) the shim's
 // stdout and stderr are a pipe the worker reads (startingShim.hand). A worker removes
 // the directory once the run's end is in the log (a run watched to its end through
@@ -58,8 +54,6 @@ package workers
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -153,7 +147,6 @@ func (r shimRun) shimArgs(dir string, envBytes int) []string {
 
 // shimPIDs is the shim's pid.json.
 type shimPIDs struct {
-	Run     string       `json:"run"` // the run directory's name (see readRecord)
 	Shim    shim.ProcRef `json:"shim"`
 	Command shim.ProcRef `json:"command"`
 	Started time.Time    `json:"started_at"`
@@ -161,7 +154,6 @@ type shimPIDs struct {
 
 // shimExit is the shim's exit.json: how the command ended, or why it could not start.
 type shimExit struct {
-	Run        string    `json:"run"` // the run directory's name (see readRecord)
 	ExitCode   int       `json:"exit_code"`
 	Signal     string    `json:"signal,omitempty"`
 	StoppedBy  string    `json:"stopped_by,omitempty"` // shim.StoppedByDeadline or shim.StoppedByStall
@@ -169,29 +161,6 @@ type shimExit struct {
 	EndedAt    time.Time `json:"ended_at"`
 	StartError string    `json:"start_error,omitempty"`
 }
-
-// errOtherRun is a shim's record in a run directory that names another run.
-var errOtherRun = errors.New("the record of another run")
-
-// readRecord reads a record the shim of the run in dir wrote (shim.PIDFile or
-// shim.ExitFile), which names the run it is of: a recycled directory's file,
-// renamed into place, may hold an earlier run's record still after a crash of the
-// host, and one of another run counts as none.
-func readRecord(dir, name string, v runRecord) error {
-	if err := readJSON(filepath.Join(dir, name), v); err != nil {
-		return err
-	}
-	if run := v.runName(); run != filepath.Base(dir) {
-		return fmt.Errorf("%s in %s: %w (%q)", name, dir, errOtherRun, run)
-	}
-	return nil
-}
-
-// runRecord is a record of the shim that names its run.
-type runRecord interface{ runName() string }
-
-func (p *shimPIDs) runName() string { return p.Run }
-func (e *shimExit) runName() string { return e.Run }
 
 // decisionFile keeps what the worker decided to do with a run before it acted.
 const decisionFile = "stop.json"

@@ -19,19 +19,14 @@ type ProcRef struct {
 // fields are the worker's to read; its types for them are in package workers, and
 // its tests hold the two to the same names.
 
-// pidsRecord is pid.json. Each record names its run (the run directory's name):
-// a recycled directory keeps its files' inodes, and after a crash of the host a
-// file renamed into place may hold an earlier run's record still, which the
-// worker then takes for none.
+// pidsRecord is pid.json.
 type pidsRecord struct {
-	run           string
 	shim, command ProcRef
 	startedAt     int64 // Unix nanoseconds
 }
 
 // exitRecord is exit.json: how the command ended, or why it could not start.
 type exitRecord struct {
-	run                string
 	exitCode           int
 	signal             string
 	stoppedBy          string // StoppedByDeadline or StoppedByStall
@@ -46,16 +41,14 @@ func (p ProcRef) appendJSON(b []byte) []byte {
 }
 
 func (p pidsRecord) appendJSON(b []byte) []byte {
-	b = appendString(append(b, `{"run":`...), p.run)
-	b = p.shim.appendJSON(append(b, `,"shim":`...))
+	b = p.shim.appendJSON(append(b, `{"shim":`...))
 	b = p.command.appendJSON(append(b, `,"command":`...))
 	b = appendTime(append(b, `,"started_at":`...), p.startedAt)
 	return append(b, '}')
 }
 
 func (e exitRecord) appendJSON(b []byte) []byte {
-	b = appendString(append(b, `{"run":`...), e.run)
-	b = appendInt(append(b, `,"exit_code":`...), int64(e.exitCode))
+	b = appendInt(append(b, `{"exit_code":`...), int64(e.exitCode))
 	if e.signal != "" {
 		b = appendString(append(b, `,"signal":`...), e.signal)
 	}

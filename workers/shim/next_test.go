@@ -106,8 +106,8 @@ func TestAShimTakesTheNextRunHandedToItWhole(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := `"exit_code":` + string(appendInt(nil, int64(r.code)))
-		if !strings.Contains(string(data), want) || !strings.Contains(string(data), `"run":"`+baseOf(r.Dir)+`"`) {
-			t.Errorf("%s: %s, want %s and its run's name", r.Dir, data, want)
+		if !strings.Contains(string(data), want) {
+			t.Errorf("%s: %s, want %s", r.Dir, data, want)
 		}
 		if lock, err := os.Open(r.Dir); err == nil {
 			if syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {

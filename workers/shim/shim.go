@@ -144,7 +144,7 @@ func (r Run) supervise(env []string, c running) error {
 	// A start that failed is recorded in the exit file; if even that fails, the
 	// error goes to the worker on the shim's stderr, which it still reads.
 	fail := func(err error) error {
-		if werr := exitFile.write(exitRecord{run: baseOf(r.Dir), startError: err.Error(), startedAt: started, endedAt: wallClock()}); werr != nil {
+		if werr := exitFile.write(exitRecord{startError: err.Error(), startedAt: started, endedAt: wallClock()}); werr != nil {
 			return errors.New(err.Error() + "; and its record: " + werr.Error())
 		}
 		releaseOutput()
@@ -171,7 +171,7 @@ func (r Run) supervise(env []string, c running) error {
 	}
 	self, _ := ProcStart(syscall.Getpid())
 	child, _ := ProcStart(pid)
-	pids := pidsRecord{run: baseOf(r.Dir), shim: ProcRef{PID: syscall.Getpid(), Start: self}, command: ProcRef{PID: pid, Start: child}, startedAt: started}
+	pids := pidsRecord{shim: ProcRef{PID: syscall.Getpid(), Start: self}, command: ProcRef{PID: pid, Start: child}, startedAt: started}
 	go reap.wait(pid)
 	// Not made durable: after a crash of the host nothing it names is alive, and a
 	// missing pid.json beside the starting file says the same (the shim died).
@@ -192,7 +192,7 @@ func (r Run) supervise(env []string, c running) error {
 
 // end records how the command ended and stops what it left.
 func (c running) end(stoppedBy string, ws syscall.WaitStatus) error {
-	exit := exitRecord{run: baseOf(c.Dir), exitCode: ws.ExitStatus(), stoppedBy: stoppedBy, startedAt: c.startedAt, endedAt: wallClock()}
+	exit := exitRecord{exitCode: ws.ExitStatus(), stoppedBy: stoppedBy, startedAt: c.startedAt, endedAt: wallClock()}
 	if ws.Signaled() {
 		exit.exitCode, exit.signal = 128+int(ws.Signal()), signalName(ws.Signal())
 	}

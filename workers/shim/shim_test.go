@@ -21,7 +21,6 @@ import (
 // reads back.
 func TestTheFilesTheShimWritesReadBackTheSame(t *testing.T) {
 	type exit struct {
-		Run        string    `json:"run"`
 		ExitCode   int       `json:"exit_code"`
 		Signal     string    `json:"signal"`
 		StoppedBy  string    `json:"stopped_by"`
@@ -31,12 +30,12 @@ func TestTheFilesTheShimWritesReadBackTheSame(t *testing.T) {
 	}
 	at := time.Date(2026, 11, 30, 9, 13, 34, 397335882, time.UTC)
 	for _, want := range []exit{
-		{Run: "01a233ca-43d3-7c6e-86d6-65f4074bae48-1", ExitCode: 0, StartedAt: at, EndedAt: at.Add(time.Second)},
+		{ExitCode: 0, StartedAt: at, EndedAt: at.Add(time.Second)},
 		{ExitCode: 143, Signal: "TERM", StoppedBy: StoppedByDeadline, StartedAt: at, EndedAt: at},
 		{ExitCode: -1, StartedAt: at, EndedAt: at, StartError: `fork/exec "/no/such": no such file; tab	nl
 nul` + "\x00 \x1f <&> é 日本 \u2028"},
 	} {
-		written := exitRecord{run: want.Run, exitCode: want.ExitCode, signal: want.Signal, stoppedBy: want.StoppedBy,
+		written := exitRecord{exitCode: want.ExitCode, signal: want.Signal, stoppedBy: want.StoppedBy,
 			startedAt: want.StartedAt.UnixNano(), endedAt: want.EndedAt.UnixNano(), startError: want.StartError}.appendJSON(nil)
 		var got exit
 		if err := json.Unmarshal(written, &got); err != nil {
@@ -52,13 +51,12 @@ nul` + "\x00 \x1f <&> é 日本 \u2028"},
 	}
 
 	type pids struct {
-		Run     string    `json:"run"`
 		Shim    ProcRef   `json:"shim"`
 		Command ProcRef   `json:"command"`
 		Started time.Time `json:"started_at"`
 	}
-	want := pids{Run: "t-2", Shim: ProcRef{PID: 25486, Start: 2350865}, Command: ProcRef{PID: 1 << 22, Start: 1<<64 - 1}, Started: at}
-	written := pidsRecord{run: want.Run, shim: want.Shim, command: want.Command, startedAt: at.UnixNano()}.appendJSON(nil)
+	want := pids{Shim: ProcRef{PID: 25486, Start: 2350865}, Command: ProcRef{PID: 1 << 22, Start: 1<<64 - 1}, Started: at}
+	written := pidsRecord{shim: want.Shim, command: want.Command, startedAt: at.UnixNano()}.appendJSON(nil)
 	var gotPIDs pids
 	if err := json.Unmarshal(written, &gotPIDs); err != nil || gotPIDs != want {
 		t.Errorf("read back %+v (%v), want %+v", gotPIDs, err, want)

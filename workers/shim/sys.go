@@ -96,16 +96,6 @@ func dirOf(path string) string {
 
 func join(dir, name string) string { return dir + "/" + name }
 
-// baseOf is the last element of a path with no trailing slash.
-func baseOf(path string) string {
-	for i := len(path) - 1; i >= 0; i-- {
-		if path[i] == '/' {
-			return path[i+1:]
-		}
-	}
-	return path
-}
-
 func appendInt(b []byte, n int64) []byte {
 	if n < 0 {
 		b = append(b, '-')
