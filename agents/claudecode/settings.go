@@ -1,12 +1,11 @@
 package claudecode
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"strings"
+
+	"github.com/bgtask/bgtask/agents/internal/setup"
 )
 
 // CommandMarker is in the command of every hook bgtask installs: the bgtask
@@ -124,7 +123,7 @@ func groups(prefix string, scope Scope) (events []string, byEvent map[string]jso
 	}
 	byEvent = map[string]json.RawMessage{}
 	for event, g := range all {
-		byEvent[event], _ = marshal(g)
+		byEvent[event], _ = setup.Marshal(g)
 	}
 	return events, byEvent
 }
@@ -134,7 +133,7 @@ func groups(prefix string, scope Scope) (events []string, byEvent map[string]jso
 // bgtask's. Settings that already hold exactly these hooks come back unchanged, byte
 // for byte, so a second setup writes nothing.
 func Install(data []byte, prefix string, scope Scope) ([]byte, error) {
-	doc, err := parseObject(data, "the settings")
+	doc, err := setup.ParseObject(data, "the settings")
 	if err != nil {
 		return nil, err
 	}
@@ -149,23 +148,23 @@ func Install(data []byte, prefix string, scope Scope) ([]byte, error) {
 	hooks, _ = withoutOurs(hooks)
 	for _, event := range events {
 		var list []json.RawMessage
-		if raw, ok := hooks.get(event); ok {
+		if raw, ok := hooks.Get(event); ok {
 			if err := json.Unmarshal(raw, &list); err != nil {
 				return nil, fmt.Errorf("hooks.%s: not an array of matcher groups: %w", event, err)
 			}
 		}
-		data, _ := marshal(append(list, want[event]))
-		hooks = hooks.set(event, data)
+		data, _ := setup.Marshal(append(list, want[event]))
+		hooks = hooks.Set(event, data)
 	}
-	encoded, _ := hooks.encode()
-	return doc.set("hooks", encoded).indent()
+	encoded, _ := hooks.Encode()
+	return doc.Set("hooks", encoded).Indent()
 }
 
 // Remove returns the settings data without bgtask's hooks: each handler of bgtask's
-// goes, and so does a group, an event and the "hooks" object that only it had kept
+// goes, and so does a group, an event and the "hooks" setup.Object that only it had kept
 // from being empty. Settings without any come back unchanged.
 func Remove(data []byte) ([]byte, error) {
-	doc, err := parseObject(data, "the settings")
+	doc, err := setup.ParseObject(data, "the settings")
 	if err != nil {
 		return nil, err
 	}
@@ -178,21 +177,21 @@ func Remove(data []byte) ([]byte, error) {
 		return data, nil
 	}
 	if len(hooks) == 0 {
-		doc = doc.without("hooks")
+		doc = doc.Without("hooks")
 	} else {
-		encoded, _ := hooks.encode()
-		doc = doc.set("hooks", encoded)
+		encoded, _ := hooks.Encode()
+		doc = doc.Set("hooks", encoded)
 	}
-	return doc.indent()
+	return doc.Indent()
 }
 
-// hooksOf is the "hooks" object of the settings (empty when there is none).
-func hooksOf(doc object) (object, error) {
-	raw, ok := doc.get("hooks")
+// hooksOf is the "hooks" setup.Object of the settings (empty when there is none).
+func hooksOf(doc setup.Object) (setup.Object, error) {
+	raw, ok := doc.Get("hooks")
 	if !ok {
 		return nil, nil
 	}
-	hooks, err := parseObject(raw, "hooks")
+	hooks, err := setup.ParseObject(raw, "hooks")
 	if err != nil {
 		return nil, err
 	}
@@ -201,17 +200,17 @@ func hooksOf(doc object) (object, error) {
 
 // installed reports whether hooks hold bgtask's groups want, each last in its
 // event's list, and no other handler of bgtask's.
-func installed(hooks object, events []string, want map[string]json.RawMessage) bool {
+func installed(hooks setup.Object, events []string, want map[string]json.RawMessage) bool {
 	found := 0
 	for _, m := range hooks {
 		var list []json.RawMessage
-		if json.Unmarshal(m.value, &list) != nil {
+		if json.Unmarshal(m.Value, &list) != nil {
 			continue
 		}
 		for i, g := range list {
 			if n := countOurs(g); n > 0 {
-				w, ok := want[m.key]
-				if !ok || i != len(list)-1 || !sameJSON(g, w) {
+				w, ok := want[m.Key]
+				if !ok || i != len(list)-1 || !setup.SameJSON(g, w) {
 					return false
 				}
 				found++
@@ -223,10 +222,10 @@ func installed(hooks object, events []string, want map[string]json.RawMessage) b
 
 // withoutOurs drops bgtask's handlers from every event's groups, and the groups and
 // events left empty by that; removed reports whether there was any.
-func withoutOurs(hooks object) (out object, removed bool) {
+func withoutOurs(hooks setup.Object) (out setup.Object, removed bool) {
 	for _, m := range hooks {
 		var list []json.RawMessage
-		if json.Unmarshal(m.value, &list) != nil {
+		if json.Unmarshal(m.Value, &list) != nil {
 			out = append(out, m) // not ours to judge: Claude Code reports it
 			continue
 		}
@@ -238,9 +237,9 @@ func withoutOurs(hooks object) (out object, removed bool) {
 				continue
 			}
 			changed = true
-			group, _ := parseObject(g, "group")
+			group, _ := setup.ParseObject(g, "group")
 			var handlers []json.RawMessage
-			raw, _ := group.get("hooks")
+			raw, _ := group.Get("hooks")
 			_ = json.Unmarshal(raw, &handlers)
 			var theirs []json.RawMessage
 			for _, h := range handlers {
@@ -249,8 +248,8 @@ func withoutOurs(hooks object) (out object, removed bool) {
 				}
 			}
 			if len(theirs) > 0 {
-				data, _ := marshal(theirs)
-				encoded, _ := group.set("hooks", data).encode()
+				data, _ := setup.Marshal(theirs)
+				encoded, _ := group.Set("hooks", data).Encode()
 				kept = append(kept, encoded)
 			}
 		}
@@ -260,8 +259,8 @@ func withoutOurs(hooks object) (out object, removed bool) {
 		}
 		removed = true
 		if len(kept) > 0 {
-			data, _ := marshal(kept)
-			out = append(out, member{m.key, data})
+			data, _ := setup.Marshal(kept)
+			out = append(out, setup.Member{Key: m.Key, Value: data})
 		}
 	}
 	return out, removed
@@ -287,135 +286,4 @@ func countOurs(group json.RawMessage) int {
 func isOurHandler(raw json.RawMessage) bool {
 	var h struct{ Type, Command string }
 	return json.Unmarshal(raw, &h) == nil && h.Type == "command" && IsOurs(h.Command)
-}
-
-func sameJSON(a, b json.RawMessage) bool {
-	var x, y any
-	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
-		return false
-	}
-	ja, _ := marshal(x)
-	jb, _ := marshal(y)
-	return bytes.Equal(ja, jb)
-}
-
-// member is one key of a JSON object, its value as written.
-type member struct {
-	key   string
-	value json.RawMessage
-}
-
-// object is a JSON object with its keys in the order they were written, so that a
-// user's settings keep theirs.
-type object []member
-
-// parseObject reads a JSON object; empty data is an empty one.
-func parseObject(data []byte, what string) (object, error) {
-	if len(bytes.TrimSpace(data)) == 0 {
-		return object{}, nil
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, fmt.Errorf("%s: not JSON: %w", what, err)
-	}
-	if tok != json.Delim('{') {
-		return nil, fmt.Errorf("%s: not a JSON object", what)
-	}
-	obj := object{}
-	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, fmt.Errorf("%s: not JSON: %w", what, err)
-		}
-		key := tok.(string) // inside an object, the decoder gives only string keys here
-		var value json.RawMessage
-		if err := dec.Decode(&value); err != nil {
-			return nil, fmt.Errorf("%s: not JSON at the value of %q: %w", what, key, err)
-		}
-		if seen[key] {
-			return nil, fmt.Errorf("%s: key %q twice", what, key)
-		}
-		seen[key] = true
-		obj = append(obj, member{key, value})
-	}
-	if _, err := dec.Token(); err != nil {
-		return nil, fmt.Errorf("%s: not JSON: %w", what, err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%s: more after the JSON object", what)
-	}
-	return obj, nil
-}
-
-func (o object) get(key string) (json.RawMessage, bool) {
-	for _, m := range o {
-		if m.key == key {
-			return m.value, true
-		}
-	}
-	return nil, false
-}
-
-// set replaces key's value in its place, or adds it at the end.
-func (o object) set(key string, value json.RawMessage) object {
-	out := append(object{}, o...)
-	for i, m := range out {
-		if m.key == key {
-			out[i].value = value
-			return out
-		}
-	}
-	return append(out, member{key, value})
-}
-
-func (o object) without(key string) object {
-	var out object
-	for _, m := range o {
-		if m.key != key {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
-func (o object) encode() (json.RawMessage, error) {
-	var b bytes.Buffer
-	b.WriteByte('{')
-	for i, m := range o {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		key, _ := marshal(m.key)
-		b.Write(key)
-		b.WriteByte(':')
-		b.Write(m.value)
-	}
-	b.WriteByte('}')
-	return b.Bytes(), nil
-}
-
-// indent is the object as a settings file: indented by two spaces, a newline at the
-// end.
-func (o object) indent() ([]byte, error) {
-	raw, _ := o.encode()
-	var b bytes.Buffer
-	if err := json.Indent(&b, raw, "", "  "); err != nil {
-		return nil, err
-	}
-	b.WriteByte('\n')
-	return b.Bytes(), nil
-}
-
-// marshal is json.Marshal without the escapes of <, > and &, which would rewrite a
-// user's commands (a && b) into \u0026.
-func marshal(v any) (json.RawMessage, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimRight(b.Bytes(), "\n"), nil
 }

@@ -65,12 +65,15 @@ func (s Setup) Run() error {
 		fmt.Fprintf(s.Stdout, "The bgtask hooks are already in %s.\n", path)
 		return nil
 	}
-	if err := f.Write(data, 0o755); err != nil {
-		return err
-	}
 	if s.Remove {
+		if err := f.Uninstall(s.Home, data, setup.SameJSON(data, []byte("{}"))); err != nil {
+			return err
+		}
 		fmt.Fprintf(s.Stdout, "Removed the bgtask hooks from %s.\n", path)
 		return nil
+	}
+	if err := f.Install(s.Home, data, 0o755); err != nil {
+		return err
 	}
 	fmt.Fprintf(s.Stdout, "Installed the bgtask hooks in %s. Claude Code sessions started from now on are woken when their tasks end.\n", path)
 	if _, err := exec.LookPath("bgtask"); err != nil && s.Scope == ScopeProject {

@@ -70,7 +70,7 @@ func (s Setup) install(path, command string) error {
 		fmt.Fprintf(s.Stdout, "bgtask's hooks are already in %s\n", path)
 		return nil
 	}
-	if err := f.Write(data, 0o700); err != nil {
+	if err := f.Install(s.Home, data, 0o700); err != nil {
 		return err
 	}
 	fmt.Fprintf(s.Stdout, "installed bgtask's hooks (%s) in %s\nThe next Codex session asks you to review them: trust them, or the thread's busy/idle state is not followed.\n",
@@ -93,14 +93,7 @@ func (s Setup) remove(path string) error {
 	if err != nil {
 		return err
 	}
-	// A file only bgtask's hooks filled goes, unless a link leads to it: the
-	// user's link would then lead nowhere.
-	if empty && !f.Linked() {
-		err = os.Remove(path)
-	} else {
-		err = f.Write(data, 0o700)
-	}
-	if err != nil {
+	if err := f.Uninstall(s.Home, data, empty); err != nil {
 		return err
 	}
 	fmt.Fprintf(s.Stdout, "removed bgtask's hooks from %s\n", path)
