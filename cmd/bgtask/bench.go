@@ -18,6 +18,9 @@ const benchLong = `Measure bgtask on this machine. Each scenario starts its own 
 (and 'bgtask worker') processes in a temporary home, drives them as a client
 would, and measures the same work done the plainest way as its baseline, in the
 same run: the figures mean something as ratios, on a shared and noisy machine.
+The report's header gives what a process start costs here ('bash -c true', CPU
+and wall), which every ratio against task-spooler is printed beside: where a
+start is dear the peer, which starts a client per task, pays most.
 
 Scenarios (in the order they run):
   register    tasks armed per second through bgtask.register, 1 and 8 clients,

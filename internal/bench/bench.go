@@ -143,6 +143,9 @@ type runner struct {
 	shared  map[string]*server    // servers with a worker, by --sync mode
 	samples map[string]*seqResult // the sequential tasks of latency and start, by mode
 	tsp     string                // the peer's binary, task-spooler's tsp; "" when not installed
+	// processStart is the machine's, which each ratio against the peer is
+	// printed beside.
+	processStart ProcessStart
 }
 
 // Run runs the selected scenarios and returns their report. A scenario that fails
@@ -177,6 +180,12 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	defer r.cleanup()
 
 	rep := &Report{Quick: opts.Quick, Repeats: r.repeats, Machine: machine(), Started: time.Now().UTC()}
+	wall, cpu, err := startCost(ctx, 21, nil, "bash", "-c", "true")
+	if err != nil {
+		return nil, fmt.Errorf("measure a process start: %w", err)
+	}
+	r.processStart = ProcessStart{CPU: summarize(cpu, false).Median, Wall: summarize(wall, false).Median}
+	rep.Machine.ProcessStart = r.processStart
 	rep.Peer = r.findPeer()
 	var failed []string
 	for _, sc := range scenarios {

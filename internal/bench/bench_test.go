@@ -166,12 +166,13 @@ func TestTaskSpoolerPeerFigures(t *testing.T) {
 	}
 }
 
-// The peer's figures are in the report for programs and in the one for people.
+// The report carries the peer and the machine's process-start cost, which its
+// ratios against the peer are read beside.
 func TestReportCarriesThePeer(t *testing.T) {
 	s := Scenario{Name: "throughput"}
 	s.compare("tasks", "tasks/s", Stat{N: 1, Median: 100}, "plain", Stat{N: 1, Median: 400}).
 		against("tsp -S 64", Stat{N: 1, Median: 200})
-	rep := &Report{Peer: "task-spooler 1.0.1", Scenarios: []Scenario{s}}
+	rep := &Report{Peer: "task-spooler 1.0.1", Scenarios: []Scenario{s}, Machine: Machine{ProcessStart: ProcessStart{CPU: 1.25, Wall: 2.5}}}
 	data, err := json.Marshal(rep)
 	if err != nil {
 		t.Fatal(err)
@@ -196,7 +197,7 @@ func TestReportCarriesThePeer(t *testing.T) {
 	}
 	var text strings.Builder
 	rep.Print(&text)
-	for _, want := range []string{"peer: task-spooler 1.0.1", "ratio to peer", "peer: tsp -S 64"} {
+	for _, want := range []string{"peer: task-spooler 1.0.1", "ratio to peer", "peer: tsp -S 64", "process start: a process start (bash -c true) costs 1.25 ms of CPU, 2.50 ms wall"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("the printed report has no %q:\n%s", want, text.String())
 		}

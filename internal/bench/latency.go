@@ -382,7 +382,7 @@ func runStart(ctx context.Context, r *runner, s *Scenario) error {
 			row.against(fmt.Sprintf("tsp -S %d: before the client's exec → started, one at a time", workers.DefaultMaxTasks), summarize(res.peerStart, true))
 			if mode == "always" && row.Peer.Ratio != nil {
 				s.target("p50 ≤ 1.5× task-spooler's, its client's start included (--sync always, issue 23)", *row.Peer.Ratio <= 1.5,
-					"p50 %s ms against %s ms: %s×", num(row.Bgtask.Median), num(row.Peer.Stat.Median), num(*row.Peer.Ratio))
+					"p50 %s ms against %s ms: %s×; %s", num(row.Bgtask.Median), num(row.Peer.Stat.Median), num(*row.Peer.Ratio), r.processStart)
 			}
 		}
 		for _, st := range res.stages {

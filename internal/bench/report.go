@@ -34,6 +34,21 @@ type Machine struct {
 	Go         string `json:"go"`
 	LoadBefore string `json:"load_before"`
 	LoadAfter  string `json:"load_after"`
+	// ProcessStart is what one start of `bash -c true` costs here, in CPU and
+	// wall time (medians). A ratio against a peer that starts a process per
+	// task moves with it: where a start is dear, the peer pays most; where it
+	// is cheap, bgtask's own work shows. Read every ratio beside it.
+	ProcessStart ProcessStart `json:"process_start"`
+}
+
+// ProcessStart is the cost of a process start on the machine, in ms.
+type ProcessStart struct {
+	CPU  float64 `json:"cpu_ms"`
+	Wall float64 `json:"wall_ms"`
+}
+
+func (p ProcessStart) String() string {
+	return fmt.Sprintf("a process start (bash -c true) costs %s ms of CPU, %s ms wall", num(p.CPU), num(p.Wall))
 }
 
 // Scenario is one scenario's figures: rows of bgtask against its baseline, and the
@@ -175,6 +190,7 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "bgtask bench (%s), %d repeats, %.0f s\n", mode, r.Repeats, r.Seconds)
 	fmt.Fprintf(w, "machine: %d CPUs (%s), %d MiB, %s, %s; load average before %s, after %s\n",
 		m.CPUs, m.CPUModel, m.MemoryMiB, m.OS, m.Go, m.LoadBefore, m.LoadAfter)
+	fmt.Fprintf(w, "process start: %s (medians); read each ratio beside it\n", m.ProcessStart)
 	if r.Peer != "" {
 		fmt.Fprintf(w, "peer: %s\n", r.Peer)
 	}

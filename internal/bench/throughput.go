@@ -107,10 +107,10 @@ func throughputOf(ctx context.Context, r *runner, s *Scenario, mode string, peer
 		s.add("  the machine's idle CPU per task, tsp", "ms", summarize(peerMachine.idle, false))
 	}
 	if mode == "always" {
-		s.target("≥ 70% of the plain program's throughput (--sync always, the default)", ratio >= 0.7, "%.0f%%", ratio*100)
+		s.target("≥ 70% of the plain program's throughput (--sync always, the default)", ratio >= 0.7, "%.0f%%; %s", ratio*100, r.processStart)
 	}
 	if vsPeer != nil && vsPeer.Ratio != nil {
-		s.target(fmt.Sprintf("≥ 1.0× task-spooler's throughput, tsp -S %d (--sync always, issue 23)", parallel), *vsPeer.Ratio >= 1, "%s×", num(*vsPeer.Ratio))
+		s.target(fmt.Sprintf("≥ 1.0× task-spooler's throughput, tsp -S %d (--sync always, issue 23)", parallel), *vsPeer.Ratio >= 1, "%s×; %s", num(*vsPeer.Ratio), r.processStart)
 	}
 	return nil
 }
