@@ -33,9 +33,15 @@ const (
 
 // Limits and defaults of push sinks.
 const (
-	MaxSinks              = 8
-	DefaultMaxAttempts    = 8
-	MaxAttemptsLimit      = 20
+	MaxSinks         = 8
+	MaxAttemptsLimit = 20
+	// DefaultRetryFor is how long a push is retried after its first attempt: long
+	// enough to ride out a receiver's restart, a night's outage or a laptop's
+	// sleep; MaxRetryFor bounds what a sink may ask for, which keeps a task's
+	// history (two events per attempt, one attempt per MaxRetryWait at most)
+	// within a few thousand events.
+	DefaultRetryFor       = 24 * time.Hour
+	MaxRetryFor           = 7 * 24 * time.Hour
 	DefaultWebhookTimeout = 30 * time.Second
 	DefaultExecTimeout    = 10 * time.Minute
 	MaxSinkTimeout        = time.Hour
@@ -62,8 +68,11 @@ type Sink struct {
 	Argv []string `json:"argv,omitempty" jsonschema:"exec: the program and its arguments, which may use the prompt's placeholders and {{prompt}}; the prompt is on its stdin"`
 	// Timeout bounds one attempt (default 30s for a webhook, 10m for exec).
 	Timeout string `json:"timeout,omitempty" jsonschema:"bound of one attempt (default 30s for a webhook, 10m for exec)"`
-	// MaxAttempts bounds the attempts before delivery-failed (default 8).
-	MaxAttempts int `json:"max_attempts,omitempty" jsonschema:"attempts before delivery fails (default 8)"`
+	// RetryFor is how long after its first attempt a push is retried (default
+	// 24h, at most 7 days); the last attempt is made when it ends.
+	RetryFor string `json:"retry_for,omitempty" jsonschema:"how long after its first attempt a failed push is retried, a duration (default 24h, at most 168h)"`
+	// MaxAttempts, if set, also bounds the attempts.
+	MaxAttempts int `json:"max_attempts,omitempty" jsonschema:"optional: also bounds the attempts, 1 to 20"`
 }
 
 // AttemptTimeout is how long one attempt may take.
@@ -77,12 +86,12 @@ func (k Sink) AttemptTimeout() time.Duration {
 	return DefaultWebhookTimeout
 }
 
-// Attempts is the most attempts the sink makes.
-func (k Sink) Attempts() int {
-	if k.MaxAttempts > 0 {
-		return k.MaxAttempts
+// RetryWindow is how long after its first attempt the sink's push is retried.
+func (k Sink) RetryWindow() time.Duration {
+	if d, err := time.ParseDuration(k.RetryFor); err == nil && d > 0 {
+		return d
 	}
-	return DefaultMaxAttempts
+	return DefaultRetryFor
 }
 
 // DeliveryPolicy is the spec's policy, or the default.
@@ -158,6 +167,15 @@ func (s *Spec) validateDelivery() error {
 			}
 			if d > MaxSinkTimeout {
 				return fieldErr(field+".timeout", "%s is over the limit of %s", d, MaxSinkTimeout)
+			}
+		}
+		if k.RetryFor != "" {
+			d, err := parsePositiveDuration(k.RetryFor)
+			if err != nil {
+				return fieldErr(field+".retry_for", "%v", err)
+			}
+			if d > MaxRetryFor {
+				return fieldErr(field+".retry_for", "%s is over the limit of %s (7 days)", d, MaxRetryFor)
 			}
 		}
 		if k.MaxAttempts < 0 || k.MaxAttempts > MaxAttemptsLimit {
@@ -267,6 +285,8 @@ func CheckPublicWebhooks(s Spec) error {
 type SinkState struct {
 	Type     string `json:"type"`
 	Attempts int    `json:"attempts,omitempty"`
+	// FirstAttemptAt starts the sink's retry window (Sink.RetryWindow).
+	FirstAttemptAt *time.Time `json:"first_attempt_at,omitempty"`
 	// Claim is the attempt in flight (claimed, no result yet), and ClaimedBy its writer.
 	Claim     *events.DeliveryAttempt `json:"claim,omitempty"`
 	ClaimedBy string                  `json:"claimed_by,omitempty"`
@@ -355,6 +375,10 @@ func (s State) applyDelivery(payload events.Payload, rec events.Record) (State, 
 		}
 		claim := *p
 		k.Attempts, k.Claim, k.ClaimedBy, k.RetryAt = p.Attempt, &claim, rec.Writer, nil
+		if k.FirstAttemptAt == nil {
+			at := rec.Time
+			k.FirstAttemptAt = &at
+		}
 	case *events.DeliveryResult:
 		switch {
 		case k.Claim == nil || k.Claim.Attempt != p.Attempt:
@@ -443,11 +467,34 @@ func (c RecordDelivery) decide(s State, m Meta) (events.Payload, uint64, error) 
 		Sink: c.Sink, Attempt: k.Claim.Attempt, OK: o.OK, HTTPStatus: o.HTTPStatus, ExitCode: o.ExitCode,
 		Error: o.Error, Output: o.Output, DurationMS: o.Duration.Milliseconds(),
 	}
-	if !o.OK && !o.Permanent && k.Claim.Attempt < s.Spec.Deliver[c.Sink].Attempts() {
-		at := m.Now.Add(c.Backoff)
-		r.RetryAt = &at
+	if !o.OK && !o.Permanent {
+		r.RetryAt = k.nextAttempt(s.Spec.Deliver[c.Sink], m.Now, c.Backoff)
 	}
 	return r, s.Epoch, nil
+}
+
+// RetryUntil is when the sink's retry window ends: the zero time before its first
+// attempt.
+func (k SinkState) RetryUntil(sink Sink) time.Time {
+	if k.FirstAttemptAt == nil {
+		return time.Time{}
+	}
+	return k.FirstAttemptAt.Add(sink.RetryWindow())
+}
+
+// nextAttempt is when the attempt after the one that failed at now is made:
+// backoff later, or when the retry window ends if that comes first. It is nil when
+// none follows: the window ended, or the sink's max_attempts are made.
+func (k SinkState) nextAttempt(sink Sink, now time.Time, backoff time.Duration) *time.Time {
+	until := k.RetryUntil(sink)
+	if !now.Before(until) || sink.MaxAttempts > 0 && k.Attempts >= sink.MaxAttempts {
+		return nil
+	}
+	at := now.Add(backoff)
+	if at.After(until) {
+		at = until
+	}
+	return &at
 }
 
 // GiveUpDelivery records that a push sink failed for good.

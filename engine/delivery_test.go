@@ -41,7 +41,7 @@ func TestDeliverySpecsAreValidated(t *testing.T) {
 	}
 	spec := mustSpec(t, `{"command":"x","deliver":[{"type":"exec","argv":["notify","{{prompt}}","{{origin.chat}}"]},{"type":"webhook","url":"https://h.example/x"}]}`)
 	if spec.DeliveryPolicy() != engine.PolicyQueue || spec.Deliver[0].AttemptTimeout() != engine.DefaultExecTimeout ||
-		spec.Deliver[1].AttemptTimeout() != engine.DefaultWebhookTimeout || spec.Deliver[1].Attempts() != engine.DefaultMaxAttempts {
+		spec.Deliver[1].AttemptTimeout() != engine.DefaultWebhookTimeout || spec.Deliver[1].RetryWindow() != engine.DefaultRetryFor {
 		t.Fatalf("defaults of %+v", spec)
 	}
 }
