@@ -302,6 +302,38 @@ type SinkState struct {
 	Skipped bool `json:"skipped,omitempty"`
 }
 
+// A task's delivery state: how far its push sinks have got, as a whole.
+const (
+	// DeliveryPending: a push is still to be made, retried or recorded.
+	DeliveryPending = "pending"
+	// DeliveryDelivered: every push was made (or not made, its wake-up consumed).
+	DeliveryDelivered = "delivered"
+	// DeliveryFailed: every push is done and one of them gave up
+	// (delivery-failed).
+	DeliveryFailed = "failed"
+)
+
+// DeliveryStates are the delivery states a list may select.
+var DeliveryStates = []string{DeliveryPending, DeliveryDelivered, DeliveryFailed}
+
+// deliveryState sums up the task's push sinks; "" if it has none (not fired, or
+// fired quiet or with no sink).
+func (s State) deliveryState() string {
+	if len(s.Deliveries) == 0 {
+		return ""
+	}
+	state := DeliveryDelivered
+	for _, k := range s.Deliveries {
+		switch {
+		case !k.Done():
+			return DeliveryPending
+		case k.Failed:
+			state = DeliveryFailed
+		}
+	}
+	return state
+}
+
 // Done reports whether the sink has nothing more to do.
 func (k SinkState) Done() bool { return k.Delivered || k.Failed || k.Skipped }
 

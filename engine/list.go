@@ -14,6 +14,8 @@ type ListQuery struct {
 	Status string `json:"status,omitempty"`
 	Target string `json:"target,omitempty"`
 	Kind   string `json:"kind,omitempty"`
+	// Delivery selects by the state of the task's pushes (State.Delivery).
+	Delivery string `json:"delivery,omitempty"`
 	// Labels are labels the task's placement must require, each with its value.
 	Labels map[string]string `json:"labels,omitempty"`
 	// Since and Until bound the time the task was armed (registered): Since
@@ -35,6 +37,8 @@ func (q ListQuery) Check() error {
 		return fieldErr("state", "%q is no state; the states are %s", q.Phase, PhaseNames())
 	case q.Status != "" && !slices.Contains(Statuses, q.Status):
 		return fieldErr("status", "%q is no status; the statuses are %s", q.Status, strings.Join(Statuses, ", "))
+	case q.Delivery != "" && !slices.Contains(DeliveryStates, q.Delivery):
+		return fieldErr("delivery", "%q is no delivery state; they are %s", q.Delivery, strings.Join(DeliveryStates, ", "))
 	case q.Target != "" && !events.ValidToken(q.Target):
 		return fieldErr("target", "%q is no target's name: use 1-128 letters, digits, '-' or '_'", q.Target)
 	case len(q.Kind) > 64 || strings.ContainsAny(q.Kind, "\x00\n\r"):
@@ -52,6 +56,7 @@ type Listed struct {
 	Phase        Phase
 	Status       string
 	Target, Kind string
+	Delivery     string
 	Placement    *Placement
 	ArmedAt      time.Time
 }
@@ -59,7 +64,7 @@ type Listed struct {
 // Listed is the state's fields a list query selects by.
 func (s *State) Listed() Listed {
 	return Listed{Phase: s.Phase, Status: s.Status, Target: s.Spec.Target, Kind: s.Spec.Kind,
-		Placement: s.Spec.Placement, ArmedAt: s.ArmedAt}
+		Delivery: s.Delivery, Placement: s.Spec.Placement, ArmedAt: s.ArmedAt}
 }
 
 // Selects reports whether the query selects a task (its limit aside).
@@ -67,6 +72,7 @@ func (q ListQuery) Selects(t Listed) bool {
 	switch {
 	case q.Phase != "" && t.Phase != q.Phase, q.Status != "" && t.Status != q.Status,
 		q.Target != "" && t.Target != q.Target, q.Kind != "" && t.Kind != q.Kind,
+		q.Delivery != "" && t.Delivery != q.Delivery,
 		!q.Since.IsZero() && t.ArmedAt.Before(q.Since), !q.Until.IsZero() && !t.ArmedAt.Before(q.Until):
 		return false
 	case len(q.Labels) == 0:

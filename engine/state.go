@@ -84,7 +84,10 @@ type State struct {
 	// sinks, after the task fired.
 	FiredSeq   uint64      `json:"fired_seq,omitempty"`
 	Deliveries []SinkState `json:"deliveries,omitempty"`
-	EndedAt    *time.Time  `json:"ended_at,omitempty"`
+	// Delivery sums up Deliveries (DeliveryPending, DeliveryDelivered,
+	// DeliveryFailed); none for a task with no push made or to make.
+	Delivery string     `json:"delivery,omitempty"`
+	EndedAt  *time.Time `json:"ended_at,omitempty"`
 	// Stall is the last stall of the current run; StallNotified: the caller was told.
 	Stall         *events.Stalled `json:"stall,omitempty"`
 	StalledAt     *time.Time      `json:"stalled_at,omitempty"`
@@ -159,6 +162,7 @@ func Apply(s State, rec events.Record) (State, error) {
 	next.Seq = rec.Seq
 	next.LastType = rec.Type
 	next.Events++
+	next.Delivery = next.deliveryState()
 	return next, nil
 }
 

@@ -44,8 +44,10 @@ type summary struct {
 	ArchiveSeq uint64 `json:"archive_seq,omitempty"`
 	Events     int    `json:"events"`
 	// Run is how the command ended, if it ran: a list shows its exit code.
-	Run      runEnd `json:"run,omitempty"`
-	ExitCode int    `json:"exit_code,omitempty"` // runWatched: the watched PID
+	Run runEnd `json:"run,omitempty"`
+	// Pushes is how its push sinks ended: a list selects by it.
+	Pushes   pushEnd `json:"pushes,omitempty"`
+	ExitCode int     `json:"exit_code,omitempty"` // runWatched: the watched PID
 
 	// Occurrence is the schedule slot the task ran for: a schedule's show lists them.
 	Occurrence *engine.Occurrence `json:"occurrence,omitempty"`
@@ -62,6 +64,28 @@ const (
 	runWatched // a process bgtask did not start: no exit code
 )
 
+// pushEnd is how a settled task's push sinks ended (engine.State.Delivery): a
+// settled task has none pending.
+type pushEnd uint8
+
+const (
+	pushNone pushEnd = iota
+	pushDelivered
+	pushFailed
+)
+
+var pushEnds = map[string]pushEnd{engine.DeliveryDelivered: pushDelivered, engine.DeliveryFailed: pushFailed}
+
+func (e pushEnd) String() string {
+	switch e {
+	case pushDelivered:
+		return engine.DeliveryDelivered
+	case pushFailed:
+		return engine.DeliveryFailed
+	}
+	return ""
+}
+
 // summarize makes the summary of a settled state; in interns its repeated
 // strings.
 func summarize(s *engine.State, in *interner) summary {
@@ -70,7 +94,7 @@ func summarize(s *engine.State, in *interner) summary {
 		Kind: in.get(s.Spec.Kind), Target: in.get(s.Spec.Target), Status: in.get(s.Status), Placement: in.placement(s.Spec.Placement),
 		Phase: s.Phase, ArchivedFrom: s.ArchivedFrom, LastType: s.LastType,
 		Seq: s.Seq, Epoch: s.Epoch, ArchiveSeq: s.ArchiveSeq, Events: s.Events,
-		Occurrence: s.Spec.Occurrence,
+		Occurrence: s.Spec.Occurrence, Pushes: pushEnds[s.Delivery],
 	}
 	if s.EndedAt != nil {
 		sum.EndedAt = *s.EndedAt
@@ -109,7 +133,7 @@ func (sum *summary) finishedAt() time.Time {
 // listed is what a list query selects the summary's task by.
 func (sum *summary) listed() engine.Listed {
 	return engine.Listed{Phase: sum.Phase, Status: sum.Status, Target: sum.Target, Kind: sum.Kind,
-		Placement: sum.Placement, ArmedAt: sum.ArmedAt}
+		Delivery: sum.Pushes.String(), Placement: sum.Placement, ArmedAt: sum.ArmedAt}
 }
 
 func (sum *summary) state() engine.State {
@@ -118,7 +142,7 @@ func (sum *summary) state() engine.State {
 		Spec: engine.Spec{Command: sum.Command, Kind: sum.Kind, Target: sum.Target, Placement: sum.Placement,
 			Occurrence: sum.Occurrence},
 		ArmedAt: sum.ArmedAt, ArchiveSeq: sum.ArchiveSeq, ArchivedFrom: sum.ArchivedFrom,
-		LastType: sum.LastType, Events: sum.Events,
+		LastType: sum.LastType, Events: sum.Events, Delivery: sum.Pushes.String(),
 	}
 	if !sum.EndedAt.IsZero() {
 		at := sum.EndedAt

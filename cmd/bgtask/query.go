@@ -29,7 +29,7 @@ func listCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List tasks, newest first",
-		Long: "List tasks, newest first. Each filter given must hold: --state, --status, --target, --kind, " +
+		Long: "List tasks, newest first. Each filter given must hold: --state, --status, --delivery, --target, --kind, " +
 			"--label (each KEY=VALUE the task's placement requires), and --since and --until on the time it was registered.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -52,6 +52,8 @@ func listCmd(g *globals) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&state, "state", "", "only tasks in this state: "+engine.PhaseNames())
 	f.StringVar(&q.Status, "status", "", "only tasks with this outcome: "+strings.Join(engine.Statuses, ", "))
+	f.StringVar(&q.Delivery, "delivery", "", "only fired tasks whose pushes (deliver sinks) are "+strings.Join(engine.DeliveryStates, ", ")+
+		" (failed: one gave up)")
 	f.StringVar(&q.Target, "target", "", "only tasks whose wake-up goes to this target")
 	f.StringVar(&q.Kind, "kind", "", "only tasks of this kind")
 	f.StringArrayVar(&labels, "label", nil, "only tasks whose placement requires KEY=VALUE (repeatable: all must hold)")
@@ -229,12 +231,15 @@ func sinkProgress(s engine.State, i int) string {
 		return "delivered" + tried
 	case k.Skipped:
 		return "not made: the wake-up was consumed" + tried
-	case k.Failed, k.GivingUp:
-		return "failed: " + k.LastError + tried
+	case k.Failed:
+		return "gave up: " + k.LastError + tried
+	case k.GivingUp:
+		return "giving up: " + k.LastError + tried
 	case k.Claim != nil:
 		return fmt.Sprintf("attempt %d in flight", k.Claim.Attempt)
 	case k.RetryAt != nil:
-		return "retry at " + stamp(k.RetryAt) + " after " + k.LastError + tried
+		until := k.RetryUntil(s.Spec.Deliver[i])
+		return "retry at " + stamp(k.RetryAt) + " after " + k.LastError + tried + ", retried until " + stamp(&until)
 	}
 	return "waiting for the policy (" + s.Spec.DeliveryPolicy() + ": target busy, or an earlier wake-up first)"
 }

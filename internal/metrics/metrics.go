@@ -62,6 +62,7 @@ type Metrics struct {
 	run        prometheus.Histogram
 	wakeup     prometheus.Histogram
 	deliveries *prometheus.CounterVec
+	gaveUp     *prometheus.CounterVec
 	conflicts  prometheus.Counter
 }
 
@@ -89,10 +90,12 @@ func New(phases func() map[engine.Phase]int, workers func() []engine.WorkerStatu
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bgtask_delivery_attempts_total", Help: "Attempts of push sinks, by sink type and result."}, []string{"sink", "result"}),
+		gaveUp: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bgtask_deliveries_given_up_total", Help: "Pushes that gave up (delivery-failed), by sink type: bgtask redeliver sends them again."}, []string{"sink"}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "bgtask_append_conflicts_total", Help: "Appends of the engine that lost the race: the task had moved on since it was read."}),
 	}
-	m.reg.MustRegister(m.registered, m.fired, m.lost, m.cancelled, m.queue, m.run, m.wakeup, m.deliveries, m.conflicts,
+	m.reg.MustRegister(m.registered, m.fired, m.lost, m.cancelled, m.queue, m.run, m.wakeup, m.deliveries, m.gaveUp, m.conflicts,
 		newNow(phases, workers), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every label value is there from the start, at 0, so that a rate over it
 	// needs no first event.
@@ -105,6 +108,7 @@ func New(phases func() map[engine.Phase]int, workers func() []engine.WorkerStatu
 		}
 	}
 	for _, k := range sinkTypes {
+		m.gaveUp.WithLabelValues(k)
 		for _, r := range results {
 			m.deliveries.WithLabelValues(k, r)
 		}
@@ -142,6 +146,8 @@ func (m *Metrics) Applied(s engine.State, rec events.Record) {
 		}
 	case events.TypeDeliveryResult:
 		m.delivered(s, rec)
+	case events.TypeDeliveryFailed:
+		m.givenUp(s, rec)
 	}
 }
 
@@ -174,6 +180,15 @@ func (m *Metrics) delivered(s engine.State, rec events.Record) {
 		result = resultRetry
 	}
 	m.deliveries.WithLabelValues(bounded(s.Deliveries[p.Sink].Type, sinkTypes), result).Inc()
+}
+
+func (m *Metrics) givenUp(s engine.State, rec events.Record) {
+	payload, err := rec.Decode()
+	p, ok := payload.(*events.DeliveryFailed)
+	if err != nil || !ok || p.Sink < 0 || p.Sink >= len(s.Deliveries) {
+		return
+	}
+	m.gaveUp.WithLabelValues(bounded(s.Deliveries[p.Sink].Type, sinkTypes)).Inc()
 }
 
 // CountConflicts returns store, counting each of its appends that conflicts.
