@@ -16,19 +16,20 @@ import (
 // registration's answer, a task as the API shows it, the wake-up it delivers, and
 // the API's requests and replies.
 type (
-	Spec            = engine.Spec
-	Registration    = api.Registered
-	Task            = api.TaskView
-	Wakeup          = events.Wakeup
-	ListQuery       = engine.ListQuery
-	ListPage        = api.ListReply
-	History         = api.HistoryReply
-	Workers         = api.WorkersReply
-	CompleteRequest = api.CompleteRequest
-	Schedule        = engine.Schedule
-	ScheduleView    = api.ScheduleView
-	ScheduleList    = api.ScheduleList
-	ScheduleDeleted = api.ScheduleDeleted
+	Spec             = engine.Spec
+	Registration     = api.Registered
+	Task             = api.TaskView
+	Wakeup           = events.Wakeup
+	ListQuery        = engine.ListQuery
+	ListPage         = api.ListReply
+	History          = api.HistoryReply
+	Workers          = api.WorkersReply
+	CompleteRequest  = api.CompleteRequest
+	RedeliverRequest = api.RedeliverRequest
+	Schedule         = engine.Schedule
+	ScheduleView     = api.ScheduleView
+	ScheduleList     = api.ScheduleList
+	ScheduleDeleted  = api.ScheduleDeleted
 )
 
 // The outcomes of a task, its wake-up's status.
@@ -141,6 +142,16 @@ func (c *Client) Resume(ctx context.Context, id string) (Task, error) {
 // Complete ends a task from outside; made once, as Cancel.
 func (c *Client) Complete(ctx context.Context, req CompleteRequest) (Task, error) {
 	return c.once(ctx, func(ctx context.Context) (Task, error) { return c.api.Complete(ctx, req) })
+}
+
+// Redeliver pushes a fired task's wake-up again, once, with the same
+// idempotency key: to the push sink req.Sink names, or to each that gave up, or,
+// if none did, to each one. A push that is not done yet (not made, retried, in
+// flight) is an *Error with code 409 that says where it is. Made once, as
+// Cancel: each call that succeeds starts each push asked for over once, retried
+// as its sink says until it is delivered or gives up again.
+func (c *Client) Redeliver(ctx context.Context, req RedeliverRequest) (Task, error) {
+	return c.once(ctx, func(ctx context.Context) (Task, error) { return c.api.Redeliver(ctx, req) })
 }
 
 // Consume removes a fired task's wake-up from its target's inbox, so that no

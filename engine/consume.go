@@ -44,7 +44,8 @@ func (s State) consumed(p *events.Consumed) (State, error) {
 	s.Deliveries = append([]SinkState(nil), s.Deliveries...) // states are values: never share
 	for i, k := range s.Deliveries {
 		if !k.Done() && k.Claim == nil {
-			s.Deliveries[i].Skipped, s.Deliveries[i].GivingUp, s.Deliveries[i].RetryAt = true, false, nil
+			k.Skipped, k.GivingUp, k.RetryAt, k.Redelivering = true, false, nil, false
+			s.Deliveries[i] = k
 		}
 	}
 	return s, nil

@@ -297,6 +297,13 @@ type SinkState struct {
 	// GivingUp: the last attempt failed and none follows; delivery-failed is due.
 	GivingUp bool `json:"giving_up,omitempty"`
 	Failed   bool `json:"failed,omitempty"`
+	// Redelivering: a redelivery (bgtask redeliver) asked for the push again
+	// after it was done, and it is not done again yet. The push starts over:
+	// its retry window from its next attempt, its max_attempts counted after
+	// EarlierAttempts, the attempts made before. Redeliveries counts them.
+	Redelivering    bool `json:"redelivering,omitempty"`
+	Redeliveries    int  `json:"redeliveries,omitempty"`
+	EarlierAttempts int  `json:"earlier_attempts,omitempty"`
 	// Skipped: the wake-up was consumed (a wait returned it) before this push
 	// was made, so it is not made.
 	Skipped bool `json:"skipped,omitempty"`
@@ -421,7 +428,7 @@ func (s State) applyDelivery(payload events.Payload, rec events.Record) (State, 
 		k.Claim, k.ClaimedBy, k.LastError = nil, "", p.Error
 		switch {
 		case p.OK:
-			k.Delivered = true
+			k.Delivered, k.Redelivering = true, false
 		case p.RetryAt != nil:
 			retry := *p.RetryAt
 			k.RetryAt = &retry
@@ -432,7 +439,7 @@ func (s State) applyDelivery(payload events.Payload, rec events.Record) (State, 
 		if !k.GivingUp {
 			return s, fmt.Errorf("%w: sink %d of task %s has attempts left", ErrWrongPhase, i, s.ID)
 		}
-		k.GivingUp, k.Failed = false, true
+		k.GivingUp, k.Failed, k.Redelivering = false, true, false
 	}
 	s.Deliveries = append([]SinkState(nil), s.Deliveries...) // states are values: never share
 	s.Deliveries[i] = k
@@ -516,10 +523,11 @@ func (k SinkState) RetryUntil(sink Sink) time.Time {
 
 // nextAttempt is when the attempt after the one that failed at now is made:
 // backoff later, or when the retry window ends if that comes first. It is nil when
-// none follows: the window ended, or the sink's max_attempts are made.
+// none follows: the window ended, or the sink's max_attempts are made (since the
+// push last started over).
 func (k SinkState) nextAttempt(sink Sink, now time.Time, backoff time.Duration) *time.Time {
 	until := k.RetryUntil(sink)
-	if !now.Before(until) || sink.MaxAttempts > 0 && k.Attempts >= sink.MaxAttempts {
+	if !now.Before(until) || sink.MaxAttempts > 0 && k.Attempts-k.EarlierAttempts >= sink.MaxAttempts {
 		return nil
 	}
 	at := now.Add(backoff)

@@ -27,3 +27,18 @@ func (e *FieldError) Error() string { return fmt.Sprintf("%s: %s", e.Field, e.Re
 func fieldErr(field, format string, args ...any) *FieldError {
 	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
+
+// StateError is a request the task's state refuses (ErrWrongPhase), naming the
+// request's field that chose what does not fit: the task's id, or a part of it.
+type StateError struct {
+	Field  string
+	Reason string
+}
+
+func (e *StateError) Error() string { return fmt.Sprintf("%s: %s", e.Field, e.Reason) }
+
+func (e *StateError) Unwrap() error { return ErrWrongPhase }
+
+func stateErr(field, format string, args ...any) *StateError {
+	return &StateError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}

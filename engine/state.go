@@ -191,6 +191,8 @@ func apply(s State, rec events.Record) (State, error) {
 		return s.fired(rec, p)
 	case *events.DeliveryAttempt, *events.DeliveryResult, *events.DeliveryFailed:
 		return s.applyDelivery(payload, rec)
+	case *events.RedeliveryRequested:
+		return s.redeliveryRequested(p)
 	case *events.Archived:
 		// The history before it may be gone from the stream: the state is the
 		// summary alone, whether or not the history was seen first, so a replay

@@ -40,6 +40,14 @@ type DeliveryFailed struct {
 	Reason   string `json:"reason"`
 }
 
-func (*DeliveryAttempt) EventType() Type { return TypeDeliveryAttempt }
-func (*DeliveryResult) EventType() Type  { return TypeDeliveryResult }
-func (*DeliveryFailed) EventType() Type  { return TypeDeliveryFailed }
+// RedeliveryRequested starts the push of each sink in Sinks over (bgtask
+// redeliver), each of which was delivered or gave up: the same wake-up, due
+// again, retried as its sink says.
+type RedeliveryRequested struct {
+	Sinks []int `json:"sinks"`
+}
+
+func (*DeliveryAttempt) EventType() Type     { return TypeDeliveryAttempt }
+func (*DeliveryResult) EventType() Type      { return TypeDeliveryResult }
+func (*DeliveryFailed) EventType() Type      { return TypeDeliveryFailed }
+func (*RedeliveryRequested) EventType() Type { return TypeRedeliveryRequested }

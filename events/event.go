@@ -50,6 +50,8 @@ const (
 	TypeDeliveryAttempt Type = "delivery-attempt"
 	TypeDeliveryResult  Type = "delivery-result"
 	TypeDeliveryFailed  Type = "delivery-failed"
+	// Pushes that were done are to be made again (bgtask redeliver).
+	TypeRedeliveryRequested Type = "redelivery-requested"
 )
 
 // Event is the versioned envelope of every lifecycle event.
@@ -154,6 +156,8 @@ func newPayload(t Type) Payload {
 		return &DeliveryResult{}
 	case TypeDeliveryFailed:
 		return &DeliveryFailed{}
+	case TypeRedeliveryRequested:
+		return &RedeliveryRequested{}
 	case TypeArchived:
 		return &Archived{}
 	case TypeDue:
@@ -186,7 +190,7 @@ func knownType(name []byte) Type {
 	for _, t := range []Type{
 		TypeTick, TypeArmed, TypeSpawned, TypeExited, TypeCompletionPersisted, TypeFired,
 		TypeStalled, TypeLost, TypeFailed, TypeCancelled,
-		TypeDeliveryAttempt, TypeDeliveryResult, TypeDeliveryFailed, TypeArchived,
+		TypeDeliveryAttempt, TypeDeliveryResult, TypeDeliveryFailed, TypeRedeliveryRequested, TypeArchived,
 		TypeDue, TypeRetryScheduled, TypeProbeScheduled, TypeNotice, TypePaused, TypeResumed, TypeCompleted, TypeSkipped, TypeJoined,
 		TypeConsumed,
 	} {

@@ -2,6 +2,7 @@ package projections_test
 
 import (
 	"context"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -73,5 +74,61 @@ func TestListSelectsByDelivery(t *testing.T) {
 	}
 	if err := (engine.ListQuery{Delivery: "lost"}).Check(); err == nil || err.(*engine.FieldError).Field != "delivery" {
 		t.Fatalf("a delivery state that is none: %v", err)
+	}
+}
+
+// A redelivery of a settled task's push (kept as its summary) makes it whole
+// again, its push pending, with the projector's notice of it for the pusher; a
+// projector that replays the stream builds the same.
+func TestARedeliveryReopensASettledTask(t *testing.T) {
+	t.Parallel()
+	srv := eventstest.Run(t)
+	ctx := context.Background()
+	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	notified := make(chan engine.State, 16)
+	live := projections.New(store, func(s engine.State, rec events.Record) {
+		if rec.Type == events.TypeRedeliveryRequested {
+			notified <- s
+		}
+	}, engine.Base{})
+	if err := live.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer live.Stop()
+	w := writer{t: t, store: store}
+	failed := w.pushed("echo failed", engine.SinkOutcome{Error: "connection refused"})
+	failed = w.do(failed, engine.GiveUpDelivery{Sink: 0}, "engine")
+	if err := live.WaitFor(ctx, failed.Seq); err != nil {
+		t.Fatal(err)
+	}
+	if settled, _ := live.List(engine.ListQuery{Delivery: engine.DeliveryFailed}); len(settled) != 1 {
+		t.Fatalf("the task that gave up: %d listed", len(settled))
+	}
+	again := w.do(failed, engine.Redeliver{}, "engine")
+	var s engine.State
+	select {
+	case s = <-notified:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no notice of the redelivery in 30 s")
+	}
+	if k := s.Deliveries; len(k) != 1 || !k[0].Redelivering || k[0].Attempts != 1 || s.Delivery != engine.DeliveryPending || s.Seq != again.Seq {
+		t.Fatalf("the notice of the redelivery: delivery %q, sinks %+v", s.Delivery, k)
+	}
+	replayed := projections.New(store, nil, engine.Base{})
+	if err := replayed.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer replayed.Stop()
+	for name, p := range map[string]*projections.Projector{"live": live, "replayed": replayed} {
+		got, ok := p.Task(failed.ID)
+		if !ok || !reflect.DeepEqual(got, again) {
+			t.Errorf("%s: the task\n%+v\nwant\n%+v", name, got, again)
+		}
+		if listed, _ := p.List(engine.ListQuery{Delivery: engine.DeliveryPending}); len(listed) != 1 || listed[0].ID != failed.ID {
+			t.Errorf("%s: list --delivery pending: %+v", name, listed)
+		}
 	}
 }

@@ -310,6 +310,10 @@ func (p *Projector) Replayed() Replayed {
 }
 
 func (p *Projector) apply(rec events.Record, decodeErr error) bool {
+	var reopened *engine.State
+	if decodeErr == nil {
+		reopened = p.reopen(rec)
+	}
 	p.mu.Lock()
 	var changed *engine.State
 	if decodeErr != nil {
@@ -320,9 +324,12 @@ func (p *Projector) apply(rec events.Record, decodeErr error) bool {
 		switch {
 		case task != nil:
 			prev = *task
+		case reopened != nil:
+			prev = *reopened
 		case sum != nil:
-			// Only an archived event fits a settled task, and it needs the phase
-			// alone; any other is refused by the phase as by the whole state.
+			// Of the other events, only an archived event fits a settled task,
+			// and it needs the phase alone; any other is refused by the phase as
+			// by the whole state.
 			prev = sum.state()
 		}
 		next, err := engine.Apply(prev, rec)
@@ -354,6 +361,57 @@ func (p *Projector) apply(rec events.Record, decodeErr error) bool {
 		p.notify(*changed, rec)
 	}
 	return true
+}
+
+// reopen is the whole state, before rec, of the settled task that rec makes
+// unsettled again: a redelivery of its pushes that gave up. It is nil for any
+// other event, or if the history cannot be read (the summary then stands for
+// it, and the event is refused as out of place). Only apply changes a summary,
+// so the history is read outside the lock.
+func (p *Projector) reopen(rec events.Record) *engine.State {
+	if rec.Type != events.TypeRedeliveryRequested {
+		return nil
+	}
+	p.mu.RLock()
+	sum := p.summaries[rec.TaskID]
+	var known engine.State
+	if sum != nil {
+		known = sum.state()
+	}
+	p.mu.RUnlock()
+	if sum == nil || known.Phase == engine.PhaseArchived {
+		return nil
+	}
+	whole, ok := p.fold(known, rec.Seq)
+	if !ok {
+		return nil
+	}
+	return &whole
+}
+
+// fold is the whole state of the settled task whose summary known is, from its
+// history before the sequence before (0: all of it); ok is false if that cannot
+// be read, or ends short of the summary.
+func (p *Projector) fold(known engine.State, before uint64) (engine.State, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), historyTimeout)
+	defer cancel()
+	// Folded as apply folds it: an event that does not decode is skipped.
+	var whole engine.State
+	err := p.log.ReadHistory(ctx, known.ID, known.Events, func(rec events.Record, err error) {
+		if err == nil && (before == 0 || rec.Seq < before) {
+			whole, _ = engine.Apply(whole, rec)
+		}
+	})
+	if err != nil {
+		p.base.Logger.Warn("a settled task's history is unreadable: its summary stands for it", "task", known.ID, "err", err)
+		return known, false
+	}
+	if whole.ID != known.ID || whole.Seq < known.Seq {
+		p.base.Logger.Warn("a settled task's history ends before its summary: its summary stands for it",
+			"task", known.ID, "history_seq", whole.Seq, "seq", known.Seq)
+		return known, false
+	}
+	return whole, true
 }
 
 // store keeps a task's new state: whole, or as a summary once it is settled. task
@@ -511,24 +569,7 @@ func (p *Projector) Task(id string) (engine.State, bool) {
 	if known.Phase == engine.PhaseArchived {
 		return known, true
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), historyTimeout)
-	defer cancel()
-	// Folded as apply folds it: an event that does not decode is skipped.
-	var whole engine.State
-	err := p.log.ReadHistory(ctx, id, known.Events, func(rec events.Record, err error) {
-		if err == nil {
-			whole, _ = engine.Apply(whole, rec)
-		}
-	})
-	if err != nil {
-		p.base.Logger.Warn("a settled task's history is unreadable: its summary stands for it", "task", id, "err", err)
-		return known, true
-	}
-	if whole.ID != id || whole.Seq < known.Seq {
-		p.base.Logger.Warn("a settled task's history ends before its summary: its summary stands for it",
-			"task", id, "history_seq", whole.Seq, "seq", known.Seq)
-		return known, true
-	}
+	whole, _ := p.fold(known, 0)
 	return whole, true
 }
 

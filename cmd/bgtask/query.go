@@ -51,9 +51,10 @@ func listCmd(g *globals) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&state, "state", "", "only tasks in this state: "+engine.PhaseNames())
-	f.StringVar(&q.Status, "status", "", "only tasks with this outcome: "+strings.Join(engine.Statuses, ", "))
+	f.StringVar(&q.Status, "status", "", "only tasks with this outcome: "+strings.Join(engine.Statuses, ", ")+
+		" (the task's; its pushes': --delivery)")
 	f.StringVar(&q.Delivery, "delivery", "", "only fired tasks whose pushes (deliver sinks) are "+strings.Join(engine.DeliveryStates, ", ")+
-		" (failed: one gave up)")
+		" (failed: one gave up; bgtask redeliver sends it again)")
 	f.StringVar(&q.Target, "target", "", "only tasks whose wake-up goes to this target")
 	f.StringVar(&q.Kind, "kind", "", "only tasks of this kind")
 	f.StringArrayVar(&labels, "label", nil, "only tasks whose placement requires KEY=VALUE (repeatable: all must hold)")
@@ -106,8 +107,11 @@ func printTaskTable(w io.Writer, reply api.ListReply) error {
 		return err
 	}
 	for _, t := range reply.Tasks {
-		if t.Waiting != "" {
+		switch {
+		case t.Waiting != "":
 			fmt.Fprintf(w, "%s %s\n", printable(t.ID, false), printable(t.Waiting, false))
+		case t.Delivery == engine.DeliveryFailed:
+			fmt.Fprintf(w, "%s a push gave up: bgtask redeliver %s\n", printable(t.ID, false), printable(t.ID, false))
 		}
 	}
 	if reply.Total > len(reply.Tasks) {
@@ -232,7 +236,7 @@ func sinkProgress(s engine.State, i int) string {
 	case k.Skipped:
 		return "not made: the wake-up was consumed" + tried
 	case k.Failed:
-		return "gave up: " + k.LastError + tried
+		return "gave up: " + k.LastError + tried + "; bgtask redeliver sends it again"
 	case k.GivingUp:
 		return "giving up: " + k.LastError + tried
 	case k.Claim != nil:
@@ -240,6 +244,8 @@ func sinkProgress(s engine.State, i int) string {
 	case k.RetryAt != nil:
 		until := k.RetryUntil(s.Spec.Deliver[i])
 		return "retry at " + stamp(k.RetryAt) + " after " + k.LastError + tried + ", retried until " + stamp(&until)
+	case k.Redelivering:
+		return "sent again (bgtask redeliver), waiting for the policy (" + s.Spec.DeliveryPolicy() + ")" + tried
 	}
 	return "waiting for the policy (" + s.Spec.DeliveryPolicy() + ": target busy, or an earlier wake-up first)"
 }

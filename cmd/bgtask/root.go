@@ -80,7 +80,7 @@ answered, 124 wait: --timeout passed.`,
 	})
 	// The client commands wait for the server up to their --timeout; wait's bounds
 	// the wait for the task too, and target's subcommands have their own.
-	for _, c := range []*cobra.Command{addCmd(g), rerunCmd(g), pauseCmd(g), resumeCmd(g), completeCmd(g), joinCmd(g), listCmd(g), showCmd(g), historyCmd(g), logsCmd(g), cancelCmd(g), inboxCmd(g), auditCmd(g), workersCmd(g)} {
+	for _, c := range []*cobra.Command{addCmd(g), rerunCmd(g), pauseCmd(g), resumeCmd(g), completeCmd(g), joinCmd(g), listCmd(g), showCmd(g), historyCmd(g), logsCmd(g), cancelCmd(g), redeliverCmd(g), inboxCmd(g), auditCmd(g), workersCmd(g)} {
 		g.timeoutFlag(c)
 		root.AddCommand(c)
 	}

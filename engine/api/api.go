@@ -243,6 +243,7 @@ func (s *Server) Start(ctx context.Context) error {
 		{"resume", SubjectResume, s.resume, false},
 		{"complete", SubjectComplete, s.complete, false},
 		{"consume", SubjectConsume, s.consume, false},
+		{"redeliver", SubjectRedeliver, s.redeliver, false},
 		{"schedule_add", SubjectScheduleAdd, s.scheduleAdd, false},
 		{"schedule_list", SubjectScheduleList, s.scheduleList, false},
 		{"schedule_show", SubjectScheduleShow, s.scheduleShow, false},
@@ -390,12 +391,15 @@ func tooLarge(what string, n, limit int) *Error {
 
 func toError(err error) *Error {
 	var fe *engine.FieldError
+	var se *engine.StateError
 	var apiErr *Error
 	switch {
 	case errors.As(err, &apiErr):
 		return apiErr
 	case errors.As(err, &fe):
 		return &Error{Code: 400, Field: fe.Field, Message: fe.Error()}
+	case errors.As(err, &se):
+		return &Error{Code: 409, Field: se.Field, Message: se.Error()}
 	case errors.Is(err, engine.ErrNotFound):
 		return &Error{Code: 404, Field: "id", Message: err.Error()}
 	case errors.Is(err, engine.ErrKeyConflict):

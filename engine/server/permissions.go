@@ -67,6 +67,7 @@ var (
 		events.TaskSubject("*", events.TypeSkipped),
 		events.TaskSubject("*", events.TypeJoined),
 		events.TaskSubject("*", events.TypeConsumed),
+		events.TaskSubject("*", events.TypeRedeliveryRequested),
 	}
 
 	workerPermissions = &natsserver.Permissions{
@@ -103,7 +104,7 @@ var (
 			Allow: append([]string{
 				api.SubjectRegister, api.SubjectRerun, api.SubjectCancel, api.SubjectGet, api.SubjectList,
 				api.SubjectHistory, api.SubjectWorkers, api.SubjectPause, api.SubjectResume, api.SubjectComplete,
-				api.SubjectConsume, client.ConsumingPrefix + ".*",
+				api.SubjectConsume, api.SubjectRedeliver, client.ConsumingPrefix + ".*",
 				api.SubjectScheduleAdd, api.SubjectScheduleList, api.SubjectScheduleShow, api.SubjectSchedulePause,
 				api.SubjectScheduleResume, api.SubjectScheduleDelete, api.SubjectScheduleTrigger,
 				events.WorkerSubject("*", events.VerbDrain),

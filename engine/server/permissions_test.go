@@ -103,7 +103,8 @@ func TestTheWorkerIdentityAppendsARunsEventsButNoOutcome(t *testing.T) {
 		}
 	}
 	for _, typ := range []events.Type{events.TypeCancelled, events.TypeCompletionPersisted, events.TypeFired, events.TypeArmed,
-		events.TypeDue, events.TypeRetryScheduled, events.TypePaused, events.TypeResumed, events.TypeCompleted, events.TypeSkipped, events.TypeJoined, events.TypeConsumed} {
+		events.TypeDue, events.TypeRetryScheduled, events.TypePaused, events.TypeResumed, events.TypeCompleted, events.TypeSkipped, events.TypeJoined, events.TypeConsumed,
+		events.TypeRedeliveryRequested} {
 		refused(t, nc, violations, events.TaskSubject(task, typ))
 	}
 	refused(t, nc, violations, "bgtask.register")

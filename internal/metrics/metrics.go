@@ -63,6 +63,7 @@ type Metrics struct {
 	wakeup     prometheus.Histogram
 	deliveries *prometheus.CounterVec
 	gaveUp     *prometheus.CounterVec
+	redelivers *prometheus.CounterVec
 	conflicts  prometheus.Counter
 }
 
@@ -92,10 +93,12 @@ func New(phases func() map[engine.Phase]int, workers func() []engine.WorkerStatu
 			Name: "bgtask_delivery_attempts_total", Help: "Attempts of push sinks, by sink type and result."}, []string{"sink", "result"}),
 		gaveUp: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bgtask_deliveries_given_up_total", Help: "Pushes that gave up (delivery-failed), by sink type: bgtask redeliver sends them again."}, []string{"sink"}),
+		redelivers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bgtask_redeliveries_total", Help: "Pushes that gave up and were asked for again (bgtask redeliver), by sink type."}, []string{"sink"}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "bgtask_append_conflicts_total", Help: "Appends of the engine that lost the race: the task had moved on since it was read."}),
 	}
-	m.reg.MustRegister(m.registered, m.fired, m.lost, m.cancelled, m.queue, m.run, m.wakeup, m.deliveries, m.gaveUp, m.conflicts,
+	m.reg.MustRegister(m.registered, m.fired, m.lost, m.cancelled, m.queue, m.run, m.wakeup, m.deliveries, m.gaveUp, m.redelivers, m.conflicts,
 		newNow(phases, workers), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every label value is there from the start, at 0, so that a rate over it
 	// needs no first event.
@@ -109,6 +112,7 @@ func New(phases func() map[engine.Phase]int, workers func() []engine.WorkerStatu
 	}
 	for _, k := range sinkTypes {
 		m.gaveUp.WithLabelValues(k)
+		m.redelivers.WithLabelValues(k)
 		for _, r := range results {
 			m.deliveries.WithLabelValues(k, r)
 		}
@@ -148,6 +152,8 @@ func (m *Metrics) Applied(s engine.State, rec events.Record) {
 		m.delivered(s, rec)
 	case events.TypeDeliveryFailed:
 		m.givenUp(s, rec)
+	case events.TypeRedeliveryRequested:
+		m.redelivered(s, rec)
 	}
 }
 
@@ -189,6 +195,19 @@ func (m *Metrics) givenUp(s engine.State, rec events.Record) {
 		return
 	}
 	m.gaveUp.WithLabelValues(bounded(s.Deliveries[p.Sink].Type, sinkTypes)).Inc()
+}
+
+func (m *Metrics) redelivered(s engine.State, rec events.Record) {
+	payload, err := rec.Decode()
+	p, ok := payload.(*events.RedeliveryRequested)
+	if err != nil || !ok {
+		return
+	}
+	for _, i := range p.Sinks {
+		if i >= 0 && i < len(s.Deliveries) {
+			m.redelivers.WithLabelValues(bounded(s.Deliveries[i].Type, sinkTypes)).Inc()
+		}
+	}
 }
 
 // CountConflicts returns store, counting each of its appends that conflicts.
