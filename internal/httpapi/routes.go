@@ -67,6 +67,7 @@ func (s *Server) table() []route {
 		{"GET /v1/tasks", s.jsonRoute(s.list)},
 		{"GET /v1/tasks/{id}", s.jsonRoute(s.get)},
 		{"POST /v1/tasks/{id}/cancel", s.jsonRoute(s.cancelTask)},
+		{"POST /v1/tasks/{id}/redeliver", s.jsonRoute(s.redeliver)},
 		{"GET /v1/tasks/{id}/history", s.jsonRoute(s.history)},
 		{"GET /v1/tasks/{id}/logs", http.HandlerFunc(s.logs)},
 		{"GET /v1/workers", s.jsonRoute(s.workers)},
@@ -83,6 +84,7 @@ func (s *Server) table() []route {
 		{"GET /tasks/{id}", http.HandlerFunc(s.taskDetail)},
 		{"POST /tasks/{id}/cancel", http.HandlerFunc(s.cancelForm)},
 		{"POST /tasks/{id}/rerun", http.HandlerFunc(s.rerunForm)},
+		{"POST /tasks/{id}/redeliver", http.HandlerFunc(s.redeliverForm)},
 		{"GET /workers", http.HandlerFunc(s.workersPage)},
 		{"GET /targets", http.HandlerFunc(s.targetsPage)},
 		{"GET /audit", http.HandlerFunc(s.auditPage)},
@@ -280,14 +282,14 @@ func (s *Server) list(ctx context.Context, r *http.Request) (reply, error) {
 // listFilters are the parameters of GET /v1/tasks that select tasks (the
 // dashboard's list keeps them in its links); listParams are all it takes.
 var (
-	listFilters = []string{"state", "status", "target", "kind", "label", "since", "until"}
+	listFilters = []string{"state", "status", "delivery", "target", "kind", "label", "since", "until"}
 	listParams  = append(slices.Clip(listFilters), "limit", "cursor")
 )
 
 // listQuery reads the list's filters and limit from a query; the engine checks
 // the values that name things (a state, a status, a target, a label).
 func listQuery(q url.Values) (engine.ListQuery, error) {
-	lq := engine.ListQuery{Phase: engine.Phase(q.Get("state")), Status: q.Get("status"),
+	lq := engine.ListQuery{Phase: engine.Phase(q.Get("state")), Status: q.Get("status"), Delivery: q.Get("delivery"),
 		Target: q.Get("target"), Kind: q.Get("kind")}
 	var err error
 	if lq.Limit, err = intParam(q, "limit", 0, 0); err != nil {
@@ -350,6 +352,18 @@ func (s *Server) cancelTask(ctx context.Context, r *http.Request) (reply, error)
 		return reply{}, err
 	}
 	return s.call(ctx, api.SubjectCancel, api.CancelRequest{ID: r.PathValue("id"), Reason: req.Reason})
+}
+
+// redeliver pushes a fired task's wake-up again, as bgtask redeliver: to the
+// sink the body names, or to each that gave up, or, if none did, to each one.
+func (s *Server) redeliver(ctx context.Context, r *http.Request) (reply, error) {
+	var req struct {
+		Sink *int `json:"sink,omitempty"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		return reply{}, err
+	}
+	return s.call(ctx, api.SubjectRedeliver, api.RedeliverRequest{ID: r.PathValue("id"), Sink: req.Sink})
 }
 
 func (s *Server) history(ctx context.Context, r *http.Request) (reply, error) {

@@ -159,6 +159,7 @@ type listView struct {
 	Cursor, Next string
 	Phases       []engine.Phase
 	Statuses     []string
+	Deliveries   []string
 	Sizes        []int
 	Self         string // this page's URL, which the live part fetches again
 }
@@ -187,7 +188,7 @@ func (v listView) Link(cursor string) string {
 // taskPage is the task list, newest first, a page at a time: the engine pages
 // it (ListAfter), so a home of 100,000 tasks costs what one page does.
 func (s *Server) taskPage(w http.ResponseWriter, r *http.Request) {
-	v := listView{Nav: "tasks", Phases: phases, Statuses: engine.Statuses, Sizes: pageSizes, Limit: pageSizes[0],
+	v := listView{Nav: "tasks", Phases: phases, Statuses: engine.Statuses, Deliveries: engine.DeliveryStates, Sizes: pageSizes, Limit: pageSizes[0],
 		Filter: url.Values{}}
 	q, err := query(r, listParams...)
 	var lq engine.ListQuery

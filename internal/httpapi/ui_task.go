@@ -24,6 +24,9 @@ type taskView struct {
 	Timeline []timelineItem
 	RerunKey string
 	Done     bool // no cancel: the task ended
+	// Redeliver: its pushes are done (delivered or gave up), so they can be
+	// pushed again.
+	Redeliver bool
 }
 
 // timelineItem is one event of a task's history, or a run of ticks in one.
@@ -52,8 +55,9 @@ func (s *Server) taskDetail(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	done := !t.Phase.Runs()
+	redeliver := !t.Consumed && (t.Delivery == engine.DeliveryFailed || t.Delivery == engine.DeliveryDelivered)
 	s.render(w, r, "task.html", "task-body", taskView{Nav: "tasks", Task: t, Timeline: timeline(h.Events),
-		RerunKey: "rerun-" + uuid.NewString(), Done: done})
+		RerunKey: "rerun-" + uuid.NewString(), Done: done, Redeliver: redeliver})
 }
 
 // The events the timeline shows in a way of its own, by their names in the
@@ -175,4 +179,15 @@ func (s *Server) rerunForm(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.Redirect(w, r, "/tasks/"+reg.ID, http.StatusSeeOther)
+}
+
+// redeliverForm pushes the task's wake-up again (as `bgtask redeliver`), then
+// shows its page.
+func (s *Server) redeliverForm(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if _, err := s.api.Redeliver(r.Context(), api.RedeliverRequest{ID: id}); err != nil {
+		s.pageError(w, "tasks", err)
+		return
+	}
+	http.Redirect(w, r, "/tasks/"+id, http.StatusSeeOther)
 }
