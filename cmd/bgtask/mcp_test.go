@@ -168,7 +168,7 @@ func TestMCPRegistersAndWaits(t *testing.T) {
 		}
 	}
 	slices.Sort(names)
-	if want := []string{"add", "cancel", "complete", "join", "list", "logs", "show", "wait"}; !slices.Equal(names, want) {
+	if want := []string{"add", "cancel", "complete", "join", "list", "logs", "redeliver", "show", "wait"}; !slices.Equal(names, want) {
 		t.Errorf("tools %v, want %v", names, want)
 	}
 

@@ -52,6 +52,14 @@ func (s *server) addTaskTools(m *mcp.Server) {
 			"a task that has ended already is an error. A task added with external true waits only for this.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(true), OpenWorldHint: new(false)},
 	}, s.complete)
+	addTool(m, &mcp.Tool{
+		Name:  "redeliver",
+		Title: "Push a wake-up again",
+		Description: "Push a fired task's wake-up again, once, to its push sinks (deliver), with the same Idempotency-Key: " +
+			"to each push that gave up, or, if none did, to each one, or only to sink. Each starts over, retried as its sink says. " +
+			"A push not done yet (held, in flight, waiting for its retry) or a task with nothing to push again is an error that says where each push is.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(false), OpenWorldHint: new(true)},
+	}, s.redeliver)
 }
 
 // taskArgs name a task.
@@ -85,9 +93,10 @@ func (s *server) describe(t client.Task) string {
 }
 
 type listArgs struct {
-	State  string `json:"state,omitempty" jsonschema:"only tasks in this state: armed, running, ended, persisted, fired, cancelled or archived"`
-	Limit  *int   `json:"limit,omitempty" jsonschema:"at most this many tasks (default 20)"`
-	Cursor string `json:"cursor,omitempty" jsonschema:"the next_cursor of the page before"`
+	State    string `json:"state,omitempty" jsonschema:"only tasks in this state: armed, running, ended, persisted, fired, cancelled or archived"`
+	Delivery string `json:"delivery,omitempty" jsonschema:"only fired tasks whose pushes (deliver) are pending, delivered or failed (one gave up: redeliver sends it again)"`
+	Limit    *int   `json:"limit,omitempty" jsonschema:"at most this many tasks (default 20)"`
+	Cursor   string `json:"cursor,omitempty" jsonschema:"the next_cursor of the page before"`
 }
 
 type listResult struct {
@@ -108,10 +117,11 @@ type taskSummary struct {
 	ArmedAt  time.Time    `json:"armed_at"`
 	EndedAt  *time.Time   `json:"ended_at,omitempty"`
 	Waiting  string       `json:"waiting,omitempty"`
+	Delivery string       `json:"delivery,omitempty"`
 }
 
 func (s *server) list(ctx context.Context, _ *mcp.CallToolRequest, in listArgs) (string, listResult, error) {
-	q := client.ListQuery{Phase: engine.Phase(in.State), Limit: listLimit}
+	q := client.ListQuery{Phase: engine.Phase(in.State), Delivery: in.Delivery, Limit: listLimit}
 	if in.Limit != nil {
 		if *in.Limit < 1 {
 			return "", listResult{}, &argError{"limit", fmt.Sprintf("%d: want at least 1", *in.Limit)}
@@ -130,8 +140,12 @@ func (s *server) list(ctx context.Context, _ *mcp.CallToolRequest, in listArgs) 
 	var text strings.Builder
 	for _, t := range page.Tasks {
 		out.Tasks = append(out.Tasks, taskSummary{ID: t.ID, State: t.Phase, Status: t.Status, ExitCode: t.ExitCode, Command: t.Command,
-			Kind: t.Spec.Kind, Target: t.Spec.Target, ArmedAt: t.ArmedAt, EndedAt: t.EndedAt, Waiting: t.Waiting})
-		fmt.Fprintf(&text, "%s %s %s exit %s: %s\n", t.ID, t.Phase, orDash(t.Status), exitString(t.ExitCode), oneLine(t.Command, 120))
+			Kind: t.Spec.Kind, Target: t.Spec.Target, ArmedAt: t.ArmedAt, EndedAt: t.EndedAt, Waiting: t.Waiting, Delivery: t.Delivery})
+		gaveUp := ""
+		if t.Delivery == engine.DeliveryFailed {
+			gaveUp = " (a push gave up)"
+		}
+		fmt.Fprintf(&text, "%s %s %s%s exit %s: %s\n", t.ID, t.Phase, orDash(t.Status), gaveUp, exitString(t.ExitCode), oneLine(t.Command, 120))
 	}
 	fmt.Fprintf(&text, "%d of %d tasks", len(page.Tasks), page.Total)
 	if page.NextCursor != "" {
@@ -272,6 +286,30 @@ func (s *server) complete(ctx context.Context, _ *mcp.CallToolRequest, in comple
 		return "", t, err
 	}
 	return fmt.Sprintf("completed %s: %s", t.ID, t.Status), t, nil
+}
+
+type redeliverArgs struct {
+	taskArgs
+	Sink *int `json:"sink,omitempty" jsonschema:"only this push sink: its place in the spec's deliver, from 0"`
+}
+
+// redeliver is made once, as cancel is: each call that succeeds pushes again.
+func (s *server) redeliver(ctx context.Context, _ *mcp.CallToolRequest, in redeliverArgs) (string, client.Task, error) {
+	var t client.Task
+	err := s.call(ctx, func(ctx context.Context, c *client.Client) (err error) {
+		t, err = c.Redeliver(ctx, client.RedeliverRequest{ID: in.ID, Sink: in.Sink})
+		return err
+	})
+	if err != nil {
+		return "", t, err
+	}
+	var pushes []string
+	for i, k := range t.Deliveries {
+		if k.Redelivering {
+			pushes = append(pushes, fmt.Sprintf("push %d (%s)", i, t.Spec.Deliver[i].Type))
+		}
+	}
+	return fmt.Sprintf("redelivering %s: %s", t.ID, strings.Join(pushes, ", ")), t, nil
 }
 
 func orDash(s string) string {

@@ -91,6 +91,7 @@ func TestMCPToolsRefuseABadArgumentNamingIt(t *testing.T) {
 		{"logs", `{"id": "x", "max_bytes": 1048577}`, "max_bytes", "max_bytes: 1048577: want 1 to 1048576"},
 		{"join", `{"mode": "all", "members": "x"}`, "members", "members: want a []string, not a JSON string"},
 		{"complete", `{"id": "x", "status": 1}`, "status", "status: want a string, not a JSON number"},
+		{"redeliver", `{"id": "x", "sink": "0"}`, "sink", "sink: want a int, not a JSON string"},
 		// add's arguments are a spec, which the engine's decoding reads.
 		{"add", `{"command": "true", "colour": "red"}`, "colour", "colour: unknown field"},
 		{"add", `{"command": "true", "completion": {"type": "line_pattern", "colour": 1}}`, "completion.colour", "completion.colour: unknown field"},
@@ -150,7 +151,7 @@ func TestMCPToolSchemasAreTheirArgumentTypes(t *testing.T) {
 			t.Errorf("add's arguments %v, want %v", got, slices.Sorted(slices.Values(want)))
 		}
 	}
-	if want := []string{"add", "cancel", "complete", "join", "list", "logs", "show", "wait"}; !slices.Equal(slices.Sorted(slices.Values(names)), want) {
+	if want := []string{"add", "cancel", "complete", "join", "list", "logs", "redeliver", "show", "wait"}; !slices.Equal(slices.Sorted(slices.Values(names)), want) {
 		t.Errorf("tools %v, want %v", names, want)
 	}
 }
