@@ -60,6 +60,9 @@ type Sink struct {
 	// prompt's placeholders and {{prompt}} (see RenderBody). Without it, the body
 	// is the wake-up JSON.
 	Body json.RawMessage `json:"body,omitempty" jsonschema:"webhook: the body as a JSON template whose strings may use the prompt's placeholders and {{prompt}} (default: the wake-up)"`
+	// OmitEmpty leaves out of Body each string value that renders empty: an
+	// object's member with its key, an array's element.
+	OmitEmpty bool `json:"omit_empty,omitempty" jsonschema:"webhook with a body: leave out each string value of the body that renders empty (an object's member with its key)"`
 	// Bearer names a bearer token the server declares (WebhookBearer), which a
 	// webhook sends as Authorization: Bearer. The token itself is never in a spec.
 	Bearer string `json:"bearer,omitempty" jsonschema:"webhook: the name of a bearer token the server declares, sent as Authorization: Bearer"`
@@ -128,6 +131,8 @@ func (s *Spec) validateDelivery() error {
 				if err := checkBody(k.Body, field+".body"); err != nil {
 					return err
 				}
+			} else if k.OmitEmpty {
+				return fieldErr(field+".omit_empty", "only with a body: the wake-up JSON has no template to leave values out of")
 			}
 			if k.Bearer != "" && !events.ValidToken(k.Bearer) {
 				return fieldErr(field+".bearer", "%q: a bearer token's name is 1-128 letters, digits, '-' or '_'", k.Bearer)
@@ -154,6 +159,8 @@ func (s *Spec) validateDelivery() error {
 				return fieldErr(field+".body", "only with type webhook")
 			case k.Bearer != "":
 				return fieldErr(field+".bearer", "only with type webhook")
+			case k.OmitEmpty:
+				return fieldErr(field+".omit_empty", "only with type webhook")
 			}
 		case "":
 			return fieldErr(field+".type", "required: webhook or exec")

@@ -42,7 +42,7 @@ func programName(arg string) string {
 
 func hasPlaceholder(arg string) bool {
 	found := false
-	_ = scanTemplate(arg, argvPlaceholders, func(string) {}, func(string) { found = true })
+	_ = scanTemplate(arg, argvPlaceholders, func(string) {}, func(string, string) { found = true })
 	return found
 }
 

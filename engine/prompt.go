@@ -26,9 +26,13 @@ func knownPlaceholder(name string, known []string) bool {
 	return slices.Contains(known, name)
 }
 
-// scanTemplate splits a template into literal text and placeholder names and calls
-// fn for each; it fails on an unclosed {{ or a name not in known.
-func scanTemplate(tmpl string, known []string, literal func(string), placeholder func(string)) error {
+// scanTemplate splits a template into literal text and placeholders and calls
+// literal or placeholder for each in turn; it fails on an unclosed {{, a name not
+// in known, or a default that holds {{. A placeholder is {{name}}, or
+// {{name|default}}: the default is literal text that stands for a value that is
+// empty (an origin key the task's origin lacks, a result not set); spaces
+// around the name and the default are left out.
+func scanTemplate(tmpl string, known []string, literal func(string), placeholder func(name, def string)) error {
 	for {
 		start := strings.Index(tmpl, "{{")
 		if start < 0 {
@@ -39,22 +43,28 @@ func scanTemplate(tmpl string, known []string, literal func(string), placeholder
 		if end < 0 {
 			return fmt.Errorf("unclosed {{ at byte %d", start)
 		}
-		name := strings.TrimSpace(tmpl[start+2 : start+end])
+		name, def, _ := strings.Cut(tmpl[start+2:start+end], "|")
+		name, def = strings.TrimSpace(name), strings.TrimSpace(def)
 		if !knownPlaceholder(name, known) {
-			return fmt.Errorf("unknown placeholder {{%s}}; known: {{%s}} and {{origin.<key>}}", name, strings.Join(known, "}} {{"))
+			return fmt.Errorf("unknown placeholder {{%s}}; known: {{%s}} and {{origin.<key>}}, each with a default if wanted ({{origin.<key>|default}})",
+				name, strings.Join(known, "}} {{"))
+		}
+		if strings.Contains(def, "{{") {
+			return fmt.Errorf("the default of {{%s}} at byte %d holds {{: a default is plain text", name, start)
 		}
 		literal(tmpl[:start])
-		placeholder(name)
+		placeholder(name, def)
 		tmpl = tmpl[start+end+2:]
 	}
 }
 
 func checkTemplate(tmpl string, known []string) error {
-	return scanTemplate(tmpl, known, func(string) {}, func(string) {})
+	return scanTemplate(tmpl, known, func(string) {}, func(string, string) {})
 }
 
-// part is a piece of a prompt: literal text, or the placeholder name names.
-type part struct{ text, name string }
+// part is a piece of a prompt: literal text, or the placeholder name names, with
+// the text def that stands for it when its value is empty.
+type part struct{ text, name, def string }
 
 func lit(format string, a ...any) part { return part{text: fmt.Sprintf(format, a...)} }
 
@@ -67,7 +77,7 @@ func parseTemplate(tmpl string) []part {
 		if s != "" {
 			parts = append(parts, part{text: s})
 		}
-	}, func(name string) { parts = append(parts, placeholder(name)) })
+	}, func(name, def string) { parts = append(parts, part{name: name, def: def}) })
 	return parts
 }
 
@@ -91,6 +101,23 @@ func (v *values) size(name string) int {
 		v.sizes[name] = n
 	}
 	return n
+}
+
+// text is what placeholder p stands for: its value, or its default when that
+// is empty.
+func (v *values) text(p part) string {
+	if s := v.get(p.name); s != "" || p.def == "" {
+		return s
+	}
+	return p.def
+}
+
+// partSize is how many bytes placeholder p's text takes in a JSON string.
+func (v *values) partSize(p part) int {
+	if p.def != "" && v.get(p.name) == "" {
+		return jsonLen(p.def) - 2
+	}
+	return v.size(p.name)
 }
 
 func (v *values) get(name string) string {
@@ -122,7 +149,7 @@ func measure(parts []part, vals *values) promptSize {
 			m.sizes[i] = jsonLen(p.text) - 2
 			m.literal += m.sizes[i]
 		} else {
-			m.sizes[i] = vals.size(p.name)
+			m.sizes[i] = vals.partSize(p)
 			m.needs = append(m.needs, m.sizes[i])
 		}
 		m.total += m.sizes[i]
@@ -156,7 +183,7 @@ func renderParts(parts []part, vals *values, limit int) string {
 		if p.name == "" {
 			return p.text
 		}
-		return vals.get(p.name)
+		return vals.text(p)
 	}
 	if total <= limit {
 		for _, p := range parts {
@@ -176,7 +203,7 @@ func renderParts(parts []part, vals *values, limit int) string {
 				b.WriteString(p.text)
 				continue
 			}
-			if v := vals.get(p.name); share[k] < needs[k] && p.name == "tail" {
+			if v := vals.text(p); share[k] < needs[k] && p.name == "tail" {
 				b.WriteString(cutEnd(v, share[k]+2))
 			} else if share[k] < needs[k] {
 				b.WriteString(cutStart(v, share[k]+2))

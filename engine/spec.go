@@ -44,7 +44,7 @@ type Spec struct {
 	// Kind is a free label, for people and filters.
 	Kind string `json:"kind,omitempty" jsonschema:"a label for the task (build, test, deploy, ...)"`
 	// Prompt is the wake-up's template; see Render.
-	Prompt string `json:"prompt,omitempty" jsonschema:"template of the wake-up's prompt; placeholders {{result}} {{exit_code}} {{status}} {{reason}} {{task_id}} {{kind}} {{command}} {{tail}} {{duration}} {{origin.KEY}}"`
+	Prompt string `json:"prompt,omitempty" jsonschema:"template of the wake-up's prompt; placeholders {{result}} {{exit_code}} {{status}} {{reason}} {{task_id}} {{kind}} {{command}} {{tail}} {{duration}} {{origin.KEY}}, each with a default for an empty value if wanted ({{origin.KEY|default}})"`
 	// Target names the inbox the wake-up goes to.
 	Target string `json:"target,omitempty" jsonschema:"the inbox the wake-up goes to (default \"default\")"`
 	// Origin is opaque routing data returned in the wake-up.

@@ -131,138 +131,131 @@ func plainPath(path string) bool {
 	return true
 }
 
-// bodyPiece is a piece of a webhook's body template: JSON text written as it is,
-// or a string value's template.
-type bodyPiece struct {
-	raw   string
-	leaf  bool
-	path  string // the string value's place in the body, for errors
-	value string
+// bodyFrame is an object or an array of a body template being walked.
+type bodyFrame struct {
+	object, key bool // key: a key was read, its value comes next
+	path, name  string
+	n           int // members or elements written
 }
 
-// parseBody splits a body template into its JSON text and its string values, in
-// the order written; keys stay as they are.
-func parseBody(tmpl []byte) ([]bodyPiece, error) {
-	type frame struct {
-		object, key bool // key: a key was read, its value comes next
-		path, name  string
-		n           int
+// next is the place in the body of the value that comes next in f, and the
+// text written before it: a comma after the first, an object's key.
+func (f *bodyFrame) next() (path, prefix string) {
+	path = fmt.Sprintf("%s[%d]", f.path, f.n)
+	if f.object {
+		key, _ := json.Marshal(f.name)
+		path, prefix, f.key = f.path+"."+f.name, string(key)+":", false
 	}
+	if f.n > 0 {
+		prefix = "," + prefix
+	}
+	return path, prefix
+}
+
+// walkBody writes a body template's JSON again, keys and all but its string
+// values as they are, and each string value as leaf makes it: leaf gets the
+// value's place in the body (for errors, such as ".items[2]") and its template,
+// and returns the JSON text that stands for it, and keep false to leave it out
+// (an object's member with its key, an array's element). A body that is itself
+// a string is always kept.
+func walkBody(tmpl []byte, leaf func(path, value string) (out string, keep bool)) ([]byte, error) {
 	var (
-		pieces []bodyPiece
-		text   strings.Builder
-		stack  []*frame
+		out   bytes.Buffer
+		stack []*bodyFrame
 	)
 	dec := json.NewDecoder(bytes.NewReader(tmpl))
 	dec.UseNumber()
 	for {
 		tok, err := dec.Token()
 		if errors.Is(err, io.EOF) {
-			break
+			return out.Bytes(), nil
 		}
 		if err != nil {
 			return nil, err
 		}
 		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
-			text.WriteByte(byte(d))
+			out.WriteByte(byte(d))
 			stack = stack[:len(stack)-1]
 			continue
 		}
-		path := ""
+		var f *bodyFrame
+		path, prefix := "", ""
 		if len(stack) > 0 {
-			f := stack[len(stack)-1]
-			switch {
-			case f.object && !f.key:
-				if f.n > 0 {
-					text.WriteByte(',')
-				}
-				f.n++
-				key, _ := json.Marshal(tok.(string))
-				text.Write(key)
-				text.WriteByte(':')
+			if f = stack[len(stack)-1]; f.object && !f.key {
 				f.key, f.name = true, tok.(string)
-				continue
-			case f.object:
-				f.key = false
-				path = f.path + "." + f.name
-			default:
-				if f.n > 0 {
-					text.WriteByte(',')
-				}
-				path = fmt.Sprintf("%s[%d]", f.path, f.n)
-				f.n++
+				continue // the key is written with its value, if that is kept
 			}
+			path, prefix = f.next()
 		}
+		value := ""
 		switch v := tok.(type) {
 		case json.Delim:
-			text.WriteByte(byte(v))
-			stack = append(stack, &frame{object: v == '{', path: path})
+			value = string(v)
+			stack = append(stack, &bodyFrame{object: v == '{', path: path})
 		case string:
-			pieces = append(pieces, bodyPiece{raw: text.String()}, bodyPiece{leaf: true, path: path, value: v})
-			text.Reset()
+			text, keep := leaf(path, v)
+			if !keep && f != nil {
+				continue
+			}
+			value = text
 		case json.Number:
-			text.WriteString(v.String())
+			value = v.String()
 		case bool:
-			text.WriteString(strconv.FormatBool(v))
+			value = strconv.FormatBool(v)
 		case nil:
-			text.WriteString("null")
+			value = "null"
+		}
+		out.WriteString(prefix + value)
+		if f != nil {
+			f.n++
 		}
 	}
-	return append(pieces, bodyPiece{raw: text.String()}), nil
 }
 
 // checkBody refuses a body template that is not JSON or has a string value with a
 // bad template, naming the value.
 func checkBody(tmpl json.RawMessage, field string) error {
-	pieces, err := parseBody(tmpl)
+	var bad error
+	_, err := walkBody(tmpl, func(path, value string) (string, bool) {
+		if err := checkTemplate(value, argvPlaceholders); err != nil && bad == nil {
+			bad = fieldErr(field+path, "%v", err)
+		}
+		return "", true
+	})
 	if err != nil {
 		return fieldErr(field, "not JSON: %v", err)
 	}
-	for _, p := range pieces {
-		if p.leaf {
-			if err := checkTemplate(p.value, argvPlaceholders); err != nil {
-				return fieldErr(field+p.path, "%v", err)
-			}
-		}
-	}
-	return nil
+	return bad
 }
 
 // RenderBody fills the string values of a webhook's body template for wake-up w:
 // each may use the prompt's placeholders and {{prompt}}, and is written as a JSON
-// string, so the body is JSON whatever the values hold. It takes at most
+// string, so the body is JSON whatever the values hold; with omitEmpty, a value
+// that renders empty is left out (with its key). It takes at most
 // MaxWakeupBytes: over that, the values share what the template's own text
 // leaves, each cut as a prompt is, with the byte budget's markers.
-func RenderBody(tmpl json.RawMessage, w events.Wakeup) ([]byte, error) {
-	pieces, err := parseBody(tmpl)
-	if err != nil {
-		return nil, fmt.Errorf("body template: %w", err)
-	}
+func RenderBody(tmpl json.RawMessage, w events.Wakeup, omitEmpty bool) ([]byte, error) {
 	vars := promptVars(w, w.Kind)
 	vars["prompt"] = w.Prompt
 	vals := newValues(vars, w.Origin)
-	parts := make([][]part, len(pieces))
-	fixed := 0
-	var needs []int
-	for i, p := range pieces {
-		if p.leaf {
-			parts[i] = parseTemplate(p.value)
-			needs = append(needs, promptLen(parts[i], vals))
-		} else {
-			fixed += len(p.raw)
-		}
+	var (
+		parts [][]part
+		needs []int
+	)
+	fixed, err := walkBody(tmpl, func(_, value string) (string, bool) {
+		p := parseTemplate(value)
+		parts, needs = append(parts, p), append(needs, promptLen(p, vals))
+		return "", true
+	})
+	if err != nil {
+		return nil, fmt.Errorf("body template: %w", err)
 	}
-	share := shares(MaxWakeupBytes-fixed, needs...)
-	var out bytes.Buffer
+	share := shares(MaxWakeupBytes-len(fixed), needs...)
 	k := 0
-	for i, p := range pieces {
-		if !p.leaf {
-			out.WriteString(p.raw)
-			continue
-		}
-		s, _ := json.Marshal(renderParts(parts[i], vals, share[k]))
-		out.Write(s)
+	return walkBody(tmpl, func(_, _ string) (string, bool) {
+		text := renderParts(parts[k], vals, share[k])
 		k++
-	}
-	return out.Bytes(), nil
+		out, _ := json.Marshal(text)
+		return string(out), !omitEmpty || text != ""
+	})
 }

@@ -134,7 +134,7 @@ func TestRenderBodyIsJSONWhateverThePromptHolds(t *testing.T) {
 	prompt := "He said \"done\"\nnext line\t\x00\x01\x1b[31m \\ </script> \u2028 end \xff"
 	tmpl := json.RawMessage(`{"text": "Task {{task_id}}: {{prompt}}", "mode": "now", "n": 9007199254740993, "ok": true, "none": null,
 		"meta": {"exit": "{{exit_code}}", "chat": "{{origin.chat}}", "name": "{{origin.name}}", "lines": ["{{tail}}", 1.50]}, "{{prompt}}": "key"}`)
-	body, err := engine.RenderBody(tmpl, bodyWakeup(prompt))
+	body, err := engine.RenderBody(tmpl, bodyWakeup(prompt), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestRenderBodyStaysWithinTheBudget(t *testing.T) {
 		`{"a":"{{prompt}}","b":"{{prompt}}","c":["{{prompt}} {{prompt}}"]}`,
 		`"` + strings.Repeat("{{prompt}}", 500) + `"`,
 	} {
-		body, err := engine.RenderBody(json.RawMessage(tmpl), bodyWakeup(prompt))
+		body, err := engine.RenderBody(json.RawMessage(tmpl), bodyWakeup(prompt), false)
 		if err != nil {
 			t.Fatal(err)
 		}

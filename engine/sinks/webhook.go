@@ -53,7 +53,7 @@ func (r *Runner) webhook(ctx context.Context, sink engine.Sink, w events.Wakeup,
 	var body []byte
 	var err error
 	if sink.Body != nil {
-		body, err = engine.RenderBody(sink.Body, w)
+		body, err = engine.RenderBody(sink.Body, w, sink.OmitEmpty)
 	} else {
 		body, err = json.Marshal(w)
 	}
