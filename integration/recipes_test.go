@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -92,20 +93,27 @@ func TestRecipesWakeTheirRuntimes(t *testing.T) {
 	auditClean(t, home)
 }
 
-// The OpenClaw recipe wakes a gateway's main session through its /hooks/wake, with
-// the token the server reads from its own file: a stand-in gateway that answers
-// 401 without it gets exactly one wake-up, whose text is the prompt, whatever the
-// output held. A spec cannot name an undeclared token or send one elsewhere, and
-// the token is in neither the stream nor what show and history print.
+// The OpenClaw recipe runs a turn through a gateway's /hooks/agent, with the
+// token the server reads from its own file: a stand-in gateway that answers 401
+// without it, and 400 to an empty sessionKey as OpenClaw does, gets exactly one
+// request per task, whose message is the prompt, whatever the output held; the
+// task's origin.session is its sessionKey, left out when the origin has none,
+// and the agent is main unless the origin names one. A spec cannot name an
+// undeclared token or send one elsewhere, and the token is in neither the
+// stream nor what show and history print.
 func TestOpenClawRecipeWakesTheGatewayOnce(t *testing.T) {
 	t.Parallel()
 	const token = "oc-hook-token-5f0e8a7c1d"
-	type wake struct{ Text, Mode string }
+	type turn struct {
+		Message, Name, AgentID string
+		SessionKey             *string
+		WaitForCompletion      bool
+	}
 	var mu sync.Mutex
-	var wakes []wake
+	turns := map[string]turn{} // by Idempotency-Key
 	unauthorized := 0
 	gateway := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost || r.URL.Path != "/hooks/wake" {
+		if r.Method != http.MethodPost || r.URL.Path != "/hooks/agent" {
 			http.NotFound(w, r)
 			return
 		}
@@ -116,12 +124,17 @@ func TestOpenClawRecipeWakesTheGatewayOnce(t *testing.T) {
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
-		var body wake
-		if r.Header.Get("Content-Type") != "application/json" || json.NewDecoder(r.Body).Decode(&body) != nil || body.Text == "" {
-			http.Error(w, "bad body", http.StatusBadRequest)
+		var body turn
+		if r.Header.Get("Content-Type") != "application/json" || json.NewDecoder(r.Body).Decode(&body) != nil || body.Message == "" ||
+			body.SessionKey != nil && *body.SessionKey == "" {
+			http.Error(w, `{"ok":false,"error":"sessionKey must be a non-empty string"}`, http.StatusBadRequest)
 			return
 		}
-		wakes = append(wakes, body)
+		key := r.Header.Get("Idempotency-Key")
+		if _, ok := turns[key]; ok {
+			t.Errorf("a second request for %s", key)
+		}
+		turns[key] = body
 		io.WriteString(w, `{"ok":true}`)
 	}))
 	t.Cleanup(gateway.Close)
@@ -139,7 +152,7 @@ func TestOpenClawRecipeWakesTheGatewayOnce(t *testing.T) {
 
 	for _, bad := range []struct{ from, to, field string }{
 		{`"bearer": "openclaw"`, `"bearer": "github"`, "deliver[0].bearer"},
-		{gateway.URL + "/hooks/wake", gateway.URL + "/admin", "deliver[0].url"},
+		{gateway.URL + "/hooks/agent", gateway.URL + "/admin", "deliver[0].url"},
 	} {
 		r := run(t, home, "add", "--spec", writeSpec(t, strings.ReplaceAll(recipe, bad.from, bad.to)), "--", "true")
 		if r.code != 2 || !strings.Contains(r.stderr, bad.field) {
@@ -147,19 +160,24 @@ func TestOpenClawRecipeWakesTheGatewayOnce(t *testing.T) {
 		}
 	}
 	// Without the bearer, the gateway refuses the wake-up: a 401 is not retried.
-	anonymous := add(t, home, "--spec", writeSpec(t, strings.ReplaceAll(recipe, `"bearer": "openclaw",`, "")), "--", "true")
-	id := add(t, home, "--spec", writeSpec(t, recipe), "--", `printf 'deploy "staging" done\n\tlast line \033[0m\n'`)
+	anonymous := add(t, home, "--spec", writeSpec(t, strings.ReplaceAll(recipe, `"bearer": "openclaw",`, "")), "--origin", "{}", "--", "true")
+	id := add(t, home, "--spec", writeSpec(t, recipe), "--origin", "{}", "--", `printf 'deploy "staging" done\n\tlast line \033[0m\n'`)
+	routed := add(t, home, "--spec", writeSpec(t, recipe), "--origin", `{"session":"agent:ops:thread-7","agent":"ops"}`, "--", "true")
 	w := waitFor(t, home, id)
 	for _, task := range []struct {
 		id, end string
-	}{{anonymous, "delivery-failed"}, {id, "delivery-result"}} {
+	}{{anonymous, "delivery-failed"}, {id, "delivery-result"}, {routed, "delivery-result"}} {
 		testkit.Eventually(t, 60*time.Second, task.id+": "+task.end+" in its history", func() bool { return countTypes(history(t, home, task.id))[task.end] == 1 })
 	}
 	mu.Lock()
-	got, refused := append([]wake(nil), wakes...), unauthorized
+	got, refused := maps.Clone(turns), unauthorized
 	mu.Unlock()
-	if len(got) != 1 || got[0].Text != w.Prompt || got[0].Mode != "now" || refused != 1 {
-		t.Fatalf("the gateway got %+v and refused %d; want one wake-up {text: %q, mode: now} and one refused", got, refused, w.Prompt)
+	if main, ok := got[id]; len(got) != 2 || !ok || main.Message != w.Prompt || main.Name != "bgtask" || main.AgentID != "main" ||
+		main.SessionKey != nil || !main.WaitForCompletion || refused != 1 {
+		t.Fatalf("the gateway got %+v and refused %d; want a turn of %s {message: %q, agentId: main, no sessionKey} and one refused", got, refused, id, w.Prompt)
+	}
+	if r := got[routed]; r.SessionKey == nil || *r.SessionKey != "agent:ops:thread-7" || r.AgentID != "ops" {
+		t.Fatalf("the routed task's turn %+v, want sessionKey agent:ops:thread-7 and agentId ops", r)
 	}
 	if !strings.Contains(w.Prompt, `deploy "staging" done`) {
 		t.Fatalf("prompt %q does not hold the output", w.Prompt)
