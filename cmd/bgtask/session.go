@@ -26,6 +26,8 @@ type agentSession struct {
 var sessionVars = []struct{ name, runtime, prefix, key string }{
 	{"CLAUDE_CODE_SESSION_ID", "claude-code", "claude-", "session_id"},
 	{"CODEX_THREAD_ID", "codex", "codex-", "thread_id"},
+	// Set by bgtask's opencode plugin (bgtask setup opencode).
+	{"OPENCODE_SESSION_ID", "opencode", "opencode-", "session_id"},
 }
 
 // currentSession is the agent session of this process's environment, if any; home
