@@ -38,8 +38,9 @@ const BusyTTL = 30 * time.Minute
 // makes fail is only logged.
 const stateBound = 3 * time.Second
 
-// pendingBound bounds the look for what is pending as a session opens: the
-// message that opened it waits for the answer (the plugin waits 10 s at most).
+// pendingBound bounds the connection that looks for what is pending as a
+// session opens: the message that opened it waits for the answer (the plugin
+// waits 10 s at most).
 const pendingBound = 8 * time.Second
 
 // offerBatch is how many wake-ups that came together one offer holds at most:
@@ -198,10 +199,13 @@ func (s *Session) mark(ctx context.Context, state string) error {
 func (s *Session) handOver(ctx context.Context) {
 	h := &client.Handoff{Target: TargetPrefix + s.ID, Dir: filepath.Join(s.Home, StateDir), Batch: offerBatch,
 		Deliver: s.offer, Dropped: s.dropped,
-		// opencode drops nothing it recorded, but a plugin gone before it answered
-		// may not have handed it over; a `bgtask wait --consume` in the session's
-		// turn gives that turn the wake-up itself.
-		Revocable: true, LeaveToWaits: true}
+		// A plugin gone before it answered (opencode exits) may not have handed it
+		// over: it goes back. A helper killed meanwhile leaves it handing, most
+		// often with its opencode: the next hands it over again (at least once).
+		Revocable: true, Redeliver: true,
+		// A `bgtask wait --consume` in the session's turn gives that turn the
+		// wake-up itself.
+		LeaveToWaits: true}
 	unlock, err := s.lock(ctx, h)
 	if err != nil {
 		if ctx.Err() == nil && !errors.Is(err, client.ErrLocked) {

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -224,6 +226,46 @@ func TestAnOfferNotAnsweredGoesBackToTheInbox(t *testing.T) {
 	next := startHelper(t, home, "ses_3", false)
 	if m := next.next("the pending offer"); m.Offer != "WAKE "+id {
 		t.Fatalf("the next helper's first line %+v, want the offer of %s", m, id)
+	}
+}
+
+// A helper that was waiting (opencode exited) leaves the inbox a request for
+// the next wake-up, which takes it when it comes; the next helper of the
+// session, in `opencode run -s`, still offers it once the inbox takes it back.
+func TestAWakeUpAGoneHelperAskedForIsOfferedByTheNext(t *testing.T) {
+	home := t.TempDir()
+	clienttest.Run(t, home)
+	first := startHelper(t, home, "ses_6", true)
+	first.next("the first helper's first line")
+	first.stop()
+	id := fire(t, home, "opencode-ses_6")
+	next := startHelper(t, home, "ses_6", false)
+	if m := next.next("the next helper's first line"); m.Offer != "WAKE "+id {
+		t.Fatalf("the next helper's first line %+v, want the offer of %s", m, id)
+	}
+	next.answer(true)
+	clienttest.Eventually(t, 30*time.Second, "the wake-up acknowledged", func() bool {
+		return unread(t, home, "opencode-ses_6") == 0
+	})
+}
+
+// A helper killed while its offer was out (SIGKILL, with its opencode most
+// often) leaves the wake-up handing in the session's ledger: the next helper
+// offers it again rather than lose it.
+func TestAnOfferLeftHandingIsOfferedAgain(t *testing.T) {
+	home := t.TempDir()
+	clienttest.Run(t, home)
+	id := fire(t, home, "opencode-ses_7")
+	if err := os.MkdirAll(filepath.Join(home, StateDir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ledger := fmt.Sprintf("handing %d %s\n", time.Now().Unix(), id)
+	if err := os.WriteFile(filepath.Join(home, StateDir, "opencode-ses_7.handed"), []byte(ledger), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startHelper(t, home, "ses_7", false)
+	if m := p.next("the first line"); m.Offer != "WAKE "+id {
+		t.Fatalf("first line %+v, want the offer of %s again", m, id)
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -92,6 +94,10 @@ wrong goes to opencode/opencode.log in the bgtask home.`,
 			if err != nil {
 				return err
 			}
+			// The helper ends with its stdin, giving back what it offered and opencode
+			// did not take; the terminal's signals, which reach opencode's process
+			// group, are opencode's to act on (SIGTERM still ends it the same way).
+			signal.Ignore(syscall.SIGHUP, syscall.SIGINT)
 			s := &opencode.Session{Config: cfg, Home: home, ID: args[1], Live: live,
 				In: cmd.InOrStdin(), Out: cmd.OutOrStdout(), Log: opencode.LogFile(home)}
 			return s.Run(cmd.Context())
