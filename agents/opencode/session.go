@@ -323,14 +323,22 @@ func (s *Session) quiet() client.Config {
 }
 
 // LogFile is the log of the sessions of home: each write appends, made (0600)
-// if need be.
+// if need be. Past LogMaxBytes the log so far becomes LogName.1 (replacing
+// the one before), so two generations at most are kept however long the
+// sessions run.
 func LogFile(home string) io.Writer { return logFile(filepath.Join(home, StateDir, LogName)) }
+
+// LogMaxBytes is how large the log grows before it is rotated.
+const LogMaxBytes = 1 << 20
 
 type logFile string
 
 func (l logFile) Write(p []byte) (int, error) {
 	if err := os.MkdirAll(filepath.Dir(string(l)), 0o700); err != nil {
 		return 0, err
+	}
+	if st, err := os.Stat(string(l)); err == nil && st.Size()+int64(len(p)) > LogMaxBytes {
+		_ = os.Rename(string(l), string(l)+".1") // a helper beside may have just done it
 	}
 	f, err := os.OpenFile(string(l), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -324,5 +325,31 @@ func TestABadSessionIDIsRefused(t *testing.T) {
 	s := &Session{ID: "ses 1"}
 	if err := s.Run(context.Background()); err == nil {
 		t.Fatal("a session id with a space was taken")
+	}
+}
+
+// The sessions' log keeps two generations at most, however much is written.
+func TestTheLogIsRotatedPastItsBound(t *testing.T) {
+	home := t.TempDir()
+	log := LogFile(home)
+	line := []byte(strings.Repeat("x", 1023) + "\n")
+	for range 3 * LogMaxBytes / len(line) {
+		if _, err := log.Write(line); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var total int64
+	for _, name := range []string{LogName, LogName + ".1"} {
+		st, err := os.Stat(filepath.Join(home, StateDir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Size() > LogMaxBytes {
+			t.Errorf("%s: %d bytes, over the bound of %d", name, st.Size(), LogMaxBytes)
+		}
+		total += st.Size()
+	}
+	if total < LogMaxBytes {
+		t.Errorf("the two generations hold %d bytes: less than the last %d written", total, LogMaxBytes)
 	}
 }
