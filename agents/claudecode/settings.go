@@ -137,24 +137,17 @@ func Install(data []byte, prefix string, scope Scope) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	hooks, err := hooksOf(doc)
+	hooks, err := setup.Hooks(doc)
 	if err != nil {
 		return nil, err
 	}
 	events, want := groups(prefix, scope)
-	if installed(hooks, events, want) {
+	if setup.HooksInstalled(hooks, events, want, IsOurs) {
 		return data, nil
 	}
-	hooks, _ = withoutOurs(hooks)
-	for _, event := range events {
-		var list []json.RawMessage
-		if raw, ok := hooks.Get(event); ok {
-			if err := json.Unmarshal(raw, &list); err != nil {
-				return nil, fmt.Errorf("hooks.%s: not an array of matcher groups: %w", event, err)
-			}
-		}
-		data, _ := setup.Marshal(append(list, want[event]))
-		hooks = hooks.Set(event, data)
+	hooks, _ = setup.WithoutHooks(hooks, IsOurs)
+	if hooks, err = setup.WithHooks(hooks, events, want); err != nil {
+		return nil, err
 	}
 	encoded, _ := hooks.Encode()
 	return doc.Set("hooks", encoded).Indent()
@@ -168,11 +161,11 @@ func Remove(data []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	hooks, err := hooksOf(doc)
+	hooks, err := setup.Hooks(doc)
 	if err != nil {
 		return nil, err
 	}
-	hooks, removed := withoutOurs(hooks)
+	hooks, removed := setup.WithoutHooks(hooks, IsOurs)
 	if !removed {
 		return data, nil
 	}
@@ -183,107 +176,4 @@ func Remove(data []byte) ([]byte, error) {
 		doc = doc.Set("hooks", encoded)
 	}
 	return doc.Indent()
-}
-
-// hooksOf is the "hooks" setup.Object of the settings (empty when there is none).
-func hooksOf(doc setup.Object) (setup.Object, error) {
-	raw, ok := doc.Get("hooks")
-	if !ok {
-		return nil, nil
-	}
-	hooks, err := setup.ParseObject(raw, "hooks")
-	if err != nil {
-		return nil, err
-	}
-	return hooks, nil
-}
-
-// installed reports whether hooks hold bgtask's groups want, each last in its
-// event's list, and no other handler of bgtask's.
-func installed(hooks setup.Object, events []string, want map[string]json.RawMessage) bool {
-	found := 0
-	for _, m := range hooks {
-		var list []json.RawMessage
-		if json.Unmarshal(m.Value, &list) != nil {
-			continue
-		}
-		for i, g := range list {
-			if n := countOurs(g); n > 0 {
-				w, ok := want[m.Key]
-				if !ok || i != len(list)-1 || !setup.SameJSON(g, w) {
-					return false
-				}
-				found++
-			}
-		}
-	}
-	return found == len(events)
-}
-
-// withoutOurs drops bgtask's handlers from every event's groups, and the groups and
-// events left empty by that; removed reports whether there was any.
-func withoutOurs(hooks setup.Object) (out setup.Object, removed bool) {
-	for _, m := range hooks {
-		var list []json.RawMessage
-		if json.Unmarshal(m.Value, &list) != nil {
-			out = append(out, m) // not ours to judge: Claude Code reports it
-			continue
-		}
-		var kept []json.RawMessage
-		changed := false
-		for _, g := range list {
-			if countOurs(g) == 0 {
-				kept = append(kept, g)
-				continue
-			}
-			changed = true
-			group, _ := setup.ParseObject(g, "group")
-			var handlers []json.RawMessage
-			raw, _ := group.Get("hooks")
-			_ = json.Unmarshal(raw, &handlers)
-			var theirs []json.RawMessage
-			for _, h := range handlers {
-				if !isOurHandler(h) {
-					theirs = append(theirs, h)
-				}
-			}
-			if len(theirs) > 0 {
-				data, _ := setup.Marshal(theirs)
-				encoded, _ := group.Set("hooks", data).Encode()
-				kept = append(kept, encoded)
-			}
-		}
-		if !changed {
-			out = append(out, m)
-			continue
-		}
-		removed = true
-		if len(kept) > 0 {
-			data, _ := setup.Marshal(kept)
-			out = append(out, setup.Member{Key: m.Key, Value: data})
-		}
-	}
-	return out, removed
-}
-
-// countOurs counts bgtask's handlers in a matcher group.
-func countOurs(group json.RawMessage) int {
-	var g struct {
-		Hooks []json.RawMessage `json:"hooks"`
-	}
-	if json.Unmarshal(group, &g) != nil {
-		return 0
-	}
-	n := 0
-	for _, h := range g.Hooks {
-		if isOurHandler(h) {
-			n++
-		}
-	}
-	return n
-}
-
-func isOurHandler(raw json.RawMessage) bool {
-	var h struct{ Type, Command string }
-	return json.Unmarshal(raw, &h) == nil && h.Type == "command" && IsOurs(h.Command)
 }
