@@ -54,6 +54,7 @@ var layout = map[string]rule{
 	"agents/claudecode":     {imports: []string{"agents/internal/setup", "client"}, tests: []string{"client/clienttest", "events"}},
 	"agents/codex":          {imports: []string{"agents/internal/setup", "client"}, tests: []string{"client/clienttest", "events"}},
 	"agents/opencode":       {imports: []string{"agents/internal/setup", "client"}, tests: []string{"client/clienttest"}},
+	"agents/gemini":         {imports: []string{"agents/internal/setup", "client"}, tests: []string{"client/clienttest"}},
 	"internal/bench":        {imports: []string{"engine", "engine/api", "events", "internal/proc", "projections", "workers"}},
 	"cmd/bgtask":            {all: true},
 	"cmd/bgtask-shim":       {imports: []string{"workers/shim", "workers/shim/waiter"}},

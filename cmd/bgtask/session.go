@@ -14,7 +14,7 @@ import (
 // agentSession is the agent session a command runs in, as its runtime tells its
 // tools through the environment.
 type agentSession struct {
-	target string            // the session's inbox: claude-ID or codex-ID
+	target string            // the session's inbox: claude-ID, codex-ID or gemini-ID
 	origin map[string]string // the runtime and the session's id, for the wake-up's reader
 	// deliver is the push sink that hands the wake-up to the session, for a runtime
 	// whose live session bgtask reaches only that way (Codex).
@@ -28,6 +28,9 @@ var sessionVars = []struct{ name, runtime, prefix, key string }{
 	{"CODEX_THREAD_ID", "codex", "codex-", "thread_id"},
 	// Set by bgtask's opencode plugin (bgtask setup opencode).
 	{"OPENCODE_SESSION_ID", "opencode", "opencode-", "session_id"},
+	// Gemini CLI gives it to its hooks only; the waiter of a shell call that
+	// registers a task gives it to that call ('bgtask hook gemini attach').
+	{"GEMINI_SESSION_ID", "gemini", "gemini-", "session_id"},
 }
 
 // currentSession is the agent session of this process's environment, if any; home

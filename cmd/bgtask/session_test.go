@@ -27,6 +27,7 @@ func TestAddInAnAgentSessionWakesThatSession(t *testing.T) {
 		{"CLAUDE_CODE_SESSION_ID", "0b5c2a4e-1f", "claude-0b5c2a4e-1f", `{"runtime":"claude-code","session_id":"0b5c2a4e-1f"}`, nil},
 		{"CODEX_THREAD_ID", "019a-77", "codex-019a-77", `{"runtime":"codex","thread_id":"019a-77"}`, nil},
 		{"OPENCODE_SESSION_ID", "ses_db93e3684ffe", "opencode-ses_db93e3684ffe", `{"runtime":"opencode","session_id":"ses_db93e3684ffe"}`, nil},
+		{"GEMINI_SESSION_ID", "6b1ffa89-8a2d", "gemini-6b1ffa89-8a2d", `{"runtime":"gemini","session_id":"6b1ffa89-8a2d"}`, nil},
 		{"CLAUDE_CODE_SESSION_ID", "s1", "agent-7", `{"mine":1}`, []string{"--target", "agent-7", "--origin", `{"mine":1}`}},
 		{"CLAUDE_CODE_SESSION_ID", "not a token", "default", "", nil},
 	} {
@@ -34,6 +35,7 @@ func TestAddInAnAgentSessionWakesThatSession(t *testing.T) {
 			t.Setenv("CLAUDE_CODE_SESSION_ID", "")
 			t.Setenv("CODEX_THREAD_ID", "")
 			t.Setenv("OPENCODE_SESSION_ID", "")
+			t.Setenv("GEMINI_SESSION_ID", "")
 			t.Setenv(c.env, c.id)
 			r := bgtask(t, home, append(append([]string{"add", "--json"}, c.flags...), "--", "true")...).must(t, 0, "add")
 			got := show(decode[struct{ ID string }](t, r.stdout).ID)

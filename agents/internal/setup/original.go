@@ -51,6 +51,24 @@ func (f *File) Install(home string, data []byte, dirMode fs.FileMode) error {
 	return f.Write(data, dirMode)
 }
 
+// Original is the file as the user had it before any setup, when a setup kept
+// it in home: nil data for a file there was not. A setup whose entries replaced
+// values of the user's reads them back from it.
+func (f *File) Original(home string) (data []byte, kept bool, err error) {
+	rec, err := os.ReadFile(originalFile(home, f.Target))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	var orig original
+	if json.Unmarshal(rec, &orig) != nil || orig.Path != f.Target {
+		return nil, false, nil
+	}
+	return orig.Data, true, nil
+}
+
 // Uninstall takes setup's entries out of the file: removed is its data
 // without them, and empty says that nothing else is left in it. Where removed
 // holds the same value as the file before setup, the user gets back the

@@ -110,3 +110,37 @@ func TestRemoveTakesAwayTheFileSetupMade(t *testing.T) {
 		t.Fatalf("through the link after remove: %q, want the empty file it had", got)
 	}
 }
+
+// The original is there to read while setup's entries are in the file: the
+// file as it was before the first setup, not as a later one found it.
+func TestOriginalIsTheFileBeforeTheFirstSetup(t *testing.T) {
+	home, dir := t.TempDir(), t.TempDir()
+	path := filepath.Join(dir, "settings.json")
+	const mine = `{"a": false}`
+	if err := os.WriteFile(path, []byte(mine), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	original := func() (string, bool) {
+		f, err := setup.ReadFile(path, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, kept, err := f.Original(home)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data), kept
+	}
+	if _, kept := original(); kept {
+		t.Fatal("an original is kept before any setup")
+	}
+	install(t, home, path, `{"a": true}`)
+	install(t, home, path, `{"a": true, "b": 1}`)
+	if got, kept := original(); !kept || got != mine {
+		t.Fatalf("original %q (kept %v), want %q", got, kept, mine)
+	}
+	remove(t, home, path, mine, false)
+	if _, kept := original(); kept {
+		t.Fatal("the original is still kept after the remove")
+	}
+}
