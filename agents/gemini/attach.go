@@ -118,7 +118,9 @@ func (w Waiter) deliver(ctx context.Context, batch []client.Wakeup) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	_, err := fmt.Fprintln(w.Stdout, Shown(batch[0]))
+	wk := batch[0]
+	wk.Prompt = Shown(wk)
+	_, err := io.WriteString(w.Stdout, wakeupLines([]client.Wakeup{wk}))
 	return err
 }
 

@@ -66,12 +66,12 @@ func TestTheWaitersHandOverOneWakeUpEach(t *testing.T) {
 	second := startWaiter(context.Background(), home, "echo registered", &out2)
 	a := fire(t, home)
 	o := await(t, first, "the first waiter")
-	if o.status != 0 || out1.String() != "registered\nWAKE "+a+"\n" {
+	if o.status != 0 || out1.String() != "registered\nbgtask wake-up: WAKE "+a+"\n" {
 		t.Fatalf("first waiter: status %d, output %q", o.status, out1.String())
 	}
 	b := fire(t, home)
 	o = await(t, second, "the second waiter")
-	if o.status != 0 || out2.String() != "registered\nWAKE "+b+"\n" {
+	if o.status != 0 || out2.String() != "registered\nbgtask wake-up: WAKE "+b+"\n" {
 		t.Fatalf("second waiter: status %d, output %q", o.status, out2.String())
 	}
 	if n := unread(t, home); n != 0 {
@@ -86,7 +86,7 @@ func TestTheWaiterLivesUntilItRunsInTheBackground(t *testing.T) {
 	a := fire(t, home)
 	var out syncBuffer
 	o := await(t, startWaiter(context.Background(), home, "true", &out), "the waiter")
-	if o.status != 0 || out.String() != "WAKE "+a+"\n" || o.took < backgroundAfter {
+	if o.status != 0 || out.String() != "bgtask wake-up: WAKE "+a+"\n" || o.took < backgroundAfter {
 		t.Errorf("status %d, output %q after %v", o.status, out.String(), o.took)
 	}
 }
@@ -124,7 +124,7 @@ func TestTheWaiterWaitsThroughARestartOfTheServer(t *testing.T) {
 	srv.Stop()
 	clienttest.Run(t, home)
 	a := fire(t, home)
-	if o := await(t, done, "the waiter"); o.status != 0 || out.String() != "WAKE "+a+"\n" {
+	if o := await(t, done, "the waiter"); o.status != 0 || out.String() != "bgtask wake-up: WAKE "+a+"\n" {
 		t.Errorf("status %d, output %q", o.status, out.String())
 	}
 }

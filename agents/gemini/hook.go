@@ -135,7 +135,7 @@ func (h Hook) pending(ctx context.Context, target string) string {
 	// Gemini CLI would time it out and drop its answer.
 	handoff := &client.Handoff{Target: target, Dir: filepath.Join(h.Home, StateDir), Batch: pendingBatch, LeaveToWaits: true,
 		Deliver: func(ctx context.Context, batch []client.Wakeup) error {
-			text.WriteString(Context(batch))
+			text.WriteString(wakeupLines(batch))
 			return nil
 		},
 		Dropped: func(d *client.Delivery) { dropped(h.Stderr, target, d) },
@@ -161,8 +161,10 @@ func (h Hook) pending(ctx context.Context, target string) string {
 	return text.String()
 }
 
-// Context is the text BeforeAgent adds to a turn for wake-ups that waited.
-func Context(batch []client.Wakeup) string {
+// wakeupLines is how the session is given wake-ups, by a waiter or BeforeAgent:
+// each prompt after "bgtask wake-up:", which tells it apart from the output
+// around it (the task id 'bgtask add' printed, which may be another task's).
+func wakeupLines(batch []client.Wakeup) string {
 	var b strings.Builder
 	for _, w := range batch {
 		fmt.Fprintf(&b, "bgtask wake-up: %s\n", strings.TrimRight(w.Prompt, "\n"))
