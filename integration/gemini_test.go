@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -509,4 +510,55 @@ func (m *geminiModel) stateAtFirstRequest(target string) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.first[target]
+}
+
+// TestGeminiWaiterWhoseReaderIsGoneGivesTheWakeUpBack runs a waiter as Gemini CLI
+// does, its output a pipe, and closes the pipe's reading end as a Gemini CLI that
+// ended would: the waiter's print fails, it gives the wake-up back to the inbox,
+// and the session's next turn (BeforeAgent) gets it. A waiter killed by SIGPIPE
+// in the middle of its hand-over would have left it "handing", for the next
+// hand-off to acknowledge without showing it.
+func TestGeminiWaiterWhoseReaderIsGoneGivesTheWakeUpBack(t *testing.T) {
+	home := t.TempDir()
+	startServer(t, home)
+	const session = "6b1ffa89-8a2d-453b-9f68-b0d7306e393b"
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close() // nobody reads the waiter's output
+	waiter := exec.Command(bin, "--home", home, "hook", "gemini", "attach", session, "--", "true")
+	waiter.Env, waiter.Stdout, waiter.Stderr = childEnv(home), w, w
+	if err := waiter.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	ended := make(chan error, 1)
+	go func() { ended <- waiter.Wait() }()
+	id := add(t, home, "--target", "gemini-"+session, "--", "echo gone-reader")
+	prompt := waitFor(t, home, id).Prompt
+	select {
+	case err := <-ended:
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+			t.Errorf("the waiter ended with %v, want exit status 1 (its print failed)", err)
+		}
+	case <-time.After(60 * time.Second):
+		_ = waiter.Process.Kill()
+		t.Fatal("the waiter did not end")
+	}
+	hook := exec.Command(bin, "--home", home, "hook", "gemini", "BeforeAgent")
+	hook.Env, hook.Stdin = childEnv(home), strings.NewReader(`{"session_id": "`+session+`", "prompt": "go on"}`)
+	out, err := hook.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var answer struct {
+		Specific struct {
+			Additional string `json:"additionalContext"`
+		} `json:"hookSpecificOutput"`
+	}
+	if err := json.Unmarshal(out, &answer); err != nil || !strings.Contains(answer.Specific.Additional, strings.TrimSpace(prompt)) {
+		t.Errorf("the next turn got %s (%v), want the wake-up %q", out, err, prompt)
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"golang.org/x/sys/unix"
 
 	"github.com/bgtask/bgtask/client"
 )
@@ -33,8 +34,9 @@ const maxShown = 4000
 // background of the session.
 type Waiter struct {
 	// Session is the Gemini CLI session's id; Command the shell call the model
-	// asked for.
+	// asked for; Gemini the Gemini CLI process that runs it (0: not known).
 	Session, Command string
+	Gemini           int
 	// Config reaches the bgtask server; Home is its home, in whose StateDir the
 	// hand-offs of the session keep their files.
 	Config client.Config
@@ -51,7 +53,8 @@ type Waiter struct {
 // wake-up (usually that task's: one waiter runs at a time, the others wait for
 // it), prints its prompt, has it acknowledged, and returns 0: Gemini CLI makes
 // that output the session's next turn. A waiter whose session ends (ctx, or the
-// shell that started it is gone) hands nothing over, and returns 1.
+// Gemini CLI process is gone) hands nothing over, and returns 1; so does one
+// whose output nobody reads any more: the wake-up goes back to the inbox.
 func (w Waiter) Run(ctx context.Context) int {
 	started := time.Now()
 	if status := w.runCommand(ctx); status != 0 {
@@ -64,7 +67,7 @@ func (w Waiter) Run(ctx context.Context) int {
 		// Gemini CLI drops the output of a background command it stopped (the
 		// session ended); a `bgtask wait --consume` gives its turn the wake-up itself.
 		Revocable: true, LeaveToWaits: true}
-	ctx, stop := watchParent(ctx)
+	ctx, stop := watchGemini(ctx, w.Gemini)
 	defer stop()
 	unlock, err := handoff.Lock(ctx, true)
 	if err != nil {
@@ -131,7 +134,7 @@ func Shown(wk client.Wakeup) string {
 	if len(prompt) <= maxShown {
 		return wk.Prompt
 	}
-	marker := fmt.Sprintf("\n[bgtask: the wake-up is cut from %d characters; 'bgtask show %s' has all of it]", len(prompt), wk.ID)
+	marker := fmt.Sprintf("\n[bgtask: the wake-up is cut from %d characters; 'bgtask wait %s' prints all of it]", len(prompt), wk.ID)
 	return string(prompt[:maxShown-len([]rune(marker))]) + marker
 }
 
@@ -144,18 +147,20 @@ func quiet(cfg client.Config) client.Config {
 	return cfg
 }
 
-// watchParent is ctx, ended once the process that started this one (the shell
-// of Gemini CLI's background command) is gone: a Gemini CLI killed with
-// SIGKILL does not stop its background commands.
-func watchParent(ctx context.Context) (context.Context, func()) {
+// watchGemini is ctx, ended once the Gemini CLI process pid is gone (0: not
+// known). A Gemini CLI that ends after a headless turn (-p), or is killed with
+// SIGKILL, leaves its background commands running.
+func watchGemini(ctx context.Context, pid int) (context.Context, func()) {
 	ctx, cancel := context.WithCancel(ctx)
-	parent := os.Getppid()
+	if pid <= 0 {
+		return ctx, cancel
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		defer cancel()
 		t := time.NewTicker(500 * time.Millisecond)
 		defer t.Stop()
-		for os.Getppid() == parent {
+		for !errors.Is(unix.Kill(pid, 0), unix.ESRCH) {
 			select {
 			case <-ctx.Done():
 				return

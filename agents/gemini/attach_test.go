@@ -2,8 +2,10 @@ package gemini
 
 import (
 	"context"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -135,7 +137,52 @@ func TestShownCutsALongPrompt(t *testing.T) {
 	}
 	long := strings.Repeat("é", 3*maxShown)
 	got := Shown(client.Wakeup{ID: "0196f3", Prompt: long})
-	if n := len([]rune(got)); n != maxShown || !strings.HasPrefix(got, "éé") || !strings.HasSuffix(got, "'bgtask show 0196f3' has all of it]") {
+	if n := len([]rune(got)); n != maxShown || !strings.HasPrefix(got, "éé") || !strings.HasSuffix(got, "'bgtask wait 0196f3' prints all of it]") {
 		t.Errorf("a long prompt shown as %d characters: ...%q", n, got[len(got)-120:])
+	}
+}
+
+// A waiter ends with its Gemini CLI, handing nothing over: one that ended
+// after a headless turn, or was killed, leaves its background commands running.
+func TestTheWaiterEndsWithItsGeminiCLI(t *testing.T) {
+	home := startServer(t).Home
+	gemini := exec.Command("sleep", "600")
+	if err := gemini.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan outcome, 1)
+	var out syncBuffer
+	go func() {
+		w := Waiter{Session: sid, Command: "true", Gemini: gemini.Process.Pid, Config: client.Config{Home: home}, Home: home, Stdout: &out, Stderr: &out}
+		done <- outcome{status: w.Run(context.Background())}
+	}()
+	_ = gemini.Process.Kill()
+	_ = gemini.Wait()
+	if o := await(t, done, "the waiter of a Gemini CLI that is gone"); o.status == 0 {
+		t.Errorf("the waiter ended with 0: %q", out.String())
+	}
+	fire(t, home)
+	if n := unread(t, home); n != 1 || out.String() != "" {
+		t.Errorf("%d wake-ups in the inbox, output %q; want the wake-up left there", n, out.String())
+	}
+}
+
+// failingWriter is the output of a waiter whose Gemini CLI is gone: a pipe that
+// nobody reads.
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, syscall.EPIPE }
+
+// A waiter that cannot print the wake-up gives it back: the session's next turn
+// gets it.
+func TestTheWaiterThatCannotPrintGivesTheWakeUpBack(t *testing.T) {
+	home := startServer(t).Home
+	a := fire(t, home)
+	w := Waiter{Session: sid, Command: "true", Config: client.Config{Home: home}, Home: home, Stdout: failingWriter{}, Stderr: failingWriter{}}
+	if status := w.Run(context.Background()); status == 0 {
+		t.Fatal("a waiter that could not print ended with 0")
+	}
+	if _, got, stderr := runHook(t, home, "BeforeAgent", sessionInput("")); got.Specific.Additional != "bgtask wake-up: WAKE "+a+"\n" {
+		t.Errorf("the next turn got %q (%s), want the wake-up", got.Specific.Additional, stderr)
 	}
 }

@@ -39,8 +39,10 @@ type Hook struct {
 	Config client.Config
 	Home   string
 	// Bgtask is this bgtask binary, which the waiter of a rewritten shell call
-	// runs on Home.
+	// runs on Home; Gemini is the Gemini CLI process, which runs the hook (its
+	// parent), and which the waiter watches.
 	Bgtask string
+	Gemini int
 	// Stdin is the hook's JSON; Stdout its answer to Gemini CLI (JSON); Stderr
 	// where it says what went wrong.
 	Stdin          io.Reader
@@ -87,7 +89,7 @@ func (h Hook) Run(ctx context.Context, event string) {
 		if in.ToolName != ShellTool {
 			return
 		}
-		if input, ok := Rewrite(commandPrefix(h.Bgtask, h.Home), in.SessionID, in.ToolInput.Command); ok {
+		if input, ok := Rewrite(commandPrefix(h.Bgtask, h.Home), in.SessionID, h.Gemini, in.ToolInput.Command); ok {
 			out.Specific = map[string]any{"hookEventName": event, "tool_input": input}
 		}
 	case "BeforeAgent":

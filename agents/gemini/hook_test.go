@@ -58,7 +58,7 @@ type answer struct {
 func runHook(t *testing.T, home, event, input string) (raw string, a answer, stderr string) {
 	t.Helper()
 	var stdout, errOut syncBuffer
-	h := Hook{Config: client.Config{Home: home}, Home: home, Bgtask: "/bin/bgtask", Stdin: strings.NewReader(input), Stdout: &stdout, Stderr: &errOut}
+	h := Hook{Config: client.Config{Home: home}, Home: home, Bgtask: "/bin/bgtask", Gemini: 4242, Stdin: strings.NewReader(input), Stdout: &stdout, Stderr: &errOut}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	h.Run(ctx, event)
@@ -185,7 +185,7 @@ func TestBeforeToolHandsACallThatAddsToAWaiter(t *testing.T) {
 		return sessionInput(`, "tool_name": "run_shell_command", "tool_input": ` + string(data))
 	}
 	_, a, _ := runHook(t, home, "BeforeTool", shell("cd app && bgtask add -- make"))
-	want := "'/bin/bgtask' --home '" + home + "' hook gemini attach " + sid + " -- 'cd app && bgtask add -- make'"
+	want := "'/bin/bgtask' --home '" + home + "' hook gemini attach --pid 4242 " + sid + " -- 'cd app && bgtask add -- make'"
 	if a.Specific.Event != "BeforeTool" || a.Specific.ToolInput.Command != want || !a.Specific.ToolInput.IsBackground {
 		t.Errorf("BeforeTool answered %+v, want %q in the background", a.Specific, want)
 	}

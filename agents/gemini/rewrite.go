@@ -1,6 +1,7 @@
 package gemini
 
 import (
+	"fmt"
 	"path"
 	"slices"
 	"strings"
@@ -120,22 +121,22 @@ func simpleCommands(line string) [][]string {
 }
 
 // Attach is the argument of the command a rewritten shell call runs instead of
-// the model's: bgtask ... hook gemini attach SESSION_ID -- COMMAND.
+// the model's: bgtask ... hook gemini attach --pid GEMINI_PID SESSION_ID -- COMMAND.
 const Attach = "attach"
 
 // Rewrite is the shell call the model asked for (command) as BeforeTool gives
 // it back when it registers a task: run in the background by a waiter, prefix
 // (the shell words that start bgtask) hook gemini attach, which runs command in
 // the session sid and, once it has registered its task, waits for the session's
-// next wake-up and prints it. Gemini CLI turns the end of a background command
-// into a new turn of the session. ok is false for a command that registers no
-// task: it runs as it is.
-func Rewrite(prefix, sid, command string) (toolInput map[string]any, ok bool) {
+// next wake-up and prints it, while the Gemini CLI process gemini runs. Gemini
+// CLI turns the end of a background command into a new turn of the session. ok
+// is false for a command that registers no task: it runs as it is.
+func Rewrite(prefix, sid string, gemini int, command string) (toolInput map[string]any, ok bool) {
 	if !RunsAdd(command) {
 		return nil, false
 	}
 	return map[string]any{
-		"command":       prefix + CommandMarker + Attach + " " + sid + " -- " + setup.Quote(command),
+		"command":       fmt.Sprintf("%s%s%s --pid %d %s -- %s", prefix, CommandMarker, Attach, gemini, sid, setup.Quote(command)),
 		"is_background": true,
 	}, true
 }

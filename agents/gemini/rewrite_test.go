@@ -78,7 +78,7 @@ func TestRewriteHandsTheCallToAWaiter(t *testing.T) {
 		`bgtask add -- sh -c 'echo "it'\''s $HOME" && exit 3'`,
 		"cd 'my dir' && bgtask add --json -- `which make`\n",
 	} {
-		input, ok := Rewrite(setup.Quote(fake)+" --home "+setup.Quote(dir), sid, command)
+		input, ok := Rewrite(setup.Quote(fake)+" --home "+setup.Quote(dir), sid, 4242, command)
 		if !ok {
 			t.Fatalf("%q was not rewritten", command)
 		}
@@ -89,12 +89,12 @@ func TestRewriteHandsTheCallToAWaiter(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := strings.Join([]string{"--home", dir, "hook", "gemini", "attach", sid, "--", command}, "\n") + "\n"
+		want := strings.Join([]string{"--home", dir, "hook", "gemini", "attach", "--pid", "4242", sid, "--", command}, "\n") + "\n"
 		if string(out) != want {
 			t.Errorf("%q ran as\n%s\nwant\n%s", command, out, want)
 		}
 	}
-	if input, ok := Rewrite("bgtask", sid, "make test"); ok {
+	if input, ok := Rewrite("bgtask", sid, 4242, "make test"); ok {
 		t.Errorf("a call that registers no task was rewritten: %v", input)
 	}
 }

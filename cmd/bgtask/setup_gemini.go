@@ -60,8 +60,9 @@ file that is a symbolic link stays one. See docs/gemini.md.`,
 }
 
 func hookGeminiCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "gemini EVENT | attach SESSION_ID -- COMMAND",
+	var pid int
+	cmd := &cobra.Command{
+		Use:   "gemini EVENT | attach [--pid GEMINI_PID] SESSION_ID -- COMMAND",
 		Short: "Gemini CLI's hooks (installed by 'bgtask setup gemini')",
 		Long: `Run as one of Gemini CLI's hooks, reading the hook's JSON on stdin (session_id,
 tool_input) and answering with JSON on stdout. EVENT is BeforeAgent (the
@@ -73,14 +74,15 @@ given back to run in the background as 'attach'.
 attach runs COMMAND with GEMINI_SESSION_ID and BGTASK_HOME set (exiting with its
 status when it fails), then waits for the session's next wake-up and prints its
 prompt: Gemini CLI makes the end of that background command a turn of the
-session. It is acknowledged once printed; one waiter waits at a time.
+session. It is acknowledged once printed; one waiter waits at a time. It stops,
+handing nothing over, when the Gemini CLI process --pid is gone.
 
 A hook never breaks the session: when no server answers, or the input is not
 understood, it says so on stderr and answers that nothing changes.`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 3 && args[0] == gemini.Attach && cmd.ArgsLenAtDash() == 2 {
-				return geminiAttach(cmd.Context(), g, args[1], args[2])
+				return geminiAttach(cmd.Context(), g, pid, args[1], args[2])
 			}
 			stdout := g.stdout
 			g.stdout = io.Discard // a hook's stdout is read by Gemini CLI as its answer
@@ -89,7 +91,8 @@ understood, it says so on stderr and answers that nothing changes.`,
 				fmt.Fprintln(stdout, "{}")
 				return nil
 			}
-			hook := gemini.Hook{Stdin: os.Stdin, Stdout: stdout, Stderr: g.stderr}
+			// Gemini CLI runs a hook with 'bash -c', which runs it in its stead.
+			hook := gemini.Hook{Gemini: os.Getppid(), Stdin: os.Stdin, Stdout: stdout, Stderr: g.stderr}
 			var err error
 			if hook.Config, hook.Home, hook.Bgtask, err = geminiHookEnv(g); err != nil {
 				fmt.Fprintf(g.stderr, "bgtask hook gemini: %v\n", err)
@@ -100,6 +103,8 @@ understood, it says so on stderr and answers that nothing changes.`,
 			return nil
 		},
 	}
+	cmd.Flags().IntVar(&pid, "pid", 0, "attach: the Gemini CLI process whose session it waits for")
+	return cmd
 }
 
 // geminiHookEnv is the server, the home and this bgtask binary, of a Gemini CLI
@@ -117,10 +122,13 @@ func geminiHookEnv(g *globals) (cfg client.Config, home, exe string, err error) 
 
 // geminiAttach runs the waiter of a rewritten shell call. Gemini CLI stops a
 // background command with SIGHUP when the session ends: the waiter then hands
-// nothing over.
-func geminiAttach(ctx context.Context, g *globals, session, command string) error {
+// nothing over. Its output is a pipe or a terminal of Gemini CLI's: a write
+// there once Gemini CLI is gone fails (EPIPE, not a SIGPIPE that would end the
+// waiter in the middle of a hand-over), and the wake-up goes back to the inbox.
+func geminiAttach(ctx context.Context, g *globals, gem int, session, command string) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGHUP)
 	defer stop()
+	signal.Ignore(syscall.SIGPIPE)
 	if err := client.CheckTarget(gemini.TargetPrefix + session); err != nil {
 		return usageErr("session %q cannot name a target (letters, digits, '-' or '_')", session)
 	}
@@ -128,7 +136,7 @@ func geminiAttach(ctx context.Context, g *globals, session, command string) erro
 	if err != nil {
 		return err
 	}
-	w := gemini.Waiter{Session: session, Command: command, Config: cfg, Home: home, Stdout: g.stdout, Stderr: g.stderr}
+	w := gemini.Waiter{Session: session, Command: command, Gemini: gem, Config: cfg, Home: home, Stdout: g.stdout, Stderr: g.stderr}
 	if status := w.Run(ctx); status != 0 {
 		return &exitError{code: status}
 	}
