@@ -28,6 +28,12 @@ var setupRuntimes = []setupRuntime{
 		t.Setenv("CODEX_HOME", codexHome)
 		return mkdirFor(t, filepath.Join(codexHome, "hooks.json"))
 	}},
+	{"gemini", func(t *testing.T) string {
+		user := t.TempDir()
+		t.Setenv("HOME", user)
+		t.Setenv("GEMINI_CLI_HOME", "")
+		return mkdirFor(t, filepath.Join(user, ".gemini", "settings.json"))
+	}},
 }
 
 func mkdirFor(t *testing.T, path string) string {
