@@ -172,12 +172,7 @@ func HooksDisabled(data []byte) bool {
 			Disabled []string `json:"disabled"`
 		} `json:"hooksConfig"`
 	}
-	doc, err := parse(data)
-	if err != nil {
-		return false
-	}
-	raw, _ := doc.Encode()
-	if json.Unmarshal(raw, &s) != nil {
+	if json.Unmarshal(data, &s) != nil {
 		return false
 	}
 	return s.HooksConfig.Enabled != nil && !*s.HooksConfig.Enabled || slices.Contains(s.HooksConfig.Disabled, HookName)
