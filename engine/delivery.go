@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,7 +20,8 @@ const (
 	// out one after another, in the order they fired, when it is idle again.
 	PolicyQueue = "queue"
 	// PolicyDeferIdle is queue, and also holds while an earlier wake-up of the same
-	// target is not acknowledged yet, so the runtime gets one at a time.
+	// target is not acknowledged yet, or another one's push is in flight, so the
+	// runtime gets one at a time.
 	PolicyDeferIdle = "defer_idle"
 	// PolicyImmediate pushes at once, whatever the target's state.
 	PolicyImmediate = "immediate"
@@ -588,8 +590,9 @@ type Plan struct {
 //     held for it while it was busy start one after another, in the order they
 //     fired, each when the one before has no attempt in flight;
 //   - defer_idle holds like queue, and also while any earlier wake-up of the target
-//     has a sink not done (delivered, or failed for good), so one push at a time
-//     reaches the target.
+//     has a sink not done (delivered, or failed for good), or any other has an
+//     attempt in flight (a later one, once a redelivery made an earlier one due
+//     again), so one push at a time reaches the target.
 //
 // Which wake-ups were held comes from the target's state, not from memory: those
 // that fired before it became idle (its since, or the until of a busy state that
@@ -607,17 +610,22 @@ func PlanTarget(tasks []State, target events.TargetState, me Engine, now time.Ti
 		later(*target.Until)
 	}
 	idleSince := idleSince(target, now)
+	tasksInFlight := 0
+	for _, s := range tasks {
+		if pushInFlight(s, me, now) {
+			tasksInFlight++
+		}
+	}
 	draining, unacknowledged := false, false
 	for _, s := range tasks {
 		var due []Push
-		inFlight := false
+		inFlight := pushInFlight(s, me, now)
 		for i, k := range s.Deliveries {
 			switch {
 			case k.Done():
 			case k.GivingUp:
 				plan.GiveUp = append(plan.GiveUp, Push{s.ID, i})
 			case claimLive(k, me, now):
-				inFlight = true
 				later(k.Claim.Until)
 			case k.RetryAt != nil && k.RetryAt.After(now):
 				later(*k.RetryAt)
@@ -636,7 +644,11 @@ func PlanTarget(tasks []State, target events.TargetState, me Engine, now time.Ti
 			case PolicyQueue:
 				hold = busy || (held && draining)
 			case PolicyDeferIdle:
-				hold = busy || unacknowledged
+				others := tasksInFlight
+				if inFlight {
+					others--
+				}
+				hold = busy || unacknowledged || others > 0
 			}
 			if hold {
 				plan.Held = append(plan.Held, s.ID)
@@ -650,6 +662,13 @@ func PlanTarget(tasks []State, target events.TargetState, me Engine, now time.Ti
 		}
 	}
 	return plan
+}
+
+// pushInFlight reports whether a push of task s has an attempt in flight at now.
+func pushInFlight(s State, me Engine, now time.Time) bool {
+	return slices.ContainsFunc(s.Deliveries, func(k SinkState) bool {
+		return !k.Done() && !k.GivingUp && claimLive(k, me, now)
+	})
 }
 
 // idleSince is when a target that is idle at now became idle; zero if it is busy

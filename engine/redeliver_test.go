@@ -160,3 +160,28 @@ func TestARedeliveryOfATaskWithNoDonePushIsRefused(t *testing.T) {
 		t.Fatalf("a task with no event: %v", err)
 	}
 }
+
+// defer_idle gives a target one push at a time: a wake-up that a redelivery
+// made due again, earlier than one whose push is in flight, waits for that
+// push, as a later one would wait for it.
+func TestARedeliveryUnderDeferIdleWaitsForAPushInFlight(t *testing.T) {
+	t.Parallel()
+	now := t0.Add(time.Hour)
+	idle := events.TargetState{State: events.TargetIdle}
+	first, second := plannedTask(t, "d1", "defer_idle"), plannedTask(t, "d2", "defer_idle")
+	first.now, second.now = now, now
+	first.do(engineWriter, engine.ClaimDelivery{Sink: 0, Engine: me})
+	first.do(engineWriter, engine.RecordDelivery{Sink: 0, Outcome: engine.SinkOutcome{OK: true}})
+	second.do(engineWriter, engine.ClaimDelivery{Sink: 0, Engine: me})
+	redelivered(t, first, engine.Redeliver{})
+
+	p := engine.PlanTarget([]engine.State{first.state, second.state}, idle, me, now)
+	if len(p.Start) != 0 || !reflect.DeepEqual(p.Held, []string{"d1"}) {
+		t.Fatalf("a redelivery while a later push is in flight: start %+v, held %v; want d1 held", p.Start, p.Held)
+	}
+	second.do(engineWriter, engine.RecordDelivery{Sink: 0, Outcome: engine.SinkOutcome{OK: true}})
+	p = engine.PlanTarget([]engine.State{first.state, second.state}, idle, me, now)
+	if !reflect.DeepEqual(p.Start, []engine.Push{{TaskID: "d1", Sink: 0}}) {
+		t.Fatalf("the later push delivered: start %+v, held %v; want d1 started", p.Start, p.Held)
+	}
+}
