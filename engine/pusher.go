@@ -295,7 +295,9 @@ func (p *Pusher) attempt(s State, push Push) {
 	if p.ctx.Err() != nil {
 		return // stopping: the next start claims this attempt again
 	}
-	record := RecordDelivery{Sink: push.Sink, Outcome: outcome, Backoff: p.backoff(claim.Attempt, outcome.RetryAfter)}
+	// A redelivered push starts over: its waits grow again from the retry base.
+	n := claim.Attempt - s.Deliveries[push.Sink].EarlierAttempts
+	record := RecordDelivery{Sink: push.Sink, Outcome: outcome, Backoff: p.backoff(n, outcome.RetryAfter)}
 	decide := func(s State) (events.Event, error) {
 		return Decide(s, record, Meta{Writer: p.me.Writer, Now: p.base.Now()})
 	}
@@ -334,9 +336,10 @@ func (p *Pusher) attempt(s State, push Push) {
 	level(msg, "task", s.ID, "sink", sink.Type, "attempt", claim.Attempt, "error", outcome.Error, "recorded", err == nil)
 }
 
-// backoff is the wait before the attempt after attempt n: exponential from the
-// retry base, with equal jitter so that many failed pushes do not retry in step,
-// and never shorter than what the receiver asked for.
+// backoff is the wait before the attempt after the push's nth (counted from its
+// start or its last redelivery): exponential from the retry base, with equal
+// jitter so that many failed pushes do not retry in step, and never shorter than
+// what the receiver asked for.
 func (p *Pusher) backoff(n int, retryAfter time.Duration) time.Duration {
 	d := p.retryBase << min(n-1, 20)
 	d = min(d, MaxRetryWait)

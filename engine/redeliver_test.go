@@ -1,7 +1,10 @@
 package engine_test
 
 import (
+	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"strings"
 	"testing"
@@ -9,6 +12,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // redelivered decides Redeliver on f's task and returns the sinks its event
@@ -183,5 +187,52 @@ func TestARedeliveryUnderDeferIdleWaitsForAPushInFlight(t *testing.T) {
 	p = engine.PlanTarget([]engine.State{first.state, second.state}, idle, me, now)
 	if !reflect.DeepEqual(p.Start, []engine.Push{{TaskID: "d1", Sink: 0}}) {
 		t.Fatalf("the later push delivered: start %+v, held %v; want d1 started", p.Start, p.Held)
+	}
+}
+
+// A redelivered push waits the retry base after its first failure, as a new
+// push does, not the wait its attempts before the redelivery had grown to: a
+// real pusher (retry base 20ms) and a receiver that answers 503.
+func TestARedeliveredPushBacksOffFromTheRetryBase(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(srv.Close)
+	fireInStore(t, b.store, "backoff", `{"command":"true","deliver":[{"type":"webhook","url":"`+srv.URL+`","max_attempts":6}]}`)
+	startReplica(t, b.store, engine.Engine{Writer: "engine-a", Instance: "a"})
+	ctx := context.Background()
+	var s engine.State
+	testkit.Eventually(t, 30*time.Second, "the push given up", func() bool {
+		var err error
+		s, err = engine.Load(ctx, b.store, "backoff")
+		return err == nil && s.Deliveries[0].Failed
+	})
+	ev, err := engine.Decide(s, engine.Redeliver{}, engine.Meta{Writer: engineWriter, Now: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Append(ctx, ev, s.Seq); err != nil {
+		t.Fatal(err)
+	}
+	var result *events.DeliveryResult
+	var at time.Time
+	testkit.Eventually(t, 30*time.Second, "the redelivery's first attempt failed", func() bool {
+		history, err := b.store.History(ctx, "backoff")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, rec := range history {
+			p, err := rec.Decode()
+			if r, ok := p.(*events.DeliveryResult); err == nil && ok && r.Attempt == 7 {
+				result, at = r, rec.Time
+				return true
+			}
+		}
+		return false
+	})
+	if result.RetryAt == nil || result.RetryAt.Sub(at) > 20*time.Millisecond {
+		t.Fatalf("after the redelivery's first failure: retry at %v, %v after it; want at most the retry base, 20ms", result.RetryAt, result.RetryAt.Sub(at))
 	}
 }
