@@ -15,6 +15,7 @@ import (
 	"github.com/bgtask/bgtask/engine/sinks"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/internal/testkit"
+	"github.com/bgtask/bgtask/projections"
 )
 
 func TestRetryForIsValidated(t *testing.T) {
@@ -144,5 +145,61 @@ func TestAPusherGivesUpWhenTheWindowEnds(t *testing.T) {
 		if k != "window" {
 			t.Fatalf("Idempotency-Key %q, want the task id on every attempt", k)
 		}
+	}
+}
+
+// A push's retry window is counted from its first attempt as the history has
+// it, not from when an engine started: an engine started two hours after a
+// push's first failed attempt, with retry_for 1h, makes the one attempt that
+// was due and gives up when it fails. A real pusher and receiver; the second
+// engine's clock is two hours ahead.
+func TestARetryWindowHoldsAcrossARestart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var mu sync.Mutex
+	requests := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		requests++
+		mu.Unlock()
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(srv.Close)
+	fireInStore(t, b.store, "restart", `{"command":"true","deliver":[{"type":"webhook","url":"`+srv.URL+`","retry_for":"1h"}]}`)
+	ctx := context.Background()
+	load := func() engine.State {
+		s, err := engine.Load(ctx, b.store, "restart")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	start := func(me engine.Engine, base engine.Base) (stop func()) {
+		var pusher *engine.Pusher
+		proj := projections.New(b.store, func(s engine.State, _ events.Record) { pusher.Notify(s) }, engine.Base{})
+		// A retry base of an hour: each wait is the 5-minute cap.
+		pusher = engine.NewPusher(b.store, proj, sinks.New([]byte("a test secret of enough bytes")), me, time.Hour, base)
+		if err := proj.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		all, _ := proj.List(engine.ListQuery{})
+		pusher.Recover(all)
+		if err := pusher.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return func() { proj.Stop(); pusher.Stop() }
+	}
+
+	stop := start(engine.Engine{Writer: "engine-a", Instance: "a"}, engine.Base{})
+	testkit.Eventually(t, 30*time.Second, "the first attempt failed", func() bool { return load().Deliveries[0].RetryAt != nil })
+	stop()
+	later := func() time.Time { return time.Now().Add(2 * time.Hour) }
+	stop = start(engine.Engine{Writer: "engine-a", Instance: "b"}, engine.Base{Now: later})
+	t.Cleanup(stop)
+	testkit.Eventually(t, 30*time.Second, "delivery-failed", func() bool { return load().Deliveries[0].Failed })
+	mu.Lock()
+	defer mu.Unlock()
+	if k := load().Deliveries[0]; k.Attempts != 2 || requests != 2 {
+		t.Fatalf("%d attempts, %d requests; want 2: the one before the restart and the one due after it", k.Attempts, requests)
 	}
 }
