@@ -40,8 +40,8 @@ const (
 	// DefaultRetryFor is how long a push is retried after its first attempt: long
 	// enough to ride out a receiver's restart, a night's outage or a laptop's
 	// sleep; MaxRetryFor bounds what a sink may ask for, which keeps a task's
-	// history (two events per attempt, one attempt per MaxRetryWait at most)
-	// within a few thousand events.
+	// history (two events per attempt, an attempt every 2.5 to 5 minutes once
+	// the backoff reached MaxRetryWait) within about 8,000 events.
 	DefaultRetryFor       = 24 * time.Hour
 	MaxRetryFor           = 7 * 24 * time.Hour
 	DefaultWebhookTimeout = 30 * time.Second

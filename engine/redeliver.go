@@ -32,8 +32,11 @@ func (c Redeliver) decide(s State, _ Meta) (events.Payload, uint64, error) {
 	}
 	for _, i := range sinks {
 		if k := s.Deliveries[i]; !k.Delivered && !k.Failed {
-			return nil, 0, stateErr(field, "task %s: push %d %s; a push is sent again once it was delivered or gave up (%s)",
-				s.ID, i, k.progress(), s.pushStates())
+			msg := fmt.Sprintf("task %s: push %d %s; a push is sent again once it was delivered or gave up", s.ID, i, k.progress())
+			if len(s.Deliveries) > 1 {
+				msg += " (" + s.pushStates() + ")"
+			}
+			return nil, 0, stateErr(field, "%s", msg)
 		}
 	}
 	return &events.RedeliveryRequested{Sinks: sinks}, s.Epoch, nil

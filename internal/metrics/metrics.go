@@ -94,7 +94,7 @@ func New(phases func() map[engine.Phase]int, workers func() []engine.WorkerStatu
 		gaveUp: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bgtask_deliveries_given_up_total", Help: "Pushes that gave up (delivery-failed), by sink type: bgtask redeliver sends them again."}, []string{"sink"}),
 		redelivers: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bgtask_redeliveries_total", Help: "Pushes that gave up and were asked for again (bgtask redeliver), by sink type."}, []string{"sink"}),
+			Name: "bgtask_redeliveries_total", Help: "Pushes sent again by bgtask redeliver (that gave up, or were delivered), by sink type."}, []string{"sink"}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "bgtask_append_conflicts_total", Help: "Appends of the engine that lost the race: the task had moved on since it was read."}),
 	}
