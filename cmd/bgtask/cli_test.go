@@ -496,13 +496,3 @@ func homeJetStream(t *testing.T, home string) jetstream.JetStream {
 	}
 	return js
 }
-
-// eventually polls cond until it holds, or fails the test after timeout.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("not %s within %s", what, timeout)
-		}
-	}
-}

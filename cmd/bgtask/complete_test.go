@@ -11,6 +11,7 @@ import (
 
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // An external task waits for bgtask complete; a running command completed from
@@ -35,7 +36,7 @@ func TestCompleteFromOutsideAndWakeOn(t *testing.T) {
 	dir := t.TempDir()
 	running := addTask(t, home, "--cwd", dir, "--", "echo $$ > pid; exec sleep 600")
 	var pid int
-	eventually(t, 20*time.Second, "the command started", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the command started", func() bool {
 		data, err := os.ReadFile(filepath.Join(dir, "pid"))
 		pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
 		return err == nil && pid > 0
@@ -44,7 +45,7 @@ func TestCompleteFromOutsideAndWakeOn(t *testing.T) {
 	if w := decode[woken](t, bgtask(t, home, "wait", running, "--json", "--timeout", "30s").must(t, client.ExitTaskFailed, "wait").stdout); w.Status != engine.StatusFailed || w.Result != "stopped from outside" {
 		t.Fatalf("completed running task: %+v", w)
 	}
-	eventually(t, 20*time.Second, "the command stopped", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the command stopped", func() bool {
 		return syscall.Kill(pid, 0) != nil
 	})
 

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bgtask/bgtask/client"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/projections"
 )
 
@@ -73,7 +74,7 @@ func TestAClaudeWaiterLeavesAWakeUpToAWaitThatConsumesIt(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	waiter := runWaiter(ctx, home)
-	eventually(t, 30*time.Second, "the waiter takes the session's lock", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the waiter takes the session's lock", func() bool {
 		f, err := os.Open(filepath.Join(home, "claude-sessions", "claude-s4.lock"))
 		if err != nil {
 			return false
@@ -92,7 +93,7 @@ func TestAClaudeWaiterLeavesAWakeUpToAWaitThatConsumesIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	eventually(t, 30*time.Second, "the wait says it will consume the wake-up", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the wait says it will consume the wake-up", func() bool {
 		_, err := nc.Request(client.ConsumingPrefix+"."+held, nil, time.Second)
 		return err == nil
 	})

@@ -20,6 +20,7 @@ import (
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/internal/serverhome"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // embedded is a `bgtask server` run in this process, stopped as SIGTERM stops one:
@@ -183,7 +184,7 @@ func serverProcess(t *testing.T, home string, env ...string) *exec.Cmd {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	eventually(t, 30*time.Second, "serving", func() bool {
+	testkit.Eventually(t, 30*time.Second, "serving", func() bool {
 		d, err := serverhome.ReadDiscovery(home)
 		return err == nil && d.PID == cmd.Process.Pid
 	})
@@ -251,7 +252,7 @@ func TestAWaitEndsWhenItsServerIsGoneForGood(t *testing.T) {
 	var stdout, stderr syncBuffer
 	done := make(chan error, 1)
 	go func() { done <- Run(context.Background(), []string{"--home", home, "wait", id}, &stdout, &stderr) }()
-	eventually(t, 30*time.Second, "following the task", func() bool { return consumers() > before })
+	testkit.Eventually(t, 30*time.Second, "following the task", func() bool { return consumers() > before })
 	nc.Close()
 	_ = p.Process.Kill()
 	_ = p.Wait()

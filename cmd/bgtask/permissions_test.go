@@ -16,6 +16,7 @@ import (
 
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/internal/serverhome"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // connectAs connects to the server of home with the nkey seed of file.
@@ -81,9 +82,7 @@ func TestTheClientIdentityRunsTheCLI(t *testing.T) {
 		t.Fatalf("wait: %v", err)
 	}
 	// inbox --follow acks a wake-up once it printed it.
-	for deadline := time.Now().Add(30 * time.Second); inboxUnacked(t, home, "idt2") && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
-	}
+	testkit.Eventually(t, 30*time.Second, "the followed wake-up acked", func() bool { return !inboxUnacked(t, home, "idt2") })
 	stopFollow()
 	if followed := <-follow; !strings.Contains(followed, second) {
 		t.Errorf("inbox --follow printed %q, want the wake-up of %s", followed, second)

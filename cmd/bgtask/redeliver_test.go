@@ -12,6 +12,7 @@ import (
 
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // hookReceiver is a webhook endpoint that answers 503 until it is up, and keeps
@@ -63,7 +64,7 @@ func oneAttemptSpec(t *testing.T, url string) string {
 // waitShows waits until show prints text for the task.
 func waitShows(t *testing.T, home, id, text string) {
 	t.Helper()
-	eventually(t, 30*time.Second, "show "+id+" says "+text, func() bool {
+	testkit.Eventually(t, 30*time.Second, "show "+id+" says "+text, func() bool {
 		return strings.Contains(bgtask(t, home, "show", id).must(t, 0, "show").stdout, text)
 	})
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/bgtask/bgtask/engine/api"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/events/eventstest"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/projections"
 )
 
@@ -89,11 +90,10 @@ func TestScheduleCommands(t *testing.T) {
 		t.Fatal("a schedule with no -- was added")
 	}
 	var shown api.ScheduleView
-	for deadline := time.Now().Add(15 * time.Second); len(shown.Occurrences) < 2; time.Sleep(200 * time.Millisecond) {
-		if err := json.Unmarshal([]byte(must("schedule", "show", "tick", "--json")), &shown); err != nil || time.Now().After(deadline) {
-			t.Fatalf("show: %+v %v", shown, err)
-		}
-	}
+	testkit.Eventually(t, 15*time.Second, "two occurrences of the schedule shown", func() bool {
+		shown = decode[api.ScheduleView](t, must("schedule", "show", "tick", "--json"))
+		return len(shown.Occurrences) >= 2
+	})
 	if o := shown.Occurrences[0]; o.ID == "" || o.State == "" {
 		t.Fatalf("an occurrence: %+v", o)
 	}

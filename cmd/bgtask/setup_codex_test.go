@@ -14,6 +14,7 @@ import (
 
 	"github.com/bgtask/bgtask/agents/codex"
 	"github.com/bgtask/bgtask/client"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 func TestSetupCodexInstallsItsHooksOnceAndRemovesThem(t *testing.T) {
@@ -179,7 +180,7 @@ func TestCodexDeliverAndHooksRunThroughTheCommandLine(t *testing.T) {
 	}
 	hook(`{"session_id":"019a-t3","hook_event_name":"UserPromptSubmit"}`)
 	log := filepath.Join(home, "codex", "019a-t3.log")
-	eventually(t, 30*time.Second, "the detached deliver's error in its log", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the detached deliver's error in its log", func() bool {
 		data, _ := os.ReadFile(log)
 		return strings.Contains(string(data), "UserPromptSubmit: deliver --thread 019a-t3") && strings.Contains(string(data), "no codex program")
 	})
