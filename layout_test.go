@@ -47,7 +47,7 @@ var layout = map[string]rule{
 	"internal/serverhome":   {imports: []string{"internal/secretenv"}},
 	"engine/sinks":          {imports: []string{"engine", "events", "internal/secretenv"}, tests: []string{"internal/testkit"}},
 	"projections":           {imports: []string{"engine", "events", "internal/testsignal"}, tests: []string{"events/eventstest"}},
-	"workers":               {imports: []string{"engine", "events", "internal/proc", "internal/secretenv", "workers/shim"}, tests: []string{"events/eventstest", "projections", "workers/shim/waiter"}},
+	"workers":               {imports: []string{"engine", "events", "internal/proc", "internal/secretenv", "workers/shim"}, tests: []string{"events/eventstest", "internal/testkit", "projections", "workers/shim/waiter"}},
 	"workers/shim":          {tests: []string{"workers/shim/waiter"}},
 	"workers/shim/waiter":   {imports: []string{"workers/shim"}},
 	"agents/internal/setup": {imports: []string{"internal/serverhome"}},

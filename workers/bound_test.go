@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/workers"
 	"github.com/bgtask/bgtask/workers/shim"
 )
@@ -31,7 +32,7 @@ func TestARunsOutputFilesAreBoundedWhileItRuns(t *testing.T) {
 		size int64
 	}{{"stdout", printed}, {"stderr", printedErr}} {
 		var st syscall.Stat_t
-		eventually(t, 60*time.Second, f.name+" read and freed", func() bool {
+		testkit.Eventually(t, 60*time.Second, f.name+" read and freed", func() bool {
 			return syscall.Stat(filepath.Join(run, f.name), &st) == nil && st.Size == f.size && st.Blocks*512 <= bound
 		})
 	}
@@ -60,7 +61,7 @@ func TestARunWhoseOutputWasFreedIsWatchedAgainAfterARestart(t *testing.T) {
 	id := b.arm(t, engine.Spec{Command: `seq 1 3000000; while [ ! -e go ]; do sleep 0.02; done; echo after`, Cwd: dir})
 	const printed = 22_888_896
 	var st syscall.Stat_t
-	eventually(t, 60*time.Second, "stdout read and freed", func() bool {
+	testkit.Eventually(t, 60*time.Second, "stdout read and freed", func() bool {
 		return syscall.Stat(filepath.Join(state, "runs", id+"-1", "stdout"), &st) == nil && st.Size == printed && st.Blocks*512 <= 12<<20
 	})
 	first.Stop()
@@ -99,15 +100,16 @@ while [ ! -e over ]; do sleep 0.01; done; echo after`})
 	// printing as fast as this machine writes adds before the shim's next look on
 	// a busy machine (64 MiB: a tenth of a second at 640 MB/s).
 	const bound = shim.OutputKeepBytes + shim.OutputKeepBytes/8 + 64<<20
-	var st syscall.Stat_t
-	for peak := int64(0); st.Size < int64(printed); time.Sleep(time.Millisecond) {
+	testkit.Eventually(t, 60*time.Second, "the command's output printed", func() bool {
+		var st syscall.Stat_t
 		if err := syscall.Stat(stdout, &st); err != nil {
 			t.Fatal(err)
 		}
-		if peak = max(peak, st.Blocks*512); peak > bound {
-			t.Fatalf("stdout takes %d bytes of disk once %d are printed with no worker running, want at most %d", peak, st.Size, bound)
+		if disk := st.Blocks * 512; disk > bound {
+			t.Fatalf("stdout takes %d bytes of disk once %d are printed with no worker running, want at most %d", disk, st.Size, bound)
 		}
-	}
+		return st.Size >= int64(printed)
+	})
 	b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
 	if err := os.WriteFile(filepath.Join(dir, "over"), nil, 0o600); err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/workers"
 )
 
@@ -131,6 +132,7 @@ func TestATaskPastItsDeadlineIsNotStarted(t *testing.T) {
 	}
 	id := b.arm(t, spec)
 	// No worker takes it before its deadline; the one that comes later must not run it.
+	// The deadline passing with no worker is what is tested: a sleep.
 	time.Sleep(time.Until(spec.DeadlineTime()))
 	b.startWorker(t, workers.Config{})
 	st := b.waitFor(t, id, 20*time.Second, "ended", ended)
@@ -163,7 +165,7 @@ func TestATaskTakenButNotStartedBeforeARestartIsStarted(t *testing.T) {
 	if end.Status != engine.StatusSucceeded || !slices.Equal(end.Run.Tail, []string{"ran"}) || end.Epoch != 1 {
 		t.Fatalf("ended %s at epoch %d with tail %q, want succeeded at epoch 1 with [ran]", end.Status, end.Epoch, end.Run.Tail)
 	}
-	eventually(t, 10*time.Second, "the run directory was not removed", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the run directory was not removed", func() bool {
 		_, err := os.Stat(runDir)
 		return errors.Is(err, os.ErrNotExist)
 	})
@@ -377,7 +379,7 @@ func TestAWorkerThatDiedWhileItsShimStartedWaitsForTheShim(t *testing.T) {
 		killRuns(t, state)
 		<-launched
 	})
-	eventually(t, 20*time.Second, "the worker waiting for the shim, or recording the run's end", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the worker waiting for the shim, or recording the run's end", func() bool {
 		h := b.history(t, id)
 		return strings.Contains(logged.String(), "still starting") || h[len(h)-1].Type != events.TypeSpawned
 	})
@@ -436,7 +438,7 @@ func TestARestartedWorkerLeavesAKeptRunningCommandRunning(t *testing.T) {
 	}
 
 	b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
-	eventually(t, 10*time.Second, "the run's directory removed", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the run's directory removed", func() bool {
 		_, err := os.Stat(runDir)
 		return errors.Is(err, fs.ErrNotExist)
 	})
@@ -489,7 +491,7 @@ func TestAShimKilledAsItStartsTheCommandTakesTheCommandWithIt(t *testing.T) {
 // waitNothingRunsIn waits until no process has dir as its working directory.
 func waitNothingRunsIn(t *testing.T, timeout time.Duration, dir string) {
 	t.Helper()
-	eventually(t, timeout, "the command gone from "+dir, func() bool {
+	testkit.Eventually(t, timeout, "the command gone from "+dir, func() bool {
 		entries, err := os.ReadDir("/proc")
 		if err != nil {
 			t.Fatal(err)
@@ -540,7 +542,7 @@ func TestACompletionLineSplitAcrossARestartStillMatches(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the first half of the line in the log", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the first half of the line in the log", func() bool {
 		end, err := logs.End(context.Background(), id, events.Stdout)
 		return err == nil && end > 0
 	})
@@ -615,7 +617,7 @@ func TestAStateDirectoryKeepsItsWorkersIdentityWhileItHoldsRuns(t *testing.T) {
 	}
 
 	// Without runs, the directory may change hands.
-	eventually(t, 10*time.Second, "the run directory removed", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the run directory removed", func() bool {
 		runs, _ := filepath.Glob(filepath.Join(state, "runs", "*"))
 		return len(runs) == 0
 	})

@@ -2,6 +2,7 @@ package workers_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/workers"
 )
 
@@ -80,40 +82,20 @@ func groupAlive(pgid int) []int {
 // waitGone waits until no process of group pgid runs.
 func waitGone(t *testing.T, timeout time.Duration, pgid int) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		members := groupAlive(pgid)
-		if len(members) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("process group %d still runs %v after %v", pgid, members, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.Eventually(t, timeout, fmt.Sprintf("process group %d gone", pgid), func() bool { return len(groupAlive(pgid)) == 0 })
 }
 
 // waitPIDsGone waits until none of pids runs.
 func waitPIDsGone(t *testing.T, timeout time.Duration, pids ...int) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		running := slices.DeleteFunc(slices.Clone(pids), func(pid int) bool { return !alive(pid) })
-		if len(running) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("processes %v still run after %v", running, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.Eventually(t, timeout, fmt.Sprintf("processes %v gone", pids), func() bool { return !slices.ContainsFunc(pids, alive) })
 }
 
 // readPID waits for a command to write a pid (and its newline) to path.
 func readPID(t *testing.T, path string) int {
 	t.Helper()
 	var pid int
-	eventually(t, 10*time.Second, "pid in "+filepath.Base(path), func() bool {
+	testkit.Eventually(t, 10*time.Second, "pid in "+filepath.Base(path), func() bool {
 		data, err := os.ReadFile(path)
 		if err != nil || !strings.HasSuffix(string(data), "\n") {
 			return false
@@ -179,7 +161,7 @@ func TestCancelKillsTheWholeProcessTree(t *testing.T) {
 
 			waitPIDsGone(t, 10*time.Second, leader, child, grandchild)
 			waitGone(t, 10*time.Second, leader)
-			eventually(t, 10*time.Second, "done with the task", func() bool { return !slices.Contains(w.Running(), id) })
+			testkit.Eventually(t, 10*time.Second, "done with the task", func() bool { return !slices.Contains(w.Running(), id) })
 			h := b.history(t, id)
 			if got := h[len(h)-1].Type; got != events.TypeCancelled {
 				t.Errorf("history = %v, want it to end with cancelled", types(h))
@@ -207,7 +189,7 @@ func TestCancelKillsACommandThatIgnoresTERMAfterTheGrace(t *testing.T) {
 	})
 	pgid := b.waitFor(t, id, 20*time.Second, "started", hasPID).PID
 	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
-	eventually(t, 10*time.Second, "ready", func() bool { _, err := os.Stat(ready); return err == nil })
+	testkit.Eventually(t, 10*time.Second, "ready", func() bool { _, err := os.Stat(ready); return err == nil })
 
 	start := time.Now()
 	b.cancel(t, id)
@@ -215,7 +197,7 @@ func TestCancelKillsACommandThatIgnoresTERMAfterTheGrace(t *testing.T) {
 	if took := time.Since(start); took < grace {
 		t.Errorf("gone %v after the cancel, want TERM ignored for the grace of %v", took, grace)
 	}
-	eventually(t, 10*time.Second, "done with the task", func() bool { return len(w.Running()) == 0 })
+	testkit.Eventually(t, 10*time.Second, "done with the task", func() bool { return len(w.Running()) == 0 })
 	h := b.history(t, id)
 	if got := h[len(h)-1].Type; got != events.TypeCancelled {
 		t.Errorf("history = %v, want it to end with cancelled", types(h))
@@ -232,18 +214,14 @@ func TestEndedShimsAreReaped(t *testing.T) {
 	id := b.arm(t, engine.Spec{Command: `echo $PPID > shim`, Cwd: dir})
 	b.waitFor(t, id, 20*time.Second, "ended", ended)
 	shim := readPID(t, filepath.Join(dir, "shim"))
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testkit.Eventually(t, 20*time.Second, "the shim ended after its run", func() bool {
+		state, _, ok := procStat(shim)
+		return !ok || dead(state)
+	})
+	testkit.Eventually(t, 20*time.Second, "the ended shim reaped", func() bool {
 		_, err := os.Stat("/proc/" + strconv.Itoa(shim))
-		if errors.Is(err, os.ErrNotExist) {
-			return
-		}
-		if time.Now().After(deadline) {
-			state, _, _ := procStat(shim)
-			t.Fatalf("the shim %d is still there (state %c) 20 s after its run ended", shim, state)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return errors.Is(err, os.ErrNotExist)
+	})
 }
 
 // A run's directory holds the files of its run and no other: the directory itself

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/workers"
 )
 
@@ -85,19 +86,11 @@ func TestNoShimIsLeftAZombieAfterManyCancels(t *testing.T) {
 	for _, id := range ids {
 		b.cancel(t, id)
 	}
-	eventually(t, 60*time.Second, "done with the cancelled tasks", func() bool { return len(w.Running()) == 0 })
+	testkit.Eventually(t, 60*time.Second, "done with the cancelled tasks", func() bool { return len(w.Running()) == 0 })
 	// A shim ends a moment after the worker saw its command end, and is reaped then.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		zombies := zombieChildren(shims)
-		if len(zombies) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d shims are zombie children of the worker's process 20 s after their tasks ended: %v", len(zombies), len(shims), zombies)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testkit.Eventually(t, 20*time.Second, "every shim of the cancelled tasks reaped, none a zombie child of the worker's process", func() bool {
+		return len(zombieChildren(shims)) == 0
+	})
 }
 
 // zombieChildren are those of pids that are ended, unreaped children of this process.

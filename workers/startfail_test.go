@@ -6,6 +6,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/workers"
 )
 
@@ -22,7 +23,7 @@ func TestAStartFailureNotRecordedBeforeTheWorkerStopsIsRecordedAfterItsRestart(t
 	faulty.inject(events.TypeFailed, refused...)
 	first := startWorker(t, b.srv.Conn, b.srv.JS, faulty, workers.Config{ID: "stable", StateDir: state})
 	id := b.arm(t, engine.Spec{Argv: []string{"/no/such/program"}, Cwd: t.TempDir()})
-	eventually(t, 20*time.Second, "the worker trying to record the failure", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the worker trying to record the failure", func() bool {
 		faulty.mu.Lock()
 		defer faulty.mu.Unlock()
 		return len(faulty.faults[events.TypeFailed]) < len(refused)

@@ -23,6 +23,7 @@ import (
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/events/eventstest"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/projections"
 	"github.com/bgtask/bgtask/workers"
 	"github.com/bgtask/bgtask/workers/shim"
@@ -130,7 +131,7 @@ func killRuns(t *testing.T, stateDir string) {
 		}
 		_ = syscall.Kill(-pids.Command.PID, syscall.SIGKILL)
 		_ = syscall.Kill(pids.Shim.PID, syscall.SIGKILL)
-		eventually(t, 10*time.Second, "a shim outlived its test", func() bool { return !alive(pids.Shim.PID) })
+		testkit.Eventually(t, 10*time.Second, "a shim outlived its test", func() bool { return !alive(pids.Shim.PID) })
 	}
 }
 
@@ -275,18 +276,6 @@ func (b *bundle) cancel(t *testing.T, id string) {
 	t.Fatalf("cancel %s: lost the race 20 times", id)
 }
 
-// eventually polls cond until it holds, failing the test after timeout.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not %s within %v", what, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func TestWorkerRunsACommandAndRecordsItsHistory(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -331,7 +320,7 @@ func TestWorkerRunsACommandAndRecordsItsHistory(t *testing.T) {
 	if exited.StartedAt.IsZero() || exited.EndedAt.Before(exited.StartedAt) {
 		t.Errorf("run from %v to %v, want a start and an end after it", exited.StartedAt, exited.EndedAt)
 	}
-	eventually(t, 10*time.Second, "the run is still listed after its exit", func() bool { return len(w.Running()) == 0 })
+	testkit.Eventually(t, 10*time.Second, "the run is still listed after its exit", func() bool { return len(w.Running()) == 0 })
 }
 
 func TestWorkerRecordsHowCommandsEnd(t *testing.T) {
@@ -590,12 +579,17 @@ func TestWorkerRunsNoMoreThanMaxTasksAtOnce(t *testing.T) {
 	sampled := make(chan struct{})
 	go func() {
 		defer close(sampled)
-		for sampling.Err() == nil {
-			n := int64(len(w.Running()))
-			if n > maxRunning.Load() {
-				maxRunning.Store(n)
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-sampling.Done():
+				return
+			case <-tick.C:
+				if n := int64(len(w.Running())); n > maxRunning.Load() {
+					maxRunning.Store(n)
+				}
 			}
-			time.Sleep(time.Millisecond)
 		}
 	}()
 	defer func() { stopSampling(); <-sampled }()
@@ -609,7 +603,7 @@ func TestWorkerRunsNoMoreThanMaxTasksAtOnce(t *testing.T) {
 		})
 	}
 
-	eventually(t, 20*time.Second, fmt.Sprintf("%d tasks running", maxTasks), func() bool { return len(w.Running()) >= maxTasks })
+	testkit.Eventually(t, 20*time.Second, fmt.Sprintf("%d tasks running", maxTasks), func() bool { return len(w.Running()) >= maxTasks })
 	running := w.Running()
 	// Let the running tasks tick a few times: the others must still be waiting.
 	for _, id := range running {
@@ -704,14 +698,14 @@ func TestAnEventThatDoesNotFitDoesNotFenceTheWorker(t *testing.T) {
 		}
 		return s
 	}
-	eventually(t, 20*time.Second, "no tick after the forged event", func() bool {
+	testkit.Eventually(t, 20*time.Second, "no tick after the forged event", func() bool {
 		s := load()
 		return s.Seq > forged && s.LastType == events.TypeTick
 	})
 	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, "the command did not end", func() bool { return load().Phase == engine.PhaseEnded })
+	testkit.Eventually(t, 20*time.Second, "the command did not end", func() bool { return load().Phase == engine.PhaseEnded })
 	if end := load(); end.Worker != "worker-kept" || end.Status != engine.StatusSucceeded {
 		t.Fatalf("ended as %s by %s, want succeeded by worker-kept", end.Status, end.Worker)
 	}
@@ -732,7 +726,7 @@ func TestARestartedWorkerWatchesItsRunsAgain(t *testing.T) {
 	endsLater := b.arm(t, engine.Spec{Command: `echo one; while [ ! -e back ]; do sleep 0.02; done; echo two`, Cwd: dir})
 	b.waitFor(t, endsAway, 20*time.Second, "started", hasPID)
 	later := b.waitFor(t, endsLater, 20*time.Second, "started", hasPID)
-	eventually(t, 10*time.Second, "output not yet in the log", func() bool {
+	testkit.Eventually(t, 10*time.Second, "output not yet in the log", func() bool {
 		st, _ := engine.Load(context.Background(), b.store, endsLater)
 		return st.OutputBytes > 0 || st.LastTickAt != nil
 	})
@@ -942,7 +936,7 @@ func TestAShimWhoseRunIsOverTakesTheNextOne(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 10*time.Second, "its shim idle", func() bool { return workers.SpareShims(w) == 1 })
+		testkit.Eventually(t, 10*time.Second, "its shim idle", func() bool { return workers.SpareShims(w) == 1 })
 		return pid
 	}
 	first := parentOf()
@@ -952,7 +946,7 @@ func TestAShimWhoseRunIsOverTakesTheNextOne(t *testing.T) {
 	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the killed shim gone", func() bool { return !alive(first) })
+	testkit.Eventually(t, 10*time.Second, "the killed shim gone", func() bool { return !alive(first) })
 	if third := parentOf(); third == first {
 		t.Fatalf("the third task ran under the killed shim %d", third)
 	}
