@@ -48,7 +48,7 @@ var layout = map[string]rule{
 	"engine/sinks":          {imports: []string{"engine", "events", "internal/secretenv"}, tests: []string{"internal/testkit"}},
 	"projections":           {imports: []string{"engine", "events", "internal/testsignal"}, tests: []string{"events/eventstest"}},
 	"workers":               {imports: []string{"engine", "events", "internal/proc", "internal/secretenv", "workers/shim"}, tests: []string{"events/eventstest", "internal/testkit", "projections", "workers/shim/waiter"}},
-	"workers/shim":          {tests: []string{"workers/shim/waiter"}},
+	"workers/shim":          {tests: []string{"internal/testkit", "workers/shim/waiter"}},
 	"workers/shim/waiter":   {imports: []string{"workers/shim"}},
 	"agents/internal/setup": {imports: []string{"internal/serverhome"}},
 	"agents/claudecode":     {imports: []string{"agents/internal/setup", "client"}, tests: []string{"client/clienttest", "events"}},

@@ -4,12 +4,15 @@ package shim
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // floodBytes is what floodRun's command prints before its last line, "end".
@@ -44,19 +47,14 @@ func peakWhileFlooding(t *testing.T, r Run, gate string) int64 {
 		t.Fatal(err)
 	}
 	var peak int64
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(time.Millisecond) {
+	testkit.Eventually(t, 60*time.Second, fmt.Sprintf("the command's %d bytes printed", size), func() bool {
 		var st syscall.Stat_t
 		if err := syscall.Stat(path, &st); err != nil {
 			t.Fatal(err)
 		}
 		peak = max(peak, st.Blocks*512)
-		if st.Size == size {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the command printed %d bytes in 60 s, want %d", st.Size, size)
-		}
-	}
+		return st.Size == size
+	})
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)

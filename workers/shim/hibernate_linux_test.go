@@ -14,28 +14,24 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // awaitHibernated waits until the shim pid has become the waiter: one thread, no
 // Go runtime, its arguments those of a hibernation and its name kept.
+// What it saw is logged as it changes, for a failure to show.
 func awaitHibernated(t *testing.T, pid int) {
 	t.Helper()
-	await(t, "the shim did not hibernate", func() (bool, string) { return hibernated(t, pid) })
-}
-
-// await polls cond every few milliseconds until it holds, for at most 20 s, and
-// fails the test with why and what cond saw last.
-func await(t *testing.T, why string, cond func() (ok bool, seen string)) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		ok, seen := cond()
-		if ok {
-			return
+	last := ""
+	testkit.Eventually(t, 20*time.Second, fmt.Sprintf("the shim %d hibernated", pid), func() bool {
+		ok, seen := hibernated(t, pid)
+		if seen != last {
+			t.Logf("the shim %d: %s", pid, seen)
+			last = seen
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %s", why, seen)
-		}
-	}
+		return ok
+	})
 }
 
 // hibernated says whether process pid is a hibernated shim now, and what it saw.
@@ -52,9 +48,14 @@ func hibernated(t *testing.T, pid int) (bool, string) {
 	comm, _ := os.ReadFile(proc + "/comm")
 	// The name is set by the waiter as it starts: exec'd as /proc/self/exe,
 	// the kernel names it "exe".
-	ok := bytes.Contains(cmdline, []byte("\x00"+hibernatedFlag+"\x00")) && bytes.Contains(status, []byte("\nThreads:\t1\n")) &&
+	threads := "Threads: ?"
+	if _, after, found := bytes.Cut(status, []byte("\nThreads:")); found {
+		count, _, _ := bytes.Cut(after, []byte("\n"))
+		threads = "Threads: " + string(bytes.TrimSpace(count))
+	}
+	ok := bytes.Contains(cmdline, []byte("\x00"+hibernatedFlag+"\x00")) && threads == "Threads: 1" &&
 		strings.TrimSpace(string(comm)) == name
-	return ok, fmt.Sprintf("named %s: its command line %q, name %q, status %s", name, cmdline, comm, status)
+	return ok, fmt.Sprintf("its command line %q, name %q (want %q), %s", cmdline, bytes.TrimSpace(comm), name, threads)
 }
 
 type exitJSON struct {
@@ -213,14 +214,14 @@ func TestACommandDiesWithItsHibernatedShim(t *testing.T) {
 	if !pids.Command.Alive() {
 		t.Fatalf("the command %+v is not alive while its shim hibernates", pids.Command)
 	}
+	defer func() {
+		if pids.Command.Alive() {
+			_ = syscall.Kill(pids.Command.PID, syscall.SIGKILL)
+		}
+	}()
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
-	for deadline := time.Now().Add(10 * time.Second); pids.Command.Alive(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(pids.Command.PID, syscall.SIGKILL)
-			t.Fatal("the command runs on after its hibernated shim was killed")
-		}
-	}
+	testkit.Eventually(t, 10*time.Second, "the command dead after its hibernated shim was killed", func() bool { return !pids.Command.Alive() })
 }
 
 // A shim woken to look at a stall, whose command printed meanwhile, carries on
@@ -265,22 +266,24 @@ func rehibernated(t *testing.T, env []byte) bool {
 	if err := os.WriteFile(fifo, []byte("go\n"), 0); err != nil {
 		t.Fatal(err)
 	}
-	// Hibernated again, and 300 ms after: the signal an exec from the wrong
-	// thread sends is sent as the exec runs, so that is time for its death.
-	until := time.Now().Add(20 * time.Second)
-	for again := false; time.Now().Before(until); time.Sleep(5 * time.Millisecond) {
-		if !pids.Command.Alive() {
-			_ = cmd.Wait()
-			e := readExit(t, r.Dir)
-			if e.StoppedBy != StoppedByStall {
-				t.Fatalf("the command died as its shim hibernated again: exit %+v (%s)", e, said.Bytes())
-			}
-			t.Logf("the woken shim looked at the stall before the command printed: %+v", e)
-			return false
+	testkit.Eventually(t, 20*time.Second, "the shim hibernated again, or its command ended", func() bool {
+		ok, _ := hibernated(t, cmd.Process.Pid)
+		return ok || !pids.Command.Alive()
+	})
+	if pids.Command.Alive() {
+		// The signal an exec from the wrong thread sends is sent as the exec
+		// runs: this is time for the command's death, which no event announces
+		// not coming.
+		time.Sleep(300 * time.Millisecond)
+	}
+	if !pids.Command.Alive() {
+		_ = cmd.Wait()
+		e := readExit(t, r.Dir)
+		if e.StoppedBy != StoppedByStall {
+			t.Fatalf("the command died as its shim hibernated again: exit %+v (%s)", e, said.Bytes())
 		}
-		if ok, _ := hibernated(t, cmd.Process.Pid); ok && !again {
-			again, until = true, time.Now().Add(300*time.Millisecond)
-		}
+		t.Logf("the woken shim looked at the stall before the command printed: %+v", e)
+		return false
 	}
 	if ok, seen := hibernated(t, cmd.Process.Pid); !ok {
 		t.Fatalf("the shim did not hibernate again: %s", seen)
@@ -295,9 +298,14 @@ func rehibernated(t *testing.T, env []byte) bool {
 // awaitCommandLine waits until the command line of process pid holds flag.
 func awaitCommandLine(t *testing.T, pid int, flag string) {
 	t.Helper()
-	await(t, "its command line never held "+flag, func() (bool, string) {
+	last := ""
+	testkit.Eventually(t, 20*time.Second, fmt.Sprintf("the command line of %d holding %s", pid, flag), func() bool {
 		cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-		return bytes.Contains(cmdline, []byte("\x00"+flag+"\x00")), fmt.Sprintf("%q", cmdline)
+		if seen := fmt.Sprintf("%q", cmdline); seen != last {
+			t.Logf("the command line of %d: %s", pid, seen)
+			last = seen
+		}
+		return bytes.Contains(cmdline, []byte("\x00"+flag+"\x00"))
 	})
 }
 
