@@ -18,6 +18,7 @@ import (
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/client/clienttest"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // fired registers timers for a target of the test's own and returns their ids
@@ -275,7 +276,7 @@ func TestALockLetGoIsRemovedAndStillExcludes(t *testing.T) {
 		}
 		taken <- u
 	}()
-	clienttest.Eventually(t, 10*time.Second, "the second hand-off waiting on the lock file", func() bool { return opened(t, path) == 2 })
+	testkit.Eventually(t, 10*time.Second, "the second hand-off waiting on the lock file", func() bool { return opened(t, path) == 2 })
 	unlock()
 	unlockSecond := <-taken
 	if _, err := h.Lock(context.Background(), false); !errors.Is(err, client.ErrLocked) {
@@ -368,7 +369,7 @@ func TestAHandoverNotAcknowledgedIsOnlyAcknowledgedNext(t *testing.T) {
 	c = connect(t, dir)
 	h.Deliver = deliver
 	ledger := filepath.Join(h.Dir, "handoff-unacked.handed")
-	clienttest.Eventually(t, time.Minute, "the wake-up acknowledged", func() bool {
+	testkit.Eventually(t, time.Minute, "the wake-up acknowledged", func() bool {
 		if n, err := h.Pending(context.Background(), c); n != 0 || err != nil {
 			t.Fatalf("the next hand-off handed %d: %v", n, err)
 		}
@@ -417,7 +418,7 @@ func waitsInTheInbox(t *testing.T, dir, target string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clienttest.Eventually(t, 30*time.Second, "a reader waiting in the inbox of "+target, func() bool {
+	testkit.Eventually(t, 30*time.Second, "a reader waiting in the inbox of "+target, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		cons, err := js.Consumer(ctx, events.InboxStreamName, events.InboxConsumerName(target))

@@ -13,6 +13,7 @@ import (
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/client/clienttest"
 	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // hookReceiver is a webhook endpoint that answers 503 until it is up, asking
@@ -58,7 +59,7 @@ func (r *hookReceiver) setUp() {
 func waitDelivery(t *testing.T, c *client.Client, id, want string) client.Task {
 	t.Helper()
 	var task client.Task
-	clienttest.Eventually(t, 30*time.Second, "task "+id+" delivery "+want, func() bool {
+	testkit.Eventually(t, 30*time.Second, "task "+id+" delivery "+want, func() bool {
 		var err error
 		if task, err = c.Get(context.Background(), id); err != nil {
 			t.Fatal(err)
@@ -109,7 +110,7 @@ func TestRedeliverSendsAPushThatGaveUpOnce(t *testing.T) {
 	if _, err := c.Redeliver(ctx, client.RedeliverRequest{ID: reg.ID, Sink: &sink}); err != nil {
 		t.Fatal(err)
 	}
-	clienttest.Eventually(t, 30*time.Second, "a second request accepted", func() bool {
+	testkit.Eventually(t, 30*time.Second, "a second request accepted", func() bool {
 		_, accepted := rcv.counts()
 		return len(accepted) == 2
 	})
@@ -150,7 +151,7 @@ func TestRedeliverRefusesWhatHasNoPushToMakeAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	retrying := register(client.Spec{StartAt: "100ms", Prompt: "retried", Deliver: hook})
-	clienttest.Eventually(t, 30*time.Second, "a failed attempt", func() bool {
+	testkit.Eventually(t, 30*time.Second, "a failed attempt", func() bool {
 		task, err := c.Get(ctx, retrying)
 		return err == nil && len(task.Deliveries) == 1 && task.Deliveries[0].RetryAt != nil
 	})

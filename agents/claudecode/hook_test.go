@@ -22,6 +22,7 @@ import (
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/client/clienttest"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -170,7 +171,7 @@ func TestTheWaiterHandsOverOnceAndOnlyOneWaits(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	first := runWaiter(ctx, home, &syncBuffer{})
-	clienttest.Eventually(t, 30*time.Second, "the waiter holding the session's lock", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the waiter holding the session's lock", func() bool {
 		return locked(filepath.Join(home, SessionsDir, "claude-s1.lock"))
 	})
 	if s, status := hook(ctx, home, Wake, nil); status != 0 || s != "" {
@@ -217,7 +218,7 @@ func TestTheWaiterLeavesAWakeUpToAWaitThatConsumesIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := runWaiter(ctx, home, &syncBuffer{})
-	clienttest.Eventually(t, 30*time.Second, "the waiter holding the session's lock", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the waiter holding the session's lock", func() bool {
 		return locked(filepath.Join(home, SessionsDir, "claude-s10.lock"))
 	})
 	// The wait of the session's turn, as `bgtask wait --consume` makes it.
@@ -280,7 +281,7 @@ func TestTheWaiterEndsWithItsSession(t *testing.T) {
 	}
 	t.Setenv("CLAUDE_PID", strconv.Itoa(claude.Process.Pid))
 	done := runWaiter(context.Background(), home, &syncBuffer{})
-	clienttest.Eventually(t, 30*time.Second, "the waiter holding the session's lock", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the waiter holding the session's lock", func() bool {
 		return locked(filepath.Join(home, SessionsDir, "claude-s11.lock"))
 	})
 	_ = claude.Process.Kill()
@@ -413,7 +414,7 @@ func TestTheWaiterWhoseAckFailsHandsTheWakeUpOverOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	next := runWaiter(ctx, home, &syncBuffer{})
-	clienttest.Eventually(t, 40*time.Second, "the handed wake-up acknowledged", func() bool {
+	testkit.Eventually(t, 40*time.Second, "the handed wake-up acknowledged", func() bool {
 		_, err := os.Stat(filepath.Join(sessions, "claude-s4.handed"))
 		return unread(t, home, "claude-s4") == 0 && errors.Is(err, fs.ErrNotExist)
 	})
@@ -477,7 +478,7 @@ func TestTheWaiterWaitsThroughARestartOfTheServer(t *testing.T) {
 	srv := clienttest.Run(t, home)
 	session(t, "s9")
 	done := runWaiter(context.Background(), home, &syncBuffer{})
-	clienttest.Eventually(t, 30*time.Second, "the waiter holding the session's lock", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the waiter holding the session's lock", func() bool {
 		return locked(filepath.Join(home, SessionsDir, "claude-s9.lock"))
 	})
 	srv.Stop()
@@ -536,7 +537,7 @@ func TestTheWaitersConnectionSaysNothingOnStderr(t *testing.T) {
 		_ = nc.Publish("bgtask-test.slow", []byte("x"))
 	}
 	_ = nc.Flush()
-	clienttest.Eventually(t, 10*time.Second, "the slow subscriber dropped", func() bool { return errors.Is(nc.LastError(), nats.ErrSlowConsumer) })
+	testkit.Eventually(t, 10*time.Second, "the slow subscriber dropped", func() bool { return errors.Is(nc.LastError(), nats.ErrSlowConsumer) })
 	c.Close()
 	<-closed // the handlers are called in order: the error's has run
 	if data, _ := os.ReadFile(errFile.Name()); len(data) > 0 {

@@ -18,6 +18,7 @@ import (
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/client/clienttest"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -221,7 +222,7 @@ func TestDeliverNeverQueuesAHandedWakeupAgain(t *testing.T) {
 	w.touch(t, "hold")
 	done := make(chan delivered, 1)
 	go func() { done <- w.deliver(t) }()
-	clienttest.Eventually(t, 30*time.Second, "codex queue running", func() bool { return fileExists(filepath.Join(w.dir, "holding")) })
+	testkit.Eventually(t, 30*time.Second, "codex queue running", func() bool { return fileExists(filepath.Join(w.dir, "holding")) })
 	// Codex took it; the server goes away before the acknowledgement.
 	w.server.Stop()
 	os.Remove(filepath.Join(w.dir, "hold"))
@@ -237,7 +238,7 @@ func TestDeliverNeverQueuesAHandedWakeupAgain(t *testing.T) {
 	}
 	w.server = clienttest.Run(t, w.home)
 	// Redelivered after the ack wait: acknowledged, not queued again.
-	clienttest.Eventually(t, time.Minute, "the inbox empty", func() bool {
+	testkit.Eventually(t, time.Minute, "the inbox empty", func() bool {
 		if d := w.deliver(t); d.err != nil {
 			t.Fatalf("deliver after the restart: %v", d.err)
 		}
@@ -316,7 +317,7 @@ func TestDeliverRunsOneAtATimePerThread(t *testing.T) {
 	w.touch(t, "hold")
 	first := make(chan delivered, 1)
 	go func() { first <- w.deliver(t) }()
-	clienttest.Eventually(t, 30*time.Second, "codex queue running", func() bool { return fileExists(filepath.Join(w.dir, "holding")) })
+	testkit.Eventually(t, 30*time.Second, "codex queue running", func() bool { return fileExists(filepath.Join(w.dir, "holding")) })
 	type ended struct {
 		d      delivered
 		queued []string
@@ -328,7 +329,7 @@ func TestDeliverRunsOneAtATimePerThread(t *testing.T) {
 	}()
 	// The second run waits for the first: ending now, it would leave its
 	// wake-up with the first and be counted delivered.
-	clienttest.Eventually(t, 30*time.Second, "the second deliver waiting for the thread's lock", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the second deliver waiting for the thread's lock", func() bool {
 		return opened(t, filepath.Join(w.home, StateDir, TargetPrefix+w.thread+".lock")) == 2
 	})
 	select {

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/client"
-	"github.com/bgtask/bgtask/client/clienttest"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 func TestHooksFollowTheThreadsTurns(t *testing.T) {
@@ -45,7 +45,7 @@ func TestHooksFollowTheThreadsTurns(t *testing.T) {
 	}
 	// A resume of a thread the daemon holds runs no SessionStart: the user's
 	// prompt hands over what is pending, in a deliver of its own.
-	clienttest.Eventually(t, 30*time.Second, "the deliver started by the prompt, in the thread's log", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the deliver started by the prompt, in the thread's log", func() bool {
 		data, _ := os.ReadFile(log)
 		return strings.Contains(string(data), "UserPromptSubmit: deliver --thread 019a-77\n") &&
 			strings.Contains(string(data), "ran: setup codex deliver --thread 019a-77\n")
@@ -56,7 +56,7 @@ func TestHooksFollowTheThreadsTurns(t *testing.T) {
 	if got := run(`{"session_id":"019a-77","hook_event_name":"SessionStart","source":"resume"}`); got != client.TargetIdle {
 		t.Errorf("after SessionStart of a resume: %s", got)
 	}
-	clienttest.Eventually(t, 30*time.Second, "the deliver started by the resume", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the deliver started by the resume", func() bool {
 		data, _ := os.ReadFile(log)
 		return strings.Contains(string(data), "SessionStart: deliver --thread 019a-77\n")
 	})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/client/clienttest"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 type outcome struct {
@@ -64,7 +65,7 @@ func TestTheWaitersHandOverOneWakeUpEach(t *testing.T) {
 	home := startServer(t).Home
 	var out1, out2 syncBuffer
 	first := startWaiter(context.Background(), home, "echo registered", &out1)
-	clienttest.Eventually(t, 20*time.Second, "the first waiter's command", func() bool { return out1.String() != "" })
+	testkit.Eventually(t, 20*time.Second, "the first waiter's command", func() bool { return out1.String() != "" })
 	second := startWaiter(context.Background(), home, "echo registered", &out2)
 	a := fire(t, home)
 	o := await(t, first, "the first waiter")
@@ -115,7 +116,7 @@ func TestTheWaiterWaitsThroughARestartOfTheServer(t *testing.T) {
 	srv := clienttest.Run(t, home)
 	var out syncBuffer
 	done := startWaiter(context.Background(), home, "true", &out)
-	clienttest.Eventually(t, 20*time.Second, "the waiter holding the session's lock", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the waiter holding the session's lock", func() bool {
 		h := &client.Handoff{Target: target, Dir: filepath.Join(home, StateDir)}
 		unlock, err := h.Lock(context.Background(), false)
 		if err == nil {

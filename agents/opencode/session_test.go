@@ -17,6 +17,7 @@ import (
 
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/client/clienttest"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -174,7 +175,7 @@ func TestWhatIsPendingIsOfferedFirstAndAcknowledgedOnceTaken(t *testing.T) {
 		t.Fatalf("%d unacknowledged before the plugin answered, want 2", n)
 	}
 	p.answer(true)
-	clienttest.Eventually(t, 30*time.Second, "the offered wake-ups acknowledged", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the offered wake-ups acknowledged", func() bool {
 		return unread(t, home, "opencode-ses_1") == 0
 	})
 	fire(t, home, "opencode-ses_1")
@@ -206,7 +207,7 @@ func TestALiveHelperOffersWhatComesAndOffersARefusedOneAgain(t *testing.T) {
 		t.Fatalf("%d unacknowledged while offered again, want 1", n)
 	}
 	p.answer(true)
-	clienttest.Eventually(t, 30*time.Second, "the wake-up acknowledged", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the wake-up acknowledged", func() bool {
 		return unread(t, home, "opencode-ses_2") == 0
 	})
 }
@@ -245,7 +246,7 @@ func TestAWakeUpAGoneHelperAskedForIsOfferedByTheNext(t *testing.T) {
 		t.Fatalf("the next helper's first line %+v, want the offer of %s", m, id)
 	}
 	next.answer(true)
-	clienttest.Eventually(t, 30*time.Second, "the wake-up acknowledged", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the wake-up acknowledged", func() bool {
 		return unread(t, home, "opencode-ses_6") == 0
 	})
 }
@@ -288,7 +289,7 @@ func TestOneHelperOfASessionWaitsAtATime(t *testing.T) {
 		t.Fatalf("the second helper's line %+v, want the offer of %s", m, id)
 	}
 	second.answer(true)
-	clienttest.Eventually(t, 30*time.Second, "the wake-up acknowledged", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the wake-up acknowledged", func() bool {
 		return unread(t, home, "opencode-ses_4") == 0
 	})
 	if locks, _ := filepath.Glob(filepath.Join(home, StateDir, "*.handed")); len(locks) != 0 {
@@ -313,12 +314,12 @@ func TestStatesMarkTheSessionsTarget(t *testing.T) {
 		return st
 	}
 	p.say(Message{State: client.TargetBusy})
-	clienttest.Eventually(t, 30*time.Second, "the target busy", func() bool { return state().State == client.TargetBusy })
+	testkit.Eventually(t, 30*time.Second, "the target busy", func() bool { return state().State == client.TargetBusy })
 	if st := state(); st.Until == nil || st.Until.Sub(st.Since) != BusyTTL {
 		t.Errorf("busy %+v, want it to end by itself after %v", st, BusyTTL)
 	}
 	p.say(Message{State: client.TargetIdle})
-	clienttest.Eventually(t, 30*time.Second, "the target idle", func() bool { return state().State == client.TargetIdle })
+	testkit.Eventually(t, 30*time.Second, "the target idle", func() bool { return state().State == client.TargetIdle })
 }
 
 func TestABadSessionIDIsRefused(t *testing.T) {

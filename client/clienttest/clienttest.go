@@ -118,16 +118,3 @@ func Run(t testing.TB, dir string) *Server {
 	t.Cleanup(s.Stop)
 	return s
 }
-
-// Eventually waits until cond holds, checking it every 50 ms, and fails the
-// test, naming what it waited for, when it does not within timeout.
-func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
