@@ -96,15 +96,29 @@ func (i *Inbox) Fetch(ctx context.Context, max int, wait time.Duration) ([]*Deli
 }
 
 func (i *Inbox) fetch(ctx context.Context, max int, wait time.Duration) ([]*Delivery, error) {
-	var batch jetstream.MessageBatch
-	var err error
-	if wait > 0 {
-		wctx, cancel := context.WithTimeout(ctx, wait)
-		defer cancel()
-		batch, err = i.cons.Fetch(max, jetstream.FetchContext(wctx))
-	} else {
-		batch, err = i.cons.FetchNoWait(max)
+	if wait <= 0 {
+		batch, err := i.cons.FetchNoWait(max)
+		return i.read(ctx, batch, err)
 	}
+	// A fetch of more than one waits for all of them or to the end of its wait:
+	// the first is awaited alone, and the others are those there then.
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	batch, err := i.cons.Fetch(1, jetstream.FetchContext(wctx))
+	out, err := i.read(ctx, batch, err)
+	if err != nil || len(out) == 0 || max == 1 {
+		return out, err
+	}
+	batch, err = i.cons.FetchNoWait(max - 1)
+	rest, err := i.read(ctx, batch, err)
+	if err != nil {
+		return out, nil // what came is answered; the next fetch meets the error
+	}
+	return append(out, rest...), nil
+}
+
+// read collects what a fetch of the inbox delivers; none is no error.
+func (i *Inbox) read(ctx context.Context, batch jetstream.MessageBatch, err error) ([]*Delivery, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read inbox %s: %w", i.target, err)
 	}

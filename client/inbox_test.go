@@ -77,3 +77,24 @@ func TestUnreadAndAckTokens(t *testing.T) {
 		t.Fatalf("unread of a bad name: %v", err)
 	}
 }
+
+// A fetch that may wait answers once a wake-up is there, with those there (up to
+// its max), not at the end of its wait.
+func TestAFetchAnswersOnceAWakeupIsThere(t *testing.T) {
+	c := connect(t, os.Getenv("BGTASK_HOME"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ids := fired(t, c, "fetch-soon", 1)
+	inbox, err := c.Inbox(ctx, "fetch-soon")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	got, err := inbox.Fetch(ctx, 10, 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); len(got) != 1 || got[0].Wakeup.ID != ids[0] || took > 10*time.Second {
+		t.Fatalf("fetched %d wake-ups in %s, want the one there, at once", len(got), took.Round(time.Millisecond))
+	}
+}
