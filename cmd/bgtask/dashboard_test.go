@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/internal/serverhome"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // browserTools finds node, chromium and playwright-core (on NODE_PATH, as
@@ -42,6 +43,7 @@ func browserTools(t *testing.T) (node, chromium string) {
 // to its wake-up, another is cancelled from its page; a screenshot of each page
 // goes to $BGTASK_SCREENSHOTS (or a temporary folder).
 func TestDashboardInABrowser(t *testing.T) {
+	testkit.FullOnly(t)
 	node, chromium := browserTools(t)
 	home := t.TempDir()
 	startServer(t, home)

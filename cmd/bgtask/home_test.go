@@ -192,6 +192,7 @@ func serverProcess(t *testing.T, home string, env ...string) *exec.Cmd {
 }
 
 func TestAClientSaysAtOnceThatNothingRestartsAServerGone(t *testing.T) {
+	testkit.FullOnly(t)
 	killed := t.TempDir()
 	p := serverProcess(t, killed)
 	pid := p.Process.Pid
@@ -211,6 +212,7 @@ func TestAClientSaysAtOnceThatNothingRestartsAServerGone(t *testing.T) {
 }
 
 func TestAClientWaitsForAServerItsSupervisorRestarts(t *testing.T) {
+	testkit.FullOnly(t)
 	home := t.TempDir()
 	p := serverProcess(t, home, serverhome.SupervisedEnv+"=test")
 	_ = p.Process.Kill()
@@ -229,6 +231,7 @@ func TestAClientWaitsForAServerItsSupervisorRestarts(t *testing.T) {
 // A wait whose server is killed, with nothing to restart it, ends saying so
 // rather than waiting for ever.
 func TestAWaitEndsWhenItsServerIsGoneForGood(t *testing.T) {
+	testkit.FullOnly(t)
 	home := t.TempDir()
 	p := serverProcess(t, home)
 	id := addTask(t, home, "--delay", "1h", "--", "true")

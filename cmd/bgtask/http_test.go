@@ -16,6 +16,7 @@ import (
 
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/internal/serverhome"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // httpCall makes a request to the home's HTTP API with its token.
@@ -124,6 +125,7 @@ func TestServerHTTPFlags(t *testing.T) {
 // anyone in. A real headless Chromium that opens the page, logged in by it,
 // shows the task list.
 func TestUIOpensTheDashboardInABrowser(t *testing.T) {
+	testkit.FullOnly(t)
 	home := t.TempDir()
 	startServer(t, home)
 	id := addTask(t, home, "--", "echo in-the-browser")

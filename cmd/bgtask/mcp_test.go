@@ -17,6 +17,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/internal/serverhome"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // `bgtask mcp` is tested as a client runtime uses it: a process on stdio, driven
@@ -378,6 +379,7 @@ func TestMCPInAnAgentSessionWakesThatSession(t *testing.T) {
 }
 
 func TestMCPCallsWaitThroughARestartOfTheServer(t *testing.T) {
+	testkit.FullOnly(t)
 	home := t.TempDir()
 	t.Setenv("HOME", home)
 	t.Setenv(serverhome.SupervisedEnv, "test") // a restart is coming
@@ -463,6 +465,7 @@ func TestMCPExitsWhenItsInputClosesDuringAWait(t *testing.T) {
 // TestMCPWithTheInspector checks bgtask mcp with a client from outside the project:
 // the MCP Inspector's CLI mode lists the tools and calls add.
 func TestMCPWithTheInspector(t *testing.T) {
+	testkit.FullOnly(t)
 	inspector, err := exec.LookPath("mcp-inspector")
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -568,6 +571,7 @@ func TestMCPJoinsCompletesAndConsumes(t *testing.T) {
 // A probe, notices and a process watch through the add tool: each its spec's
 // fields, as the CLI's flags give them.
 func TestMCPAddsAProbeNoticesAndAProcessWatch(t *testing.T) {
+	testkit.FullOnly(t)
 	home, dir := t.TempDir(), t.TempDir()
 	t.Setenv("HOME", home)
 	t.Setenv("CLAUDE_CODE_SESSION_ID", "")

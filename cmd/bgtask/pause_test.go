@@ -7,11 +7,13 @@ import (
 
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/engine"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // A timer paused before its time does not fire when its time passes, and fires at
 // once, late, when it is resumed; a finished task cannot be paused.
 func TestAPausedTimerFiresWhenResumed(t *testing.T) {
+	testkit.FullOnly(t)
 	home := t.TempDir()
 	startServer(t, home)
 	id := addTask(t, home, "--delay", "500ms", "--prompt", "resumed")

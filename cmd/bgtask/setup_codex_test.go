@@ -133,6 +133,7 @@ func TestAddInACodexSessionPushesToItsThread(t *testing.T) {
 // 1 when codex does not take it; a hook starts a deliver of the thread, which
 // logs what it did.
 func TestCodexDeliverAndHooksRunThroughTheCommandLine(t *testing.T) {
+	testkit.FullOnly(t)
 	home := t.TempDir()
 	t.Setenv("CODEX_THREAD_ID", "")
 	t.Setenv("CLAUDE_CODE_SESSION_ID", "")
