@@ -18,6 +18,7 @@ import (
 // much it prints: what the worker has read and shipped is freed. The files keep
 // their offsets, so the tail and the output's size are the command's.
 func TestARunsOutputFilesAreBoundedWhileItRuns(t *testing.T) {
+	testkit.FullOnly(t)
 	t.Parallel()
 	b := setup(t)
 	state, dir := t.TempDir(), t.TempDir()
@@ -54,6 +55,7 @@ func TestARunsOutputFilesAreBoundedWhileItRuns(t *testing.T) {
 // A worker that restarts after it freed a run's old output resumes where the log
 // stands, inside what it kept: the tail and the output's size are the command's.
 func TestARunWhoseOutputWasFreedIsWatchedAgainAfterARestart(t *testing.T) {
+	testkit.FullOnly(t)
 	t.Parallel()
 	b := setup(t)
 	state, dir := t.TempDir(), t.TempDir()
@@ -83,6 +85,7 @@ func TestARunWhoseOutputWasFreedIsWatchedAgainAfterARestart(t *testing.T) {
 // The worker that comes back goes on after what was freed: the task ends with the
 // end of the output in its tail, and the output's size is the command's.
 func TestOutputPrintedWhileNoWorkerRunsStaysBounded(t *testing.T) {
+	testkit.FullOnly(t)
 	t.Parallel()
 	b := setup(t)
 	state, dir := t.TempDir(), t.TempDir()

@@ -315,6 +315,7 @@ func TestARunFoundAgainRunsItsResultInItsEnvironment(t *testing.T) {
 
 // The shim holds the deadline and a kill-on-stall while no worker watches.
 func TestTheShimStopsACommandAtItsDeadlineWhileNoWorkerWatches(t *testing.T) {
+	testkit.FullOnly(t)
 	t.Parallel()
 	b := setup(t)
 	state := t.TempDir()
@@ -563,6 +564,7 @@ func TestACompletionLineSplitAcrossARestartStillMatches(t *testing.T) {
 // the task is its own and runs it, rather than give it up and leave it held by a
 // worker that does not run it (its lease alive, nothing would ever end it).
 func TestASpawnWhoseOutcomeStaysUnknownIsSettledByTheLog(t *testing.T) {
+	testkit.FullOnly(t)
 	t.Parallel()
 	b := setup(t)
 	faulty := &faultyStore{Store: b.store}

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 func TestLookPathSearchesThePATHOfTheGivenEnv(t *testing.T) {
@@ -197,6 +199,7 @@ func useProfile(t *testing.T, home, profile string) {
 // lock behind: that would make every later login shell of the user wait too.
 // Not parallel: it points HOME at a profile it controls.
 func TestLoginEnvGivesUpOnAHangingProfileAndLetsItsTrapsRun(t *testing.T) {
+	testkit.FullOnly(t)
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Skip("bash is not installed")
 	}

@@ -66,6 +66,7 @@ func TestReapingShimsLeavesTheProcesssOtherChildrenAlone(t *testing.T) {
 // Cancelling many running tasks at once ends many shims at once, their SIGCHLDs
 // merged into a few: every one of them is reaped all the same.
 func TestNoShimIsLeftAZombieAfterManyCancels(t *testing.T) {
+	testkit.FullOnly(t)
 	t.Parallel()
 	b := setup(t)
 	state := t.TempDir()

@@ -15,6 +15,7 @@ import (
 // at its next start and records it then, rather than leave the task running with
 // no PID and nothing on disk to settle it.
 func TestAStartFailureNotRecordedBeforeTheWorkerStopsIsRecordedAfterItsRestart(t *testing.T) {
+	testkit.FullOnly(t)
 	t.Parallel()
 	b := setup(t)
 	state := t.TempDir()

@@ -156,6 +156,7 @@ func TestAShimWhoseCommandRunsLongHibernatesAndRecordsItsExit(t *testing.T) {
 // The waiter keeps the command's deadline and its stall kill, and the shim's
 // subreaping: what the command left is stopped once its exit is written.
 func TestAHibernatedShimKeepsTheCommandsTimersAndStopsWhatItLeft(t *testing.T) {
+	testkit.FullOnly(t)
 	env := JoinEnviron([]string{"PATH=" + os.Getenv("PATH")})
 	leftover := filepath.Join(t.TempDir(), "leftover")
 	deadline := shRun(t, env, "exec sleep 60")
@@ -231,6 +232,7 @@ func TestACommandDiesWithItsHibernatedShim(t *testing.T) {
 // woken shim to reap and the shim runs on one P, where its main goroutine had
 // moved to another thread in most runs.
 func TestAShimHibernatesAgainAndItsCommandLivesOn(t *testing.T) {
+	testkit.FullOnly(t)
 	t.Setenv("GOMAXPROCS", "1") // the shim's
 	env := JoinEnviron([]string{"PATH=" + os.Getenv("PATH")})
 	const want = 3
@@ -313,6 +315,7 @@ func awaitCommandLine(t *testing.T, pid int, flag string) {
 // Go shim does (TestAShimBoundsTheOutputNoWorkerReads), told of each write by
 // the kernel, and goes on doing so when it wakes and hibernates again.
 func TestAHibernatedShimBoundsTheOutputNoWorkerReads(t *testing.T) {
+	testkit.FullOnly(t)
 	env := JoinEnviron([]string{"PATH=" + os.Getenv("PATH")})
 	gate := filepath.Join(t.TempDir(), "go")
 	r := floodRun(t, env, gate)
