@@ -347,6 +347,7 @@ func TestOldLedgersAndLocksArePruned(t *testing.T) {
 // A hand-off whose acknowledgement the server does not confirm (it stopped)
 // says so; the next one acknowledges the wake-up and hands it over no more.
 func TestAHandoverNotAcknowledgedIsOnlyAcknowledgedNext(t *testing.T) {
+	testkit.FullOnly(t)
 	dir := t.TempDir()
 	srv := clienttest.Run(t, dir)
 	c := connect(t, dir)

@@ -394,6 +394,7 @@ func TestTheHookReadsTheSessionOfALargeInput(t *testing.T) {
 }
 
 func TestTheWaiterWhoseAckFailsHandsTheWakeUpOverOnce(t *testing.T) {
+	testkit.FullOnly(t)
 	home := t.TempDir()
 	srv := clienttest.Run(t, home)
 	session(t, "s4")
@@ -446,6 +447,7 @@ func TestTheWaiterStoppedAfterWritingGivesTheWakeUpBack(t *testing.T) {
 }
 
 func TestTheWaiterStoppedWhileItsAckFailsGivesTheWakeUpBack(t *testing.T) {
+	testkit.FullOnly(t)
 	home := t.TempDir()
 	srv := clienttest.Run(t, home)
 	session(t, "s6")

@@ -217,6 +217,7 @@ func TestDeliverHandsOverPromptsThatLookLikeFlagsOrAreHuge(t *testing.T) {
 }
 
 func TestDeliverNeverQueuesAHandedWakeupAgain(t *testing.T) {
+	testkit.FullOnly(t)
 	w := newWorld(t)
 	w.wake(t, "only once")
 	w.touch(t, "hold")
