@@ -12,6 +12,7 @@ import (
 
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/events/eventstest"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 func openLogs(t *testing.T) *events.Logs {
@@ -101,6 +102,7 @@ func TestLogWriterKeepsEveryByteInOrder(t *testing.T) {
 }
 
 func TestLogWriterKeepsTheLastBytesAndCountsTheDrop(t *testing.T) {
+	testkit.FullOnly(t)
 	t.Parallel()
 	logs := openLogs(t)
 	w := logs.Writer("flood", events.Stdout, 0)

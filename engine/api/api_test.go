@@ -321,6 +321,7 @@ func listAll(t *testing.T, client *api.Client, ids []string) {
 // A list of more tasks than one message can carry comes in pages, each within the
 // connection's max payload, and the client gets them all.
 func TestListOfMoreThanOneMessageComesInPages(t *testing.T) {
+	testkit.FullOnly(t)
 	t.Parallel()
 	srv, _ := serve(t)
 	client := api.NewClient(srv.Conn)
