@@ -18,5 +18,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	// The shims are this binary; built with -race it would wait a second at every exit.
+	os.Setenv("GORACE", "atexit_sleep_ms=0 halt_on_error=1")
 	goleak.VerifyTestMain(m)
 }
