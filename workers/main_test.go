@@ -24,5 +24,17 @@ func TestMain(m *testing.M) {
 	}
 	// The shims are this binary; built with -race it would wait a second at every exit.
 	os.Setenv("GORACE", "atexit_sleep_ms=0 halt_on_error=1")
-	goleak.VerifyTestMain(m)
+	// No test reads this machine's profile (the login shell a worker asks for its
+	// environment) or writes in its user's home: HOME is a directory of the run's
+	// own, which a test that needs a home of its own sets again.
+	home, err := os.MkdirTemp("", "bgtask-test-home-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Setenv("HOME", home)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		os.RemoveAll(home)
+		os.Exit(code)
+	}))
 }
