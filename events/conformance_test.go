@@ -50,6 +50,7 @@ func singleNode(t *testing.T) *topology {
 }
 
 func threeNodes(t *testing.T) *topology {
+	testkit.FullOnly(t) // a cluster, as the full lane's tests start
 	cluster := eventstest.RunCluster(t, 3)
 	top := &topology{}
 	for _, s := range cluster.Servers {
