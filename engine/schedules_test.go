@@ -116,6 +116,11 @@ func TestTwoScheduleRunnersRegisterEverySlotOnce(t *testing.T) {
 	if _, err := engine.PauseSchedule(context.Background(), b.schedules, "tick", true, pausedAt); err != nil {
 		t.Fatal(err)
 	}
+	// The clock moves once no pass that read the schedule before the pause runs:
+	// one would register the slots of the time it moved over.
+	for _, r := range runners {
+		awaitPassAfter(t, r, pausedAt)
+	}
 	// Two slots' time passes for the runners, then a change to the schedules
 	// wakes each to a pass that reads the pause: a runner that wrote back what
 	// it read before the pause, or registered the slots of a paused schedule,
