@@ -497,7 +497,7 @@ func TestMCPWithTheInspector(t *testing.T) {
 	for _, tool := range tools.Tools {
 		names = append(names, tool.Name)
 	}
-	if want := "add cancel complete join list logs show wait"; err != nil || strings.Join(names, " ") != want {
+	if want := "add cancel complete join list logs redeliver show wait"; err != nil || strings.Join(names, " ") != want {
 		t.Fatalf("the inspector's tools/list: %v %q, want %s", err, names, want)
 	}
 	var res struct {
