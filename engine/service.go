@@ -54,7 +54,7 @@ type Service struct {
 	// publicWebhooks: webhooks may not name a non-public address.
 	publicWebhooks bool
 	// bearers are the bearer tokens a webhook may name.
-	bearers WebhookBearers
+	bearers Bearers
 	// inbox is where Consume removes a wake-up from.
 	inbox WakeupRemover
 }
@@ -77,9 +77,9 @@ func (s *Service) ReadArchive(archive ArchiveReader) { s.archive = archive }
 func (s *Service) DenyPrivateWebhooks() { s.publicWebhooks = true }
 
 // DeclareBearers makes Register accept a webhook that names one of these bearer
-// tokens, for a URL under its prefixes (WebhookBearers.Check); without them, a
-// spec that names one is refused. Call it before the first Register.
-func (s *Service) DeclareBearers(b WebhookBearers) { s.bearers = b }
+// tokens, for a URL under its prefixes (Bearers.Check); without them, a spec
+// that names one is refused. Call it before the first Register.
+func (s *Service) DeclareBearers(b Bearers) { s.bearers = b }
 
 // Register validates a spec and arms it. It returns the task id and whether this
 // call armed it (false: the idempotency key was registered before, with the same

@@ -17,14 +17,16 @@ import (
 
 // WebhookBearer is a bearer token a server may send with webhooks (Authorization:
 // Bearer): a sink names it, the server holds it. Its token is read at each push,
-// from File (re-read, so a rotated token is used at once) or from the server's
-// environment variable Env, and is sent only to a URL under one of Prefixes: a
-// client that can register a spec can neither read the token nor have it sent
-// anywhere else.
+// from File (re-read, so a rotated token is used at once), from the server's
+// environment variable Env, or, for a bearer the server's home declares, from
+// Held, read with that declaration; it is sent only to a URL under one of
+// Prefixes: a client that can register a spec can neither read the token nor have
+// it sent anywhere else.
 type WebhookBearer struct {
 	Name     string
 	File     string
 	Env      string
+	Held     string
 	Prefixes []URLPrefix
 }
 
@@ -33,23 +35,47 @@ func (b WebhookBearer) Allows(raw string) bool {
 	return slices.ContainsFunc(b.Prefixes, func(p URLPrefix) bool { return p.Contains(raw) })
 }
 
-// WebhookBearers are the bearer tokens a server declares, by name.
+// WebhookBearers are the bearer tokens a server's flags declare, by name.
 type WebhookBearers map[string]WebhookBearer
+
+// Bearers are the bearer tokens a webhook may name: those the server's flags
+// declare, and, for a name no flag declares, the one its home declares, which
+// Home reads at each use (so a setup declares one, and its remove takes it back,
+// without a restart of the server). A nil Home declares none.
+type Bearers struct {
+	Flags WebhookBearers
+	Home  func(name string) (WebhookBearer, bool, error)
+}
+
+// Find is the bearer named name, and whether there is one. Its error, a
+// declaration in the home that cannot be read, never holds the token.
+func (b Bearers) Find(name string) (WebhookBearer, bool, error) {
+	if c, ok := b.Flags[name]; ok {
+		return c, true, nil
+	}
+	if b.Home == nil {
+		return WebhookBearer{}, false, nil
+	}
+	return b.Home(name)
+}
 
 // Check refuses a spec with a webhook that names a bearer b does not declare, or
 // whose URL is under none of its bearer's prefixes.
-func (b WebhookBearers) Check(s Spec) error {
+func (b Bearers) Check(s Spec) error {
 	for i, k := range s.Deliver {
 		if k.Bearer == "" {
 			continue
 		}
-		c, ok := b[k.Bearer]
+		c, ok, err := b.Find(k.Bearer)
+		if err != nil {
+			return fieldErr(fmt.Sprintf("deliver[%d].bearer", i), "%q: %v", k.Bearer, err)
+		}
 		if !ok {
 			declared := "none"
-			if len(b) > 0 {
-				declared = strings.Join(slices.Sorted(maps.Keys(b)), ", ")
+			if len(b.Flags) > 0 {
+				declared = strings.Join(slices.Sorted(maps.Keys(b.Flags)), ", ")
 			}
-			return fieldErr(fmt.Sprintf("deliver[%d].bearer", i), "%q: this server declares no such bearer token (server --webhook-bearer; declared: %s)", k.Bearer, declared)
+			return fieldErr(fmt.Sprintf("deliver[%d].bearer", i), "%q: this server declares no such bearer token (server --webhook-bearer, or a setup such as 'bgtask setup openclaw'; declared by flags: %s)", k.Bearer, declared)
 		}
 		if !c.Allows(k.URL) {
 			prefixes := make([]string, len(c.Prefixes))

@@ -88,30 +88,48 @@ func TestURLPrefixesRefuseWhatIsNotTheirs(t *testing.T) {
 }
 
 // TestBearersAreCheckedAtRegistration: a spec may name only a bearer the server
-// declares, and only for a URL under its prefixes, or its token would go where a
-// client chose.
+// declares, by a flag or in its home, and only for a URL under its prefixes, or
+// its token would go where a client chose; a flag's bearer wins over the home's
+// of the same name, and a home declaration that cannot be read is refused.
 func TestBearersAreCheckedAtRegistration(t *testing.T) {
 	t.Parallel()
-	bearers := engine.WebhookBearers{"openclaw": {Name: "openclaw", File: "/run/token", Prefixes: prefixes(t, "http://127.0.0.1:18789/hooks/")}}
+	flags := engine.WebhookBearers{"openclaw": {Name: "openclaw", File: "/run/token", Prefixes: prefixes(t, "http://127.0.0.1:18789/hooks/")}}
+	home := func(name string) (engine.WebhookBearer, bool, error) {
+		switch name {
+		case "gateway", "openclaw":
+			return engine.WebhookBearer{Name: name, Held: "tok", Prefixes: prefixes(t, "http://127.0.0.1:18800/hooks/agent")}, true, nil
+		case "damaged":
+			return engine.WebhookBearer{}, false, errors.New("its declaration in the server's home is damaged")
+		}
+		return engine.WebhookBearer{}, false, nil
+	}
+	bearers := engine.Bearers{Flags: flags, Home: home}
 	sink := func(url, bearer string) engine.Spec {
 		return mustSpec(t, `{"command":"x","deliver":[{"type":"exec","argv":["true"]},{"type":"webhook","url":"`+url+`","bearer":"`+bearer+`"}]}`)
 	}
 	for _, tc := range []struct {
-		bearers     engine.WebhookBearers
+		bearers     engine.Bearers
 		spec        engine.Spec
 		field, want string
 	}{
-		{bearers, sink("http://127.0.0.1:18789/hooks/wake", "other"), "deliver[1].bearer", `"other": this server declares no such bearer token (server --webhook-bearer; declared: openclaw)`},
-		{nil, sink("http://127.0.0.1:18789/hooks/wake", "openclaw"), "deliver[1].bearer", "declared: none"},
+		{bearers, sink("http://127.0.0.1:18789/hooks/wake", "other"), "deliver[1].bearer", `"other": this server declares no such bearer token (server --webhook-bearer, or a setup such as 'bgtask setup openclaw'; declared by flags: openclaw)`},
+		{engine.Bearers{}, sink("http://127.0.0.1:18789/hooks/wake", "openclaw"), "deliver[1].bearer", "declared by flags: none"},
 		{bearers, sink("https://attacker.example/collect", "openclaw"), "deliver[1].url", `not under a URL prefix of bearer "openclaw" (http://127.0.0.1:18789/hooks/)`},
+		{bearers, sink("http://127.0.0.1:18800/hooks/agent", "openclaw"), "deliver[1].url", `not under a URL prefix of bearer "openclaw" (http://127.0.0.1:18789/hooks/)`},
+		{bearers, sink("http://127.0.0.1:18800/hooks/wake", "gateway"), "deliver[1].url", `not under a URL prefix of bearer "gateway" (http://127.0.0.1:18800/hooks/agent)`},
+		{bearers, sink("http://127.0.0.1:18800/hooks/agent", "damaged"), "deliver[1].bearer", `"damaged": its declaration in the server's home is damaged`},
 	} {
 		err := tc.bearers.Check(tc.spec)
 		var fe *engine.FieldError
 		if !errors.As(err, &fe) || fe.Field != tc.field || !strings.Contains(fe.Reason, tc.want) {
-			t.Errorf("Check(%s) = %v, want %s: ...%s...", tc.spec.Deliver[1].URL, err, tc.field, tc.want)
+			t.Errorf("Check(%s with %s) = %v, want %s: ...%s...", tc.spec.Deliver[1].URL, tc.spec.Deliver[1].Bearer, err, tc.field, tc.want)
 		}
 	}
-	for _, spec := range []engine.Spec{sink("http://127.0.0.1:18789/hooks/wake", "openclaw"), mustSpec(t, `{"command":"x","deliver":[{"type":"webhook","url":"https://anywhere.example/"}]}`)} {
+	for _, spec := range []engine.Spec{
+		sink("http://127.0.0.1:18789/hooks/wake", "openclaw"),
+		sink("http://127.0.0.1:18800/hooks/agent", "gateway"),
+		mustSpec(t, `{"command":"x","deliver":[{"type":"webhook","url":"https://anywhere.example/"}]}`),
+	} {
 		if err := bearers.Check(spec); err != nil {
 			t.Errorf("Check(%+v): %v", spec.Deliver, err)
 		}
@@ -199,7 +217,7 @@ func TestRegisterRefusesABearerTheServerDoesNotAllow(t *testing.T) {
 	b := setup(t)
 	b.register(t, `{"command":"true"}`)
 	declared := engine.NewService(b.store, engineWriter, engine.Base{})
-	declared.DeclareBearers(engine.WebhookBearers{"openclaw": {Name: "openclaw", Env: "OPENCLAW_TOKEN", Prefixes: prefixes(t, "http://127.0.0.1:18789/hooks/")}})
+	declared.DeclareBearers(engine.Bearers{Flags: engine.WebhookBearers{"openclaw": {Name: "openclaw", Env: "OPENCLAW_TOKEN", Prefixes: prefixes(t, "http://127.0.0.1:18789/hooks/")}}})
 	none := engine.NewService(b.store, engineWriter, engine.Base{})
 	hook := func(url, bearer string) string {
 		return `{"command":"true","deliver":[{"type":"webhook","url":"` + url + `","bearer":"` + bearer + `","body":{"text":"{{prompt}}","mode":"now"}}]}`

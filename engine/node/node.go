@@ -43,7 +43,7 @@ type Config struct {
 	// engine.DefaultRetryBase.
 	RetryBase time.Duration
 	// Bearers are the bearer tokens webhook sinks may name.
-	Bearers engine.WebhookBearers
+	Bearers engine.Bearers
 	// DenyPrivateWebhooks refuses, at registration, webhooks to non-public
 	// addresses.
 	DenyPrivateWebhooks bool

@@ -33,17 +33,50 @@ type pushing struct {
 	runner    engine.SinkRunner
 	retryBase time.Duration
 	// bearers are the bearer tokens webhooks may name, which registration checks.
-	bearers engine.WebhookBearers
+	bearers engine.Bearers
 }
 
-// pushing is what the engine pushes with: the delivery options, and the rule of
-// DenyPrivate.
-func (o Options) pushing(secret []byte) pushing {
-	runner := sinks.New(secret).WithBearers(o.Delivery.Bearers)
+// pushing is what the engine pushes with: the delivery options, the bearer
+// tokens of the flags and of the home, and the rule of DenyPrivate.
+func (o Options) pushing(secret []byte, home string) pushing {
+	bearers := engine.Bearers{Flags: o.Delivery.Bearers, Home: homeBearers(home)}
+	runner := sinks.New(secret).WithBearers(bearers)
 	if o.DenyPrivate {
 		runner = runner.DenyPrivate()
 	}
-	return pushing{runner: runner, retryBase: o.Delivery.RetryBase, bearers: o.Delivery.Bearers}
+	return pushing{runner: runner, retryBase: o.Delivery.RetryBase, bearers: bearers}
+}
+
+// homeBearers finds the bearer tokens home declares (serverhome.BearersDir),
+// reading the declaration at each use.
+func homeBearers(home string) func(name string) (engine.WebhookBearer, bool, error) {
+	return func(name string) (engine.WebhookBearer, bool, error) {
+		b, err := serverhome.ReadBearer(home, name)
+		if errors.Is(err, fs.ErrNotExist) {
+			return engine.WebhookBearer{}, false, nil
+		}
+		if err != nil {
+			return engine.WebhookBearer{}, false, pathless(err)
+		}
+		bearer := engine.WebhookBearer{Name: name, Held: b.Token}
+		for _, raw := range b.URLPrefixes {
+			p, err := engine.ParseURLPrefix(raw)
+			if err != nil {
+				return engine.WebhookBearer{}, false, fmt.Errorf("its declaration in the server's home (%s/%s.json) has a bad URL prefix: %v", serverhome.BearersDir, name, err)
+			}
+			bearer.Prefixes = append(bearer.Prefixes, p)
+		}
+		return bearer, true, nil
+	}
+}
+
+// pathless is a file error without its path, which is the operator's, not a
+// registrant's.
+func pathless(err error) error {
+	if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+		return fmt.Errorf("its declaration in the server's home cannot be read: %v", pe.Err)
+	}
+	return err
 }
 
 // loadWebhookSecret reads the webhook key from file, or from the home, where it is

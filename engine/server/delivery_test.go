@@ -47,3 +47,47 @@ func TestTheWebhookSecretIsHeld(t *testing.T) {
 		t.Fatalf("a secret of 9 bytes: %v, want a bad option", err)
 	}
 }
+
+// The bearer tokens a home declares are read at each lookup: one written after
+// the server started is found, one removed is gone; a declaration that cannot be
+// read or has a bad prefix is an error that holds neither the token nor the
+// home's path.
+func TestHomeBearersAreReadAtEachLookup(t *testing.T) {
+	home := t.TempDir()
+	find := homeBearers(home)
+	if _, ok, err := find("openclaw"); ok || err != nil {
+		t.Fatalf("before any declaration: %v, %v", ok, err)
+	}
+	if err := serverhome.WriteBearer(home, "openclaw", serverhome.Bearer{Token: "tok-1", URLPrefixes: []string{"http://127.0.0.1:18789/hooks/agent"}}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(filepath.Join(home, serverhome.BearersDir, "openclaw.json")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("the declaration's file: %v, %v", st, err)
+	}
+	b, ok, err := find("openclaw")
+	if err != nil || !ok || b.Held != "tok-1" || !b.Allows("http://127.0.0.1:18789/hooks/agent") || b.Allows("http://127.0.0.1:18789/hooks/wake") {
+		t.Fatalf("the declared bearer: %+v, %v, %v", b, ok, err)
+	}
+	for content, reason := range map[string]string{
+		`{"token": "tok-2", "url_prefixes": ["ftp://x/"]}`: "has a bad URL prefix",
+		`{"token": "tok-2"}`:  "is damaged",
+		`{"token": "tok-2", `: "is damaged",
+	} {
+		if err := os.WriteFile(filepath.Join(home, serverhome.BearersDir, "openclaw.json"), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, ok, err := find("openclaw")
+		if ok || err == nil || !strings.Contains(err.Error(), reason) || strings.Contains(err.Error(), "tok-2") || strings.Contains(err.Error(), home) {
+			t.Errorf("%s: %v, %v; want ...%s..., without the token or the home", content, ok, err, reason)
+		}
+	}
+	if removed, err := serverhome.RemoveBearer(home, "openclaw"); !removed || err != nil {
+		t.Fatalf("remove: %v, %v", removed, err)
+	}
+	if _, ok, err := find("openclaw"); ok || err != nil {
+		t.Fatalf("once removed: %v, %v", ok, err)
+	}
+	if _, err := serverhome.ReadBearer(home, "../credentials"); err == nil || !strings.Contains(err.Error(), "want 1-128 letters") {
+		t.Fatalf("a name that is a path: %v", err)
+	}
+}

@@ -48,7 +48,7 @@ func RunExternal(ctx context.Context, o Options) error {
 	// replica takes another's push in flight for one of its own dead ones.
 	eng, err := startEngine(ctx, nc, base, engineOptions{
 		writer: fmt.Sprintf("engine@%s/%d", hostName(), os.Getpid()), leaseTTL: o.LeaseTTL, replicas: o.Replicas,
-		push: o.pushing(secret), denyPrivate: o.DenyPrivate, archiveAfter: o.ArchiveAfter,
+		push: o.pushing(secret, home), denyPrivate: o.DenyPrivate, archiveAfter: o.ArchiveAfter,
 		logBytes: int64(o.LogBytes), snapshots: snapshots, version: o.Version,
 	})
 	if err != nil {

@@ -167,7 +167,7 @@ func (e *embeddedServer) serve(ctx context.Context) (roomAgain bool, err error) 
 	// claimed before a crash is known to be dead when it starts again.
 	eng, err := startEngine(ctx, nc, base, engineOptions{
 		writer: "engine@" + hostName(), leaseTTL: o.LeaseTTL, replicas: 1,
-		push: o.pushing(e.secret), denyPrivate: o.DenyPrivate, archiveAfter: o.ArchiveAfter,
+		push: o.pushing(e.secret, e.home), denyPrivate: o.DenyPrivate, archiveAfter: o.ArchiveAfter,
 		logBytes: int64(o.LogBytes), maxStore: e.maxStore, storeDir: ns.JetStreamConfig().StoreDir, diskFull: alarm,
 		snapshots: projections.Snapshots{Path: filepath.Join(e.home, serverhome.SnapshotFile), Every: o.SnapshotEvery, Build: o.Build},
 		version:   o.Version,

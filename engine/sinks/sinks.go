@@ -20,7 +20,7 @@ const maxOutput = 4 << 10
 type Runner struct {
 	secret  []byte
 	client  *http.Client
-	bearers engine.WebhookBearers
+	bearers engine.Bearers
 }
 
 var _ engine.SinkRunner = (*Runner)(nil)
@@ -39,7 +39,7 @@ func New(secret []byte) *Runner {
 
 // WithBearers returns a runner whose webhooks send the bearer tokens b declares,
 // each only to a URL under its prefixes.
-func (r *Runner) WithBearers(b engine.WebhookBearers) *Runner {
+func (r *Runner) WithBearers(b engine.Bearers) *Runner {
 	c := *r
 	c.bearers = b
 	return &c

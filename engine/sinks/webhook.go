@@ -108,9 +108,12 @@ const MaxTokenBytes = 16 << 10
 // bearerToken is the token of the bearer sink names, read now, if it may go to
 // the sink's URL. Its errors never hold the token.
 func (r *Runner) bearerToken(sink engine.Sink) (string, error) {
-	b, ok := r.bearers[sink.Bearer]
+	b, ok, err := r.bearers.Find(sink.Bearer)
+	if err != nil {
+		return "", fmt.Errorf("bearer %q: %v", sink.Bearer, err)
+	}
 	if !ok {
-		return "", fmt.Errorf("bearer %q: this server declares no such bearer token (server --webhook-bearer)", sink.Bearer)
+		return "", fmt.Errorf("bearer %q: this server declares no such bearer token (server --webhook-bearer, or a setup such as 'bgtask setup openclaw')", sink.Bearer)
 	}
 	if !b.Allows(sink.URL) {
 		return "", fmt.Errorf("bearer %q: %s is not under its URL prefixes, so its token is not sent", sink.Bearer, sink.URL)
@@ -118,15 +121,17 @@ func (r *Runner) bearerToken(sink engine.Sink) (string, error) {
 	return Token(b)
 }
 
-// Token reads the token of bearer b: the text of its file or the value of its
-// environment variable, surrounding white space trimmed. A token that is missing,
-// empty, over MaxTokenBytes, or holds a character other than visible ASCII is an
-// error that names where it was looked for, never what it holds.
+// Token reads the token of bearer b: the text of its file, the value of its
+// environment variable, or the token its home declaration holds, surrounding
+// white space trimmed. A token that is missing, empty, over MaxTokenBytes, or
+// holds a character other than visible ASCII is an error that names where it was
+// looked for, never what it holds.
 // The token and its variable are held (secretenv): no program bgtask starts for
 // others gets them.
 func Token(b engine.WebhookBearer) (string, error) {
-	var raw string
-	if b.File != "" {
+	raw := b.Held
+	switch {
+	case b.File != "":
 		f, err := os.Open(b.File)
 		if err != nil {
 			return "", fmt.Errorf("bearer %q: its token file cannot be read: %v", b.Name, pathReason(err))
@@ -137,7 +142,7 @@ func Token(b engine.WebhookBearer) (string, error) {
 			return "", fmt.Errorf("bearer %q: its token file cannot be read: %v", b.Name, pathReason(err))
 		}
 		raw = string(data)
-	} else {
+	case b.Env != "":
 		secretenv.HoldName(b.Env)
 		v, ok := os.LookupEnv(b.Env)
 		if !ok {

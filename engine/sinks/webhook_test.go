@@ -3,6 +3,7 @@ package sinks
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -400,9 +401,9 @@ func TestWebhookSendsTheRenderedBodyAndTheBearerToken(t *testing.T) {
 	wake := testWakeup()
 	wake.Prompt = "He said \"done\"\n\x00\x1b end"
 	for _, runner := range []*Runner{
-		New(testSecret).WithBearers(engine.WebhookBearers{"openclaw": b}),
+		New(testSecret).WithBearers(engine.Bearers{Flags: engine.WebhookBearers{"openclaw": b}}),
 		// The rule of --webhook-deny-private keeps the runner's bearers.
-		New(testSecret).WithBearers(engine.WebhookBearers{"openclaw": b}).denyDestinations(func(netip.Addr) string { return "" }),
+		New(testSecret).WithBearers(engine.Bearers{Flags: engine.WebhookBearers{"openclaw": b}}).denyDestinations(func(netip.Addr) string { return "" }),
 	} {
 		if o := runner.Push(context.Background(), sink, wake, 1); !o.OK || o.HTTPStatus != http.StatusOK {
 			t.Fatalf("outcome = %+v, want delivered", o)
@@ -432,7 +433,7 @@ func TestBearerTokenIsReadAtEachAttempt(t *testing.T) {
 	t.Parallel()
 	rcv := newReceiver(t, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	b := bearerFile(t, "hook", "first-token", rcv.URL+"/")
-	runner := New(testSecret).WithBearers(engine.WebhookBearers{"hook": b})
+	runner := New(testSecret).WithBearers(engine.Bearers{Flags: engine.WebhookBearers{"hook": b}})
 	sink := engine.Sink{Type: engine.SinkWebhook, URL: rcv.URL + "/wake", Bearer: "hook"}
 	if o := runner.Push(context.Background(), sink, testWakeup(), 1); !o.OK {
 		t.Fatalf("attempt 1: %+v", o)
@@ -484,7 +485,7 @@ func TestBearerTokenGoesNowhereElse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runner := New(testSecret).WithBearers(engine.WebhookBearers{"hook": {Name: "hook", Env: "BGTASK_TEST_HOOK_TOKEN", Prefixes: []engine.URLPrefix{p}}})
+	runner := New(testSecret).WithBearers(engine.Bearers{Flags: engine.WebhookBearers{"hook": {Name: "hook", Env: "BGTASK_TEST_HOOK_TOKEN", Prefixes: []engine.URLPrefix{p}}}})
 	for _, tc := range []struct{ url, bearer, reason string }{
 		{rcv.URL + "/other", "hook", "is not under its URL prefixes"},
 		{rcv.URL + "/hooks/../other", "hook", "is not under its URL prefixes"},
@@ -501,5 +502,63 @@ func TestBearerTokenGoesNowhereElse(t *testing.T) {
 	o := runner.Push(context.Background(), engine.Sink{Type: engine.SinkWebhook, URL: rcv.URL + "/hooks/wake", Bearer: "hook"}, testWakeup(), 1)
 	if reqs := rcv.requests(); !o.OK || len(reqs) != 1 || reqs[0].header.Get("Authorization") != "Bearer env-token" {
 		t.Fatalf("under the prefix: outcome %+v, requests %d", o, len(reqs))
+	}
+}
+
+// TestHomeBearerIsFoundAtEachAttempt: a bearer the server's home declares is
+// looked up at each attempt, so one declared after the server started is sent,
+// and one taken back, or whose declaration cannot be read, fails the attempt (to
+// be retried) without a request, with a reason that does not hold the token. A
+// flag's bearer of the same name wins.
+func TestHomeBearerIsFoundAtEachAttempt(t *testing.T) {
+	t.Parallel()
+	rcv := newReceiver(t, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	p, err := engine.ParseURLPrefix(rcv.URL + "/hooks/agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu       sync.Mutex
+		declared *engine.WebhookBearer
+		broken   error
+	)
+	home := func(name string) (engine.WebhookBearer, bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if broken != nil || declared == nil || name != declared.Name {
+			return engine.WebhookBearer{}, false, broken
+		}
+		return *declared, true, nil
+	}
+	set := func(b *engine.WebhookBearer, err error) {
+		mu.Lock()
+		declared, broken = b, err
+		mu.Unlock()
+	}
+	runner := New(testSecret).WithBearers(engine.Bearers{Home: home})
+	sink := engine.Sink{Type: engine.SinkWebhook, URL: rcv.URL + "/hooks/agent", Bearer: "openclaw"}
+	push := func(attempt int) engine.SinkOutcome {
+		return runner.Push(context.Background(), sink, testWakeup(), attempt)
+	}
+
+	if o := push(1); o.OK || o.Permanent || !strings.Contains(o.Error, "declares no such bearer token") {
+		t.Fatalf("before the home declares it: %+v, want a retryable failure", o)
+	}
+	set(&engine.WebhookBearer{Name: "openclaw", Held: " home-token\n", Prefixes: []engine.URLPrefix{p}}, nil)
+	if o := push(2); !o.OK {
+		t.Fatalf("once the home declares it: %+v", o)
+	}
+	set(nil, errors.New("its declaration in the server's home is damaged"))
+	if o := push(3); o.OK || o.Permanent || !strings.Contains(o.Error, `bearer "openclaw": its declaration in the server's home is damaged`) {
+		t.Fatalf("a damaged declaration: %+v, want a retryable failure", o)
+	}
+	flag := bearerFile(t, "openclaw", "flag-token", rcv.URL+"/hooks/")
+	set(&engine.WebhookBearer{Name: "openclaw", Held: "home-token", Prefixes: []engine.URLPrefix{p}}, nil)
+	if o := New(testSecret).WithBearers(engine.Bearers{Flags: engine.WebhookBearers{"openclaw": flag}, Home: home}).Push(context.Background(), sink, testWakeup(), 4); !o.OK {
+		t.Fatalf("with a flag of the same name: %+v", o)
+	}
+	reqs := rcv.requests()
+	if len(reqs) != 2 || reqs[0].header.Get("Authorization") != "Bearer home-token" || reqs[1].header.Get("Authorization") != "Bearer flag-token" {
+		t.Fatalf("the receiver got %d requests; want the home's token once, then the flag's", len(reqs))
 	}
 }
