@@ -14,6 +14,7 @@ const CrashEnv = "BGTASK_CRASH_AT"
 const (
 	CrashAfterPersist   = "dispatcher-after-persist"    // completion-persisted appended, nothing delivered
 	CrashAfterDeliver   = "dispatcher-after-deliver"    // the wake-up is in the inbox, fired not appended
+	CrashAfterPush      = "pusher-after-push"           // a push sink's attempt succeeded, its result not appended
 	CrashAfterSpawn     = "worker-after-spawn"          // spawned appended, the command not started
 	CrashBeforeExitSave = "worker-before-exit-recorded" // the command exited, exited not appended
 	CrashShimAfterStart = "shim-after-start"            // the shim started the command, its PID not recorded

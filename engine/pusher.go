@@ -292,6 +292,9 @@ func (p *Pusher) attempt(s State, push Push) {
 	ctx, cancel := context.WithTimeout(p.ctx, sink.AttemptTimeout())
 	outcome := p.runner.Push(ctx, sink, *s.Wakeup, claim.Attempt)
 	cancel()
+	if outcome.OK {
+		CrashPoint(CrashAfterPush)
+	}
 	if p.ctx.Err() != nil {
 		return // stopping: the next start claims this attempt again
 	}
