@@ -55,6 +55,7 @@ var layout = map[string]rule{
 	"agents/codex":          {imports: []string{"agents/internal/setup", "client"}, tests: []string{"client/clienttest", "events", "internal/testkit"}},
 	"agents/opencode":       {imports: []string{"agents/internal/setup", "client"}, tests: []string{"client/clienttest", "internal/testkit"}},
 	"agents/gemini":         {imports: []string{"agents/internal/setup", "client"}, tests: []string{"client/clienttest", "internal/testkit"}},
+	"agents/openclaw":       {imports: []string{"agents/internal/setup", "client", "internal/serverhome"}, tests: []string{"client/clienttest"}},
 	"internal/bench":        {imports: []string{"engine", "engine/api", "events", "internal/proc", "projections", "workers"}},
 	"cmd/bgtask":            {all: true},
 	"cmd/bgtask-shim":       {imports: []string{"workers/shim", "workers/shim/waiter"}},

@@ -200,7 +200,7 @@ func (o *addOptions) register(f *pflag.FlagSet) {
 	f.BoolVar(&o.noCwd, "no-cwd", false, "run in the worker's home directory instead of the current directory")
 	f.StringVar(&o.kind, "kind", "", "a label for the task (build, deploy, ...)")
 	f.StringVar(&o.prompt, "prompt", "", "template of the wake-up's prompt (default: a summary with the output tail)")
-	f.StringVar(&o.target, "target", "", "inbox the wake-up goes to (default: the agent session the command runs in, claude-$CLAUDE_CODE_SESSION_ID, codex-$CODEX_THREAD_ID or opencode-$OPENCODE_SESSION_ID, else \"default\")")
+	f.StringVar(&o.target, "target", "", "inbox the wake-up goes to (default: the agent session the command runs in, claude-$CLAUDE_CODE_SESSION_ID, codex-$CODEX_THREAD_ID, opencode-$OPENCODE_SESSION_ID or openclaw-$BGTASK_OPENCLAW_SESSION, else \"default\")")
 	f.StringVar(&o.key, "idempotency-key", "", "the same key registers the same task once and returns its id (default: a key of this command's own, so that a request made again through a server restart arms once)")
 	f.StringArrayVar(&o.env, "env", nil, "KEY=VALUE set in the command's environment (repeatable)")
 	f.StringVar(&o.environment, "environment", "", "what the command's environment starts from: caller (default: this shell's, captured now and kept with the task) or login (the worker's login environment, as a --spec without environment says)")

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 
+	"github.com/bgtask/bgtask/agents/openclaw"
 	"github.com/bgtask/bgtask/client"
 	"github.com/bgtask/bgtask/internal/serverhome"
 )
@@ -14,10 +15,10 @@ import (
 // agentSession is the agent session a command runs in, as its runtime tells its
 // tools through the environment.
 type agentSession struct {
-	target string            // the session's inbox: claude-ID, codex-ID or gemini-ID
+	target string            // the session's inbox: claude-ID, codex-ID, gemini-ID or openclaw-KEY
 	origin map[string]string // the runtime and the session's id, for the wake-up's reader
 	// deliver is the push sink that hands the wake-up to the session, for a runtime
-	// whose live session bgtask reaches only that way (Codex).
+	// whose live session bgtask reaches only that way (Codex, OpenClaw).
 	deliver []map[string]any
 }
 
@@ -31,6 +32,8 @@ var sessionVars = []struct{ name, runtime, prefix, key string }{
 	// Gemini CLI gives it to its hooks only; the waiter of a shell call that
 	// registers a task gives it to that call ('bgtask hook gemini attach').
 	{"GEMINI_SESSION_ID", "gemini", "gemini-", "session_id"},
+	// Set by bgtask's OpenClaw plugin (bgtask setup openclaw).
+	{openclaw.SessionEnv, "openclaw", "", "session"},
 }
 
 // currentSession is the agent session of this process's environment, if any; home
@@ -43,6 +46,9 @@ func currentSession(getenv func(string) string, home string, warn io.Writer) (ag
 		id := getenv(v.name)
 		if id == "" {
 			continue
+		}
+		if v.runtime == "openclaw" {
+			return openClawSession(getenv, id, warn), true
 		}
 		target := v.prefix + id
 		if !client.ValidName(target) {
@@ -71,6 +77,19 @@ func applySession(doc map[string]any, s agentSession) {
 	if _, ok := doc["deliver"]; !ok && s.deliver != nil {
 		doc["deliver"] = s.deliver
 	}
+}
+
+// openClawSession is the OpenClaw session key, as bgtask's plugin gives it to
+// exec commands: its target, and the webhook sink to the gateway's /hooks/agent
+// that the plugin names too.
+func openClawSession(getenv func(string) string, key string, warn io.Writer) agentSession {
+	s := agentSession{target: openclaw.Target(key), origin: openclaw.Origin(key)}
+	if url := getenv(openclaw.URLEnv); url != "" {
+		s.deliver = []map[string]any{openclaw.Sink(url)}
+	} else {
+		fmt.Fprintf(warn, "bgtask: %s is not set, so the wake-up stays in the inbox of %s: run 'bgtask setup openclaw' again\n", openclaw.URLEnv, s.target)
+	}
+	return s
 }
 
 // codexDeliverSink is the exec sink that hands a Codex thread's wake-ups to it

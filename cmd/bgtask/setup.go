@@ -14,7 +14,7 @@ when it was closed. Each subcommand is idempotent, leaves the runtime's other
 settings alone, and takes out what it installed with --remove.`,
 		Args: cobra.NoArgs,
 	}
-	cmd.AddCommand(setupClaudeCodeCmd(g), setupCodexCmd(g), setupOpencodeCmd(g), setupGeminiCmd(g))
+	cmd.AddCommand(setupClaudeCodeCmd(g), setupCodexCmd(g), setupOpencodeCmd(g), setupGeminiCmd(g), setupOpenClawCmd(g))
 	return cmd
 }
 
@@ -24,6 +24,6 @@ func hookCmd(g *globals) *cobra.Command {
 		Short: "Run as an agent runtime's hook (installed by 'bgtask setup')",
 		Args:  cobra.NoArgs,
 	}
-	cmd.AddCommand(hookClaudeCodeCmd(g), hookOpencodeCmd(g), hookGeminiCmd(g))
+	cmd.AddCommand(hookClaudeCodeCmd(g), hookOpencodeCmd(g), hookGeminiCmd(g), hookOpenClawCmd(g))
 	return cmd
 }
