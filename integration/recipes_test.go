@@ -96,18 +96,19 @@ func TestRecipesWakeTheirRuntimes(t *testing.T) {
 // The OpenClaw recipe runs a turn through a gateway's /hooks/agent, with the
 // token the server reads from its own file: a stand-in gateway that answers 401
 // without it, and 400 to an empty sessionKey as OpenClaw does, gets exactly one
-// request per task, whose message is the prompt, whatever the output held; the
-// task's origin.session is its sessionKey, left out when the origin has none,
-// and the agent is main unless the origin names one. A spec cannot name an
-// undeclared token or send one elsewhere, and the token is in neither the
-// stream nor what show and history print.
+// request per task, whose message is the prompt, whatever the output held, in
+// the persistent session the task's origin.session names (agent:main:main when
+// it has none), answered once the turn ran, its reply kept in that session. A
+// spec cannot name an undeclared token or send one elsewhere, and the token is
+// in neither the stream nor what show and history print.
 func TestOpenClawRecipeWakesTheGatewayOnce(t *testing.T) {
 	t.Parallel()
 	const token = "oc-hook-token-5f0e8a7c1d"
 	type turn struct {
-		Message, Name, AgentID string
-		SessionKey             *string
-		WaitForCompletion      bool
+		Message, Name, SessionMode string
+		SessionKey                 *string
+		WaitForCompletion          bool
+		Deliver                    *bool
 	}
 	var mu sync.Mutex
 	turns := map[string]turn{} // by Idempotency-Key
@@ -172,12 +173,13 @@ func TestOpenClawRecipeWakesTheGatewayOnce(t *testing.T) {
 	mu.Lock()
 	got, refused := maps.Clone(turns), unauthorized
 	mu.Unlock()
-	if main, ok := got[id]; len(got) != 2 || !ok || main.Message != w.Prompt || main.Name != "bgtask" || main.AgentID != "main" ||
-		main.SessionKey != nil || !main.WaitForCompletion || refused != 1 {
-		t.Fatalf("the gateway got %+v and refused %d; want a turn of %s {message: %q, agentId: main, no sessionKey} and one refused", got, refused, id, w.Prompt)
+	if main, ok := got[id]; len(got) != 2 || !ok || main.Message != w.Prompt || main.Name != "bgtask" || main.SessionKey == nil ||
+		*main.SessionKey != "agent:main:main" || main.SessionMode != "persistent" || !main.WaitForCompletion ||
+		main.Deliver == nil || *main.Deliver || refused != 1 {
+		t.Fatalf("the gateway got %+v and refused %d; want a turn of %s {message: %q, sessionKey: agent:main:main, persistent, deliver false} and one refused", got, refused, id, w.Prompt)
 	}
-	if r := got[routed]; r.SessionKey == nil || *r.SessionKey != "agent:ops:thread-7" || r.AgentID != "ops" {
-		t.Fatalf("the routed task's turn %+v, want sessionKey agent:ops:thread-7 and agentId ops", r)
+	if r := got[routed]; r.SessionKey == nil || *r.SessionKey != "agent:ops:thread-7" || r.SessionMode != "persistent" {
+		t.Fatalf("the routed task's turn %+v, want sessionKey agent:ops:thread-7, persistent", r)
 	}
 	if !strings.Contains(w.Prompt, `deploy "staging" done`) {
 		t.Fatalf("prompt %q does not hold the output", w.Prompt)

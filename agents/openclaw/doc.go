@@ -7,9 +7,9 @@
 //
 //   - A plugin of bgtask's, loaded by the gateway from bgtask's home
 //     (plugins.load.paths, plugins.entries.bgtask). Its resolve_exec_env hook gives
-//     every exec command the key of the session it runs for (SessionEnv) and the
-//     gateway's /hooks/agent URL (URLEnv): OpenClaw gives commands no session id of
-//     its own. Its before_model_resolve and agent_end hooks run `bgtask hook
+//     every exec command the key of the session it runs for (SessionEnv), the
+//     gateway's /hooks/agent URL (URLEnv) and BGTASK_HOME: OpenClaw gives commands
+//     no session id of its own. Its before_model_resolve and agent_end hooks run `bgtask hook
 //     openclaw busy|idle KEY`: a /hooks/agent run that starts in a session while
 //     another turn runs there makes that turn fail (OpenClaw 2026.9.6: "the
 //     transcript writer no longer owned this session"), so a wake-up waits for the

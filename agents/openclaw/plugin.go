@@ -44,8 +44,9 @@ func pluginFiles(bgtask, home, hookURL string) map[string][]byte {
 const pluginSource = `// bgtask's plugin for OpenClaw, written by 'bgtask setup openclaw' (which
 // 'bgtask setup openclaw --remove' takes out again; edits here are overwritten).
 //
-// It gives every exec command the key of the session it runs for, so that
-// 'bgtask add' sends the task's wake-up back to that session, and it tells bgtask
+// It gives every exec command the key of the session it runs for, and the home
+// of the bgtask server, so that 'bgtask add' sends the task's wake-up back to that
+// session, and it tells bgtask
 // when a session runs a turn, so that a wake-up waits for the turn's end instead
 // of starting a run that would cut into it.
 import { execFile } from "node:child_process";
@@ -53,20 +54,38 @@ import { execFile } from "node:child_process";
 const [bgtask, home, hookURL] = %s;
 
 // The last state change of each session still on its way, so that a session's
-// busy and idle reach bgtask in the order they happened.
+// busy and idle reach bgtask in the order they happened; and the latest of each,
+// so that a change that could not reach bgtask (its server restarting) is tried
+// again for a minute, unless a newer one came.
 const pending = new Map();
+const latest = new Map();
 
 function report(api, key, state) {
+  const mine = {};
+  latest.set(key, mine);
   const previous = pending.get(key) ?? Promise.resolve();
-  const next = previous.then(() => new Promise((resolve) => {
-    execFile(bgtask, ["--home", home, "hook", "openclaw", state, key], { timeout: 30000 }, (err, _stdout, stderr) => {
-      if (err) api.logger?.warn?.("bgtask: marking session " + key + " " + state + " failed: " + (String(stderr).trim() || err.message));
-      resolve();
-    });
-  }));
+  const next = previous.then(() => attempt(api, key, state, mine, 1));
   pending.set(key, next);
   next.then(() => {
-    if (pending.get(key) === next) pending.delete(key);
+    if (pending.get(key) === next) {
+      pending.delete(key);
+      latest.delete(key);
+    }
+  });
+}
+
+function attempt(api, key, state, mine, n) {
+  return new Promise((resolve) => {
+    execFile(bgtask, ["--home", home, "hook", "openclaw", state, key], { timeout: 30000 }, (err, _stdout, stderr) => {
+      resolve(err ? String(stderr).trim() || err.message : "");
+    });
+  }).then((failure) => {
+    if (!failure || latest.get(key) !== mine) return;
+    if (n >= 6) {
+      api.logger?.warn?.("bgtask: marking session " + key + " " + state + " failed: " + failure);
+      return;
+    }
+    return new Promise((wait) => setTimeout(wait, 1000 * 2 ** n).unref?.()).then(() => attempt(api, key, state, mine, n + 1));
   });
 }
 
@@ -77,7 +96,7 @@ export default {
   register(api) {
     api.on("resolve_exec_env", (event, ctx) => {
       const key = event?.sessionKey ?? ctx?.sessionKey;
-      return key ? { %q: key, %q: hookURL } : undefined;
+      return key ? { %q: key, %q: hookURL, BGTASK_HOME: home } : undefined;
     });
     // %s is bgtask's own bound of a busy state, for a gateway killed in a turn.
     api.on("before_model_resolve", (_event, ctx) => {

@@ -255,7 +255,7 @@ console.log(plugin.id, JSON.stringify(env), Object.keys(hooks).sort().join(","))
 		t.Fatal(err)
 	}
 	out, err := exec.Command(node, probe).CombinedOutput()
-	want := `bgtask {"BGTASK_OPENCLAW_SESSION":"agent:main:main","BGTASK_OPENCLAW_URL":"http://127.0.0.1:18789/hooks/agent"} agent_end,before_model_resolve,resolve_exec_env`
+	want := `bgtask {"BGTASK_OPENCLAW_SESSION":"agent:main:main","BGTASK_OPENCLAW_URL":"http://127.0.0.1:18789/hooks/agent","BGTASK_HOME":"/home/me/.local/state/bgtask"} agent_end,before_model_resolve,resolve_exec_env`
 	if err != nil || strings.TrimSpace(string(out)) != want {
 		t.Fatalf("node: %v\n%s\nwant %s", err, out, want)
 	}

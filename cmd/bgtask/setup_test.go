@@ -34,6 +34,12 @@ var setupRuntimes = []setupRuntime{
 		t.Setenv("GEMINI_CLI_HOME", "")
 		return mkdirFor(t, filepath.Join(user, ".gemini", "settings.json"))
 	}},
+	{"openclaw", func(t *testing.T) string {
+		state := filepath.Join(t.TempDir(), "openclaw")
+		t.Setenv("OPENCLAW_STATE_DIR", state)
+		t.Setenv("OPENCLAW_CONFIG_PATH", "")
+		return mkdirFor(t, filepath.Join(state, "openclaw.json"))
+	}},
 }
 
 func mkdirFor(t *testing.T, path string) string {
