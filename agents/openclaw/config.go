@@ -105,10 +105,12 @@ func kind(raw json.RawMessage) string {
 		return "an array"
 	case string:
 		return "a string"
+	case bool:
+		return "a boolean"
 	case nil:
 		return "null"
 	}
-	return "a " + fmt.Sprintf("%T", v)
+	return "a number"
 }
 
 // newToken is a hook token for a gateway that has none.

@@ -192,6 +192,7 @@ func TestSetupRefusesWhatItCannotEdit(t *testing.T) {
 		"path":         {`{"hooks": {"path": "/"}}`, `hooks.path "/"`},
 		"secret ref":   {`{"hooks": {"token": {"source": "env", "id": "SEKRIT-HOOK"}}}`, "hooks.token is an object: want the token itself"},
 		"env token":    {`{"hooks": {"token": "${SEKRIT_HOOK}"}}`, "hooks.token names an environment variable"},
+		"number token": {`{"hooks": {"token": 12345}}`, "hooks.token is a number: want the token itself"},
 		"paths":        {`{"plugins": {"load": {"paths": "/srv"}}}`, "plugins.load.paths is not an array of strings"},
 		"entries":      {`{"plugins": {"entries": 3}}`, "plugins.entries is not an object"},
 		"no such file": {"", "does not exist: set OpenClaw up first"},
