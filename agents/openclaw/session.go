@@ -67,7 +67,8 @@ func Origin(key string) map[string]string {
 // has run (waitForCompletion), with no announcement of the turn's reply to the
 // main session (deliver false: that would start a second turn there). A turn can
 // take minutes, hence the attempt's timeout; a retry joins the run in flight, as
-// it carries the same Idempotency-Key.
+// it carries the same Idempotency-Key. A gateway that is down is retried for the
+// sink's default retry_for, a day.
 func Sink(url string) map[string]any {
 	return map[string]any{
 		"type":   "webhook",
@@ -75,8 +76,7 @@ func Sink(url string) map[string]any {
 		"bearer": BearerName,
 		"body": json.RawMessage(`{"message": "{{prompt}}", "name": "bgtask", "sessionKey": "{{origin.session}}", ` +
 			`"sessionMode": "persistent", "waitForCompletion": true, "deliver": false}`),
-		"timeout":      "10m",
-		"max_attempts": 20,
+		"timeout": "10m",
 	}
 }
 
