@@ -146,12 +146,16 @@ func TestUnknownTaskIDIsAnErrorInEveryCommand(t *testing.T) {
 	startServer(t, home)
 	for _, cmd := range [][]string{
 		{"show", "no-such-id"}, {"history", "no-such-id"}, {"wait", "no-such-id"}, {"cancel", "no-such-id"},
-		{"show", "01a22a60-c563-7096-9a88-ac2479fc52d0"}, {"wait", "a.b", "--timeout", "1s"},
+		{"show", "01a22a60-c563-7096-9a88-ac2479fc52d0"}, {"wait", "abc.def", "--timeout", "1s"},
 	} {
 		r := run(t, home, cmd...)
 		if r.code == 0 || !strings.Contains(r.stderr, "no such task") {
 			t.Errorf("bgtask %s: exit %d, stderr %q; want non-zero and 'no such task'", strings.Join(cmd, " "), r.code, r.stderr)
 		}
+	}
+	// Fewer than 6 characters could name many tasks: a usage error, not a lookup.
+	if r := run(t, home, "wait", "a.b", "--timeout", "1s"); r.code != 2 || !strings.Contains(r.stderr, "too short") {
+		t.Errorf("bgtask wait a.b: exit %d, stderr %q; want exit 2 and 'too short'", r.code, r.stderr)
 	}
 }
 

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -170,6 +171,9 @@ func TestOpencodeSessionIsWokenByItsTasks(t *testing.T) {
 		t.Fatalf("tmux kill-server: %v: %s", err, out)
 	}
 	testkit.Eventually(t, 60*time.Second, "the TUI gone with its terminal", func() bool { return processGone(tui) })
+	// Closed means its helper gone too: one still ending when C's wake-up comes
+	// may take it and give it back only at its end (docs/opencode.md).
+	testkit.Eventually(t, 60*time.Second, "the session's helper gone with its TUI", func() bool { return !helperRuns(sid) })
 	openGate(t, proj, "gate-c")
 	prompts[c] = wakePromptOf(t, home, c)
 	if n := model.turnsWith(prompts[c]); n != 0 {
@@ -474,4 +478,77 @@ func (m *chatModel) dump() string {
 		fmt.Fprintf(&b, "%d: last %s, new %.200q\n", i, r.lastRole, r.newUser)
 	}
 	return b.String()
+}
+
+// A helper whose opencode is gone (its stdout a pipe nobody reads) and that
+// offers a wake-up gives the offer back to the inbox, rather than being killed
+// by SIGPIPE in the middle of its hand-off (which left it handing); once its
+// stdin ends too, it ends.
+func TestOpencodeHelperWhoseReaderIsGoneGivesTheOfferBack(t *testing.T) {
+	home := t.TempDir()
+	startServer(t, home)
+	const session = "ses_gonereader0001"
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close() // nobody reads the helper's offers
+	stdin, keep, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer keep.Close()
+	helper := exec.Command(bin, "--home", home, "hook", "opencode", "session", session, "--live")
+	helper.Env, helper.Stdin, helper.Stdout = childEnv(home), stdin, w
+	if err := helper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stdin.Close()
+	w.Close()
+	ended := make(chan error, 1)
+	go func() { ended <- helper.Wait() }()
+	id := add(t, home, "--target", "opencode-"+session, "--", "echo gone-reader")
+	waitFor(t, home, id)
+	killedBy := func(err error) (syscall.Signal, bool) {
+		var exit *exec.ExitError
+		if errors.As(err, &exit) && exit.Sys().(syscall.WaitStatus).Signaled() {
+			return exit.Sys().(syscall.WaitStatus).Signal(), true
+		}
+		return 0, false
+	}
+	log := filepath.Join(home, "opencode", "opencode.log")
+	testkit.Eventually(t, 60*time.Second, "the helper's offer given back", func() bool {
+		select {
+		case err := <-ended:
+			if sig, ok := killedBy(err); ok {
+				t.Fatalf("the helper was killed by %v, in the middle of its offer", sig)
+			}
+			t.Fatalf("the helper ended (%v) before it offered the wake-up", err)
+		default:
+		}
+		data, _ := os.ReadFile(log)
+		return strings.Contains(string(data), "hand over:")
+	})
+	keep.Close() // opencode gone: the helper's stdin ends too
+	select {
+	case err := <-ended:
+		if sig, ok := killedBy(err); ok {
+			t.Fatalf("the helper was killed by %v", sig)
+		}
+	case <-time.After(60 * time.Second):
+		_ = helper.Process.Kill()
+		t.Fatal("the helper did not end with its stdin")
+	}
+}
+
+// helperRuns reports whether a process runs the helper of session sid.
+func helperRuns(sid string) bool {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		cmdline, _ := os.ReadFile(p)
+		if strings.Contains(string(cmdline), "\x00hook\x00opencode\x00session\x00"+sid) {
+			return true
+		}
+	}
+	return false
 }
