@@ -37,9 +37,6 @@ const openclawOutageEnv = "BGTASK_OPENCLAW_OUTAGE"
 // re-post with the same Idempotency-Key is replayed by the gateway, not run
 // again); and when the gateway is down around the exit.
 func TestOpenClawSessionIsWokenByItsTasks(t *testing.T) {
-	if portableEnabled {
-		t.Skip("the portable lane is for bgtask's containment paths; this test's minutes go to OpenClaw's gateway, which is the same in both lanes")
-	}
 	oc := startOpenClaw(t)
 	// The scenarios share the gateway and the server, one after another.
 	for _, s := range []struct {
