@@ -116,80 +116,113 @@ func (s *Spec) validateDelivery() error {
 	if len(s.Deliver) > MaxSinks {
 		return fieldErr("deliver", "%d sinks: at most %d", len(s.Deliver), MaxSinks)
 	}
-	for i, k := range s.Deliver {
-		field := fmt.Sprintf("deliver[%d]", i)
-		if string(k.Body) == "null" {
-			s.Deliver[i].Body, k.Body = nil, nil
+	for i := range s.Deliver {
+		if string(s.Deliver[i].Body) == "null" {
+			s.Deliver[i].Body = nil
 		}
-		switch k.Type {
-		case SinkWebhook:
-			if err := checkWebhookURL(k.URL); err != nil {
-				return fieldErr(field+".url", "%v", err)
-			}
-			if len(k.Argv) > 0 {
-				return fieldErr(field+".argv", "only with type exec")
-			}
-			if k.Body != nil {
-				if err := checkBody(k.Body, field+".body"); err != nil {
-					return err
-				}
-			} else if k.OmitEmpty {
-				return fieldErr(field+".omit_empty", "only with a body: the wake-up JSON has no template to leave values out of")
-			}
-			if k.Bearer != "" && !events.ValidToken(k.Bearer) {
-				return fieldErr(field+".bearer", "%q: a bearer token's name is 1-128 letters, digits, '-' or '_'", k.Bearer)
-			}
-		case SinkExec:
-			if len(k.Argv) == 0 || k.Argv[0] == "" {
-				return fieldErr(field+".argv", "exec needs an argv with a program first")
-			}
-			for j, a := range k.Argv {
-				if strings.ContainsRune(a, 0) {
-					return fieldErr(field+".argv", "argv[%d] contains a NUL byte", j)
-				}
-				if err := checkTemplate(a, argvPlaceholders); err != nil {
-					return fieldErr(field+".argv", "argv[%d]: %v", j, err)
-				}
-			}
-			if err := checkExecArgv(k.Argv); err != nil {
-				return fieldErr(field+".argv", "%v", err)
-			}
-			switch {
-			case k.URL != "":
-				return fieldErr(field+".url", "only with type webhook")
-			case k.Body != nil:
-				return fieldErr(field+".body", "only with type webhook")
-			case k.Bearer != "":
-				return fieldErr(field+".bearer", "only with type webhook")
-			case k.OmitEmpty:
-				return fieldErr(field+".omit_empty", "only with type webhook")
-			}
-		case "":
-			return fieldErr(field+".type", "required: webhook or exec")
-		default:
-			return fieldErr(field+".type", "%q: want webhook or exec", k.Type)
+		if err := checkSink(s.Deliver[i], fmt.Sprintf("deliver[%d]", i)); err != nil {
+			return err
 		}
-		if k.Timeout != "" {
-			d, err := parsePositiveDuration(k.Timeout)
-			if err != nil {
-				return fieldErr(field+".timeout", "%v", err)
-			}
-			if d > MaxSinkTimeout {
-				return fieldErr(field+".timeout", "%s is over the limit of %s", d, MaxSinkTimeout)
-			}
+	}
+	return nil
+}
+
+// checkSink checks one push sink, named field in the errors.
+func checkSink(k Sink, field string) error {
+	var err error
+	switch k.Type {
+	case SinkWebhook:
+		err = checkWebhookSink(k, field)
+	case SinkExec:
+		err = checkExecSink(k, field)
+	case "":
+		err = fieldErr(field+".type", "required: webhook or exec")
+	default:
+		err = fieldErr(field+".type", "%q: want webhook or exec", k.Type)
+	}
+	if err != nil {
+		return err
+	}
+	if err := checkSinkDuration(k.Timeout, field+".timeout", MaxSinkTimeout); err != nil {
+		return err
+	}
+	if err := checkSinkDuration(k.RetryFor, field+".retry_for", MaxRetryFor); err != nil {
+		return err
+	}
+	if k.MaxAttempts < 0 || k.MaxAttempts > MaxAttemptsLimit {
+		return fieldErr(field+".max_attempts", "%d: want 1 to %d", k.MaxAttempts, MaxAttemptsLimit)
+	}
+	return nil
+}
+
+func checkWebhookSink(k Sink, field string) error {
+	if err := checkWebhookURL(k.URL); err != nil {
+		return fieldErr(field+".url", "%v", err)
+	}
+	if len(k.Argv) > 0 {
+		return fieldErr(field+".argv", "only with type exec")
+	}
+	if k.Body != nil {
+		if err := checkBody(k.Body, field+".body"); err != nil {
+			return err
 		}
-		if k.RetryFor != "" {
-			d, err := parsePositiveDuration(k.RetryFor)
-			if err != nil {
-				return fieldErr(field+".retry_for", "%v", err)
-			}
-			if d > MaxRetryFor {
-				return fieldErr(field+".retry_for", "%s is over the limit of %s (7 days)", d, MaxRetryFor)
-			}
+	} else if k.OmitEmpty {
+		return fieldErr(field+".omit_empty", "only with a body: the wake-up JSON has no template to leave values out of")
+	}
+	if k.Bearer != "" && !events.ValidToken(k.Bearer) {
+		return fieldErr(field+".bearer", "%q: a bearer token's name is 1-128 letters, digits, '-' or '_'", k.Bearer)
+	}
+	return nil
+}
+
+func checkExecSink(k Sink, field string) error {
+	if len(k.Argv) == 0 || k.Argv[0] == "" {
+		return fieldErr(field+".argv", "exec needs an argv with a program first")
+	}
+	for j, a := range k.Argv {
+		if strings.ContainsRune(a, 0) {
+			return fieldErr(field+".argv", "argv[%d] contains a NUL byte", j)
 		}
-		if k.MaxAttempts < 0 || k.MaxAttempts > MaxAttemptsLimit {
-			return fieldErr(field+".max_attempts", "%d: want 1 to %d", k.MaxAttempts, MaxAttemptsLimit)
+		if err := checkTemplate(a, argvPlaceholders); err != nil {
+			return fieldErr(field+".argv", "argv[%d]: %v", j, err)
 		}
+	}
+	if err := checkExecArgv(k.Argv); err != nil {
+		return fieldErr(field+".argv", "%v", err)
+	}
+	switch {
+	case k.URL != "":
+		return fieldErr(field+".url", "only with type webhook")
+	case k.Body != nil:
+		return fieldErr(field+".body", "only with type webhook")
+	case k.Bearer != "":
+		return fieldErr(field+".bearer", "only with type webhook")
+	case k.OmitEmpty:
+		return fieldErr(field+".omit_empty", "only with type webhook")
+	}
+	return nil
+}
+
+// inDays says a limit of whole days in days too.
+func inDays(d time.Duration) string {
+	if d < 24*time.Hour || d%(24*time.Hour) != 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%d days)", d/(24*time.Hour))
+}
+
+// checkSinkDuration checks a sink's duration field, when given: positive and
+// at most limit.
+func checkSinkDuration(value, field string, limit time.Duration) error {
+	if value == "" {
+		return nil
+	}
+	d, err := parsePositiveDuration(value)
+	if err != nil {
+		return fieldErr(field, "%v", err)
+	}
+	if d > limit {
+		return fieldErr(field, "%s is over the limit of %s%s", d, limit, inDays(limit))
 	}
 	return nil
 }
