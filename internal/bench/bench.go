@@ -180,11 +180,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	defer r.cleanup()
 
 	rep := &Report{Quick: opts.Quick, Repeats: r.repeats, Machine: machine(), Started: time.Now().UTC()}
-	wall, cpu, err := startCost(ctx, 21, nil, "bash", "-c", "true")
-	if err != nil {
-		return nil, fmt.Errorf("measure a process start: %w", err)
+	if r.processStart, err = processStart(ctx); err != nil {
+		return nil, err
 	}
-	r.processStart = ProcessStart{CPU: summarize(cpu, false).Median, Wall: summarize(wall, false).Median}
 	rep.Machine.ProcessStart = r.processStart
 	rep.Peer = r.findPeer()
 	var failed []string
@@ -301,3 +299,12 @@ func usesShared(name string) bool {
 
 // ErrUnknownScenario: a scenario asked for by a name that is not one.
 var ErrUnknownScenario = errors.New("unknown scenario")
+
+// processStart measures what a start of bash -c true costs on this machine.
+func processStart(ctx context.Context) (ProcessStart, error) {
+	wall, cpu, err := startCost(ctx, 21, nil, "bash", "-c", "true")
+	if err != nil {
+		return ProcessStart{}, fmt.Errorf("measure a process start: %w", err)
+	}
+	return ProcessStart{CPU: summarize(cpu, false).Median, Wall: summarize(wall, false).Median}, nil
+}
