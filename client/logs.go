@@ -72,6 +72,24 @@ const (
 	TargetIdle = events.TargetIdle
 )
 
+// MarkSession is what an agent runtime's hook does at each turn's start and
+// end: it connects with cfg, records that target is busy (ending by itself
+// after busyTTL, as a runtime killed in a turn says idle no more) or idle, and
+// closes; ctx bounds it all.
+func MarkSession(ctx context.Context, cfg Config, target, state string, busyTTL time.Duration) error {
+	c, err := Connect(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var ttl time.Duration
+	if state == TargetBusy {
+		ttl = busyTTL
+	}
+	_, err = c.SetTarget(ctx, target, state, ttl)
+	return err
+}
+
 // SetTarget says that a target is busy, until ttl has passed (0: until it says
 // idle), or idle, and returns the state stored. Pushes to a busy target under the
 // defer_idle policy wait.

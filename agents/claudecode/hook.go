@@ -122,20 +122,7 @@ func readHookInput(stdin io.Reader, warn io.Writer) hookInput {
 func (h Hook) mark(ctx context.Context, target, state string) {
 	ctx, cancel := context.WithTimeout(ctx, hookBound)
 	defer cancel()
-	err := func() error {
-		c, err := client.Connect(ctx, h.Config)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		var ttl time.Duration
-		if state == client.TargetBusy {
-			ttl = BusyTTL
-		}
-		_, err = c.SetTarget(ctx, target, state, ttl)
-		return err
-	}()
-	if err != nil {
+	if err := client.MarkSession(ctx, h.Config, target, state, BusyTTL); err != nil {
 		fmt.Fprintf(h.Stderr, "bgtask hook claude-code: target %s %s: %v\n", state, target, err)
 	}
 }

@@ -49,10 +49,10 @@ func (h Hook) Run(ctx context.Context, stdin io.Reader) error {
 		return fmt.Errorf("session_id %q cannot name a target", in.SessionID)
 	}
 	target := TargetPrefix + in.SessionID
-	state, ttl := client.TargetIdle, time.Duration(0)
+	state := client.TargetIdle
 	switch in.Event {
 	case "UserPromptSubmit":
-		state, ttl = client.TargetBusy, BusyTTL
+		state = client.TargetBusy
 		if err := h.spawnDeliver(in.SessionID, in.Event); err != nil {
 			return err
 		}
@@ -71,13 +71,7 @@ func (h Hook) Run(ctx context.Context, stdin io.Reader) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, hookBound)
 	defer cancel()
-	c, err := client.Connect(ctx, h.Config)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_, err = c.SetTarget(ctx, target, state, ttl)
-	return err
+	return client.MarkSession(ctx, h.Config, target, state, BusyTTL)
 }
 
 // spawnDeliver hands the thread what its inbox holds, in a process of its own

@@ -108,20 +108,7 @@ func (h Hook) Run(ctx context.Context, event string) {
 func (h Hook) mark(ctx context.Context, target, state string) {
 	ctx, cancel := context.WithTimeout(ctx, hookBound)
 	defer cancel()
-	err := func() error {
-		c, err := client.Connect(ctx, h.Config)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		var ttl time.Duration
-		if state == client.TargetBusy {
-			ttl = BusyTTL
-		}
-		_, err = c.SetTarget(ctx, target, state, ttl)
-		return err
-	}()
-	if err != nil {
+	if err := client.MarkSession(ctx, h.Config, target, state, BusyTTL); err != nil {
 		fmt.Fprintf(h.Stderr, "bgtask hook gemini: target %s %s: %v\n", state, target, err)
 	}
 }

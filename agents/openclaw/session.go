@@ -100,15 +100,5 @@ func (h Hook) Run(ctx context.Context, state, key string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, hookBound)
 	defer cancel()
-	c, err := client.Connect(ctx, h.Config)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	var ttl time.Duration
-	if state == client.TargetBusy {
-		ttl = BusyTTL
-	}
-	_, err = c.SetTarget(ctx, Target(key), state, ttl)
-	return err
+	return client.MarkSession(ctx, h.Config, Target(key), state, BusyTTL)
 }

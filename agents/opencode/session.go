@@ -181,17 +181,7 @@ func (s *Session) report(ctx context.Context, states <-chan string) {
 func (s *Session) mark(ctx context.Context, state string) error {
 	ctx, cancel := context.WithTimeout(ctx, stateBound)
 	defer cancel()
-	c, err := client.Connect(ctx, s.Config)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	var ttl time.Duration
-	if state == client.TargetBusy {
-		ttl = BusyTTL
-	}
-	_, err = c.SetTarget(ctx, TargetPrefix+s.ID, state, ttl)
-	return err
+	return client.MarkSession(ctx, s.Config, TargetPrefix+s.ID, state, BusyTTL)
 }
 
 // handOver offers what is pending now, then, Live, each wake-up that comes,
