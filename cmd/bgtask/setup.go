@@ -1,7 +1,12 @@
 package main
 
 import (
+	"fmt"
+	"os"
+
 	"github.com/spf13/cobra"
+
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 func setupCmd(g *globals) *cobra.Command {
@@ -26,4 +31,14 @@ func hookCmd(g *globals) *cobra.Command {
 	}
 	cmd.AddCommand(hookClaudeCodeCmd(g), hookOpencodeCmd(g), hookGeminiCmd(g), hookOpenClawCmd(g))
 	return cmd
+}
+
+// setupPaths are what every setup writes into a runtime's configuration: this
+// bgtask binary, which its hooks run, and the home they run it on.
+func (g *globals) setupPaths() (exe, home string, err error) {
+	if exe, err = os.Executable(); err != nil {
+		return "", "", fmt.Errorf("find this bgtask binary, which the runtime's hooks run: %w", err)
+	}
+	home, err = serverhome.Dir(g.home)
+	return exe, home, err
 }

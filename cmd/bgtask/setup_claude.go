@@ -40,11 +40,7 @@ refused. See docs/claude-code.md.`,
 			if err != nil {
 				return usageErr("--scope: %v", err)
 			}
-			exe, err := os.Executable()
-			if err != nil {
-				return fmt.Errorf("find the bgtask binary for the hooks: %w", err)
-			}
-			home, err := serverhome.Dir(g.home)
+			exe, home, err := g.setupPaths()
 			if err != nil {
 				return err
 			}

@@ -44,11 +44,7 @@ thread is resumed in Codex's app-server daemon and runs the turn there.`,
 			if err != nil {
 				return err
 			}
-			exe, err := os.Executable()
-			if err != nil {
-				return fmt.Errorf("where is this bgtask binary: %w", err)
-			}
-			home, err := serverhome.Dir(g.home)
+			exe, home, err := g.setupPaths()
 			if err != nil {
 				return err
 			}

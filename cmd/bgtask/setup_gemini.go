@@ -40,11 +40,7 @@ file with comments is refused: setup writes JSON and would drop them. A settings
 file that is a symbolic link stays one. See docs/gemini.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			exe, err := os.Executable()
-			if err != nil {
-				return fmt.Errorf("find the bgtask binary for the hooks: %w", err)
-			}
-			home, err := serverhome.Dir(g.home)
+			exe, home, err := g.setupPaths()
 			if err != nil {
 				return err
 			}

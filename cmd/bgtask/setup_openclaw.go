@@ -1,13 +1,9 @@
 package main
 
 import (
-	"fmt"
-	"os"
-
 	"github.com/spf13/cobra"
 
 	"github.com/bgtask/bgtask/agents/openclaw"
-	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 func setupOpenClawCmd(g *globals) *cobra.Command {
@@ -51,11 +47,7 @@ setup edits only a configuration written as plain JSON, as OpenClaw writes it.`,
 			if err != nil {
 				return err
 			}
-			exe, err := os.Executable()
-			if err != nil {
-				return fmt.Errorf("where is this bgtask binary: %w", err)
-			}
-			home, err := serverhome.Dir(g.home)
+			exe, home, err := g.setupPaths()
 			if err != nil {
 				return err
 			}

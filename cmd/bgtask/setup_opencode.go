@@ -2,8 +2,6 @@ package main
 
 import (
 	"errors"
-	"fmt"
-	"os"
 	"os/signal"
 	"syscall"
 
@@ -43,11 +41,7 @@ that name that bgtask did not write is refused. See docs/opencode.md.`,
 			if err != nil {
 				return usageErr("--scope: %v", err)
 			}
-			exe, err := os.Executable()
-			if err != nil {
-				return fmt.Errorf("find the bgtask binary for the plugin: %w", err)
-			}
-			home, err := serverhome.Dir(g.home)
+			exe, home, err := g.setupPaths()
 			if err != nil {
 				return err
 			}
