@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -28,6 +30,14 @@ func hookCmd(g *globals) *cobra.Command {
 		Use:   "hook",
 		Short: "Run as an agent runtime's hook (installed by 'bgtask setup')",
 		Args:  cobra.NoArgs,
+		// A hook writes what it hands over to a pipe of its runtime's, which may be
+		// gone: the write then fails (EPIPE) and the hand-off gives the wake-up back
+		// to the inbox, where SIGPIPE would end the hook in the middle of it and
+		// leave the wake-up handing.
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			signal.Ignore(syscall.SIGPIPE)
+			return cmd.Root().PersistentPreRunE(cmd, args)
+		},
 	}
 	cmd.AddCommand(hookClaudeCodeCmd(g), hookOpencodeCmd(g), hookGeminiCmd(g), hookOpenClawCmd(g))
 	return cmd

@@ -119,12 +119,11 @@ func geminiHookEnv(g *globals) (cfg client.Config, home, exe string, err error) 
 // geminiAttach runs the waiter of a rewritten shell call. Gemini CLI stops a
 // background command with SIGHUP when the session ends: the waiter then hands
 // nothing over. Its output is a pipe or a terminal of Gemini CLI's: a write
-// there once Gemini CLI is gone fails (EPIPE, not a SIGPIPE that would end the
-// waiter in the middle of a hand-over), and the wake-up goes back to the inbox.
+// there once Gemini CLI is gone fails (hookCmd ignores SIGPIPE), and the
+// wake-up goes back to the inbox.
 func geminiAttach(ctx context.Context, g *globals, gem int, session, command string) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGHUP)
 	defer stop()
-	signal.Ignore(syscall.SIGPIPE)
 	if err := client.CheckTarget(gemini.TargetPrefix + session); err != nil {
 		return usageErr("session %q cannot name a target (letters, digits, '-' or '_')", session)
 	}

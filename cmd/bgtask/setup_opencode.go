@@ -91,9 +91,7 @@ wrong goes to opencode/opencode.log in the bgtask home.`,
 			// The helper ends with its stdin, giving back what it offered and opencode
 			// did not take; the terminal's signals, which reach opencode's process
 			// group, are opencode's to act on (SIGTERM still ends it the same way).
-			// An offer written once opencode is gone fails (EPIPE) and is given back,
-			// where SIGPIPE would end the helper in the middle of its hand-off.
-			signal.Ignore(syscall.SIGHUP, syscall.SIGINT, syscall.SIGPIPE)
+			signal.Ignore(syscall.SIGHUP, syscall.SIGINT)
 			s := &opencode.Session{Config: cfg, Home: home, ID: args[1], Live: live,
 				In: cmd.InOrStdin(), Out: cmd.OutOrStdout(), Log: opencode.LogFile(home)}
 			return s.Run(cmd.Context())
