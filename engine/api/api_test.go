@@ -35,14 +35,28 @@ func (noFleet) Waiting(engine.State) string    { return "" }
 // server and its event store.
 func serve(t *testing.T) (*eventstest.Server, *events.JetStreamStore) {
 	t.Helper()
-	srv, store, _ := serveWith(t, func(s events.Store) events.Store { return s })
+	srv, store, _ := serveWith(t, serving{})
 	return srv, store
 }
 
-// serveWith is serve with the engine appending through wrap(store), on a server
-// with configure's options; it returns the projection the API answers from too.
-func serveWith(t *testing.T, wrap func(events.Store) events.Store, configure ...func(*server.Options)) (*eventstest.Server, *events.JetStreamStore, *projections.Projector) {
+// serving says what serveWith changes in the engine it starts.
+type serving struct {
+	// store wraps the store the engine appends through.
+	store func(events.Store) events.Store
+	// queries wraps the projection the API answers from.
+	queries func(*projections.Projector) api.Queries
+	// server configures the JetStream server.
+	server func(*server.Options)
+}
+
+// serveWith is serve with the changes with says; it returns the projection the
+// API answers from too.
+func serveWith(t *testing.T, with serving) (*eventstest.Server, *events.JetStreamStore, *projections.Projector) {
 	t.Helper()
+	var configure []func(*server.Options)
+	if with.server != nil {
+		configure = append(configure, with.server)
+	}
 	srv := eventstest.Run(t, configure...)
 	ctx := context.Background()
 	store, err := events.OpenStore(ctx, srv.JS, events.StreamConfig{})
@@ -54,8 +68,16 @@ func serveWith(t *testing.T, wrap func(events.Store) events.Store, configure ...
 		t.Fatal(err)
 	}
 	t.Cleanup(proj.Stop)
+	var appends events.Store = store
+	if with.store != nil {
+		appends = with.store(store)
+	}
+	var queries api.Queries = proj
+	if with.queries != nil {
+		queries = with.queries(proj)
+	}
 	nc, _ := srv.Connect(t)
-	s := api.New(nc, engine.NewService(wrap(store), "engine-1", engine.Base{}), proj, noFleet{}, store, nil, "0.0.0-test", engine.Base{})
+	s := api.New(nc, engine.NewService(appends, "engine-1", engine.Base{}), queries, noFleet{}, store, nil, "0.0.0-test", engine.Base{})
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -162,10 +184,10 @@ func TestRegistrationsWaitForTheirAppendsTogether(t *testing.T) {
 	t.Parallel()
 	const n = 4
 	meeting := &meetingStore{arrived: make(chan struct{}, n), met: make(chan struct{}), n: n}
-	srv, _, _ := serveWith(t, func(s events.Store) events.Store {
+	srv, _, _ := serveWith(t, serving{store: func(s events.Store) events.Store {
 		meeting.Store = s
 		return meeting
-	})
+	}})
 	client := api.NewClient(srv.Conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -448,7 +470,7 @@ func TestListRefusesABadCursor(t *testing.T) {
 // task bigger than the max payload, asked for alone, listed, or its history.
 func TestRepliesTooLargeForAMessageAreErrors(t *testing.T) {
 	t.Parallel()
-	srv, store, proj := serveWith(t, func(s events.Store) events.Store { return s }, func(o *server.Options) { o.MaxPayload = 128 << 10 })
+	srv, store, proj := serveWith(t, serving{server: func(o *server.Options) { o.MaxPayload = 128 << 10 }})
 	client := api.NewClient(srv.Conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -646,6 +668,69 @@ func TestAServerStoppedBeforeItsStartServesRegistrationsTogether(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// laggingQueries is a projection that has not yet applied the registration of
+// the task behind, until it is waited for.
+type laggingQueries struct {
+	*projections.Projector
+	mu     sync.Mutex
+	behind string
+}
+
+func (q *laggingQueries) lagBehind(id string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.behind = id
+}
+
+func (q *laggingQueries) WaitFor(ctx context.Context, seq uint64) error {
+	q.lagBehind("")
+	return q.Projector.WaitFor(ctx, seq)
+}
+
+func (q *laggingQueries) MatchIDs(match func(string) bool, limit int) ([]string, int) {
+	q.mu.Lock()
+	behind := q.behind
+	q.mu.Unlock()
+	return q.Projector.MatchIDs(func(id string) bool { return id != behind && match(id) }, limit)
+}
+
+// A part of an id is matched against every task registered before it was
+// asked for: one the projection has not applied yet makes it ambiguous, where
+// the tasks already applied would have named one task, the wrong one maybe.
+func TestAPartOfAnIDMatchesTasksJustRegistered(t *testing.T) {
+	t.Parallel()
+	lagging := &laggingQueries{}
+	srv, _, _ := serveWith(t, serving{queries: func(p *projections.Projector) api.Queries {
+		lagging.Projector = p
+		return lagging
+	}})
+	c := api.NewClient(srv.Conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var ids []string
+	for _, spec := range []string{`{"command":"sleep 61"}`, `{"command":"sleep 62"}`} {
+		reg, err := c.Register(ctx, []byte(spec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, reg.ID)
+	}
+	a, b := ids[0], ids[1]
+	shared := 0
+	for shared < len(a) && a[shared] == b[shared] {
+		shared++
+	}
+	if shared < api.MinIDPart {
+		t.Fatalf("%s and %s, registered together, share only %q", a, b, a[:shared])
+	}
+	lagging.lagBehind(b)
+	_, err := c.Get(ctx, a[:shared])
+	var apiErr *api.Error
+	if !errors.As(err, &apiErr) || apiErr.Code != api.CodeAmbiguous || len(apiErr.Matches) != 2 {
+		t.Errorf("get %q, a start of %s and of %s not yet applied: %v, want it ambiguous", a[:shared], a, b, err)
 	}
 }
 

@@ -37,8 +37,9 @@ func (s *Server) resolveID(ctx context.Context, ref string) (string, error) {
 		return "", err
 	}
 	ids, n := s.queries.MatchIDs(match, maxMatches)
-	if n == 0 {
-		// A task registered a moment ago may not be in the projection yet.
+	if n < 2 {
+		// A task registered a moment ago may not be in the projection yet: with
+		// it, a part that names one task now may name none, or two.
 		last, err := s.store.LastSeq(ctx)
 		if err != nil {
 			return "", err
