@@ -173,33 +173,46 @@ func TestATaskTakenButNotStartedBeforeARestartIsStarted(t *testing.T) {
 
 // A run found with no record of its command's start is started again in the
 // same boot of the host, and lost after a restart of the host: its command may
-// have started before the host went down (neither the starting file nor pid.json
-// is durable), and must not run a second time.
+// have started before the host went down (neither run.json nor the starting
+// file nor pid.json is durable), and must not run a second time. The worker
+// then writes down the boot its runs are made in.
 func TestARunStartingWhenTheHostRestartedIsLostNotStartedAgain(t *testing.T) {
 	t.Parallel()
 	current, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {
 		t.Skip("no boot id here:", err)
 	}
+	now := strings.TrimSpace(string(current))
 	for _, c := range []struct {
 		boot       string
+		runFile    bool
 		status     string
 		reason     string
 		markerMade bool
 	}{
-		{"an-earlier-boot", engine.StatusLost, workers.ReasonHostRestarted, false},
-		{strings.TrimSpace(string(current)), engine.StatusSucceeded, "", true},
+		{"an-earlier-boot", true, engine.StatusLost, workers.ReasonHostRestarted, false},
+		{"an-earlier-boot", false, engine.StatusLost, workers.ReasonHostRestarted, false},
+		{now, true, engine.StatusSucceeded, "", true},
+		{now, false, engine.StatusSucceeded, "", true},
 	} {
 		b := setup(t)
 		state, dir := t.TempDir(), t.TempDir()
-		id, _ := takenBeforeARestart(t, b, state, dir, c.boot)
+		id, runDir := takenBeforeARestart(t, b, state, dir, c.boot)
+		if !c.runFile {
+			if err := os.Remove(filepath.Join(runDir, "run.json")); err != nil {
+				t.Fatal(err)
+			}
+		}
 		b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
 		end := b.waitFor(t, id, 20*time.Second, "ended", ended)
 		if end.Status != c.status || end.Reason != c.reason {
-			t.Fatalf("boot %s: ended %s (%q), want %s (%q)", c.boot, end.Status, end.Reason, c.status, c.reason)
+			t.Fatalf("boot %s, run.json %v: ended %s (%q), want %s (%q)", c.boot, c.runFile, end.Status, end.Reason, c.status, c.reason)
 		}
 		if _, err := os.Stat(filepath.Join(dir, "marker")); (err == nil) != c.markerMade {
-			t.Fatalf("boot %s: the command's marker: %v, want made %v", c.boot, err, c.markerMade)
+			t.Fatalf("boot %s, run.json %v: the command's marker: %v, want made %v", c.boot, c.runFile, err, c.markerMade)
+		}
+		if got, _ := os.ReadFile(filepath.Join(state, "boot")); strings.TrimSpace(string(got)) != now {
+			t.Fatalf("the state directory's boot file says %q, want this boot's %s", got, now)
 		}
 	}
 }
@@ -229,8 +242,9 @@ func TestARunWithItsExitOnDiskAndNoPIDsEndsAsItsExitSays(t *testing.T) {
 }
 
 // takenBeforeARestart is what a worker "stable" that died after it wrote the
-// run.json of a task's first run (in boot) and appended its spawn leaves: the task,
-// whose command writes dir/marker, and its run directory in state.
+// run.json of a task's first run (in boot, if not empty) and appended its spawn
+// leaves: the task, whose command writes dir/marker, and its run directory in
+// state.
 func takenBeforeARestart(t *testing.T, b *bundle, state, dir, boot string) (id, runDir string) {
 	t.Helper()
 	id = b.arm(t, engine.Spec{Command: "echo ran > marker", Cwd: dir})
@@ -238,7 +252,12 @@ func takenBeforeARestart(t *testing.T, b *bundle, state, dir, boot string) (id, 
 	if err := os.MkdirAll(runDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	run := fmt.Sprintf(`{"task_id":%q,"epoch":1,"path":"/bin/sh","args":["sh","-c","echo ran > marker"],"env":[],"dir":%q,"boot":%q}`, id, dir, boot)
+	if boot != "" {
+		if err := os.WriteFile(filepath.Join(state, "boot"), []byte(boot+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := fmt.Sprintf(`{"task_id":%q,"epoch":1,"path":"/bin/sh","args":["sh","-c","echo ran > marker"],"env":[],"dir":%q}`, id, dir)
 	if err := os.WriteFile(filepath.Join(runDir, "run.json"), []byte(run), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package workers
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -91,7 +92,11 @@ func writeRun(dir string, run shimRun) error {
 		}
 		f.Close()
 	}
-	return writeJSONAtomic(filepath.Join(dir, runFile), run)
+	data, err := json.Marshal(run)
+	if err != nil {
+		return err
+	}
+	return shim.WriteWhole(filepath.Join(dir, runFile), data)
 }
 
 // startingShim is the shim of a prepared run, which starts no command until it is

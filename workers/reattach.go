@@ -27,16 +27,18 @@ func (w *Worker) reattach(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	hostRestarted := bootedSince(runsBoot(w.cfg.StateDir))
 	for _, dir := range dirs {
-		if err := w.reattachRun(ctx, dir); err != nil {
+		if err := w.reattachRun(ctx, dir, hostRestarted); err != nil {
 			return fmt.Errorf("worker: find run %s again: %w", dir, err)
 		}
 	}
-	return nil
+	return markBoot(w.cfg.StateDir)
 }
 
-// reattachRun settles the run in dir, as reattach says.
-func (w *Worker) reattachRun(ctx context.Context, dir string) error {
+// reattachRun settles the run in dir, as reattach says; hostRestarted: the host
+// has restarted since the run was made.
+func (w *Worker) reattachRun(ctx context.Context, dir string, hostRestarted bool) error {
 	log := w.cfg.Base.Logger
 	sr, ok := intentOf(dir)
 	if !ok { // not made by a worker for a run
@@ -64,7 +66,7 @@ func (w *Worker) reattachRun(ctx context.Context, dir string) error {
 	}
 	r := &run{w: w, state: state, cancelled: make(chan struct{})}
 	switch {
-	case errors.Is(perr, errShimNotStarted) && bootedSince(sr.Boot):
+	case errors.Is(perr, errShimNotStarted) && hostRestarted:
 		log.Error("a run was starting when the host restarted: not started again", "task", sr.TaskID)
 		if r.recordEnd(ctx, engine.Lose{Reason: ReasonHostRestarted}) {
 			_ = os.RemoveAll(dir)

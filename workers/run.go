@@ -266,7 +266,7 @@ func (r *run) shimRun(dir string, epoch uint64, logAt offsets) shimRun {
 		// The spec's env may hold a credential too (a registrant's shell that had
 		// one): the command gets none, under any name.
 		Env:      secretenv.Without(mergeEnv(base, spec.Env, "BGTASK_TASK_ID="+id, runMarker(dir))),
-		Deadline: spec.DeadlineTime(), KillGrace: r.w.cfg.KillGrace, Boot: hostBoot(),
+		Deadline: spec.DeadlineTime(), KillGrace: r.w.cfg.KillGrace,
 	}
 	if spec.OnStall == engine.OnStallKill {
 		run.StallAfter = spec.StallDuration() // notify and respawn need the worker

@@ -18,13 +18,12 @@ package workers
 //	                 past its last shim.OutputKeepBytes, read or not (package
 //	                 shim's bound.go): a reader may find a hole where old output
 //	                 was, and skips it (freedAhead, resumeAt).
-//	run.json         shimRun, by the worker, atomically and durably, last (while
+//	run.json         shimRun, by the worker, whole but not durable, last (while
 //	                 the spawn is appended, for a task's first run): a run without
-//	                 it never had its shim started (errShimNotStarted); one of an
-//	                 earlier boot of the host with no start recorded may have
-//	                 started its command, and is lost (ReasonHostRestarted). It holds
-//	                 the command's environment, which the worker hands the shim on
-//	                 its stdin (shim.EnvironFD) and a result command runs in.
+//	                 it, in the boot of the host it was made in (bootFile), never
+//	                 had its shim started (errShimNotStarted). It holds the
+//	                 command's environment, which the worker hands the shim on its
+//	                 stdin (shim.EnvironFD) and a result command runs in.
 //	exit.json.tmp    the shim, before the command starts: the exit file's blocks,
 //	                 so that a full disk loses no exit.
 //	starting         the shim, just before it starts the command. Beside it,
@@ -43,6 +42,13 @@ package workers
 //	                 it stops a command for a rule or leaves it running after a
 //	                 match: a worker killed meanwhile finishes the same decision
 //	                 (decisionOf).
+//
+// None of the files but the exit file and stop.json is durable: after a crash of
+// the host no command is running, and what the log says decides. A worker that
+// starts in a later boot of the host than the one its runs were made in
+// (bootFile) loses each run it finds with no exit on disk, whatever else the
+// directory holds or lacks: its command may have started before the host went
+// down, and must not run a second time.
 //
 // Until the start is recorded (pid.json, or a start error in exit.json) the shim's
 // stdout and stderr are a pipe the worker reads (startingShim.hand). A worker removes
@@ -124,12 +130,6 @@ type shimRun struct {
 	Deadline   time.Time     `json:"deadline,omitempty"`
 	StallAfter time.Duration `json:"stall_after,omitempty"`
 	KillGrace  time.Duration `json:"kill_grace,omitempty"`
-	// Boot names the host's boot the run was written in (proc.Boot). Neither
-	// starting nor pid.json is durable until the exit file is: after a crash of
-	// the host, a run with no record of its start may have started its command
-	// before it, and is not started again. Where a boot cannot be read, such a
-	// run is started again.
-	Boot string `json:"boot,omitempty"`
 }
 
 // shimArgs are the arguments of the shim that starts run in dir, with envBytes of
@@ -184,9 +184,8 @@ func readJSON(path string, v any) error {
 	return json.Unmarshal(data, v)
 }
 
-// writeJSONAtomic writes v so that a reader sees all of it or none, durably: the
-// worker's records of a run must outlive a crash of the host, or a task it took
-// would be running in the log with no trace on disk.
+// writeJSONAtomic writes v so that a reader sees all of it or none, durably: a
+// decision, once taken, must outlive a crash of the host.
 func writeJSONAtomic(path string, v any) error {
 	data, err := json.Marshal(v)
 	if err != nil {
@@ -195,15 +194,38 @@ func writeJSONAtomic(path string, v any) error {
 	return shim.WriteDurable(path, data)
 }
 
+// bootFile, in a worker's state directory, names the boot of the host
+// (proc.Boot) the runs in it were made in: the worker writes it, durably, at
+// each start, after it settled the runs an earlier boot left, and before it
+// takes a run.
+const bootFile = "boot"
+
 // hostBoot names this boot of the host, or is empty where it cannot be read.
 func hostBoot() string {
 	boot, _ := proc.Boot()
 	return boot
 }
 
-// bootedSince says whether the host has restarted since boot, a run's: known
-// only where both boots are.
+// runsBoot is the boot of the host the runs in stateDir were made in; empty if
+// not known.
+func runsBoot(stateDir string) string {
+	data, _ := os.ReadFile(filepath.Join(stateDir, bootFile))
+	return strings.TrimSpace(string(data))
+}
+
+// bootedSince says whether the host has restarted since boot: known only where
+// both boots are.
 func bootedSince(boot string) bool {
 	now := hostBoot()
 	return boot != "" && now != "" && boot != now
+}
+
+// markBoot writes this boot of the host into stateDir's bootFile, unless it is
+// there already.
+func markBoot(stateDir string) error {
+	now := hostBoot()
+	if now == "" || now == runsBoot(stateDir) {
+		return nil
+	}
+	return shim.WriteDurable(filepath.Join(stateDir, bootFile), []byte(now+"\n"))
 }

@@ -80,6 +80,12 @@ func appendString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
+// WriteWhole writes a file so that a reader sees all of it or none; a crash of
+// the host may lose it.
+func WriteWhole(path string, data []byte) error {
+	return writeFile(path, data, notDurable)
+}
+
 // WriteDurable writes a file so that a reader sees all of it or none, and it
 // survives the host's crash: a temp file, fsync, rename, fsync of the directory.
 func WriteDurable(path string, data []byte) error {
