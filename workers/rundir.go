@@ -4,13 +4,13 @@ package workers
 // one run of a task meet, and what a restarted worker finds the run again by. Who
 // writes each file, when, and what a reader may take from it:
 //
-//	(the directory)  the worker, before it appends the spawn (writeIntent), made
-//	                 durable: no task is taken without a trace on disk. Its name
-//	                 says the task and epoch (intentOf). It is also the run's
-//	                 start lock: the worker locks it (flock) and sends it to the
-//	                 shim with the run (shim.receiveRun); the shim holds it until
-//	                 the run is over, so a lock found free means no shim works on
-//	                 the run or ever will (shimAlive).
+//	(the directory)  the worker, before it appends the spawn (writeIntent), its
+//	                 name made durable: no task is taken without a trace on
+//	                 disk. Its name says the task and epoch (intentOf). It is
+//	                 also the run's start lock: the worker locks it (flock) and
+//	                 sends it to the shim with the run (shim.receiveRun); the
+//	                 shim holds it until the run is over, so a lock found free
+//	                 means no shim works on the run or ever will (shimAlive).
 //	stdout, stderr   made by the worker (prepareRun); the command appends
 //	                 to them directly. The worker reads them into the tail, the
 //	                 log and the completion rule, and frees the blocks no restart
@@ -91,10 +91,9 @@ func writeIntent(dir string) error {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return err
 	}
-	// The new directory, then its entry in runs: both on disk before the spawn.
-	if err := shim.SyncDir(dir); err != nil {
-		return err
-	}
+	// Its name in runs on disk before the spawn is all a restart after a crash of
+	// the host needs: the mkdir is one change of runs, and what the directory
+	// will hold is not durable anyway.
 	return shim.SyncDir(runs)
 }
 
