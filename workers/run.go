@@ -677,12 +677,19 @@ func (r *run) stallAction(spec engine.Spec) string {
 // this worker's (both true), or the worker stops (false: the run's directory keeps
 // what to record, for the worker's next start).
 func (r *run) recordEnd(ctx context.Context, c engine.Command) bool {
-	for {
+	for kept := false; ; {
 		err := r.record(ctx, c)
 		if err == nil || errors.Is(err, errFenced) {
 			return true
 		}
 		r.w.cfg.Base.Logger.Error("end of task not recorded yet", "task", r.state.ID, "err", err)
+		if !kept {
+			// The shim wrote the exit file durably only if no worker watched.
+			kept = true
+			if err := shim.KeepExit(r.w.runDir(r.state.ID, r.state.Epoch)); err != nil {
+				r.w.cfg.Base.Logger.Error("exit file not made durable", "task", r.state.ID, "err", err)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return false

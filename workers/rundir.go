@@ -34,21 +34,24 @@ package workers
 //	                 names is alive. Its PIDs come with start times, so a reused
 //	                 PID is never signalled.
 //	exit.json        shimExit, by the shim, once it reaped the command (or the
-//	                 start failed), by rename then fsync: a reader sees all of it
-//	                 or none, perhaps before it is durable; a crash of the host
-//	                 may leave one that does not decode, which counts as none.
-//	                 The shim's end without it: the run is lost.
+//	                 start failed), by rename: a reader sees all of it or none.
+//	                 Durable (fsync after the rename) if no worker watched the
+//	                 run (none held the state directory's lock, shim.WorkerLock),
+//	                 or once a worker could not record the exit at once
+//	                 (shim.KeepExit); a crash of the host may leave one that
+//	                 does not decode, which counts as none. The shim's end
+//	                 without it: the run is lost.
 //	stop.json        stopDecision, by the worker, atomically and durably before
 //	                 it stops a command for a rule or leaves it running after a
 //	                 match: a worker killed meanwhile finishes the same decision
 //	                 (decisionOf).
 //
-// None of the files but the exit file and stop.json is durable: after a crash of
-// the host no command is running, and what the log says decides. A worker that
-// starts in a later boot of the host than the one its runs were made in
-// (bootFile) loses each run it finds with no exit on disk, whatever else the
-// directory holds or lacks: its command may have started before the host went
-// down, and must not run a second time.
+// Only the directory's name, the exit file while no worker records it, and
+// stop.json are durable: after a crash of the host no command is running, and
+// what the log says decides. A worker that starts in a later boot of the host
+// than the one its runs were made in (bootFile) loses each run it finds with no
+// exit on disk, whatever else the directory holds or lacks: its command may
+// have started before the host went down, and must not run a second time.
 //
 // Until the start is recorded (pid.json, or a start error in exit.json) the shim's
 // stdout and stderr are a pipe the worker reads (startingShim.hand). A worker removes

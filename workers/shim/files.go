@@ -135,6 +135,39 @@ func writeFile(path string, data []byte, mode durability) error {
 	return nil
 }
 
+// WorkerLock is the file of a worker's state directory that the worker holds
+// locked (flock) while it runs. A run's directory is STATE/runs/NAME.
+const WorkerLock = "lock"
+
+// watched says whether a worker watches the run in dir: one holds the lock of
+// the state directory the run's directory is in.
+func watched(dir string) bool {
+	fd, err := open(join(dirOf(dirOf(dir)), WorkerLock), syscall.O_RDONLY, 0)
+	if err != nil {
+		return false
+	}
+	defer syscall.Close(fd) // and with it the lock, if this took it
+	return syscall.Flock(fd, syscall.LOCK_SH|syscall.LOCK_NB) == syscall.EWOULDBLOCK
+}
+
+// KeepExit makes the exit file in dir durable, if there is one: a worker that
+// cannot record a run's exit in the log at once keeps it so, as the shim does
+// where no worker watches.
+func KeepExit(dir string) error {
+	fd, err := open(join(dir, ExitFile), syscall.O_RDONLY, 0)
+	if errors.Is(err, syscall.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer syscall.Close(fd)
+	if err := syscall.Fsync(fd); err != nil {
+		return &fileError{"sync", join(dir, ExitFile), err}
+	}
+	return SyncDir(dir)
+}
+
 // SyncDir makes a directory's entries durable: the files made, renamed or removed
 // in it.
 func SyncDir(path string) error {

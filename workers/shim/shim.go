@@ -277,15 +277,23 @@ func reserveExit(dir string) (exitFile, error) {
 	return e, nil
 }
 
-// write writes the exit file. It is durable: the exit code is what the caller
-// waits for, and it must outlive a crash of the host before the worker recorded
-// it. But the worker may read it, and record the exit, before it is on disk: a
-// crash of the host in the meantime may leave a file it cannot read, which it takes
-// for none, as after a crash before the write: the task is lost either way.
+// write writes the exit file, whole. The exit code is what the caller waits
+// for, and it must outlive a crash of the host before it is in the log: where
+// no worker watches the run, the file is made durable; where one does, the
+// worker records the exit as soon as it reads it, and makes the file durable
+// itself if the log cannot take the exit at once (KeepExit). The worker may
+// read it before it is on disk: a crash of the host in the meantime may leave a
+// file it cannot read, which it takes for none, as after a crash before the
+// write: the task is lost either way.
 func (e exitFile) write(exit exitRecord) error {
 	path := join(e.dir, ExitFile)
+	durable := !watched(e.dir)
 	if e.fd < 0 {
-		return writeFile(path, exit.appendJSON(nil), syncAfterRename)
+		mode := notDurable
+		if durable {
+			mode = syncAfterRename
+		}
+		return writeFile(path, exit.appendJSON(nil), mode)
 	}
 	tmp := path + ".tmp"
 	if err := overwrite(e.fd, tmp, exit.appendJSON(nil)); err != nil {
@@ -293,6 +301,9 @@ func (e exitFile) write(exit exitRecord) error {
 	}
 	if err := syscall.Rename(tmp, path); err != nil {
 		return &fileError{"rename", tmp, err}
+	}
+	if !durable {
+		return nil
 	}
 	if err := syscall.Fsync(e.fd); err != nil {
 		return &fileError{"sync", path, err}

@@ -221,3 +221,48 @@ func TestARecordOverALongerTempFileReadsBackWhole(t *testing.T) {
 		}
 	}
 }
+
+// A run is watched while a worker holds the lock of the state directory its
+// directory is in, STATE/runs/NAME: not when there is no such lock, nor once
+// the worker let go of it. Its exit is written whole either way.
+func TestARunIsWatchedWhileItsWorkerHoldsTheStateLock(t *testing.T) {
+	state := t.TempDir()
+	dir := filepath.Join(state, "runs", "task-1")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	exit := exitRecord{exitCode: 3}
+	check := func(what string, want bool) {
+		t.Helper()
+		if got := watched(dir); got != want {
+			t.Fatalf("%s: watched %v, want %v", what, got, want)
+		}
+		if err := (exitFile{dir: dir, fd: -1}).write(exit); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if got, err := os.ReadFile(filepath.Join(dir, ExitFile)); err != nil || string(got) != string(exit.appendJSON(nil)) {
+			t.Fatalf("%s: the exit file holds %q (%v), want %q", what, got, err, exit.appendJSON(nil))
+		}
+		if err := KeepExit(dir); err != nil {
+			t.Fatalf("%s: keep the exit: %v", what, err)
+		}
+	}
+	check("no state lock", false)
+	lock, err := os.OpenFile(filepath.Join(state, WorkerLock), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	check("a state lock no worker holds", false)
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	check("a state lock a worker holds", true)
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_UN); err != nil {
+		t.Fatal(err)
+	}
+	check("a state lock let go", false)
+	if err := KeepExit(t.TempDir()); err != nil {
+		t.Errorf("keep the exit of a run with none: %v", err)
+	}
+}
