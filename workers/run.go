@@ -407,6 +407,9 @@ func (x *watcher) stopCopying() {
 	x.copying.Wait()
 }
 
+// firstTickAfter is how long a command runs before its first tick, at most.
+const firstTickAfter = time.Second
+
 // follow waits for what happens to the run next and does what the spec says, until
 // the run ends, is to be started again (respawn), is no longer the worker's, or the
 // worker stops.
@@ -427,13 +430,16 @@ func (x *watcher) follow(ctx context.Context, started bool) (respawn bool) {
 		noticeDue = x.notices.ready
 		defer x.notices.stop()
 	}
-	var err error
-	// The first tick says the command runs, with its PID. A command that has already
-	// ended (a short one often has by now) gets none: its exit says it all, and the
-	// exit is not held up behind one more append.
-	if started && !x.proc.ended() {
-		err = x.r.record(ctx, engine.Tick{PID: x.proc.pids.Command.PID})
+	// The first tick says the command runs, with its PID, once it has run a
+	// while: a short command gets none, its exit says it all, and the exit is not
+	// held up behind one more append.
+	var firstTick <-chan time.Time
+	if started {
+		first := time.NewTimer(min(x.r.w.cfg.TickInterval, firstTickAfter))
+		defer first.Stop()
+		firstTick = first.C
 	}
+	var err error
 	for !errors.Is(err, errFenced) {
 		if err != nil {
 			// NATS is away: the command goes on, and the next event tries again.
@@ -461,6 +467,11 @@ func (x *watcher) follow(ctx context.Context, started bool) (respawn bool) {
 		case now := <-stallCheck:
 			if over, respawn, err = x.checkStall(ctx, now, &stallCheck); over {
 				return respawn
+			}
+		case <-firstTick:
+			firstTick = nil
+			if !x.proc.ended() {
+				err = x.r.record(ctx, engine.Tick{PID: x.proc.pids.Command.PID})
 			}
 		case <-ticker.C:
 			err = x.r.record(ctx, engine.Tick{OutputBytes: x.tail.Bytes()})

@@ -873,9 +873,9 @@ func oddFirst(line string) int {
 	return 1
 }
 
-// A run's first tick, with the command's PID, is written while the command runs; a
-// command that has ended by the time the worker would write it gets none, and its
-// exit follows its spawn at once.
+// A run's first tick, with the command's PID, is written once the command has
+// run a second; a command that has ended by then gets none, and its exit
+// follows its spawn at once.
 func TestTheFirstTickIsLeftOutWhenTheCommandHasEnded(t *testing.T) {
 	t.Parallel()
 	self, err := os.Executable()
@@ -893,6 +893,16 @@ func TestTheFirstTickIsLeftOutWhenTheCommandHasEnded(t *testing.T) {
 		if st.Run == nil || st.Run.ExitCode != 3 {
 			t.Fatalf("ended %s (%q), want exit 3 recorded", st.Status, st.Reason)
 		}
+		if got, want := types(b.history(t, id)), []events.Type{events.TypeArmed, events.TypeSpawned, events.TypeExited}; !slices.Equal(got, want) {
+			t.Fatalf("history = %v, want %v", got, want)
+		}
+	})
+	t.Run("short", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.startWorker(t, workers.Config{})
+		id := b.arm(t, engine.Spec{Command: "sleep 0.1", Cwd: t.TempDir()})
+		b.waitFor(t, id, 20*time.Second, "ended", ended)
 		if got, want := types(b.history(t, id)), []events.Type{events.TypeArmed, events.TypeSpawned, events.TypeExited}; !slices.Equal(got, want) {
 			t.Fatalf("history = %v, want %v", got, want)
 		}
