@@ -252,7 +252,9 @@ func decodeChunk(msg jetstream.Msg) LogChunk {
 
 // LogWriter keeps one output stream of one task in the log stream. Write never
 // blocks and never fails: output is buffered and published in chunks by a
-// goroutine of its own, and what cannot be kept is dropped and counted.
+// goroutine of its own, which runs only while output waits to be published (a
+// quiet command's writer costs no goroutine), and what cannot be kept is
+// dropped and counted.
 type LogWriter struct {
 	logs    *Logs
 	subject string
@@ -267,6 +269,8 @@ type LogWriter struct {
 	keptSize int64
 	closed   bool
 	final    bool
+	// flushing: the writer's goroutine (run) runs.
+	flushing bool
 	wake     chan struct{}
 	done     chan struct{}
 }
@@ -284,7 +288,6 @@ func (l *Logs) Writer(taskID, stream string, offset int64) *LogWriter {
 		logs: l, subject: LogSubject(taskID, stream), ctx: ctx, cancel: cancel,
 		offset: offset, wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
-	go w.run()
 	return w
 }
 
@@ -300,11 +303,20 @@ func (w *LogWriter) Write(p []byte) (int, error) {
 		}
 	}
 	full := len(w.pending) >= logChunkBytes
+	w.startFlushing()
 	w.mu.Unlock()
-	if full { // a full chunk goes now; less waits for the next tick
+	if full { // a full chunk goes now; less waits up to logFlushInterval
 		w.signal()
 	}
 	return len(p), nil
+}
+
+// startFlushing starts the writer's goroutine unless it runs. w.mu is held.
+func (w *LogWriter) startFlushing() {
+	if !w.flushing {
+		w.flushing = true
+		go w.run()
+	}
 }
 
 // Skip drops the next n bytes of the output, which the writer never had: they
@@ -337,6 +349,7 @@ func (w *LogWriter) signal() {
 func (w *LogWriter) Close(ctx context.Context, final bool) (total, dropped int64) {
 	w.mu.Lock()
 	w.closed, w.final = true, final
+	w.startFlushing()
 	w.mu.Unlock()
 	w.signal()
 	select {
@@ -354,23 +367,39 @@ func (w *LogWriter) Close(ctx context.Context, final bool) (total, dropped int64
 	return total, w.dropped
 }
 
+// run publishes the pending output, at most logFlushInterval after it came,
+// until none is left; once the writer is closed, until it is all published (or
+// Close gives up), and then it is done.
 func (w *LogWriter) run() {
-	defer close(w.done)
-	ticker := time.NewTicker(logFlushInterval)
-	defer ticker.Stop()
+	due := time.NewTimer(logFlushInterval)
+	defer due.Stop()
 	for {
 		select {
 		case <-w.wake:
-		case <-ticker.C:
+		case <-due.C:
 		case <-w.ctx.Done():
+			close(w.done)
 			return
 		}
 		w.mu.Lock()
 		closed, final := w.closed, w.final
 		w.mu.Unlock()
-		if w.flush(closed && final) && closed {
+		published := w.flush(closed && final)
+		w.mu.Lock()
+		switch {
+		case published && closed: // all of it, its end mark on the last chunk
+			w.mu.Unlock()
+			close(w.done)
+			return
+		case published && !w.closed && len(w.pending) == 0:
+			w.flushing = false
+			w.mu.Unlock()
 			return
 		}
+		// Output came meanwhile, or a publish failed: again, within the interval;
+		// closed meanwhile: again at once, on Close's signal.
+		w.mu.Unlock()
+		due.Reset(logFlushInterval)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -98,6 +99,45 @@ func TestLogWriterKeepsEveryByteInOrder(t *testing.T) {
 	only := readAll(t, logs, "t1", false, events.Stderr)
 	if only.data[events.Stdout] != nil || only.data[events.Stderr].String() != "oops\n" {
 		t.Fatal("reading stderr alone returned stdout")
+	}
+}
+
+// A writer holds a goroutine only while it has output to publish: a running
+// task whose command is quiet costs none for its output. Not parallel: it
+// counts the writers' goroutines of the whole test binary.
+func TestALogWriterHoldsAGoroutineOnlyWhileItPublishes(t *testing.T) {
+	logs := openLogs(t)
+	w := logs.Writer("quiet", events.Stdout, 0)
+	none := func() bool { return writerGoroutines() == 0 }
+	// Eventually: a writer another test closed may still be on its way out.
+	testkit.Eventually(t, 10*time.Second, "no goroutine for a writer with no output", none)
+	w.Write([]byte("one line\n"))
+	if writerGoroutines() == 0 {
+		t.Fatal("a writer with output to publish holds no goroutine")
+	}
+	testkit.Eventually(t, 10*time.Second, "the writer's goroutine gone once its output went", none)
+	if r := readAll(t, logs, "quiet", false); r.data[events.Stdout] == nil || r.data[events.Stdout].String() != "one line\n" {
+		t.Fatalf("the log holds %v, want the line", r.data)
+	}
+	w.Write([]byte("two\n"))
+	if total, dropped := w.Close(context.Background(), true); total != 13 || dropped != 0 {
+		t.Fatalf("closed at %d with %d dropped, want 13 and none", total, dropped)
+	}
+	if r := readAll(t, logs, "quiet", false); r.data[events.Stdout].String() != "one line\ntwo\n" || r.eof[events.Stdout] != 13 {
+		t.Fatalf("the log holds %q, end mark at %d; want both lines and the mark at 13", r.data[events.Stdout], r.eof[events.Stdout])
+	}
+}
+
+// writerGoroutines counts the goroutines of LogWriters that publish.
+func writerGoroutines() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			stacks := string(buf[:n])
+			return strings.Count(stacks, "events.(*LogWriter).run(") + strings.Count(stacks, "events.(*LogWriter).startFlushing.gowrap")
+		}
+		buf = make([]byte, 2*len(buf))
 	}
 }
 
