@@ -1,39 +1,15 @@
 package main
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
 	"go.uber.org/goleak"
 
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/workers/shim"
 )
 
 // TestMain doubles as the shim: a server started in-process by a test starts its
 // commands through its own binary, which in a test is this test binary, run as
 // `bgtask.test shim ARGS`.
-func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == "shim" {
-		if err := shim.Main(os.Args[2:]); err != nil {
-			fmt.Fprintln(os.Stderr, "shim:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	// The shims are this binary; built with -race it would wait a second at every exit.
-	os.Setenv("GORACE", "atexit_sleep_ms=0 halt_on_error=1")
-	// No test reads this machine's profile (the login shell a worker asks for its
-	// environment) or writes in its user's home: HOME is a directory of the run's
-	// own, which a test that needs a home of its own sets again.
-	home, err := os.MkdirTemp("", "bgtask-test-home-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Setenv("HOME", home)
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		os.RemoveAll(home)
-		os.Exit(code)
-	}))
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testkit.ShimOrTests(shim.Main)) }

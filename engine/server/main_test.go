@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +19,7 @@ import (
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/internal/serverhome"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/workers"
 	"github.com/bgtask/bgtask/workers/shim"
 )
@@ -28,30 +27,7 @@ import (
 // TestMain doubles as the shim: a server started by a test starts its commands
 // through its own binary, which in a test is this test binary, run as
 // `server.test shim ARGS`.
-func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == "shim" {
-		if err := shim.Main(os.Args[2:]); err != nil {
-			fmt.Fprintln(os.Stderr, "shim:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	// The shims are this binary; built with -race it would wait a second at every exit.
-	os.Setenv("GORACE", "atexit_sleep_ms=0 halt_on_error=1")
-	// No test reads this machine's profile (the login shell a worker asks for its
-	// environment) or writes in its user's home: HOME is a directory of the run's
-	// own, which a test that needs a home of its own sets again.
-	home, err := os.MkdirTemp("", "bgtask-test-home-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Setenv("HOME", home)
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		os.RemoveAll(home)
-		os.Exit(code)
-	}))
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testkit.ShimOrTests(shim.Main)) }
 
 // syncBuffer is a log a server writes while a test reads it.
 type syncBuffer struct {

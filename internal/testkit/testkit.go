@@ -1,5 +1,6 @@
 // Package testkit is what the tests of every package share: which lane runs,
-// and the one way to wait for a condition.
+// the one way to wait for a condition, and the TestMain of a package whose
+// tests run servers and workers in their own process.
 //
 // The quick lane, the README's `go test -race ./...`, is the unit tests and a
 // smoke test of the whole path (register, run, exit, fire, inbox) in minutes.
@@ -10,9 +11,12 @@
 package testkit
 
 import (
+	"fmt"
 	"os"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // Env is the variable that asks for the full lane.
@@ -42,4 +46,33 @@ func Eventually(t testing.TB, within time.Duration, what string, cond func() boo
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// ShimOrTests begins the TestMain of a package whose tests start bgtask
+// servers or workers in their own process: those start their commands through
+// their own binary, `PKG.test shim ARGS`, which runs shimMain (shim.Main) here
+// and exits. Run as the tests, the binary leaves out the race detector's second
+// at each shim's exit and gives the tests a HOME of their own (no test reads
+// this machine's login profile, which a worker asks for its environment, or
+// writes in its user's home; a test that needs its own home sets it again).
+// The option it returns removes that home: give it to goleak.VerifyTestMain.
+func ShimOrTests(shimMain func(args []string) error) goleak.Option {
+	if len(os.Args) > 1 && os.Args[1] == "shim" {
+		if err := shimMain(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "shim:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Setenv("GORACE", "atexit_sleep_ms=0 halt_on_error=1")
+	home, err := os.MkdirTemp("", "bgtask-test-home-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Setenv("HOME", home)
+	return goleak.Cleanup(func(code int) {
+		os.RemoveAll(home)
+		os.Exit(code)
+	})
 }
