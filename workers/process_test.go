@@ -287,11 +287,14 @@ func TestAShimRunsWithOneSchedulerThread(t *testing.T) {
 	state, dir := t.TempDir(), t.TempDir()
 	b.startWorker(t, workers.Config{StateDir: state})
 	id := b.arm(t, engine.Spec{Command: `printenv GOMAXPROCS > gomaxprocs; while [ ! -e gate ]; do sleep 0.02; done`, Cwd: dir})
-	b.waitFor(t, id, 20*time.Second, "running", hasPID)
-	pids, err := readRunPIDs(filepath.Join(state, "runs", id+"-1"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The shim's PIDs, as soon as it wrote them: a second after the start it
+	// hibernates into the waiter, which the first tick would come beside.
+	var pids runPIDs
+	testkit.Eventually(t, 20*time.Second, "the run's pid.json", func() bool {
+		var err error
+		pids, err = readRunPIDs(filepath.Join(state, "runs", id+"-1"))
+		return err == nil
+	})
 	environ, err := os.ReadFile("/proc/" + strconv.Itoa(pids.Shim.PID) + "/environ")
 	if err != nil {
 		t.Fatal(err)
