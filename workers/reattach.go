@@ -27,13 +27,18 @@ func (w *Worker) reattach(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	hostRestarted := bootedSince(runsBoot(w.cfg.StateDir))
+	// Known only where both boots are.
+	now, runsMadeIn := hostBoot(), runsBoot(w.cfg.StateDir)
+	hostRestarted := now != "" && runsMadeIn != "" && now != runsMadeIn
 	for _, dir := range dirs {
 		if err := w.reattachRun(ctx, dir, hostRestarted); err != nil {
 			return fmt.Errorf("worker: find run %s again: %w", dir, err)
 		}
 	}
-	return markBoot(w.cfg.StateDir)
+	if now == "" || now == runsMadeIn {
+		return nil
+	}
+	return shim.WriteDurable(filepath.Join(w.cfg.StateDir, bootFile), []byte(now+"\n"))
 }
 
 // reattachRun settles the run in dir, as reattach says; hostRestarted: the host

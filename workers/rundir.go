@@ -214,20 +214,3 @@ func runsBoot(stateDir string) string {
 	data, _ := os.ReadFile(filepath.Join(stateDir, bootFile))
 	return strings.TrimSpace(string(data))
 }
-
-// bootedSince says whether the host has restarted since boot: known only where
-// both boots are.
-func bootedSince(boot string) bool {
-	now := hostBoot()
-	return boot != "" && now != "" && boot != now
-}
-
-// markBoot writes this boot of the host into stateDir's bootFile, unless it is
-// there already.
-func markBoot(stateDir string) error {
-	now := hostBoot()
-	if now == "" || now == runsBoot(stateDir) {
-		return nil
-	}
-	return shim.WriteDurable(filepath.Join(stateDir, bootFile), []byte(now+"\n"))
-}
