@@ -9,9 +9,8 @@ import (
 
 // RunEnv names the run (its directory's name, <task>-<epoch>) in its command's
 // environment, and so in the environment of every process the command starts that
-// keeps it: a shim that dies takes only the command with it (its parent-death
-// signal), and what the command started in sessions of its own (setsid, a daemon's
-// double fork) goes on with parent 1. The worker finds those processes by it.
+// keeps it: what a command whose shim died leaves running, in its process group
+// or in sessions of its own (setsid, a daemon's double fork), is found by it.
 const RunEnv = "BGTASK_RUN"
 
 func runMarker(dir string) string { return RunEnv + "=" + filepath.Base(dir) }
@@ -22,9 +21,9 @@ const leftoversLimit = 5 * time.Second
 
 // stopLeftovers ends what the command of the run in dir left running when its
 // shim died: every process with the run's marker in its environment gets TERM,
-// and KILL once grace has passed, until none is left. They are not this process's
-// children (init has them), so nothing here reaps anything; each is signalled
-// once its marker is checked again (signalMarked).
+// and KILL once grace has passed, until none is left; each is signalled once its
+// marker is checked again (signalMarked). Those this process adopted (a
+// subreaper: the shim died while this worker watched) are reaped at the end.
 func stopLeftovers(dir string, grace time.Duration) {
 	marker := []byte("\x00" + runMarker(dir) + "\x00")
 	start := time.Now()
@@ -33,6 +32,7 @@ func stopLeftovers(dir string, grace time.Duration) {
 		kill := time.Since(start) >= grace
 		found := markedProcesses(marker)
 		if len(found) == 0 || time.Since(start) >= grace+leftoversLimit {
+			reapAdopted() // those that were this process's, adopted when their shim died
 			return
 		}
 		for _, pid := range found {

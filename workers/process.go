@@ -34,10 +34,13 @@ type process struct {
 	commandEnded chan struct{}
 	commandWatch *endWatch
 	result       events.Exited
-	lost         bool   // the shim ended without writing an exit file
-	failure      string // the shim could not run or wait for the command
-	quit         chan struct{}
-	stopped      chan struct{}
+	lost         bool // the shim ended without writing an exit file, and how the command ended is unknown
+	// adopted: the shim died and the worker learned how the command ended
+	// (adoptCommand); what the command left running is the worker's to stop.
+	adopted bool
+	failure string // the shim could not run or wait for the command
+	quit    chan struct{}
+	stopped chan struct{}
 }
 
 // launchProcess hands a prepared run (prepareRun) to its shim, and watches the
@@ -422,10 +425,10 @@ func (p *process) watch(changes *waiter) {
 			close(p.exited)
 			return
 		}
-		if !p.pids.Shim.Alive() {
-			// The exit file may have landed just before the shim ended.
-			if !p.readExit() {
-				p.lost = true
+		// The exit file may have landed just before the shim ended.
+		if !p.pids.Shim.Alive() && !p.readExit() {
+			if !p.adoptCommand() {
+				return // the worker stops; the next start watches the command again
 			}
 			close(p.exited)
 			return
@@ -434,6 +437,40 @@ func (p *process) watch(changes *waiter) {
 			return
 		}
 	}
+}
+
+// adoptCommand follows a command whose shim died before it wrote the exit file:
+// the command goes on, and when it ends, the worker writes its exit file as the
+// shim would have (adopt_linux.go). Where it cannot learn the exit, the run is
+// lost. False if the worker stops first.
+func (p *process) adoptCommand() bool {
+	if p.commandWatch == nil { // its end cannot be watched: it ended already, unreaped by this process
+		p.lost = true
+		return true
+	}
+	select {
+	case <-p.commandEnded:
+	case <-p.quit:
+		return false
+	}
+	ws, ok := p.commandWatch.exitStatus(p.pids.Command.PID, p.quit)
+	if !ok {
+		p.lost = true
+		return true
+	}
+	record := shim.ExitRecord(ws, p.pids.Started.UnixNano(), time.Now().UnixNano())
+	var exit shimExit
+	if err := json.Unmarshal(record, &exit); err != nil {
+		p.lost = true
+		return true
+	}
+	// Not durably, as the shim writes it while a worker watches (recordEnd keeps
+	// it where the log cannot take the exit at once). Where it cannot be written,
+	// a worker that stops before the exit is recorded finds the run lost.
+	_ = shim.WriteWhole(filepath.Join(p.dir, shim.ExitFile), record)
+	p.take(exit)
+	p.adopted = true
+	return true
 }
 
 func (p *process) readExit() bool {

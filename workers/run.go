@@ -18,7 +18,8 @@ import (
 )
 
 // ReasonShimDied is the reason of a task lost because the shim of its run died
-// without recording how the command ended; what was left of the command is killed.
+// without recording how the command ended, and the worker could not learn it
+// (adoptCommand); what was left of the command is killed.
 const ReasonShimDied = "the shim of its run died without recording how the command ended; what was left of the command was killed"
 
 // ReasonHostRestarted is the reason of a task lost to a restart of its worker's
@@ -625,6 +626,11 @@ func (x *watcher) end(ctx context.Context, stoppedBy string, kept bool) {
 		recorded = x.r.recordEnd(ctx, engine.Fail{Reason: x.proc.failure})
 	default:
 		recorded = x.r.recordEnd(ctx, engine.Exit{Run: result})
+		if x.proc.adopted {
+			// Its shim died: what the command left running is stopped here, as the
+			// shim would have once the exit was recorded.
+			stopLeftovers(x.proc.dir, x.r.w.cfg.KillGrace)
+		}
 	}
 	if recorded {
 		x.r.w.finished.remove(x.proc.dir)

@@ -325,7 +325,10 @@ func (w *Worker) abort(err error) error {
 func (w *Worker) startLoops(ctx context.Context) {
 	w.wg.Go(func() { w.heartbeat(ctx) })
 	// Each shim ends after its run's exit is recorded, when the worker may watch it
-	// no more: it is reaped when its end is signalled.
+	// no more: it is reaped when its end is signalled, as are the orphans the
+	// worker adopts as a subreaper (the commands of shims that died, and what
+	// they leave).
+	becomeSubreaper()
 	ended := make(chan os.Signal, 1)
 	signal.Notify(ended, syscall.SIGCHLD)
 	w.wg.Go(func() {
@@ -336,6 +339,7 @@ func (w *Worker) startLoops(ctx context.Context) {
 				return
 			case <-ended:
 				reapShims()
+				reapAdopted()
 			}
 		}
 	})

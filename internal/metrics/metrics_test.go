@@ -53,7 +53,9 @@ type fleet struct {
 	srv      *eventstest.Server
 	engine   *node.Node
 	client   *api.Client
+	store    *events.JetStreamStore
 	stateDir string
+	worker   *workers.Worker
 }
 
 func start(t *testing.T) *fleet {
@@ -79,17 +81,24 @@ func start(t *testing.T) *fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fleet{srv: srv, engine: n, client: api.NewClient(srv.Conn), stateDir: t.TempDir()}
-	w := workers.New(srv.Conn, srv.JS, store, workers.Config{
+	f := &fleet{srv: srv, engine: n, client: api.NewClient(srv.Conn), store: store, stateDir: t.TempDir()}
+	f.startWorker(t)
+	return f
+}
+
+// startWorker starts the fleet's worker, stopped when the test ends.
+func (f *fleet) startWorker(t *testing.T) {
+	t.Helper()
+	w := workers.New(f.srv.Conn, f.srv.JS, f.store, workers.Config{
 		ID: "worker-1", MaxTasks: 4, Env: os.Environ(), TickInterval: time.Minute,
 		KillGrace: 300 * time.Millisecond, StateDir: f.stateDir,
 		Base: engine.Base{Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))},
 	})
-	if err := w.Start(ctx); err != nil {
+	if err := w.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(w.Stop)
-	return f
+	f.worker = w
 }
 
 func (f *fleet) register(t *testing.T, spec string) string {
@@ -165,7 +174,7 @@ func TestMetricsCountWhatHappensToTasks(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.waitTask(t, ids["cancel"], "cancelled", func(s engine.State) bool { return s.Phase == engine.PhaseCancelled })
-	f.killShim(t, f.waitTask(t, ids["lose"], "running", running))
+	f.loseRun(t, f.waitTask(t, ids["lose"], "running", running))
 	if s := f.waitTask(t, ids["lose"], "fired", fired); s.Status != engine.StatusLost {
 		t.Fatalf("the task whose shim died fired %s, want lost", s.Status)
 	}
@@ -218,20 +227,34 @@ func TestMetricsCountWhatHappensToTasks(t *testing.T) {
 	f.waitScrape(t, want)
 }
 
-// killShim kills the shim of a task's run, as a crash would.
-func (f *fleet) killShim(t *testing.T, s engine.State) {
+// loseRun makes a task's run one whose end nobody can learn, as a crash of its
+// worker, its shim and its command would: the worker stops, the shim and the
+// command are killed, the command (this process's child then: the worker made it a
+// subreaper) is reaped here, and the worker starts again.
+func (f *fleet) loseRun(t *testing.T, s engine.State) {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(f.stateDir, "runs", fmt.Sprintf("%s-%d", s.ID, s.Epoch), shim.PIDFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pids struct{ Shim struct{ PID int } }
-	if err := json.Unmarshal(data, &pids); err != nil || pids.Shim.PID == 0 {
+	var pids struct{ Shim, Command struct{ PID int } }
+	if err := json.Unmarshal(data, &pids); err != nil || pids.Shim.PID == 0 || pids.Command.PID == 0 {
 		t.Fatalf("pid.json %s: %v", data, err)
 	}
+	f.worker.Stop()
 	if err := syscall.Kill(pids.Shim.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := syscall.Wait4(pids.Shim.PID, nil, 0, nil); err != nil {
+		t.Fatalf("reap the shim: %v", err)
+	}
+	if err := syscall.Kill(-pids.Command.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := syscall.Wait4(pids.Command.PID, nil, 0, nil); err != nil {
+		t.Fatalf("reap the command: %v", err)
+	}
+	f.startWorker(t)
 }
 
 func (f *fleet) scrape(t *testing.T) map[string]float64 {

@@ -4,9 +4,8 @@ package shim
 
 import "syscall"
 
-// Containment by process group: macOS's, which has no subreaper and no
-// parent-death signal; on Linux the tag bgtask_portable selects it, so that its
-// tests run there.
+// Containment by process group: macOS's, which has no subreaper; on Linux the
+// tag bgtask_portable selects it, so that its tests run there.
 
 // adoptOrphans does nothing: there is no subreaper. What the command leaves
 // behind in its process group is stopped by group (stopLeftovers); what it moves
@@ -14,10 +13,10 @@ import "syscall"
 // (launchd) and outlives the run.
 func adoptOrphans() {}
 
-// commandAttr puts the command in its own process group. There is no
-// parent-death signal: a shim killed between the command's start and its
-// pid.json leaves the command running, until the worker finds the shim died and
-// stops the run's processes by their marker (workers.RunEnv).
+// commandAttr puts the command in its own process group. A shim killed between
+// the command's start and its pid.json leaves the command running, until the
+// worker finds the shim died and stops the run's processes by their marker
+// (workers.RunEnv).
 func commandAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
 
 // stopLeftovers ends what the command left running in its process group pgid:

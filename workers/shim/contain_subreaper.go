@@ -13,12 +13,10 @@ func adoptOrphans() {
 	_, _, _ = syscall.RawSyscall6(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0, 0, 0, 0)
 }
 
-// commandAttr puts the command in its own process group. The command dies with
-// the shim (Pdeathsig), so it never runs on unrecorded if the shim is killed
-// before it wrote pid.json.
-func commandAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-}
+// commandAttr puts the command in its own process group. It does not die with
+// the shim: a shim killed leaves its command to the worker that started the shim,
+// a subreaper, which learns how it ends (workers.adoptCommand).
+func commandAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
 
 // stopLeftovers ends what the command (process group pgid) left running.
 func stopLeftovers(pgid int, grace int64) { stopOrphans(grace) }

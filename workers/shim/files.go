@@ -34,6 +34,22 @@ type exitRecord struct {
 	startError         string
 }
 
+// exitOf is the record of a command that ended with status ws.
+func exitOf(ws syscall.WaitStatus, stoppedBy string, startedAt, endedAt int64) exitRecord {
+	exit := exitRecord{exitCode: ws.ExitStatus(), stoppedBy: stoppedBy, startedAt: startedAt, endedAt: endedAt}
+	if ws.Signaled() {
+		exit.exitCode, exit.signal = 128+int(ws.Signal()), signalName(ws.Signal())
+	}
+	return exit
+}
+
+// ExitRecord is what the exit file says of a command that ended with status ws,
+// started and ended at those Unix nanoseconds: for a worker that writes it where
+// the shim died before it could.
+func ExitRecord(ws syscall.WaitStatus, startedAt, endedAt int64) []byte {
+	return exitOf(ws, "", startedAt, endedAt).appendJSON(nil)
+}
+
 func (p ProcRef) appendJSON(b []byte) []byte {
 	b = appendInt(append(b, `{"pid":`...), int64(p.PID))
 	b = appendUint(append(b, `,"start":`...), p.Start)

@@ -2,7 +2,6 @@ package shim
 
 import (
 	"errors"
-	"runtime"
 	"syscall"
 )
 
@@ -23,22 +22,15 @@ const (
 // hibernation says whether this binary has the waiter, which registers itself.
 var hibernation bool
 
-// EnableHibernation is called by package waiter's init, as it is linked in. It
-// keeps the main goroutine on the main thread (LockOSThread in an init runs main
-// there): the command's parent-death signal follows the thread that started it,
-// which in a shim woken from the waiter is the main thread, and an exec from any
-// other thread ends the main thread first, and the command with it.
-func EnableHibernation() {
-	runtime.LockOSThread()
-	hibernation = true
-}
+// EnableHibernation is called by package waiter's init, as it is linked in.
+func EnableHibernation() { hibernation = true }
 
 // hibernate execs the waiter, unless the command's end is already passed on. It
 // returns where it did not.
 func (c *running) hibernate(reap *reaper) {
 	reap.mu.Lock()
 	defer reap.mu.Unlock()
-	if awaitReadable(reap.ended[0], 0) || !onMainThread() {
+	if awaitReadable(reap.ended[0], 0) {
 		return
 	}
 	line, err := commandLine()

@@ -24,7 +24,6 @@ package shim
 
 import (
 	"errors"
-	"runtime"
 	"sync"
 	"syscall"
 )
@@ -192,11 +191,7 @@ func (r Run) supervise(env []string, c running) error {
 
 // end records how the command ended and stops what it left.
 func (c running) end(stoppedBy string, ws syscall.WaitStatus) error {
-	exit := exitRecord{exitCode: ws.ExitStatus(), stoppedBy: stoppedBy, startedAt: c.startedAt, endedAt: wallClock()}
-	if ws.Signaled() {
-		exit.exitCode, exit.signal = 128+int(ws.Signal()), signalName(ws.Signal())
-	}
-	err := c.exit.write(exit)
+	err := c.exit.write(exitOf(ws, stoppedBy, c.startedAt, wallClock()))
 	// The exit is recorded: nothing waits for what the command left behind.
 	stopLeftovers(c.pid, max(c.KillGrace, 1e9))
 	return err
@@ -226,10 +221,6 @@ func (r Run) start(env []string) (pid int, err error) {
 		return 0, err
 	}
 	syscall.Close(starting)
-	// Where the kernel has a parent-death signal (commandAttr), it follows the
-	// thread that started the command: the shim's main goroutine keeps that
-	// thread until the shim ends (the main thread, in a shim that can hibernate).
-	runtime.LockOSThread()
 	pid, err = syscall.ForkExec(r.Path, r.Args, &syscall.ProcAttr{
 		Dir:   r.Cwd,
 		Env:   env,

@@ -64,9 +64,6 @@ func punchHole(fd int, length int64) error { return syscall.EOPNOTSUPP }
 
 func dup(from, to int) error { return syscall.Dup2(from, to) }
 
-// onMainThread is true: macOS has no parent-death signal to lose, and no waiter.
-func onMainThread() bool { return true }
-
 // commandLine is this process's name and arguments.
 func commandLine() ([]string, error) { return os.Args, nil }
 

@@ -1,0 +1,15 @@
+//go:build darwin || (linux && bgtask_portable)
+
+package workers
+
+import "syscall"
+
+// Without a subreaper or a pidfd (macOS; on Linux the tag bgtask_portable
+// selects this file) nothing can learn how a command ends once its shim died:
+// its run is lost, and what is left of it stopped.
+
+func becomeSubreaper() {}
+
+func reapAdopted() {}
+
+func (e *endWatch) exitStatus(int, <-chan struct{}) (syscall.WaitStatus, bool) { return 0, false }
