@@ -19,6 +19,9 @@ import (
 // have. A worker that did not start the shim (it restarted since) reads the exit
 // through the command's pidfd once whoever has the command reaps it (Linux 6.15).
 
+// canAdopt: a worker learns how the command of a dead shim ends.
+const canAdopt = true
+
 // becomeSubreaper makes this process the reaper of the orphans of its
 // descendants: the commands of its shims that die. Only where pidfds work:
 // reapAdopted tells the children others wait for by their pidfds.

@@ -444,7 +444,7 @@ func (p *process) watch(changes *waiter) {
 // shim would have (adopt_linux.go). Where it cannot learn the exit, the run is
 // lost. False if the worker stops first.
 func (p *process) adoptCommand() bool {
-	if p.commandWatch == nil { // its end cannot be watched: it ended already, unreaped by this process
+	if !canAdopt || p.commandWatch == nil { // nor its end watched: it ended already, unreaped by this process
 		p.lost = true
 		return true
 	}
