@@ -238,16 +238,17 @@ func (s *startingShim) handed(sent error) error {
 // afterRun has the shim, once its run is over, wait among the spares for the next
 // one; or end, where there are none.
 func (s *startingShim) afterRun() {
-	if s.spares == nil || !s.spares.running(s.sh) {
-		s.sh.sock.Close()
+	sh, spares := s.sh, s.spares // not s: the run's environment is not kept while it runs
+	if spares == nil || !spares.running(sh) {
+		sh.sock.Close()
 		return
 	}
 	go func() {
-		if s.sh.await(shim.Idle) {
-			s.sh.idle = time.Now()
-			s.spares.put(s.sh)
+		if sh.await(shim.Idle) {
+			sh.idle = time.Now()
+			spares.put(sh)
 		} else {
-			s.spares.forget(s.sh)
+			spares.forget(sh)
 		}
 	}()
 }

@@ -342,6 +342,9 @@ type watcher struct {
 
 func (r *run) newWatcher(proc *process, run shimRun, logAt *offsets, fileAt offsets, decided *stopDecision) *watcher {
 	w, id, spec := r.w, r.state.ID, r.state.Spec
+	if res := spec.Result; res == nil || res.Type != engine.ResultCommand {
+		run.Env = nil // only a result command runs in it: a running task does not keep it
+	}
 	x := &watcher{
 		r: r, proc: proc, run: run, spec: spec, id: id,
 		tail: NewTail(max(w.cfg.TailLines, spec.TailLines()), MaxLineBytes),
