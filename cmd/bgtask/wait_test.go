@@ -131,4 +131,7 @@ func TestJoinTakesAStartOfAnID(t *testing.T) {
 		t.Errorf("the join's members: %+v, want %s and %s", got, a, b)
 	}
 	bgtask(t, home, "join", "--all", a[:5], b).must(t, client.ExitUsage, "join with a start of 5 characters")
+	// The members' shims write into the home until their runs are over, and the
+	// server that stops at the test's end leaves them running.
+	bgtask(t, home, "wait", a, b, "--timeout", "30s").must(t, 0, "wait for the members")
 }
