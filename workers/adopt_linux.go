@@ -5,12 +5,16 @@ package workers
 import (
 	"bytes"
 	"errors"
+	"io/fs"
 	"os"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bgtask/bgtask/workers/shim"
 )
 
 // A command does not die with its shim. A shim killed (or its waiter) leaves the
@@ -23,14 +27,22 @@ import (
 const canAdopt = true
 
 // becomeSubreaper makes this process the reaper of the orphans of its
-// descendants: the commands of its shims that die. Only where pidfds work:
-// reapAdopted tells the children others wait for by their pidfds.
+// descendants: the commands of its shims that die. Only where the Go runtime
+// waits for its own children on pidfds, as os does when the kernel has all it
+// needs: reapAdopted tells the children others wait for by their pidfds.
 func becomeSubreaper() {
 	fd, err := unix.PidfdOpen(os.Getpid(), 0)
 	if err != nil {
 		return
 	}
-	_ = unix.Close(fd)
+	defer unix.Close(fd)
+	var info unix.Siginfo
+	if err := unix.Waitid(unix.P_PIDFD, fd, &info, unix.WEXITED|unix.WNOHANG, nil); !errors.Is(err, unix.ECHILD) {
+		return
+	}
+	if unix.PidfdSendSignal(fd, 0, nil, 0) != nil {
+		return
+	}
 	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 }
 
@@ -69,12 +81,18 @@ func (e *endWatch) exitStatus(pid int, quit <-chan struct{}) (syscall.WaitStatus
 func pidfdExit(pidfd, pid int) (syscall.WaitStatus, bool) {
 	var info unix.Siginfo
 	err := unix.Waitid(unix.P_PIDFD, pidfd, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+	for errors.Is(err, unix.EINTR) {
+		err = unix.Waitid(unix.P_PIDFD, pidfd, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+	}
 	if err == nil && info.Signo == int32(unix.SIGCHLD) {
 		// This process's child, ended and not reaped: its PID names it alone
 		// until the reap, and nothing else here reaps a child with a pidfd open
 		// on it (reapAdopted).
 		var ws syscall.WaitStatus
 		got, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+		for errors.Is(err, syscall.EINTR) {
+			got, err = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+		}
 		return ws, err == nil && got == pid
 	}
 	pi := unix.PidfdInfo{Mask: unix.PIDFD_INFO_EXIT}
@@ -85,9 +103,10 @@ func pidfdExit(pidfd, pid int) (syscall.WaitStatus, bool) {
 }
 
 // reapAdopted reaps the orphans this process adopted that have ended: what the
-// command of a dead shim started and left. A child that a pidfd of this process
-// names is left to whoever holds it: os/exec waits for its own children on one,
-// a run watches its command on one, and shimChildren its shims.
+// command of a dead shim started and left, or the command itself where its run's
+// watch has not begun (reapedExit keeps its status for it). A child that a pidfd
+// of this process names is left to whoever holds it: os/exec waits for its own
+// children on one, a run watches its command on one, and shimChildren its shims.
 func reapAdopted() {
 	self := strconv.Itoa(os.Getpid())
 	// Orphans go to the subreaper's main thread.
@@ -102,16 +121,68 @@ func reapAdopted() {
 			continue
 		}
 		if held == nil {
-			held = pidfdsHeld()
-		}
-		if !held[pid] {
-			var ws syscall.WaitStatus
-			_, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
-			for errors.Is(err, syscall.EINTR) {
-				_, err = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+			if held, err = pidfdsHeld(); err != nil {
+				return // who waits for what is not known: nothing is reaped
 			}
 		}
+		if !held[pid] {
+			reapOrphan(pid)
+		}
 	}
+}
+
+// reapOrphan reaps the zombie child pid through a pidfd, which names the process
+// looked at alone, and keeps its status (reapedExit).
+func reapOrphan(pid int) {
+	start, err := shim.ProcStart(pid)
+	if err != nil {
+		return
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	if again, err := shim.ProcStart(pid); err != nil || again != start {
+		return // reaped meanwhile, and the PID taken
+	}
+	if ws, ok := pidfdExit(fd, pid); ok {
+		keepReaped(shim.ProcRef{PID: pid, Start: start}, ws)
+	}
+}
+
+// reaped are the statuses reapOrphan took, by process, the latest last: a shim
+// that dies between its command's start and the worker's watch of it leaves the
+// command to this process, and its end may come before the watch does.
+var reaped struct {
+	sync.Mutex
+	exits map[shim.ProcRef]syscall.WaitStatus
+	order []shim.ProcRef
+}
+
+// reapedKept bounds reaped: a run's watch begins within moments of its start.
+const reapedKept = 256
+
+func keepReaped(p shim.ProcRef, ws syscall.WaitStatus) {
+	reaped.Lock()
+	defer reaped.Unlock()
+	if reaped.exits == nil {
+		reaped.exits = map[shim.ProcRef]syscall.WaitStatus{}
+	}
+	if len(reaped.order) == reapedKept {
+		delete(reaped.exits, reaped.order[0])
+		reaped.order = reaped.order[1:]
+	}
+	reaped.exits[p] = ws
+	reaped.order = append(reaped.order, p)
+}
+
+// reapedExit is the status reapAdopted took of process p, if it did.
+func reapedExit(p shim.ProcRef) (syscall.WaitStatus, bool) {
+	reaped.Lock()
+	defer reaped.Unlock()
+	ws, ok := reaped.exits[p]
+	return ws, ok
 }
 
 // zombie says whether process pid has ended and is not reaped.
@@ -124,17 +195,21 @@ func zombie(pid int) bool {
 	return i >= 0 && len(stat) > i+2 && stat[i+2] == 'Z'
 }
 
-// pidfdsHeld are the processes this process holds a pidfd on.
-func pidfdsHeld() map[int]bool {
-	held := map[int]bool{}
+// pidfdsHeld are the processes this process holds a pidfd on; an error where
+// that cannot be known.
+func pidfdsHeld() (map[int]bool, error) {
 	entries, err := os.ReadDir("/proc/self/fdinfo")
 	if err != nil {
-		return held
+		return nil, err
 	}
+	held := map[int]bool{}
 	for _, e := range entries {
 		info, err := os.ReadFile("/proc/self/fdinfo/" + e.Name())
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // closed meanwhile
+		}
 		if err != nil {
-			continue
+			return nil, err
 		}
 		if _, rest, ok := bytes.Cut(info, []byte("\nPid:\t")); ok {
 			line, _, _ := bytes.Cut(rest, []byte("\n"))
@@ -143,5 +218,5 @@ func pidfdsHeld() map[int]bool {
 			}
 		}
 	}
-	return held
+	return held, nil
 }

@@ -332,7 +332,8 @@ var (
 	// errShimNotStarted: the shim ended before it started the command; nothing ran.
 	errShimNotStarted = errors.New("the shim ended before it started the command")
 	// errShimDied: the shim died while it started the command, before it recorded
-	// the command's PID; the command, if it started, was killed with it.
+	// the command's PID; the command, if it started, runs on unrecorded until the
+	// worker stops it (stopLeftovers).
 	errShimDied = errors.New("the shim died while it started the command")
 )
 
@@ -445,16 +446,30 @@ func (p *process) watch(changes *waiter) {
 // shim would have (adopt_linux.go). Where it cannot learn the exit, the run is
 // lost. False if the worker stops first.
 func (p *process) adoptCommand() bool {
-	if !canAdopt || p.commandWatch == nil { // nor its end watched: it ended already, unreaped by this process
+	if !canAdopt {
 		p.lost = true
 		return true
 	}
-	select {
-	case <-p.commandEnded:
-	case <-p.quit:
-		return false
+	ws, ok := reapedExit(p.pids.Command) // it ended before its watch began
+	if !ok && p.commandWatch != nil {
+		select {
+		case <-p.commandEnded:
+		case <-p.quit:
+			return false
+		}
+		if p.readExit() { // the shim wrote it after all
+			return true
+		}
+		ws, ok = p.commandWatch.exitStatus(p.pids.Command.PID, p.quit)
+		if !ok {
+			select {
+			case <-p.quit:
+				return false // the worker stops: its next start looks again
+			default:
+			}
+			ws, ok = reapedExit(p.pids.Command)
+		}
 	}
-	ws, ok := p.commandWatch.exitStatus(p.pids.Command.PID, p.quit)
 	if !ok {
 		p.lost = true
 		return true
@@ -523,7 +538,7 @@ func (p *process) stop(grace time.Duration) {
 	}
 	p.signalGroup(unix.SIGKILL)
 	<-p.exited
-	if p.lost {
+	if p.lost || p.adopted {
 		stopLeftovers(p.dir, grace)
 	}
 }

@@ -28,7 +28,7 @@ package workers
 //	                 so that a full disk loses no exit.
 //	starting         the shim, just before it starts the command. Beside it,
 //	                 with no pid.json and the lock free: the shim died starting
-//	                 it, and the command with it (errShimDied).
+//	                 it, and the command may run unrecorded (errShimDied).
 //	pid.json         shimPIDs, by the shim, once the command started, whole (by
 //	                 rename) but not durable: after a crash of the host nothing it
 //	                 names is alive. Its PIDs come with start times, so a reused

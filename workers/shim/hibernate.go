@@ -2,6 +2,7 @@ package shim
 
 import (
 	"errors"
+	"runtime"
 	"syscall"
 )
 
@@ -22,15 +23,22 @@ const (
 // hibernation says whether this binary has the waiter, which registers itself.
 var hibernation bool
 
-// EnableHibernation is called by package waiter's init, as it is linked in.
-func EnableHibernation() { hibernation = true }
+// EnableHibernation is called by package waiter's init, as it is linked in. It
+// keeps the main goroutine on the main thread (LockOSThread in an init runs main
+// there), which a hibernation execs from: an exec from any other thread ends the
+// process's leader first, and for that moment the shim reads as a zombie, which
+// its worker would take for the shim's death.
+func EnableHibernation() {
+	runtime.LockOSThread()
+	hibernation = true
+}
 
 // hibernate execs the waiter, unless the command's end is already passed on. It
 // returns where it did not.
 func (c *running) hibernate(reap *reaper) {
 	reap.mu.Lock()
 	defer reap.mu.Unlock()
-	if awaitReadable(reap.ended[0], 0) {
+	if awaitReadable(reap.ended[0], 0) || !onMainThread() {
 		return
 	}
 	line, err := commandLine()

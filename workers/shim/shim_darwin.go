@@ -64,6 +64,9 @@ func punchHole(fd int, length int64) error { return syscall.EOPNOTSUPP }
 
 func dup(from, to int) error { return syscall.Dup2(from, to) }
 
+// onMainThread is true: macOS has no waiter.
+func onMainThread() bool { return true }
+
 // commandLine is this process's name and arguments.
 func commandLine() ([]string, error) { return os.Args, nil }
 

@@ -15,6 +15,10 @@ func Args() ([]string, error) {
 	return args[1:], nil
 }
 
+// onMainThread says whether the calling goroutine runs on the process's main
+// thread, the one a hibernation execs from (EnableHibernation).
+func onMainThread() bool { return syscall.Gettid() == syscall.Getpid() }
+
 // commandLine is this process's name and arguments, from the kernel's copy.
 func commandLine() ([]string, error) {
 	cmdline, err := readFile("/proc/self/cmdline")
