@@ -117,7 +117,11 @@ func reapAdopted() {
 	var held map[int]bool
 	for _, field := range bytes.Fields(kids) {
 		pid, err := strconv.Atoi(string(field))
-		if err != nil || !zombie(pid) {
+		if err != nil {
+			continue
+		}
+		p, ended := shim.Zombie(pid)
+		if !ended {
 			continue
 		}
 		if held == nil {
@@ -126,28 +130,24 @@ func reapAdopted() {
 			}
 		}
 		if !held[pid] {
-			reapOrphan(pid)
+			reapOrphan(p)
 		}
 	}
 }
 
-// reapOrphan reaps the zombie child pid through a pidfd, which names the process
+// reapOrphan reaps the zombie child p through a pidfd, which names the process
 // looked at alone, and keeps its status (reapedExit).
-func reapOrphan(pid int) {
-	start, err := shim.ProcStart(pid)
-	if err != nil {
-		return
-	}
-	fd, err := unix.PidfdOpen(pid, 0)
+func reapOrphan(p shim.ProcRef) {
+	fd, err := unix.PidfdOpen(p.PID, 0)
 	if err != nil {
 		return
 	}
 	defer unix.Close(fd)
-	if again, err := shim.ProcStart(pid); err != nil || again != start {
+	if start, err := shim.ProcStart(p.PID); err != nil || start != p.Start {
 		return // reaped meanwhile, and the PID taken
 	}
-	if ws, ok := pidfdExit(fd, pid); ok {
-		keepReaped(shim.ProcRef{PID: pid, Start: start}, ws)
+	if ws, ok := pidfdExit(fd, p.PID); ok {
+		keepReaped(p, ws)
 	}
 }
 
@@ -183,16 +183,6 @@ func reapedExit(p shim.ProcRef) (syscall.WaitStatus, bool) {
 	defer reaped.Unlock()
 	ws, ok := reaped.exits[p]
 	return ws, ok
-}
-
-// zombie says whether process pid has ended and is not reaped.
-func zombie(pid int) bool {
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(stat, ')')
-	return i >= 0 && len(stat) > i+2 && stat[i+2] == 'Z'
 }
 
 // pidfdsHeld are the processes this process holds a pidfd on; an error where

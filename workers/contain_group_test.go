@@ -41,24 +41,3 @@ func TestTheShimStopsWhatACommandLeftInItsGroup(t *testing.T) {
 		t.Fatalf("the process in a session of its own: %v; without a subreaper it runs on", err)
 	}
 }
-
-// Without a subreaper, a command that kills its own shim leaves a run nobody can
-// follow: the task is lost, and the worker stops what runs of the command, found
-// by the run's marker, one that ignores TERM too.
-func TestADeadShimsCommandIsLostAndStopped(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	b.startWorker(t, workers.Config{})
-	dir := t.TempDir()
-	id := b.arm(t, engine.Spec{
-		Command: `setsid sleep 600 & echo $! > orphan; (trap "" TERM; exec setsid sleep 600) & echo $! > stubborn; ` +
-			`while [ ! -s orphan ] || [ ! -s stubborn ]; do sleep 0.01; done; kill -9 $PPID; sleep 600`,
-		Cwd: dir,
-	})
-	orphan, stubborn := readPID(t, filepath.Join(dir, "orphan")), readPID(t, filepath.Join(dir, "stubborn"))
-	st := b.waitFor(t, id, 30*time.Second, "ended", ended)
-	if st.Status != engine.StatusLost {
-		t.Errorf("status %q, want lost", st.Status)
-	}
-	waitPIDsGone(t, 10*time.Second, orphan, stubborn)
-}

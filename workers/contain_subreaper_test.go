@@ -102,27 +102,3 @@ func TestACommandOutlivesItsKilledShimAndItsExitIsRecorded(t *testing.T) {
 		})
 	}
 }
-
-// A command that kills its own shim runs on, and what it started in sessions of
-// its own (setsid) would run on past its end, with no shim to stop them. The
-// worker finds those processes by the run's marker and stops them once it has
-// recorded the command's exit, one that ignores TERM too.
-func TestWhatADeadShimsCommandLeftIsStopped(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	state := t.TempDir()
-	b.startWorker(t, workers.Config{StateDir: state})
-	dir := t.TempDir()
-	id := b.arm(t, engine.Spec{
-		Command: `setsid sleep 600 & echo $! > orphan; (trap "" TERM; exec setsid sleep 600) & echo $! > stubborn; ` +
-			`while [ ! -s orphan ] || [ ! -s stubborn ] || [ ! -e ` + state + `/runs/$BGTASK_RUN/pid.json ]; do sleep 0.01; done; ` +
-			`kill -9 $PPID; exit 3`,
-		Cwd: dir,
-	})
-	orphan, stubborn := readPID(t, filepath.Join(dir, "orphan")), readPID(t, filepath.Join(dir, "stubborn"))
-	st := b.waitFor(t, id, 30*time.Second, "ended", ended)
-	if st.Status != engine.StatusFailed || st.Run == nil || st.Run.ExitCode != 3 {
-		t.Errorf("status %q, run %+v; want failed with the command's exit code 3", st.Status, st.Run)
-	}
-	waitPIDsGone(t, 10*time.Second, orphan, stubborn)
-}

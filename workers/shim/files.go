@@ -265,6 +265,12 @@ func ProcStart(pid int) (uint64, error) {
 	return start, err
 }
 
+// Zombie names process pid, and says whether it has ended and waits to be reaped.
+func Zombie(pid int) (ProcRef, bool) {
+	state, _, start, err := procStat(pid)
+	return ProcRef{PID: pid, Start: start}, err == nil && state == 'Z'
+}
+
 // Alive reports whether the process p names is still running (a zombie is not).
 func (p ProcRef) Alive() bool {
 	if p.PID <= 0 {
