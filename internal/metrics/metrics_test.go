@@ -36,17 +36,7 @@ import (
 
 // TestMain doubles as the shim: the worker starts commands through this test
 // binary, run as `metrics.test shim ARGS`.
-func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == "shim" {
-		if err := shim.Main(os.Args[2:]); err != nil {
-			fmt.Fprintln(os.Stderr, "shim:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Setenv("GORACE", "atexit_sleep_ms=0 halt_on_error=1")
-	goleak.VerifyTestMain(m)
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testkit.ShimOrTests(shim.Main)) }
 
 // fleet is an engine and one worker on a NATS server of their own.
 type fleet struct {
