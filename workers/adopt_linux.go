@@ -57,15 +57,9 @@ func (e *endWatch) exitStatus(pid int, quit <-chan struct{}) (syscall.WaitStatus
 	if e == nil {
 		return 0, false
 	}
-	conn, err := e.pidfd.SyscallConn()
-	if err != nil {
-		return 0, false
-	}
 	give := time.Now().Add(exitWait)
 	for {
-		var ws syscall.WaitStatus
-		var ok bool
-		_ = conn.Control(func(fd uintptr) { ws, ok = pidfdExit(int(fd), pid) })
+		ws, ok := pidfdExit(e.pidfd, pid) // the watch is open: closed by the same caller, after
 		if ok || time.Now().After(give) {
 			return ws, ok
 		}

@@ -49,8 +49,9 @@ func TestACopySkipsOutputFreedBeforeItWasRead(t *testing.T) {
 	done := make(chan struct{})
 	close(done)
 	var got copied
-	if end := copyGrowing(n, path, 0, &got, done); end != int64(len(output)) {
-		t.Fatalf("copied up to %d, want %d", end, len(output))
+	file := &growingFile{path: path, w: &got}
+	if copyGrowing(n, []*growingFile{file}, done); file.offset != int64(len(output)) {
+		t.Fatalf("copied up to %d, want %d", file.offset, len(output))
 	}
 	if got.skipped != freed || !bytes.Equal(got.data.Bytes(), output[freed:]) {
 		t.Fatalf("skipped %d and copied %d bytes (%d zeros), want %d skipped and the %d after them",

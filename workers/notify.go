@@ -56,6 +56,8 @@ type notifier struct {
 	mu      sync.Mutex
 	closed  bool
 	watches map[int32]*kernelWatch // by watch descriptor
+
+	ends procEnds // the processes waited for
 }
 
 // kernelWatch is a watch of the inotify instance that one or more waiters share.
@@ -65,8 +67,10 @@ type kernelWatch struct {
 	waiters map[*waiter]struct{}
 }
 
-// close ends the notifier. Waiters still open poll from now on.
+// close ends the notifier. Waiters still open poll from now on, and no process
+// end wakes them.
 func (n *notifier) close() {
+	n.ends.close()
 	n.shutdown()
 	if n.file != nil {
 		n.file.Close()
@@ -109,9 +113,15 @@ func (n *notifier) watch(dir string, names ...string) *waiter {
 	return w
 }
 
-// watchGrowth returns a waiter for a file that grows: arm it before each look.
-func (n *notifier) watchGrowth(path string) *waiter {
-	return &waiter{n: n, path: path, wake: make(chan struct{}, 1)}
+// watchGrowth returns a waiter for files that grow, the output files of a run,
+// woken when any of them grows: arm it before each look.
+func (n *notifier) watchGrowth(paths ...string) *waiter {
+	w := &waiter{n: n, wake: make(chan struct{}, 1)}
+	for _, path := range paths {
+		// A waiter of its own on each file's watch, sharing the wake-up.
+		w.files = append(w.files, &waiter{n: n, path: path, wake: w.wake})
+	}
+	return w
 }
 
 // add joins w to the kernel's watch of path; the same file gives the same watch.
@@ -159,6 +169,7 @@ type waiter struct {
 	n      *notifier
 	names  []string      // the records it waits for in a directory
 	path   string        // or the file it waits to grow
+	files  []*waiter     // or the files, each with a path, it waits for any of to grow
 	wake   chan struct{} // holds one wake-up: those that come before it is taken are one
 	watch  *kernelWatch  // under n.mu; nil when polled
 	warned bool          // under n.mu: said once that it cannot be watched
@@ -179,7 +190,9 @@ func (w *waiter) notify() {
 func (w *waiter) arm() {
 	w.n.mu.Lock()
 	defer w.n.mu.Unlock()
-	w.n.add(w, w.path, growthMask)
+	for _, f := range w.files {
+		w.n.add(f, f.path, growthMask)
+	}
 }
 
 // wait returns true when the waiter's files may have changed (an event, or the
@@ -204,7 +217,11 @@ func (w *waiter) wait(stop <-chan struct{}) bool {
 func (w *waiter) pollEvery() time.Duration {
 	w.n.mu.Lock()
 	defer w.n.mu.Unlock()
-	if w.watch == nil {
+	watched := w.watch != nil || len(w.files) > 0
+	for _, f := range w.files {
+		watched = watched && f.watch != nil
+	}
+	if !watched {
 		return w.n.unwatched
 	}
 	return w.n.safety
@@ -214,7 +231,7 @@ func (w *waiter) pollEvery() time.Duration {
 // its exit file (killed) changes nothing in its directory; its pidfd turns readable
 // when it ends.
 func (w *waiter) watchProcess(p shim.ProcRef) {
-	w.process = watchEnd(p, w.notify)
+	w.process = w.n.ends.watch(p, w.notify)
 }
 
 // close gives the waiter's watches back.
@@ -226,4 +243,7 @@ func (w *waiter) close() {
 	w.n.mu.Lock()
 	defer w.n.mu.Unlock()
 	w.n.leave(w)
+	for _, f := range w.files {
+		w.n.leave(f)
+	}
 }

@@ -18,10 +18,13 @@ type endWatch struct {
 	wait sync.WaitGroup
 }
 
-// watchEnd calls ended once process p has ended, or at once if the PID names
+// procEnds waits for processes' ends, a kqueue for each.
+type procEnds struct{}
+
+// watch calls ended once process p has ended, or at once if the PID names
 // another process now or none. It returns nil, and never calls ended, where it
 // cannot watch; the caller's own checks and polls see the end then.
-func watchEnd(p shim.ProcRef, ended func()) *endWatch {
+func (*procEnds) watch(p shim.ProcRef, ended func()) *endWatch {
 	kq, err := kqueue()
 	if err != nil {
 		return nil
@@ -51,6 +54,8 @@ func watchEnd(p shim.ProcRef, ended func()) *endWatch {
 	})
 	return e
 }
+
+func (*procEnds) close() {}
 
 // close stops the watch; ended is not called after it returns.
 func (e *endWatch) close() {

@@ -10,7 +10,7 @@ import (
 
 // Without inotify (macOS has none; on Linux the tag bgtask_portable selects this
 // file) a notifier watches no file: every waiter polls every unwatchedPoll. A
-// process's end still comes from the kernel (watchEnd).
+// process's end still comes from the kernel (procEnds).
 const (
 	recordMask  = 0
 	growthMask  = 0

@@ -285,6 +285,35 @@ func TestWaiterWakesWhenItsProcessEnds(t *testing.T) {
 	woken(t, reused, "PID naming another process")
 }
 
+// A worker waits for the ends of all its processes in one goroutine, and each
+// end wakes its own watch alone.
+func TestProcessEndsShareOneGoroutine(t *testing.T) {
+	n := newTestNotifier(t)
+	const procs = 20
+	cmds, waiters := make([]*exec.Cmd, procs), make([]*waiter, procs)
+	dir := t.TempDir()
+	before := runtime.NumGoroutine()
+	for i := range procs {
+		var ref shim.ProcRef
+		cmds[i], ref = startSleep(t)
+		waiters[i] = n.watch(dir, shim.ExitFile)
+		defer waiters[i].close()
+		waiters[i].watchProcess(ref)
+	}
+	if g := runtime.NumGoroutine() - before; g > 1 {
+		t.Fatalf("%d goroutines wait for %d processes, want one", g, procs)
+	}
+	for i := procs - 1; i >= 0; i-- {
+		_ = cmds[i].Process.Kill()
+		woken(t, waiters[i], fmt.Sprintf("process %d killed", i))
+		for j := range i {
+			if len(waiters[j].wake) != 0 {
+				t.Fatalf("process %d killed: the waiter of process %d, running, woken", i, j)
+			}
+		}
+	}
+}
+
 // attachPIDs watches a run in dir whose pid.json names pids, until the test ends.
 func attachPIDs(t *testing.T, n *notifier, dir string, pids shimPIDs) *process {
 	t.Helper()
@@ -428,7 +457,7 @@ func TestCopiesWaitingForOutputHoldNoBuffer(t *testing.T) {
 	for range copies {
 		path := filepath.Join(t.TempDir(), shim.StdoutFile)
 		appendTo(t, path, "x")
-		wg.Go(func() { copyGrowing(n, path, 0, looked, done) })
+		wg.Go(func() { copyGrowing(n, []*growingFile{{path: path, w: looked}}, done) })
 	}
 	for range copies {
 		<-looked // each has read what there was, and goes on to wait
@@ -448,7 +477,11 @@ func TestCopyGrowingFollowsWrites(t *testing.T) {
 	path := filepath.Join(t.TempDir(), shim.StdoutFile)
 	appendTo(t, path, "before\n")
 	got, done, copied := make(chunks, 10), make(chan struct{}), make(chan int64)
-	go func() { copied <- copyGrowing(n, path, 0, got, done) }()
+	go func() {
+		file := &growingFile{path: path, w: got}
+		copyGrowing(n, []*growingFile{file}, done)
+		copied <- file.offset
+	}()
 	next := func(want string) {
 		t.Helper()
 		select {

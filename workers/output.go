@@ -161,28 +161,54 @@ func (l *lineWatch) result() (string, bool) {
 	return *l.matched, true
 }
 
-// copyGrowing copies a file that a command is still writing into w, from offset,
-// until done is closed and the file holds nothing more. It returns the offset it
-// reached. What the shim freed before it was read is skipped, not copied: it reads
-// as zeros.
-func copyGrowing(n *notifier, path string, offset int64, w OutputWriter, done <-chan struct{}) int64 {
-	f, err := os.Open(path)
-	if err != nil {
-		return offset
+// growingFile is an output file that a command is still writing, copied into w;
+// offset is how far.
+type growingFile struct {
+	path   string
+	offset int64
+	w      OutputWriter
+
+	file  *os.File
+	ended bool // a read failed: copied no further
+}
+
+// copyGrowing copies files that a command is still writing (a run's output
+// files) into their writers, from their offsets, until done is closed and they
+// hold nothing more; their offsets say where it reached. One goroutine for all of
+// a run's files: a goroutine's stack for each was a running task's memory. What
+// the shim freed before it was read is skipped, not copied: it reads as zeros.
+func copyGrowing(n *notifier, files []*growingFile, done <-chan struct{}) {
+	var paths []string
+	for _, g := range files {
+		f, err := os.Open(g.path)
+		if err != nil {
+			g.ended = true // no output, or the run is gone
+			continue
+		}
+		defer f.Close()
+		g.file = f
+		paths = append(paths, g.path)
 	}
-	defer f.Close()
-	grown := n.watchGrowth(path)
+	grown := n.watchGrowth(paths...)
 	defer grown.close()
 	final := false
 	var looked time.Time
 	for {
 		grown.arm() // before the look: a write the look misses wakes the wait after it
 		buf := copyBuffers.Get().(*[copyBufferBytes]byte)
-		var err error
-		offset, err = copyAvailable(f, offset, buf[:], w)
+		copying := false
+		for _, g := range files {
+			if g.ended {
+				continue
+			}
+			var err error
+			g.offset, err = copyAvailable(g.file, g.offset, buf[:], g.w)
+			g.ended = !errors.Is(err, io.EOF)
+			copying = copying || !g.ended
+		}
 		copyBuffers.Put(buf)
-		if final || !errors.Is(err, io.EOF) {
-			return offset
+		if final || !copying {
+			return
 		}
 		// One more look once done: output written since the last one.
 		final = !grown.wait(done) || !pause(outputGather-time.Since(looked), done)

@@ -408,7 +408,7 @@ func endedProcess(dir string, exit shimExit) *process {
 // its directory: after a start, or after the worker restarted.
 func attachProcess(n *notifier, dir string, pids shimPIDs) *process {
 	p := &process{dir: dir, pids: pids, exited: make(chan struct{}), commandEnded: make(chan struct{}), quit: make(chan struct{}), stopped: make(chan struct{})}
-	p.commandWatch = watchEnd(p.pids.Command, func() { close(p.commandEnded) })
+	p.commandWatch = n.ends.watch(p.pids.Command, func() { close(p.commandEnded) })
 	// Armed before the first look: an exit that lands in between still wakes it.
 	changes := n.watch(dir, shim.ExitFile)
 	changes.watchProcess(p.pids.Shim)

@@ -386,20 +386,20 @@ func (r *run) newWatcher(proc *process, run shimRun, logAt *offsets, fileAt offs
 // copy copies what the command prints into its output files, from fileAt, where
 // the log stands in them, until stopCopying.
 func (x *watcher) copy(fileAt offsets, stdout, stderr output) {
-	for _, f := range []struct {
-		name string
-		from int64
-		to   OutputWriter
-	}{{shim.StdoutFile, fileAt.stdout, stdout}, {shim.StderrFile, fileAt.stderr, stderr}} {
-		x.copying.Add(1)
-		go func() {
-			defer x.copying.Done()
+	x.copying.Go(func() {
+		var files []*growingFile
+		for _, f := range []struct {
+			name string
+			from int64
+			to   OutputWriter
+		}{{shim.StdoutFile, fileAt.stdout, stdout}, {shim.StderrFile, fileAt.stderr, stderr}} {
 			path := filepath.Join(x.proc.dir, f.name)
 			bound := newBoundOutput(path, f.from, f.to, x.r.w.cfg.Base.Logger)
 			defer bound.close()
-			copyGrowing(x.r.w.notify, path, f.from, bound, x.copyDone)
-		}()
-	}
+			files = append(files, &growingFile{path: path, offset: f.from, w: bound})
+		}
+		copyGrowing(x.r.w.notify, files, x.copyDone)
+	})
 }
 
 func (x *watcher) stopCopying() {
