@@ -108,7 +108,11 @@ func BenchmarkFairOrder(b *testing.B) {
 	turns := engine.NewTurns()
 	b.ReportAllocs()
 	for b.Loop() {
-		turns.Keep(tasks)
+		active := engine.ActiveTurns{}
+		for i := range tasks {
+			active.Add(&tasks[i])
+		}
+		turns.Keep(active)
 		turns.Served(engine.FairOrder(tasks, turns)[0])
 	}
 }

@@ -31,11 +31,12 @@ type parts struct {
 // start goroutines of its own while a part runs.
 type fixedReader struct{}
 
-func (fixedReader) Task(string) (engine.State, bool)            { return engine.State{}, false }
-func (fixedReader) Outcome(string) (engine.State, bool)         { return engine.State{}, false }
-func (fixedReader) List(engine.ListQuery) ([]engine.State, int) { return nil, 0 }
-func (fixedReader) Settled(time.Time) []engine.State            { return nil }
-func (fixedReader) WaitFor(context.Context, uint64) error       { return nil }
+func (fixedReader) Task(string) (engine.State, bool)                 { return engine.State{}, false }
+func (fixedReader) Outcome(string) (engine.State, bool)              { return engine.State{}, false }
+func (fixedReader) List(engine.ListQuery) ([]engine.State, int)      { return nil, 0 }
+func (fixedReader) Settled(time.Time) []engine.State                 { return nil }
+func (fixedReader) EachUnfinished(engine.Phase, func(*engine.State)) {}
+func (fixedReader) WaitFor(context.Context, uint64) error            { return nil }
 func (fixedReader) MatchIDs(func(string) bool, int) ([]string, int) {
 	return nil, 0
 }

@@ -225,28 +225,28 @@ type Turns struct {
 // NewTurns returns turns where no one has been served yet.
 func NewTurns() *Turns { return &Turns{last: map[string]uint64{}} }
 
-func targetKey(s State) string { return s.Spec.Target }
-func kindKey(s State) string   { return s.Spec.Target + "\x00" + s.Spec.Kind }
+func targetKey(s *State) string { return s.Spec.Target }
+func kindKey(s *State) string   { return s.Spec.Target + "\x00" + s.Spec.Kind }
 
 // Served records that a task's target and kind got a slot now.
 func (t *Turns) Served(s State) {
 	t.n++
-	t.last[targetKey(s)] = t.n
-	t.last[kindKey(s)] = t.n
+	t.last[targetKey(&s)] = t.n
+	t.last[kindKey(&s)] = t.n
 }
 
-// Keep forgets the targets and kinds that have no task in active (the tasks
-// waiting and running): one that comes back after that has had no turn that still
-// matters.
-func (t *Turns) Keep(active ...[]State) {
-	keep := map[string]bool{}
-	for _, tasks := range active {
-		for i := range tasks {
-			keep[targetKey(tasks[i])], keep[kindKey(tasks[i])] = true, true
-		}
-	}
+// ActiveTurns are the targets and kinds that have a task waiting or running:
+// the turns that Keep keeps.
+type ActiveTurns map[string]bool
+
+// Add counts the target and the kind of s as active.
+func (a ActiveTurns) Add(s *State) { a[targetKey(s)], a[kindKey(s)] = true, true }
+
+// Keep forgets the targets and kinds that are not active: one that comes back
+// after that has had no turn that still matters.
+func (t *Turns) Keep(active ActiveTurns) {
 	for k := range t.last {
-		if !keep[k] {
+		if !active[k] {
 			delete(t.last, k)
 		}
 	}
@@ -312,11 +312,11 @@ func sortByTurn(groups []group, turns *Turns) {
 
 // groupInOrder splits tasks by key, keeping their order, with the groups in the
 // order of their first task.
-func groupInOrder(tasks []*State, key func(State) string) []group {
+func groupInOrder(tasks []*State, key func(*State) string) []group {
 	index := map[string]int{}
 	var groups []group
 	for _, t := range tasks {
-		k := key(*t)
+		k := key(t)
 		i, ok := index[k]
 		if !ok {
 			i = len(groups)

@@ -37,6 +37,9 @@ type WorkerStatus struct {
 type ScheduledTasks interface {
 	TaskLister
 	OutcomeReader
+	// EachUnfinished calls f with each task in phase, one not terminal, read in
+	// place: f must not keep t, change it, or call the reader.
+	EachUnfinished(phase Phase, f func(t *State))
 }
 
 // Scheduler places armed tasks on workers. It keeps the fleet's heartbeats, and on
@@ -231,7 +234,11 @@ func (s *Scheduler) Notify(st State) {
 // taken) stops before it reads the waiting tasks: placing them is the only work
 // that grows with their number.
 func (s *Scheduler) pass(ctx context.Context) {
-	running, _ := s.tasks.List(ListQuery{Phase: PhaseRunning})
+	// The running tasks are read in place, not listed: a pass comes with each task
+	// armed and each run that ends, and a list copied every running task's state,
+	// a kilobyte each, for each of them.
+	running := map[string]int{} // by worker
+	s.tasks.EachUnfinished(PhaseRunning, func(t *State) { running[t.Worker]++ })
 	now := s.base.Now()
 
 	s.mu.Lock()
@@ -244,7 +251,12 @@ func (s *Scheduler) pass(ctx context.Context) {
 		return
 	}
 	armed, _ := s.tasks.List(ListQuery{Phase: PhaseArmed})
-	s.turns.Keep(armed, running)
+	active := ActiveTurns{}
+	for i := range armed {
+		active.Add(&armed[i])
+	}
+	s.tasks.EachUnfinished(PhaseRunning, active.Add)
+	s.turns.Keep(active)
 	type offer struct {
 		task   State
 		worker string
@@ -284,15 +296,11 @@ func (s *Scheduler) pass(ctx context.Context) {
 	}
 }
 
-// candidates are the live workers with their loads (the running tasks, the
-// tasks taken whose spawn is not applied yet, the offers in flight), by id, and
-// how many free slots they have in all. Workers whose heartbeat expired are
-// forgotten. Its mutex is held.
-func (s *Scheduler) candidates(running []State, now time.Time) (cands []Candidate, index map[string]int, free int) {
-	load := map[string]int{}
-	for _, r := range running {
-		load[r.Worker]++
-	}
+// candidates are the live workers with their loads (their running tasks, given
+// in load, the tasks taken whose spawn is not applied yet, the offers in
+// flight), by id, and how many free slots they have in all. Workers whose
+// heartbeat expired are forgotten. Its mutex is held.
+func (s *Scheduler) candidates(load map[string]int, now time.Time) (cands []Candidate, index map[string]int, free int) {
 	for id, w := range s.taken {
 		if st, ok := s.tasks.Task(id); !ok || st.Phase != PhaseArmed {
 			delete(s.taken, id) // its spawn was applied before the answer came

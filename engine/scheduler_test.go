@@ -12,10 +12,11 @@ import (
 
 // taskList is a fixed set of tasks, as the projector would list them.
 type taskList struct {
-	mu    sync.Mutex
-	tasks []engine.State
-	armed int // List calls for the armed tasks
-	reads int // Task calls: a settled task's would read its history
+	mu      sync.Mutex
+	tasks   []engine.State
+	armed   int // List calls for the armed tasks
+	running int // and for the running ones
+	reads   int // Task calls: a settled task's would read its history
 }
 
 func (l *taskList) Task(id string) (engine.State, bool) {
@@ -39,8 +40,11 @@ func (l *taskList) Outcome(id string) (engine.State, bool) {
 func (l *taskList) List(q engine.ListQuery) ([]engine.State, int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if q.Phase == engine.PhaseArmed {
+	switch q.Phase {
+	case engine.PhaseArmed:
 		l.armed++
+	case engine.PhaseRunning:
+		l.running++
 	}
 	var out []engine.State
 	for _, s := range l.tasks {
@@ -49,6 +53,16 @@ func (l *taskList) List(q engine.ListQuery) ([]engine.State, int) {
 		}
 	}
 	return out, len(out)
+}
+
+func (l *taskList) EachUnfinished(phase engine.Phase, f func(*engine.State)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := range l.tasks {
+		if l.tasks[i].Phase == phase {
+			f(&l.tasks[i])
+		}
+	}
 }
 
 func (l *taskList) armedLists() int {
@@ -113,6 +127,28 @@ func TestSchedulerWithoutWorkersSaysWhyAndDoesNotReadTheWaitingTasks(t *testing.
 	}
 	if n := tasks.armedLists(); n != 0 {
 		t.Errorf("the armed tasks were listed %d times with no worker to take them", n)
+	}
+}
+
+// A worker's running tasks fill its slots, and a pass counts them where they
+// are: it lists (copies) none of them.
+func TestSchedulerCountsTheRunningTasksInPlace(t *testing.T) {
+	t.Parallel()
+	running := armedTask("running", t0, nil)
+	running.Phase, running.Worker = engine.PhaseRunning, "w1"
+	tasks := &taskList{tasks: []engine.State{running, armedTask("older", t0, nil), armedTask("newer", t0.Add(time.Second), nil)}}
+	w := events.WorkerInfo{ID: "w1", State: events.WorkerReady, MaxTasks: 2}
+	s, offers := startScheduler(t, tasks, fleet{workers: []events.WorkerInfo{w}})
+	if o := <-offers; o.TaskID != "older" {
+		t.Fatalf("offered %s first, want the older task", o.TaskID)
+	}
+	if got, want := s.Waiting(tasks.tasks[2]), "waiting for a free slot: the 1 worker that can take it is at capacity"; got != want {
+		t.Errorf("Waiting(newer) = %q, want %q", got, want)
+	}
+	tasks.mu.Lock()
+	defer tasks.mu.Unlock()
+	if tasks.running != 0 {
+		t.Errorf("the running tasks were listed %d times", tasks.running)
 	}
 }
 

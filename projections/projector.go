@@ -618,6 +618,17 @@ func (p *Projector) List(q engine.ListQuery) ([]engine.State, int) {
 	return p.ListAfter(q, time.Time{}, "")
 }
 
+// EachUnfinished calls f with each task in phase, one not terminal, in no
+// order, read in place with the projection locked for reading: f must not keep
+// t, change it, or call the projector.
+func (p *Projector) EachUnfinished(phase engine.Phase, f func(t *engine.State)) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	for id := range p.unfinished[phase] {
+		f(p.tasks[id])
+	}
+}
+
 // ListAfter is List continued after the task armed at armedAt with the id afterID
 // (none: from the newest). Newest first is armed time, then id, both descending:
 // a position in that order stays one while tasks are registered, since each new
