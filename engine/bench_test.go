@@ -1,7 +1,9 @@
 package engine_test
 
 import (
+	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,5 +116,29 @@ func BenchmarkFairOrder(b *testing.B) {
 		}
 		turns.Keep(active)
 		turns.Served(engine.FairOrder(tasks, turns)[0])
+	}
+}
+
+// BenchmarkDecodeSpec reads a spec as `bgtask add` sends it, with the caller's
+// environment (60 variables, 4 KiB): the engine's work per registration.
+func BenchmarkDecodeSpec(b *testing.B) {
+	env := map[string]string{}
+	for i := range 60 {
+		env[fmt.Sprintf("VARIABLE_%02d", i)] = fmt.Sprintf("/home/user/.local/share/value-%d:%s", i, strings.Repeat("x", 30))
+	}
+	spec, err := json.Marshal(map[string]any{
+		"command": "go test ./...", "cwd": "/home/user/src/app", "environment": "caller", "env": env,
+		"origin": map[string]string{"session": "s-123"}, "deliver": []map[string]string{{"type": "inbox"}},
+		"prompt": "Tests {{status}} (exit {{exit_code}}):\n{{result}}",
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(spec)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := engine.DecodeSpec(spec); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

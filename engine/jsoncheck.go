@@ -3,7 +3,10 @@ package engine
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"reflect"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -27,83 +30,263 @@ const (
 // MaxJSONDepth levels below its top-level field. A rejection is a *FieldError that
 // names the field by its path ("origin.chat", "deliver[0].url"); root names the
 // document itself. A document that is not JSON passes: its decoder says why.
-func CheckJSON(data []byte, root string) error {
-	type frame struct {
-		path   string
-		object bool
-		keys   map[string]bool
-		key    string // the key whose value comes next, in an object
-		hasKey bool
-		index  int
+func CheckJSON(data []byte, root string) error { return checkJSON(data, root, nil) }
+
+// fieldTree holds the names an object's fields may have, each with the tree of
+// its value where that is an object, or a list of objects, with fields of its own
+// (nil where it is not: a map, a free-form value).
+type fieldTree map[string]fieldTree
+
+// fieldsOf is the fieldTree of struct type t, by the wire names of its fields.
+func fieldsOf(t reflect.Type) fieldTree {
+	fields := fieldTree{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		ft := f.Type
+		if ft.Kind() == reflect.Pointer || ft.Kind() == reflect.Slice {
+			ft = ft.Elem()
+		}
+		var nested fieldTree
+		if ft.Kind() == reflect.Struct {
+			nested = fieldsOf(ft)
+		}
+		fields[name] = nested
 	}
-	var stack []*frame
-	dec := json.NewDecoder(bytes.NewReader(data))
-	// top is the top-level field the innermost value belongs to, for depth errors.
-	top := root
+	return fields
+}
+
+// checkJSON is CheckJSON that, where fields is not nil, also refuses an object
+// key that fields does not name exactly, at the top and below it.
+//
+// It reads the document once, in place: a spec is checked with each registration
+// (and a request around it too), and a decoder's tokens cost an allocation each,
+// the caller's environment hundreds.
+func checkJSON(data []byte, root string, fields fieldTree) error {
+	c := jsonChecker{data: data, root: root, top: root}
+	if err := c.value(0, fields, false); err != errNotJSON {
+		return err
+	}
+	return nil
+}
+
+// errNotJSON stops a check at what is not JSON: the decoder says why.
+var errNotJSON = errors.New("not JSON")
+
+// jsonChecker reads a JSON document for checkJSON.
+type jsonChecker struct {
+	data []byte
+	i    int // where it reads
+	root string
+	top  string     // the top-level field the value read belongs to, for depth errors
+	path []pathPart // of the value read
+}
+
+// pathPart is a step in a value's path: the key of an object's field, or an
+// index in an array.
+type pathPart struct {
+	key   string
+	index int // -1 for a key
+}
+
+// value checks the value at c.i, inside depth arrays and objects. An object is
+// checked against fields where that is not nil, and so are the objects an array
+// holds where the array is a field's value (inArray: it is not).
+func (c *jsonChecker) value(depth int, fields fieldTree, inArray bool) error {
+	c.space()
+	if c.i >= len(c.data) {
+		return errNotJSON
+	}
+	switch b := c.data[c.i]; b {
+	case '{', '[':
+		if depth > MaxJSONDepth {
+			return fieldErr(orRoot(c.top, c.root), "nested deeper than %d levels", MaxJSONDepth)
+		}
+		if b == '{' {
+			return c.object(depth, fields)
+		}
+		if inArray {
+			fields = nil
+		}
+		return c.array(depth, fields)
+	case '"':
+		start := c.i
+		if !c.str() {
+			return errNotJSON
+		}
+		if !validString(c.data[start:c.i]) {
+			return fieldErr(orRoot(c.pathString(), c.root), "not valid UTF-8 (or holds a lone surrogate escape)")
+		}
+		return nil
+	default: // a number, true, false or null: its syntax is the decoder's to check
+		start := c.i
+		for c.i < len(c.data) && isLiteralByte(c.data[c.i]) {
+			c.i++
+		}
+		if c.i == start {
+			return errNotJSON
+		}
+		return nil
+	}
+}
+
+func (c *jsonChecker) object(depth int, fields fieldTree) error {
+	c.i++ // {
+	if c.space(); c.i < len(c.data) && c.data[c.i] == '}' {
+		c.i++
+		return nil
+	}
+	var keys map[string]bool
 	for {
-		start := dec.InputOffset()
-		tok, err := dec.Token()
-		if err != nil {
+		c.space()
+		start := c.i
+		if c.i >= len(c.data) || c.data[c.i] != '"' || !c.str() {
+			return errNotJSON
+		}
+		raw := c.data[start:c.i]
+		if !validString(raw) {
+			var key string
+			_ = json.Unmarshal(raw, &key) // as the decoder reads it
+			return fieldErr(orRoot(c.pathString(), c.root), "the key %q is not valid UTF-8 (or holds a lone surrogate escape)", key)
+		}
+		var key string
+		if bytes.IndexByte(raw, '\\') < 0 {
+			key = string(raw[1 : len(raw)-1])
+		} else if json.Unmarshal(raw, &key) != nil {
+			return errNotJSON
+		}
+		if keys == nil {
+			keys = map[string]bool{}
+		}
+		if keys[key] {
+			return fieldErr(join(c.pathString(), key), "the key is given twice; each key may appear once")
+		}
+		keys[key] = true
+		var nested fieldTree
+		if fields != nil {
+			var known bool
+			if nested, known = fields[key]; !known {
+				return fieldErr(join(c.pathString(), key), "unknown field")
+			}
+		}
+		if c.space(); c.i >= len(c.data) || c.data[c.i] != ':' {
+			return errNotJSON
+		}
+		c.i++
+		if depth == 0 {
+			c.top = key
+		}
+		c.path = append(c.path, pathPart{key: key, index: -1})
+		if err := c.value(depth+1, nested, false); err != nil {
+			return err
+		}
+		c.path = c.path[:len(c.path)-1]
+		if c.space(); c.i >= len(c.data) {
+			return errNotJSON
+		}
+		switch c.data[c.i] {
+		case ',':
+			c.i++
+		case '}':
+			c.i++
 			return nil
-		}
-		raw := data[start:dec.InputOffset()]
-		var parent *frame
-		if len(stack) > 0 {
-			parent = stack[len(stack)-1]
-		}
-		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
-			stack = stack[:len(stack)-1]
-			if len(stack) == 0 {
-				return nil
-			}
-			continue
-		}
-		if parent != nil && parent.object && !parent.hasKey {
-			key, _ := tok.(string)
-			if !validString(raw) {
-				return fieldErr(orRoot(parent.path, root), "the key %q is not valid UTF-8 (or holds a lone surrogate escape)", key)
-			}
-			if parent.keys[key] {
-				return fieldErr(join(parent.path, key), "the key is given twice; each key may appear once")
-			}
-			parent.keys[key] = true
-			parent.key, parent.hasKey = key, true
-			if len(stack) == 1 {
-				top = key
-			}
-			continue
-		}
-		path := root
-		switch {
-		case parent != nil && parent.object:
-			path = join(parent.path, parent.key)
-			parent.hasKey = false
-		case parent != nil:
-			path = fmt.Sprintf("%s[%d]", orRoot(parent.path, root), parent.index)
-			parent.index++
-		}
-		switch tok := tok.(type) {
-		case json.Delim:
-			if len(stack) > MaxJSONDepth {
-				return fieldErr(orRoot(top, root), "nested deeper than %d levels", MaxJSONDepth)
-			}
-			f := &frame{path: path, object: tok == '{'}
-			if parent == nil {
-				f.path = "" // the top-level fields are named by themselves
-			}
-			if f.object {
-				f.keys = map[string]bool{}
-			}
-			stack = append(stack, f)
-		case string:
-			if !validString(raw) {
-				return fieldErr(orRoot(path, root), "not valid UTF-8 (or holds a lone surrogate escape)")
-			}
-		}
-		if len(stack) == 0 {
-			return nil // a document that is one scalar
+		default:
+			return errNotJSON
 		}
 	}
+}
+
+func (c *jsonChecker) array(depth int, elems fieldTree) error {
+	c.i++ // [
+	if c.space(); c.i < len(c.data) && c.data[c.i] == ']' {
+		c.i++
+		return nil
+	}
+	for index := 0; ; index++ {
+		c.path = append(c.path, pathPart{index: index})
+		if err := c.value(depth+1, elems, true); err != nil {
+			return err
+		}
+		c.path = c.path[:len(c.path)-1]
+		if c.space(); c.i >= len(c.data) {
+			return errNotJSON
+		}
+		switch c.data[c.i] {
+		case ',':
+			c.i++
+		case ']':
+			c.i++
+			return nil
+		default:
+			return errNotJSON
+		}
+	}
+}
+
+// str reads past the string at c.i; false if it is not one.
+func (c *jsonChecker) str() bool {
+	for c.i++; c.i < len(c.data); c.i++ {
+		switch b := c.data[c.i]; {
+		case b == '"':
+			c.i++
+			return true
+		case b < 0x20:
+			return false
+		case b == '\\':
+			if c.i++; c.i >= len(c.data) {
+				return false
+			}
+			switch c.data[c.i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				if c.i+4 >= len(c.data) {
+					return false
+				}
+				for _, h := range c.data[c.i+1 : c.i+5] {
+					if !isHex(h) {
+						return false
+					}
+				}
+				c.i += 4
+			default:
+				return false
+			}
+		}
+	}
+	return false
+}
+
+func (c *jsonChecker) space() {
+	for c.i < len(c.data) {
+		switch c.data[c.i] {
+		case ' ', '\t', '\n', '\r':
+			c.i++
+		default:
+			return
+		}
+	}
+}
+
+// pathString is the path of the value read, as a FieldError names it: "" for
+// the document and its top-level fields' parent.
+func (c *jsonChecker) pathString() string {
+	path := ""
+	for _, p := range c.path {
+		if p.index < 0 {
+			path = join(path, p.key)
+		} else {
+			path = fmt.Sprintf("%s[%d]", orRoot(path, c.root), p.index)
+		}
+	}
+	return path
+}
+
+func isLiteralByte(b byte) bool {
+	return b >= '0' && b <= '9' || b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b == '-' || b == '+' || b == '.'
+}
+
+func isHex(b byte) bool {
+	return b >= '0' && b <= '9' || b >= 'a' && b <= 'f' || b >= 'A' && b <= 'F'
 }
 
 func join(path, key string) string {

@@ -24,6 +24,9 @@ func TestParseSpecRefusesHostileJSON(t *testing.T) {
 		{"duplicate key in a sink", `{"command":"true","deliver":[{"type":"webhook","url":"http://a/","url":"http://b/"}]}`, "deliver[0].url", "given twice"},
 		{"duplicate key in a completion", `{"command":"true","completion":{"type":"exit","type":"json_line"}}`, "completion.type", "given twice"},
 		{"duplicate env name", `{"command":"true","env":{"A":"1","A":"2"}}`, "env.A", "given twice"},
+		{"duplicate env name, once escaped", `{"command":"true","env":{"A":"1","\u0041":"2"}}`, "env.A", "given twice"},
+		{"a field's name in another case in a sink", `{"command":"true","deliver":[{"type":"inbox"},{"type":"webhook","URL":"http://a/"}]}`, "deliver[1].URL", "unknown field"},
+		{"a field's name in another case in a completion", `{"command":"true","completion":{"Type":"exit"}}`, "completion.Type", "unknown field"},
 		{"invalid UTF-8 in the command", "{\"command\":\"echo \xff\xfe\"}", "command", "UTF-8"},
 		{"invalid UTF-8 in an argv element", "{\"argv\":[\"echo\",\"\xc3\"]}", "argv[1]", "UTF-8"},
 		{"invalid UTF-8 in an origin value", "{\"command\":\"true\",\"origin\":{\"a\":[\"ok\",\"\xed\xa0\x80\"]}}", "origin.a[1]", "UTF-8"},
@@ -63,6 +66,7 @@ func TestParseSpecAcceptsJSONAtItsLimits(t *testing.T) {
 		`{"command":"echo \ud83d\ude00 \u00e9 ✓ \ufffd \\ud800","kind":"ü"}`,
 		`{"command":"true","origin":{"a":{"id":1},"b":{"id":1}},"env":{"A":"1","a":"2"}}`,
 		`{"command":"true","completion":{"type":"json_line","match":{"a":` + nested(engine.MaxJSONDepth-2, "1") + `}}}`,
+		`{"\u0063ommand":"true","origin":{"Command":[{"Type":1}]}}`, // a name escaped is the name; origin is free-form
 	} {
 		if _, err := engine.ParseSpec([]byte(spec)); err != nil {
 			t.Errorf("ParseSpec(%.120s): %v", spec, err)
@@ -85,4 +89,41 @@ func TestCheckJSONNamesTheRoot(t *testing.T) {
 	if err := engine.CheckJSON([]byte(`not json`), "request"); err != nil {
 		t.Fatalf("CheckJSON of what is not JSON = %v, want nil: the decoder says why", err)
 	}
+}
+
+// TestCheckJSONLeavesWhatIsNotJSONToTheDecoder: a document cut short or
+// malformed anywhere passes the check, which stops there, for the decoder to say
+// what is wrong with it.
+func TestCheckJSONLeavesWhatIsNotJSONToTheDecoder(t *testing.T) {
+	t.Parallel()
+	for _, doc := range []string{
+		``, `{`, `[`, `"`, `"\`, `"\u12`, `{"a":"\u12"}`, `{"a":"\x"}`, `{"a"`, `{"a":`, `{"a":}`, `{"a":1,}`,
+		`{"a":1 "b":2}`, `[1,`, `[1 2]`, `{a:1}`, "{\"a\":\"\x01\"}", `{"a":[{"b":1},`, `{"a":1}}`, `}`,
+	} {
+		if err := engine.CheckJSON([]byte(doc), "request"); err != nil {
+			t.Errorf("CheckJSON(%q) = %v, want nil: the decoder says why", doc, err)
+		}
+		if _, err := engine.ParseSpec([]byte(doc)); err == nil {
+			t.Errorf("ParseSpec(%q) passed", doc)
+		}
+	}
+}
+
+// FuzzCheckJSON: whatever the bytes, the check ends without a panic, with nil or
+// a *FieldError, and so does the whole spec's parse.
+func FuzzCheckJSON(f *testing.F) {
+	for _, seed := range []string{
+		`{"command":"true","env":{"A":"1"},"deliver":[{"type":"inbox"}],"origin":{"a":[1,{"b":"\ud83d\ude00"}]}}`,
+		`{"command":"true","completion":{"type":"json_line","match":{"id":12345678901234567890}}}`,
+		`{"a":"\u12`, `[[[[`, "{\"\xff\":1}",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var fe *engine.FieldError
+		if err := engine.CheckJSON(data, "doc"); err != nil && !errors.As(err, &fe) {
+			t.Fatalf("CheckJSON = %v, want nil or a *FieldError", err)
+		}
+		_, _ = engine.ParseSpec(data)
+	})
 }

@@ -156,10 +156,9 @@ func DecodeSpec(data []byte) (Spec, error) {
 	if len(data) > MaxSpecWithEnvBytes {
 		return Spec{}, fieldErr("spec", "%d bytes is over the limit of %d (%d for its env, %d for the rest)", len(data), MaxSpecWithEnvBytes, MaxEnvBytes, MaxSpecBytes)
 	}
-	if err := CheckJSON(data, "spec"); err != nil {
-		return Spec{}, err
-	}
-	if err := checkFieldNames(data); err != nil {
+	// Also refuses field names that encoding/json would match without regard to case
+	// ("Command", "completion.Regex"): a spec uses exactly the documented names.
+	if err := checkJSON(data, "spec", specFields); err != nil {
 		return Spec{}, err
 	}
 	if len(data) > MaxSpecBytes {
@@ -181,74 +180,7 @@ func DecodeSpec(data []byte) (Spec, error) {
 }
 
 // specFields are the spec's field names as written on the wire.
-var specFields = jsonFields(reflect.TypeFor[Spec]())
-
-// jsonFields maps the wire names of a struct's fields to the struct type of the
-// field's value (or of its elements, for a list), or nil when the value is not an
-// object with fields of its own.
-func jsonFields(t reflect.Type) map[string]reflect.Type {
-	fields := map[string]reflect.Type{}
-	for i := range t.NumField() {
-		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		ft := f.Type
-		if ft.Kind() == reflect.Pointer || ft.Kind() == reflect.Slice {
-			ft = ft.Elem()
-		}
-		if ft.Kind() != reflect.Struct {
-			ft = nil
-		}
-		fields[name] = ft
-	}
-	return fields
-}
-
-// checkFieldNames rejects field names that encoding/json would match without regard
-// to case ("Command", "completion.Regex"): a spec uses exactly the documented names.
-func checkFieldNames(data []byte) error {
-	return checkObjectFields(data, specFields, "")
-}
-
-func checkObjectFields(data []byte, known map[string]reflect.Type, prefix string) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return nil // not an object: the decoder reports it
-	}
-	// In the order written, so the first wrong name is the one reported.
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil
-		}
-		name, _ := tok.(string)
-		var value json.RawMessage
-		if dec.Decode(&value) != nil {
-			return nil
-		}
-		nested, ok := known[name]
-		if !ok {
-			return fieldErr(prefix+name, "unknown field")
-		}
-		if nested == nil {
-			continue
-		}
-		var list []json.RawMessage
-		if json.Unmarshal(value, &list) != nil {
-			list = nil
-		}
-		if list == nil {
-			if err := checkObjectFields(value, jsonFields(nested), prefix+name+"."); err != nil {
-				return err
-			}
-		}
-		for i, elem := range list {
-			if err := checkObjectFields(elem, jsonFields(nested), fmt.Sprintf("%s%s[%d].", prefix, name, i)); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
+var specFields = fieldsOf(reflect.TypeFor[Spec]())
 
 func decodeError(err error) error {
 	var typeErr *json.UnmarshalTypeError
