@@ -247,13 +247,21 @@ var (
 // releaseLooks is how many times in releaseQuiet the stream is looked at.
 const releaseLooks = 3
 
+// releaseTicks times the looks: every releaseQuiet/releaseLooks. (A test looks
+// when it chooses: how quiet the stream was must not depend on how fast a busy
+// machine appended its events.)
+var releaseTicks = func(every time.Duration) (<-chan time.Time, func()) {
+	tick := time.NewTicker(every)
+	return tick.C, tick.Stop
+}
+
 // releaseWhenQuiet gives the memory back each time the stream has gone quiet
 // (releaseTrickle, releaseShare) after releaseBurst events or more since mark,
 // until ctx ends.
 func (p *Projector) releaseWhenQuiet(ctx context.Context, mark uint64, done chan<- struct{}) {
 	defer close(done)
-	tick := time.NewTicker(releaseQuiet / releaseLooks)
-	defer tick.Stop()
+	ticks, stop := releaseTicks(releaseQuiet / releaseLooks)
+	defer stop()
 	// seen is the sequence applied at each of the last looks, the oldest first.
 	var seen [releaseLooks + 1]uint64
 	for i := range seen {
@@ -265,7 +273,7 @@ func (p *Projector) releaseWhenQuiet(ctx context.Context, mark uint64, done chan
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-ticks:
 		}
 		copy(seen[:], seen[1:])
 		seen[releaseLooks] = p.Applied()

@@ -186,36 +186,45 @@ func TestALongReplayReleasesItsGarbage(t *testing.T) {
 
 // releases is a projector following a stream of the finished records of tasks
 // tasks, with the release's thresholds set for a test (and set back after it),
-// and its releases counted.
+// its looks at the stream made by the test, and its releases counted.
 type releases struct {
 	t          *testing.T
 	p          *Projector
 	n          atomic.Int64
+	ticks      chan time.Time
 	appended   int
 	recs       []events.Record
 	appendUpTo func(n int) // appends the records up to n and waits for the projector
 }
 
-// looked waits until the projector has looked n times at the stream with every
-// event appended so far in it: it has been quiet for as long.
+// looked has the projector look n times at the stream, every event appended so
+// far in it: it has been quiet for as long.
 func (r *releases) looked(n int) {
 	r.t.Helper()
-	seen := 0
-	r.p.TestSignals.looked.WaitFor(10*time.Second, fmt.Sprintf("%d looks at the stream up to event %d", n, r.appended), func(applied uint64) bool {
-		if applied == uint64(r.appended) {
-			seen++
+	for range n {
+		r.ticks <- time.Now()
+		if applied := r.p.TestSignals.looked.WaitFor(10*time.Second, "a look at the stream", nil); applied != uint64(r.appended) {
+			r.t.Fatalf("a look saw the stream up to event %d, want %d", applied, r.appended)
 		}
-		return seen == n
-	})
+	}
 }
 
-// released waits for the projector's release number n.
+// released has the projector look at the stream until its release number n,
+// for as long as releaseQuiet at most.
 func (r *releases) released(n int64) {
 	r.t.Helper()
-	r.p.TestSignals.looked.WaitFor(10*time.Second, fmt.Sprintf("release number %d", n), func(uint64) bool { return r.n.Load() >= n })
+	for range releaseLooks {
+		if r.n.Load() >= n {
+			return
+		}
+		r.looked(1)
+	}
+	if r.n.Load() < n {
+		r.t.Fatalf("no release number %d in %d looks at a quiet stream", n, releaseLooks)
+	}
 }
 
-func newReleases(t *testing.T, tasks int, burst, trickle uint64, quiet time.Duration) *releases {
+func newReleases(t *testing.T, tasks int, burst, trickle uint64) *releases {
 	t.Helper()
 	srv := eventstest.Run(t)
 	ctx := context.Background()
@@ -223,13 +232,14 @@ func newReleases(t *testing.T, tasks int, burst, trickle uint64, quiet time.Dura
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &releases{t: t, recs: finishedRecords(t, tasks)}
-	burst0, trickle0, share0, quiet0, release0 := releaseBurst, releaseTrickle, releaseShare, releaseQuiet, releaseMemory
+	r := &releases{t: t, recs: finishedRecords(t, tasks), ticks: make(chan time.Time)}
+	burst0, trickle0, share0, release0, ticks0 := releaseBurst, releaseTrickle, releaseShare, releaseMemory, releaseTicks
 	t.Cleanup(func() { // after the projector's Stop, registered below
-		releaseBurst, releaseTrickle, releaseShare, releaseQuiet, releaseMemory = burst0, trickle0, share0, quiet0, release0
+		releaseBurst, releaseTrickle, releaseShare, releaseMemory, releaseTicks = burst0, trickle0, share0, release0, ticks0
 	})
-	releaseBurst, releaseTrickle, releaseShare, releaseQuiet = burst, trickle, 10, quiet
+	releaseBurst, releaseTrickle, releaseShare = burst, trickle, 10
 	releaseMemory = func() { r.n.Add(1) }
+	releaseTicks = func(time.Duration) (<-chan time.Time, func()) { return r.ticks, func() {} }
 	p := New(store, nil, engine.Base{})
 	p.TestSignals.looked.Init(t)
 	if err := p.Start(ctx); err != nil {
@@ -260,7 +270,7 @@ func newReleases(t *testing.T, tasks int, burst, trickle uint64, quiet time.Dura
 // burst's size: bgtask bench --scenario burst.)
 func TestABurstReleasesItsGarbageOnceQuiet(t *testing.T) {
 	const burst = 5
-	r := newReleases(t, 3, burst, 2, 60*time.Millisecond)
+	r := newReleases(t, 3, burst, 2)
 	quiet := func() { r.looked(2 * releaseLooks) } // twice the time it judges by
 	r.appendUpTo(burst - 1)
 	quiet()
@@ -295,7 +305,7 @@ func TestABurstIsReleasedBesideTheTicksOfManyRunningTasks(t *testing.T) {
 	// A burst of 120 events, then 3 between two looks, 9 in releaseQuiet: more
 	// than the trickle, at most a tenth (releaseShare) of the burst.
 	const burst, each = 120, 3
-	r := newReleases(t, 40, 100, 2, 240*time.Millisecond)
+	r := newReleases(t, 40, 100, 2)
 	r.appendUpTo(burst)
 	for r.n.Load() == 0 && r.appended+each <= len(r.recs) {
 		r.looked(1)
