@@ -166,10 +166,16 @@ func DecodeSpec(data []byte) (Spec, error) {
 			return Spec{}, err
 		}
 	}
+	// checkJSON has refused unknown field names: json.Unmarshal decodes a spec
+	// without match values as the decoder below would, reading the bytes in place.
+	var s Spec
+	if json.Unmarshal(data, &s) == nil && !s.hasMatchValues() {
+		return s, nil
+	}
+	s = Spec{}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	dec.UseNumber() // a 64-bit id in a json_line match must not be rounded
-	var s Spec
 	if err := dec.Decode(&s); err != nil {
 		return Spec{}, decodeError(err)
 	}
@@ -310,14 +316,20 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
+// hasMatchValues says whether s has json_line match values, the only values of
+// no fixed type: json.Unmarshal would make their numbers float64, which rounds a
+// 64-bit id, where the decoder with UseNumber keeps every digit. A spec without
+// them decodes the same either way, and json.Unmarshal is the cheaper way.
+func (s Spec) hasMatchValues() bool {
+	return s.Completion != nil && len(s.Completion.Match) > 0 || s.Notify != nil && len(s.Notify.Match) > 0
+}
+
 // decodeSpec reads a spec back from an armed event. It was validated when it was
 // armed; it is not checked again, since a cwd may since have gone.
 func decodeSpec(raw json.RawMessage) (Spec, error) {
-	// A spec without json_line match values (the only values of no fixed type)
-	// decodes the same either way; json.Unmarshal is the cheaper way, and every
-	// task of a restart's replay has its spec decoded.
+	// Every task of a restart's replay has its spec decoded.
 	var s Spec
-	if json.Unmarshal(raw, &s) == nil && (s.Completion == nil || len(s.Completion.Match) == 0) && (s.Notify == nil || len(s.Notify.Match) == 0) {
+	if json.Unmarshal(raw, &s) == nil && !s.hasMatchValues() {
 		return s, nil
 	}
 	s = Spec{}
