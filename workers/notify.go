@@ -25,6 +25,7 @@ package workers
 import (
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -212,6 +213,19 @@ func (w *waiter) wait(stop <-chan struct{}) bool {
 	case <-stop:
 		return false
 	}
+}
+
+// stopWatching stops watching path, one of the files of a growth waiter.
+func (w *waiter) stopWatching(path string) {
+	w.n.mu.Lock()
+	defer w.n.mu.Unlock()
+	w.files = slices.DeleteFunc(w.files, func(f *waiter) bool {
+		if f.path == path {
+			w.n.leave(f)
+			return true
+		}
+		return false
+	})
 }
 
 func (w *waiter) pollEvery() time.Duration {

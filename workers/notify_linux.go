@@ -12,9 +12,8 @@ import (
 
 // procEnds waits for the ends of a worker's processes (each run's command and
 // shim), each on its pidfd, all on one epoll instance that the runtime's poller
-// waits on: one goroutine for all of them. A goroutine per pidfd cost each
-// running task two goroutine stacks, the largest part of the worker's memory per
-// task after its heap.
+// waits on: one goroutine for all of them, where a goroutine per pidfd would
+// cost each running task two more goroutine stacks.
 type procEnds struct {
 	mu      sync.Mutex
 	closed  bool
@@ -115,7 +114,9 @@ func (s *procEnds) take(ep uintptr) bool {
 	}
 }
 
-// close ends every watch: none calls its ended after close returns.
+// close ends every watch: none calls its ended after close returns. The runs
+// must have stopped watching their processes first: a command's end no longer
+// reaches its run after it (adoptCommand waits for it).
 func (s *procEnds) close() {
 	s.mu.Lock()
 	s.closed = true
@@ -127,7 +128,8 @@ func (s *procEnds) close() {
 	}
 }
 
-// close stops the watch; ended is not called after it returns.
+// close stops the watch; ended is not called after it returns. Again, it does
+// nothing (the pidfd's number may name another file by then).
 func (e *endWatch) close() {
 	if e == nil {
 		return
@@ -135,6 +137,9 @@ func (e *endWatch) close() {
 	s := e.ends
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if e.pidfd < 0 {
+		return
+	}
 	// Taken out of the instance before the pidfd is closed: a child forked in
 	// between holds a copy of the pidfd, which would keep it in the instance,
 	// reported under a number that another watch may have by then.
@@ -143,4 +148,5 @@ func (e *endWatch) close() {
 	}
 	delete(s.watches, int32(e.pidfd))
 	_ = unix.Close(e.pidfd)
+	e.pidfd = -1
 }

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -502,4 +503,34 @@ func TestCopyGrowingFollowsWrites(t *testing.T) {
 		t.Fatalf("copied up to %d", offset)
 	}
 	next("last")
+}
+
+// turns records which of a run's output files each write came from.
+type turns struct {
+	name  string
+	order *[]string
+}
+
+func (w turns) Write(p []byte) (int, error) { *w.order = append(*w.order, w.name); return len(p), nil }
+func (w turns) Skip(int64)                  {}
+
+// A run's output files take turns, a buffer each: a command that floods its
+// stdout does not hold up what it writes to stderr.
+func TestCopyGrowingTakesTheFilesInTurn(t *testing.T) {
+	n := newTestNotifier(t)
+	dir := t.TempDir()
+	stdout, stderr := filepath.Join(dir, shim.StdoutFile), filepath.Join(dir, shim.StderrFile)
+	appendTo(t, stdout, strings.Repeat("o", 3*copyBufferBytes+1))
+	appendTo(t, stderr, "an error\n")
+	var order []string
+	files := []*growingFile{{path: stdout, w: turns{"stdout", &order}}, {path: stderr, w: turns{"stderr", &order}}}
+	done := make(chan struct{})
+	close(done)
+	copyGrowing(n, files, done)
+	if want := []string{"stdout", "stderr", "stdout", "stdout", "stdout"}; !slices.Equal(order, want) {
+		t.Fatalf("writes from %v, want %v", order, want)
+	}
+	if files[0].offset != 3*copyBufferBytes+1 || files[1].offset != int64(len("an error\n")) {
+		t.Fatalf("copied up to %d and %d", files[0].offset, files[1].offset)
+	}
 }

@@ -174,9 +174,11 @@ type growingFile struct {
 
 // copyGrowing copies files that a command is still writing (a run's output
 // files) into their writers, from their offsets, until done is closed and they
-// hold nothing more; their offsets say where it reached. One goroutine for all of
-// a run's files: a goroutine's stack for each was a running task's memory. What
-// the shim freed before it was read is skipped, not copied: it reads as zeros.
+// hold nothing more; their offsets say where it reached. One goroutine copies
+// all of a run's files, each a buffer at a time in turn, so that a command that
+// floods one never holds up the other: a goroutine for each would cost every
+// running task another stack. What the shim freed before it was read is
+// skipped, not copied: it reads as zeros.
 func copyGrowing(n *notifier, files []*growingFile, done <-chan struct{}) {
 	var paths []string
 	for _, g := range files {
@@ -196,18 +198,27 @@ func copyGrowing(n *notifier, files []*growingFile, done <-chan struct{}) {
 	for {
 		grown.arm() // before the look: a write the look misses wakes the wait after it
 		buf := copyBuffers.Get().(*[copyBufferBytes]byte)
-		copying := false
+		copying, more := false, false
 		for _, g := range files {
 			if g.ended {
 				continue
 			}
 			var err error
-			g.offset, err = copyAvailable(g.file, g.offset, buf[:], g.w)
-			g.ended = !errors.Is(err, io.EOF)
-			copying = copying || !g.ended
+			g.offset, err = copyNext(g.file, g.offset, buf[:], g.w)
+			if err != nil && !errors.Is(err, io.EOF) {
+				g.ended = true
+				grown.stopWatching(g.path)
+				continue
+			}
+			copying, more = true, more || err == nil
 		}
 		copyBuffers.Put(buf)
-		if final || !copying {
+		switch {
+		case !copying:
+			return
+		case more: // a file filled the buffer: the next turn, at once
+			continue
+		case final:
 			return
 		}
 		// One more look once done: output written since the last one.
@@ -216,31 +227,27 @@ func copyGrowing(n *notifier, files []*growingFile, done <-chan struct{}) {
 	}
 }
 
-// copyAvailable copies what the file f holds from offset into w, through buf, and
-// returns the offset it reached, with the error that stopped it: io.EOF at the
-// end. A part the shim freed before it was read reads as zeros, which are no
-// output: it is skipped.
-func copyAvailable(f *os.File, offset int64, buf []byte, w OutputWriter) (int64, error) {
-	for {
-		got, err := f.ReadAt(buf, offset) // a read that does not fill buf ends with an error
-		if got == 0 {
-			return offset, err
-		}
-		data := buf[:got]
-		if freed := freedAhead(f, offset); freed > 0 {
-			w.Skip(freed)
-			offset += freed
-			data = data[min(freed, int64(got)):]
-			err = nil // the output after the hole is read next
-		}
-		if len(data) > 0 {
-			_, _ = w.Write(data)
-			offset += int64(len(data))
-		}
-		if err != nil {
-			return offset, err
-		}
+// copyNext copies the next part of what the file f holds from offset into w,
+// a buffer (buf) at most, and returns the offset it reached, with io.EOF once
+// that is the end, nil where more may follow. A part the shim freed before it
+// was read reads as zeros, which are no output: it is skipped.
+func copyNext(f *os.File, offset int64, buf []byte, w OutputWriter) (int64, error) {
+	got, err := f.ReadAt(buf, offset) // a read that does not fill buf ends with an error
+	if got == 0 {
+		return offset, err
 	}
+	data := buf[:got]
+	if freed := freedAhead(f, offset); freed > 0 {
+		w.Skip(freed)
+		offset += freed
+		data = data[min(freed, int64(got)):]
+		err = nil // the output after the hole is read next
+	}
+	if len(data) > 0 {
+		_, _ = w.Write(data)
+		offset += int64(len(data))
+	}
+	return offset, err
 }
 
 // copyBuffers lend copyGrowing its buffer for one look at a time (writers copy
