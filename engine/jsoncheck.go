@@ -91,8 +91,8 @@ type pathPart struct {
 
 // value checks the value at c.i, inside depth arrays and objects. An object is
 // checked against fields where that is not nil, and so are the objects an array
-// holds where the array is a field's value (inArray: it is not).
-func (c *jsonChecker) value(depth int, fields fieldTree, inArray bool) error {
+// holds where the array is an object field's value (ofField).
+func (c *jsonChecker) value(depth int, fields fieldTree, ofField bool) error {
 	c.space()
 	if c.i >= len(c.data) {
 		return errNotJSON
@@ -105,7 +105,7 @@ func (c *jsonChecker) value(depth int, fields fieldTree, inArray bool) error {
 		if b == '{' {
 			return c.object(depth, fields)
 		}
-		if inArray {
+		if !ofField {
 			fields = nil
 		}
 		return c.array(depth, fields)
@@ -177,7 +177,7 @@ func (c *jsonChecker) object(depth int, fields fieldTree) error {
 			c.top = key
 		}
 		c.path = append(c.path, pathPart{key: key, index: -1})
-		if err := c.value(depth+1, nested, false); err != nil {
+		if err := c.value(depth+1, nested, true); err != nil {
 			return err
 		}
 		c.path = c.path[:len(c.path)-1]
@@ -204,7 +204,7 @@ func (c *jsonChecker) array(depth int, elems fieldTree) error {
 	}
 	for index := 0; ; index++ {
 		c.path = append(c.path, pathPart{index: index})
-		if err := c.value(depth+1, elems, true); err != nil {
+		if err := c.value(depth+1, elems, false); err != nil {
 			return err
 		}
 		c.path = c.path[:len(c.path)-1]
@@ -303,9 +303,9 @@ func orRoot(path, root string) string {
 	return path
 }
 
-// validString reports whether the raw text of a JSON string (with the separators
-// before it) decodes to itself: UTF-8, and every \u escape of a surrogate one half of
-// a pair. The decoder has checked its syntax.
+// validString reports whether the raw text of a JSON string, quotes included,
+// decodes to itself: UTF-8, and every \u escape of a surrogate one half of a pair.
+// Its syntax has been checked (jsonChecker.str).
 func validString(raw []byte) bool {
 	if !utf8.Valid(raw) {
 		return false

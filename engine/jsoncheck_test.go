@@ -39,6 +39,8 @@ func TestParseSpecRefusesHostileJSON(t *testing.T) {
 		{"an origin nested 9,997 deep", `{"command":"true","origin":` + nested(9997, "") + `}`, "origin", "nested deeper"},
 		{"a match value nested too deep", `{"command":"true","completion":{"type":"json_line","match":{"a":` + nested(engine.MaxJSONDepth, "1") + `}}}`, "completion", "nested deeper"},
 		{"an origin over its byte limit", `{"command":"true","origin":"` + strings.Repeat("o", engine.MaxOriginBytes) + `"}`, "origin", "over the limit"},
+		{"invalid UTF-8 after a number no decoder reads (1e400)", "{\"origin\":{\"n\":1e400},\"command\":\"echo \xff\"}", "command", "UTF-8"},
+		{"a duplicate env name after a number no decoder reads", `{"origin":{"n":1e400},"command":"true","env":{"A":"1","A":"2"}}`, "env.A", "given twice"},
 		{"NUL in a result argv", `{"command":"true","result":{"type":"command","argv":["cat","a\u0000b"]}}`, "result.argv", "NUL"},
 	}
 	for _, tc := range cases {
@@ -126,4 +128,22 @@ func FuzzCheckJSON(f *testing.F) {
 		}
 		_, _ = engine.ParseSpec(data)
 	})
+}
+
+// TestParseSpecNamesTheFirstProblemInTheDocument: of a spec's problems, the one
+// written first is named; an array where the spec should be is no spec at all.
+func TestParseSpecNamesTheFirstProblemInTheDocument(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ spec, field, reason string }{
+		{`{"Command":"x","env":{"A":"1","A":"2"}}`, "Command", "unknown field"},
+		{`{"env":{"A":"1","A":"2"},"Command":"x"}`, "env.A", "given twice"},
+		{"{\"kind\":\"\xff\",\"bogus\":1}", "kind", "UTF-8"},
+		{`[{"bogus":1}]`, "spec", "not a JSON object"},
+	} {
+		_, err := engine.ParseSpec([]byte(tc.spec))
+		var fe *engine.FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field || !strings.Contains(fe.Reason, tc.reason) {
+			t.Errorf("ParseSpec(%s) = %v, want field %q and a reason with %q", tc.spec, err, tc.field, tc.reason)
+		}
+	}
 }

@@ -235,8 +235,8 @@ func (s *Scheduler) Notify(st State) {
 // that grows with their number.
 func (s *Scheduler) pass(ctx context.Context) {
 	// The running tasks are read in place, not listed: a pass comes with each task
-	// armed and each run that ends, and a list copied every running task's state,
-	// a kilobyte each, for each of them.
+	// armed and each run that ends, and a list would copy every running task's
+	// state, a kilobyte each, each time.
 	running := map[string]int{} // by worker
 	s.tasks.EachUnfinished(PhaseRunning, func(t *State) { running[t.Worker]++ })
 	now := s.base.Now()
