@@ -202,7 +202,11 @@ type releases struct {
 func (r *releases) looked(n int) {
 	r.t.Helper()
 	for range n {
-		r.ticks <- time.Now()
+		select {
+		case r.ticks <- time.Now():
+		case <-time.After(10 * time.Second):
+			r.t.Fatal("the projector no longer looks at the stream")
+		}
 		if applied := r.p.TestSignals.looked.WaitFor(10*time.Second, "a look at the stream", nil); applied != uint64(r.appended) {
 			r.t.Fatalf("a look saw the stream up to event %d, want %d", applied, r.appended)
 		}
