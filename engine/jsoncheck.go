@@ -43,8 +43,14 @@ func fieldsOf(t reflect.Type) fieldTree {
 	for i := range t.NumField() {
 		f := t.Field(i)
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case name == "-" || !f.IsExported():
+			continue // never decoded
+		case name == "":
+			name = f.Name
+		}
 		ft := f.Type
-		if ft.Kind() == reflect.Pointer || ft.Kind() == reflect.Slice {
+		for ft.Kind() == reflect.Pointer || ft.Kind() == reflect.Slice {
 			ft = ft.Elem()
 		}
 		var nested fieldTree
@@ -131,9 +137,7 @@ func (c *jsonChecker) value(depth int, fields fieldTree, ofField bool) error {
 }
 
 func (c *jsonChecker) object(depth int, fields fieldTree) error {
-	c.i++ // {
-	if c.space(); c.i < len(c.data) && c.data[c.i] == '}' {
-		c.i++
+	if c.open('}') {
 		return nil
 	}
 	var keys map[string]bool
@@ -181,25 +185,14 @@ func (c *jsonChecker) object(depth int, fields fieldTree) error {
 			return err
 		}
 		c.path = c.path[:len(c.path)-1]
-		if c.space(); c.i >= len(c.data) {
-			return errNotJSON
-		}
-		switch c.data[c.i] {
-		case ',':
-			c.i++
-		case '}':
-			c.i++
-			return nil
-		default:
-			return errNotJSON
+		if closed, err := c.next('}'); closed || err != nil {
+			return err
 		}
 	}
 }
 
 func (c *jsonChecker) array(depth int, elems fieldTree) error {
-	c.i++ // [
-	if c.space(); c.i < len(c.data) && c.data[c.i] == ']' {
-		c.i++
+	if c.open(']') {
 		return nil
 	}
 	for index := 0; ; index++ {
@@ -208,19 +201,38 @@ func (c *jsonChecker) array(depth int, elems fieldTree) error {
 			return err
 		}
 		c.path = c.path[:len(c.path)-1]
-		if c.space(); c.i >= len(c.data) {
-			return errNotJSON
-		}
-		switch c.data[c.i] {
-		case ',':
-			c.i++
-		case ']':
-			c.i++
-			return nil
-		default:
-			return errNotJSON
+		if closed, err := c.next(']'); closed || err != nil {
+			return err
 		}
 	}
+}
+
+// open reads past the bracket at c.i, and past end too where it follows at once:
+// true for an empty object or array.
+func (c *jsonChecker) open(end byte) bool {
+	c.i++
+	if c.space(); c.i < len(c.data) && c.data[c.i] == end {
+		c.i++
+		return true
+	}
+	return false
+}
+
+// next reads past what follows a member of an object or array: a comma, or end,
+// which closes it (closed).
+func (c *jsonChecker) next(end byte) (closed bool, err error) {
+	if c.space(); c.i >= len(c.data) {
+		return false, errNotJSON
+	}
+	switch c.data[c.i] {
+	case ',':
+		c.i++
+		return false, nil
+	case end:
+		c.i++
+		return true, nil
+	}
+	return false, errNotJSON
 }
 
 // str reads past the string at c.i; false if it is not one.

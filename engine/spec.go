@@ -166,21 +166,13 @@ func DecodeSpec(data []byte) (Spec, error) {
 			return Spec{}, err
 		}
 	}
-	// checkJSON has refused unknown field names: json.Unmarshal decodes a spec
-	// without match values as the decoder below would, reading the bytes in place.
-	var s Spec
-	if json.Unmarshal(data, &s) == nil && !s.hasMatchValues() {
-		return s, nil
-	}
-	s = Spec{}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	dec.UseNumber() // a 64-bit id in a json_line match must not be rounded
-	if err := dec.Decode(&s); err != nil {
-		return Spec{}, decodeError(err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+	// checkJSON has refused unknown field names, and those spelt in another case.
+	s, err := unmarshalSpec(data)
+	if errors.Is(err, errAfterSpec) {
 		return Spec{}, fieldErr("spec", "unexpected data after the JSON object")
+	}
+	if err != nil {
+		return Spec{}, decodeError(err)
 	}
 	return s, nil
 }
@@ -192,10 +184,6 @@ func decodeError(err error) error {
 	var typeErr *json.UnmarshalTypeError
 	if errors.As(err, &typeErr) && typeErr.Field != "" {
 		return fieldErr(typeErr.Field, "must be %s, not %s", jsonKind(typeErr.Type.Kind().String()), typeErr.Value)
-	}
-	if msg := err.Error(); strings.HasPrefix(msg, "json: unknown field ") {
-		name := strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)
-		return fieldErr(name, "unknown field")
 	}
 	return fieldErr("spec", "not a JSON object: %v", err)
 }
@@ -316,26 +304,37 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// hasMatchValues says whether s has json_line match values, the only values of
-// no fixed type: json.Unmarshal would make their numbers float64, which rounds a
-// 64-bit id, where the decoder with UseNumber keeps every digit. A spec without
-// them decodes the same either way, and json.Unmarshal is the cheaper way.
-func (s Spec) hasMatchValues() bool {
-	return s.Completion != nil && len(s.Completion.Match) > 0 || s.Notify != nil && len(s.Notify.Match) > 0
-}
-
-// decodeSpec reads a spec back from an armed event. It was validated when it was
-// armed; it is not checked again, since a cwd may since have gone.
-func decodeSpec(raw json.RawMessage) (Spec, error) {
-	// Every task of a restart's replay has its spec decoded.
+// unmarshalSpec decodes a spec's JSON, which must be all there is: with
+// json.Unmarshal, reading the bytes in place, unless it has json_line match
+// values, the only values of no fixed type, whose numbers json.Unmarshal would
+// make float64 (rounding a 64-bit id) where a decoder with UseNumber keeps every
+// digit.
+func unmarshalSpec(data []byte) (Spec, error) {
 	var s Spec
-	if json.Unmarshal(raw, &s) == nil && !s.hasMatchValues() {
+	if json.Unmarshal(data, &s) == nil && (s.Completion == nil || len(s.Completion.Match) == 0) && (s.Notify == nil || len(s.Notify.Match) == 0) {
 		return s, nil
 	}
 	s = Spec{}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber() // match values keep every digit, as written
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
 	if err := dec.Decode(&s); err != nil {
+		return Spec{}, err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return Spec{}, errAfterSpec
+	}
+	return s, nil
+}
+
+// errAfterSpec: a spec's JSON object is followed by more.
+var errAfterSpec = errors.New("unexpected data after the JSON object")
+
+// decodeSpec reads a spec back from an armed event (every task's, in a
+// restart's replay). It was validated when it was armed; it is not checked
+// again, since a cwd may since have gone.
+func decodeSpec(raw json.RawMessage) (Spec, error) {
+	s, err := unmarshalSpec(raw)
+	if err != nil {
 		return Spec{}, fmt.Errorf("armed spec: %w", err)
 	}
 	return s, nil

@@ -36,6 +36,8 @@ func TestParseSpecRejectsWithTheFieldNamed(t *testing.T) {
 		field string
 	}{
 		{"unknown field", `{"command":"true","comand":"x"}`, "comand"},
+		{"data after the spec", `{"command":"true"} {"command":"rm -rf /"}`, "spec"},
+		{"data after a spec with match values", `{"command":"true","completion":{"type":"json_line","match":{"id":1}}} x`, "spec"},
 		{"field name in another case", `{"Command":"true"}`, "Command"},
 		{"no command at all", `{}`, "command"},
 		{"empty command", `{"command":""}`, "command"},
