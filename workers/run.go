@@ -387,16 +387,14 @@ func (r *run) newWatcher(proc *process, run shimRun, logAt *offsets, fileAt offs
 // the log stands in them, until stopCopying.
 func (x *watcher) copy(fileAt offsets, stdout, stderr output) {
 	x.copying.Go(func() {
-		var files []*growingFile
-		for _, f := range []struct {
-			name string
-			from int64
-			to   OutputWriter
-		}{{shim.StdoutFile, fileAt.stdout, stdout}, {shim.StderrFile, fileAt.stderr, stderr}} {
-			path := filepath.Join(x.proc.dir, f.name)
-			bound := newBoundOutput(path, f.from, f.to, x.r.w.cfg.Base.Logger)
+		files := []*growingFile{
+			{path: filepath.Join(x.proc.dir, shim.StdoutFile), offset: fileAt.stdout, w: stdout},
+			{path: filepath.Join(x.proc.dir, shim.StderrFile), offset: fileAt.stderr, w: stderr},
+		}
+		for _, f := range files {
+			bound := newBoundOutput(f.path, f.offset, f.w, x.r.w.cfg.Base.Logger)
 			defer bound.close()
-			files = append(files, &growingFile{path: path, offset: f.from, w: bound})
+			f.w = bound
 		}
 		copyGrowing(x.r.w.notify, files, x.copyDone)
 	})
