@@ -237,12 +237,12 @@ func (s *Scheduler) pass(ctx context.Context) {
 	// The running tasks are read in place, not listed: a pass comes with each task
 	// armed and each run that ends, and a list would copy every running task's
 	// state, a kilobyte each, each time.
-	running := map[string]int{} // by worker
-	s.tasks.EachUnfinished(PhaseRunning, func(t *State) { running[t.Worker]++ })
+	load := map[string]int{} // running tasks, by worker
+	s.tasks.EachUnfinished(PhaseRunning, func(t *State) { load[t.Worker]++ })
 	now := s.base.Now()
 
 	s.mu.Lock()
-	cands, index, free := s.candidates(running, now)
+	cands, index, free := s.candidates(load, now)
 	s.fleet = cands
 	if free == 0 {
 		// The turns of targets gone idle meanwhile are forgotten by the next pass
