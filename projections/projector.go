@@ -239,10 +239,11 @@ var releaseMemory = func() {
 // collections keep its heap to their goal.
 var (
 	releaseBurst   uint64 = 10_000
-	releaseQuiet          = 15 * time.Second
 	releaseTrickle uint64 = 100
 	releaseShare   uint64 = 10
 )
+
+const releaseQuiet = 15 * time.Second
 
 // releaseLooks is how many times in releaseQuiet the stream is looked at.
 const releaseLooks = 3
