@@ -98,6 +98,21 @@ func hibernatedShim(t *testing.T, idle int64, r Run, env []byte) (*os.File, *exe
 	return sock, cmd, said
 }
 
+// goOn writes a line to the FIFO a command reads to go on. It holds the FIFO
+// open for the rest of the test rather than waiting for a reader: where the
+// command ended before it read, a write that waited would wait for ever.
+func goOn(t *testing.T, fifo string) {
+	t.Helper()
+	f, err := os.OpenFile(fifo, os.O_RDWR, 0) // Linux opens a FIFO for both ends at once
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if _, err := f.WriteString("go\n"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func shRun(t *testing.T, env []byte, script string, args ...string) Run {
 	sh, err := exec.LookPath("sh")
 	if err != nil {
@@ -117,9 +132,7 @@ func TestAShimWhoseCommandRunsLongHibernatesAndRecordsItsExit(t *testing.T) {
 	}
 	long, next := shRun(t, env, `read x < "$0"; exit 7`, fifo), shRun(t, env, "exit 4")
 	sock, cmd, said := hibernatedShim(t, 20e9, long, env)
-	if err := os.WriteFile(fifo, []byte("go\n"), 0); err != nil {
-		t.Fatal(err)
-	}
+	goOn(t, fifo)
 	if !says(sock, Idle) {
 		t.Fatalf("the shim did not wake to say it was idle: %s", said.Bytes())
 	}
@@ -176,9 +189,7 @@ func TestAHibernatedShimKeepsTheCommandsTimersAndStopsWhatItLeft(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			_, cmd, said := hibernatedShim(t, 0, c.run, env)
 			if c.name == "leftover" {
-				if err := os.WriteFile(leftover+".go", []byte("go\n"), 0); err != nil {
-					t.Fatal(err)
-				}
+				goOn(t, leftover+".go")
 			}
 			if err := cmd.Wait(); err != nil {
 				t.Fatalf("the shim ended with %v: %s", err, said.Bytes())
@@ -241,27 +252,30 @@ func TestAShimHibernatesAgainAndItsCommandLivesOn(t *testing.T) {
 	}
 }
 
-// rehibernated runs a command that prints again once its shim wakes for a stall,
-// and says whether the shim went on and hibernated again with the command alive:
-// false where the shim looked first, and stopped the command for its stall. It
-// fails the test where the command died otherwise.
+// rehibernated runs a command that prints again as soon as its shim wakes for a
+// stall, and says whether the shim went on and hibernated again with the command
+// alive: false where the shim looked first (it looks as it starts, the stall
+// being due), and stopped the command for its stall. It fails the test where the
+// command died otherwise.
 func rehibernated(t *testing.T, env []byte) bool {
 	t.Helper()
-	fifo := filepath.Join(t.TempDir(), "go")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	r := shRun(t, env, `echo a; read x < "$0"; echo b; while :; do (sleep 0.01 &); sleep 0.02; done`, fifo)
-	r.StallAfter = int64(3 * time.Second) // the woken shim looks 0.3 s after it wakes
+	// The command watches its shim's command line for the waiter's exec of the Go
+	// side. dash's read drops the NULs between arguments (bash's says so on
+	// stderr, which would count as output); a sleep between looks leaves the
+	// cores to the shim.
+	r := shRun(t, env, `echo a
+until read -r line </proc/$PPID/cmdline 2>/dev/null; case $line in *`+wokenFlag+`*) true ;; *) false ;; esac; do sleep 0.002; done
+echo b; while :; do (sleep 0.01 &); sleep 0.02; done`)
+	r.StallAfter = int64(3 * time.Second)
 	_, cmd, said := hibernatedShim(t, 0, r, env)
 	var pids struct {
 		Command ProcRef `json:"command"`
 	}
 	readRecord(t, filepath.Join(r.Dir, PIDFile), &pids)
-	awaitCommandLine(t, cmd.Process.Pid, wokenFlag) // the stall's timer is due
-	if err := os.WriteFile(fifo, []byte("go\n"), 0); err != nil {
-		t.Fatal(err)
-	}
+	defer func() { _ = syscall.Kill(-pids.Command.PID, syscall.SIGKILL) }()
+	testkit.Eventually(t, 20*time.Second, "the shim woke, or its command ended", func() bool {
+		return holdsFlag(cmd.Process.Pid, wokenFlag) || !pids.Command.Alive()
+	})
 	testkit.Eventually(t, 20*time.Second, "the shim hibernated again, or its command ended", func() bool {
 		ok, _ := hibernated(t, cmd.Process.Pid)
 		return ok || !pids.Command.Alive()
@@ -285,18 +299,10 @@ func rehibernated(t *testing.T, env []byte) bool {
 	return true
 }
 
-// awaitCommandLine waits until the command line of process pid holds flag.
-func awaitCommandLine(t *testing.T, pid int, flag string) {
-	t.Helper()
-	last := ""
-	testkit.Eventually(t, 20*time.Second, fmt.Sprintf("the command line of %d holding %s", pid, flag), func() bool {
-		cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-		if seen := fmt.Sprintf("%q", cmdline); seen != last {
-			t.Logf("the command line of %d: %s", pid, seen)
-			last = seen
-		}
-		return bytes.Contains(cmdline, []byte("\x00"+flag+"\x00"))
-	})
+// holdsFlag says whether the command line of process pid holds flag.
+func holdsFlag(pid int, flag string) bool {
+	cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	return bytes.Contains(cmdline, []byte("\x00"+flag+"\x00"))
 }
 
 // A hibernated shim keeps its command's output files within their bound as the
