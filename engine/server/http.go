@@ -64,7 +64,7 @@ func serveHTTP(ctx context.Context, nc *nats.Conn, o HTTPOptions, addr, home, to
 	runAudit := func(ctx context.Context) (client.AuditReport, error) {
 		return client.New(nc).Audit(ctx, client.DefaultStuckAfter)
 	}
-	s, err := httpapi.New(httpapi.Config{Conn: nc, Addr: lastHTTPAddr(addr, home, logger), Remote: o.Remote, Token: token,
+	s, err := httpapi.New(httpapi.Config{Conn: nc, Addr: addr, Prefer: lastHTTPAddr(addr, home), Remote: o.Remote, Token: token,
 		Metrics: metrics, MetricsToken: metricsToken, Audit: runAudit, Logger: logger.With("component", "http")})
 	if err != nil {
 		return nil, err
@@ -80,23 +80,18 @@ func serveHTTP(ctx context.Context, nc *nats.Conn, o HTTPOptions, addr, home, to
 	return s, nil
 }
 
-// lastHTTPAddr is addr, or, when its port is 0, addr on the port the home's last
-// HTTP API listened on if that port is free: the dashboard's address and a
-// scraper's target stay the same across restarts.
-func lastHTTPAddr(addr, home string, logger *slog.Logger) string {
+// lastHTTPAddr is, where addr's port is 0, addr on the port the home's last
+// HTTP API listened on, for the server to try first: the dashboard's address and
+// a scraper's target stay the same across restarts. "" where there is none.
+func lastHTTPAddr(addr, home string) string {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil || port != "0" {
-		return addr
+		return ""
 	}
-	prev := serverhome.RememberedPort(home, serverhome.HTTPPortFile)
-	switch {
-	case prev == 0:
-		return addr
-	case portFree(host, prev):
+	if prev := serverhome.RememberedPort(home, serverhome.HTTPPortFile); prev > 0 {
 		return net.JoinHostPort(host, strconv.Itoa(prev))
 	}
-	logger.Warn("the port of the last run's HTTP API is taken: it listens on a new one", "port", prev)
-	return addr
+	return ""
 }
 
 // announceHTTP writes HOME/http.json, and the port for the next start.

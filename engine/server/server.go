@@ -94,7 +94,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("credentials: %w", err)
 	}
-	host, port, err := listenAddress(o.Listen, home)
+	host, port, prefer, err := listenAddress(o.Listen, home)
 	if err != nil {
 		return err
 	}
@@ -105,7 +105,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	e := &embeddedServer{home: home, host: host, port: port, engineID: engineID, ids: ids, secret: secret, o: o, logger: logger,
+	e := &embeddedServer{home: home, host: host, port: port, prefer: prefer, engineID: engineID, ids: ids, secret: secret, o: o, logger: logger,
 		httpAddr: o.HTTP.Addr, httpToken: newHTTPToken()}
 	defer os.Remove(filepath.Join(home, serverhome.DiscoveryFile))
 	defer removeHTTPFile(home)
@@ -125,9 +125,12 @@ func Run(ctx context.Context, o Options) error {
 // embeddedServer is a server on embedded NATS, run again from the same home when a disk
 // that filled has room again.
 type embeddedServer struct {
-	home     string
-	host     string
-	port     int // the port the last run listened on, once it has
+	home string
+	host string
+	port int // the port the last run listened on, once it has
+	// prefer is the port the home's last server listened on, tried first at the
+	// first run where port is any.
+	prefer   int
 	maxStore int64
 	engineID serverhome.Credentials
 	ids      serverhome.Identities
@@ -143,7 +146,7 @@ type embeddedServer struct {
 func (e *embeddedServer) serve(ctx context.Context) (roomAgain bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ns, err := startNATS(e.home, e.host, e.port, e.maxStore, e.engineID, e.ids, e.o.Sync == "always", e.logger)
+	ns, err := e.startNATS()
 	if err != nil {
 		return false, err
 	}
@@ -265,44 +268,48 @@ func connectInProcess(ns *natsserver.Server, creds serverhome.Credentials, name 
 }
 
 // listenAddress parses --listen. Only loopback addresses are accepted: registering a
-// task is running a command. Port 0 prefers the port of the previous run, so workers
-// and clients that reconnect find the server where it was.
-func listenAddress(listen, home string) (string, int, error) {
+// task is running a command. Port 0 is any port, and prefer the port of the
+// previous run, so workers and clients that reconnect find the server where it was.
+func listenAddress(listen, home string) (host string, port, prefer int, err error) {
 	host, portStr, err := net.SplitHostPort(listen)
 	if err != nil {
-		return "", 0, badOption("--listen %q: want HOST:PORT: %w", listen, err)
+		return "", 0, 0, badOption("--listen %q: want HOST:PORT: %w", listen, err)
 	}
-	port, err := strconv.Atoi(portStr)
+	port, err = strconv.Atoi(portStr)
 	if err != nil || port < 0 || port > 65535 {
-		return "", 0, badOption("--listen %q: bad port", listen)
+		return "", 0, 0, badOption("--listen %q: bad port", listen)
 	}
 	if host == "localhost" {
 		host = "127.0.0.1"
 	}
 	ip := net.ParseIP(host)
 	if ip == nil || !ip.IsLoopback() {
-		return "", 0, badOption("--listen %q: the embedded server listens on loopback only (127.0.0.1, ::1); use an external NATS cluster for other hosts", listen)
+		return "", 0, 0, badOption("--listen %q: the embedded server listens on loopback only (127.0.0.1, ::1); use an external NATS cluster for other hosts", listen)
 	}
 	if port == 0 {
-		port = natsserver.RANDOM_PORT
-		if prev := serverhome.RememberedPort(home, serverhome.PortFile); prev > 0 && portFree(host, prev) {
-			port = prev
-		}
+		port, prefer = natsserver.RANDOM_PORT, serverhome.RememberedPort(home, serverhome.PortFile)
 	}
-	return host, port, nil
+	return host, port, prefer, nil
 }
 
-// portFree reports whether a listener can bind host:port now. Go sets SO_REUSEADDR,
-// as nats-server's own listener does, so the connections of the previous run that
-// linger in TIME_WAIT do not keep the port.
-func portFree(host string, port int) bool {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
-	if err != nil {
-		return false
+// startNATS starts the embedded server on the preferred port, once, and where it
+// cannot, on the port it was given. It tries the port rather than look whether it
+// is free first: another program could take it in between.
+func (e *embeddedServer) startNATS() (*natsserver.Server, error) {
+	if prefer := e.prefer; prefer > 0 {
+		e.prefer = 0
+		ns, err := startNATS(e.home, e.host, prefer, e.maxStore, e.engineID, e.ids, e.o.Sync == "always", e.logger)
+		if !errors.Is(err, errNotListening) {
+			return ns, err
+		}
+		e.logger.Warn("the port of the last run is taken: the server listens on a new one", "port", prefer)
 	}
-	l.Close()
-	return true
+	return startNATS(e.home, e.host, e.port, e.maxStore, e.engineID, e.ids, e.o.Sync == "always", e.logger)
 }
+
+// errNotListening: the embedded server did not listen, its port most likely
+// taken.
+var errNotListening = errors.New("did not listen: its log says why")
 
 // startNATS starts the embedded server with its three users: the engine, the
 // workers and the clients, each with its permissions (permissions.go).
@@ -335,6 +342,10 @@ func startNATS(home, host string, port int, maxStore int64, engine serverhome.Cr
 	}
 	ns.SetLoggerV2(natsLogger{logger.With("component", "nats")}, false, false, false)
 	ns.Start()
+	if ns.Addr() == nil { // it listens before Start returns, or never
+		ns.Shutdown()
+		return nil, fmt.Errorf("embedded NATS on %s: %w", net.JoinHostPort(host, strconv.Itoa(max(port, 0))), errNotListening)
+	}
 	if !ns.ReadyForConnections(30 * time.Second) {
 		ns.Shutdown()
 		return nil, errors.New("embedded NATS did not start (is the port in use?)")

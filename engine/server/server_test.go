@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -35,9 +36,21 @@ func TestACleanRestartKeepsThePort(t *testing.T) {
 	}
 	c.Close()
 	first.stop()
-	startServer(t, home)
+	second := startServer(t, home)
 	if after, err := serverhome.ReadDiscovery(home); err != nil || after.URL != before.URL {
 		t.Fatalf("the server listened on %s, then on %+v (%v) after a clean stop", before.URL, after, err)
+	}
+	second.stop()
+
+	// Taken by another program, the port is tried, and given up for a new one.
+	taken, err := net.Listen("tcp", strings.TrimPrefix(before.URL, "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	third := startServer(t, home)
+	if after, err := serverhome.ReadDiscovery(home); err != nil || after.URL == before.URL || !strings.Contains(third.log.String(), "the port of the last run is taken") {
+		t.Fatalf("with its port %s taken, the server listened on %+v (%v)\n%s", before.URL, after, err, third.log.String())
 	}
 }
 

@@ -34,6 +34,10 @@ type Config struct {
 	Conn *nats.Conn
 	// Addr is the HOST:PORT to listen on; port 0 picks a free one.
 	Addr string
+	// Prefer, if set, is a HOST:PORT tried before Addr: the port a restarted
+	// server listened on last, taken meanwhile or not. Trying it, rather than
+	// looking first, leaves no moment for another program to take it in between.
+	Prefer string
 	// Remote allows an address that is not loopback.
 	Remote bool
 	// Token is the bearer token every API request presents (at least 32 bytes).
@@ -103,6 +107,11 @@ func New(cfg Config) (*Server, error) {
 	if err := CheckAddr(cfg.Addr, cfg.Remote); err != nil {
 		return nil, err
 	}
+	if cfg.Prefer != "" {
+		if err := CheckAddr(cfg.Prefer, cfg.Remote); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.Heartbeat <= 0 {
 		cfg.Heartbeat = 15 * time.Second
 	}
@@ -146,13 +155,9 @@ func CheckAddr(addr string, remote bool) error {
 
 // Start listens and serves until Stop.
 func (s *Server) Start(ctx context.Context) error {
-	addr := s.cfg.Addr
-	if host, port, _ := net.SplitHostPort(addr); host == "localhost" {
-		addr = net.JoinHostPort("127.0.0.1", port)
-	}
-	l, err := net.Listen("tcp", addr)
+	l, err := s.listen()
 	if err != nil {
-		return fmt.Errorf("listen for HTTP on %s: %w", addr, err)
+		return err
 	}
 	bound := l.Addr().(*net.TCPAddr)
 	base, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -185,6 +190,31 @@ func (s *Server) Start(ctx context.Context) error {
 		}
 	}()
 	return nil
+}
+
+// listen listens on Prefer, if set and free, else on Addr.
+func (s *Server) listen() (net.Listener, error) {
+	if s.cfg.Prefer != "" {
+		l, err := net.Listen("tcp", ipAddr(s.cfg.Prefer))
+		if err == nil {
+			return l, nil
+		}
+		s.log.Warn("the port of the last run's HTTP API is taken: it listens on a new one", "addr", s.cfg.Prefer, "err", err)
+	}
+	addr := ipAddr(s.cfg.Addr)
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen for HTTP on %s: %w", addr, err)
+	}
+	return l, nil
+}
+
+// ipAddr is addr with localhost as 127.0.0.1.
+func ipAddr(addr string) string {
+	if host, port, _ := net.SplitHostPort(addr); host == "localhost" {
+		return net.JoinHostPort("127.0.0.1", port)
+	}
+	return addr
 }
 
 // ownHosts are the Host header values a request to this listener may carry: its
