@@ -122,6 +122,21 @@ func TestARespawnWhoseSpawnFailsOnceStillRuns(t *testing.T) {
 	}
 }
 
+// A run that may respawn keeps its spec's env for the next start: the command
+// runs in it again.
+func TestARespawnedCommandRunsInTheSpecsEnv(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startWorker(t, workers.Config{TickInterval: 50 * time.Millisecond})
+	spec := engine.Spec{Command: `echo "run $MARK"; sleep 600`, Cwd: t.TempDir(), Env: map[string]string{"MARK": "kept"},
+		StallAfter: "300ms", OnStall: engine.OnStallRespawn}
+	id := b.arm(t, spec)
+	st := b.waitFor(t, id, 30*time.Second, "ended", ended)
+	if st.Status != engine.StatusStalled || st.Respawns != 1 || st.Run == nil || !slices.Equal(st.Run.Tail, []string{"run kept"}) {
+		t.Fatalf("ended as %s after %d respawns with tail %q, want stalled after 1 respawn with [run kept]", st.Status, st.Respawns, st.Run.Tail)
+	}
+}
+
 func TestATaskPastItsDeadlineIsNotStarted(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

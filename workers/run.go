@@ -302,6 +302,7 @@ type foundAgain struct {
 // still to be written. When the worker stops, watch lets go of the run and the
 // command goes on, to be watched again after the restart.
 func (r *run) watch(ctx context.Context, proc *process, run shimRun, logAt *offsets, again *foundAgain) (respawn bool) {
+	r.releaseEnv()
 	var fileAt offsets
 	var decided *stopDecision
 	if again != nil {
@@ -318,6 +319,16 @@ func (r *run) watch(ctx context.Context, proc *process, run shimRun, logAt *offs
 		return false
 	}
 	return x.follow(ctx, again == nil)
+}
+
+// releaseEnv lets go of the spec's env once the command runs with it, unless a
+// stall may start the command again: a caller's whole environment, decoded, is
+// a few KiB that every running task would hold until it ends. (A result
+// command's environment is the run's own, kept by its watcher.)
+func (r *run) releaseEnv() {
+	if r.state.Spec.OnStall != engine.OnStallRespawn {
+		r.state.Spec.Env = nil
+	}
 }
 
 // watcher is one run being watched.
