@@ -49,5 +49,12 @@ func SpareShims(w *Worker) int {
 	return len(w.spares.idle)
 }
 
+// BusyShims is the number of shims w waits on to be idle once their runs end.
+func BusyShims(w *Worker) int {
+	w.spares.mu.Lock()
+	defer w.spares.mu.Unlock()
+	return len(w.spares.busy)
+}
+
 // CanAdopt: a worker here learns how the command of a dead shim ends.
 const CanAdopt = canAdopt

@@ -199,7 +199,7 @@ func (s *startingShim) handed(sent error) error {
 		s.out.Close()
 		ok = sent == nil && recorded(s.dir)
 	} else {
-		ok = sent == nil && s.sh.await(shim.Recorded)
+		ok = sent == nil && s.sh.await(shim.Recorded, time.Time{})
 	}
 	if ok {
 		if s.out != nil { // a shim started for the run: this process reaps it
@@ -236,15 +236,16 @@ func (s *startingShim) handed(sent error) error {
 }
 
 // afterRun has the shim, once its run is over, wait among the spares for the next
-// one; or end, where there are none.
+// one; or end, where there are none or the run lasts past spareRunsWithin.
 func (s *startingShim) afterRun() {
 	sh, spares := s.sh, s.spares // not s: the run's environment is not kept while it runs
 	if spares == nil || !spares.running(sh) {
 		sh.sock.Close()
 		return
 	}
+	by := time.Now().Add(spareRunsWithin)
 	go func() {
-		if sh.await(shim.Idle) {
+		if sh.await(shim.Idle, by) {
 			sh.idle = time.Now()
 			spares.put(sh)
 		} else {

@@ -24,6 +24,11 @@ const (
 	spareUseWithin = time.Second
 	// maxSpareShims bounds the idle shims a worker keeps.
 	maxSpareShims = 16
+	// spareRunsWithin is how long a run may last for its shim to be kept as a
+	// spare after it: the worker waits for a run's end on the shim's socket, a
+	// goroutine for each run, which a long run would hold to save the start of one
+	// shim. Past it the worker closes the socket, and the shim ends with its run.
+	spareRunsWithin = 2 * time.Second
 )
 
 // spareShims are the worker's idle shims, the latest first out, and those whose
@@ -145,8 +150,12 @@ func (sh *liveShim) send(dir string, args []string, env []byte) error {
 	return err
 }
 
-// await reads what the shim says until it says want; false if it ends first.
-func (sh *liveShim) await(want byte) bool {
+// await reads what the shim says until it says want; false if it ends first, or
+// if by (zero: none) passes first.
+func (sh *liveShim) await(want byte, by time.Time) bool {
+	if sh.sock.SetReadDeadline(by) != nil {
+		return false
+	}
 	var b [1]byte
 	for {
 		if n, err := sh.sock.Read(b[:]); n == 0 || err != nil {

@@ -928,6 +928,31 @@ func TestTheFirstTickIsLeftOutWhenTheCommandHasEnded(t *testing.T) {
 	})
 }
 
+// A run that lasts is not waited on to free its shim for the next run: the
+// worker lets go of the shim while the command runs (no goroutine of its own
+// for each running task), and the shim ends with its run, whose exit is kept.
+func TestALongRunsShimIsNotKeptAsASpare(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	w := b.startWorker(t, workers.Config{StateDir: t.TempDir()})
+	dir := t.TempDir()
+	id := b.arm(t, engine.Spec{Command: "while [ ! -e go ]; do sleep 0.05; done; exit 5", Cwd: dir})
+	b.waitFor(t, id, 20*time.Second, "started", hasPID)
+	testkit.Eventually(t, 20*time.Second, "the worker no longer waiting on the shim", func() bool { return workers.BusyShims(w) == 0 })
+	if st, err := engine.Load(context.Background(), b.store, id); err != nil || st.Phase != engine.PhaseRunning {
+		t.Fatalf("the task is %s (%v), want still running", st.Phase, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if st := b.waitFor(t, id, 20*time.Second, "ended", ended); st.Run == nil || st.Run.ExitCode != 5 {
+		t.Fatalf("ended %+v, want exit code 5", st.Run)
+	}
+	if n := workers.SpareShims(w); n != 0 {
+		t.Fatalf("%d spare shims after a long run, want none", n)
+	}
+}
+
 // A shim whose run is over takes the worker's next run: the second task's command
 // is a child of the first task's shim. One killed while it waits leaves the next
 // run to a shim started for it, and the run goes on as any other.
