@@ -299,7 +299,7 @@ func (e *embeddedServer) startNATS() (*natsserver.Server, error) {
 	if prefer := e.prefer; prefer > 0 {
 		e.prefer = 0
 		ns, err := startNATS(e.home, e.host, prefer, e.maxStore, e.engineID, e.ids, e.o.Sync == "always", e.logger)
-		if !errors.Is(err, errNotListening) {
+		if !errors.Is(err, errNotStarted) || !portTaken(e.host, prefer) {
 			return ns, err
 		}
 		e.logger.Warn("the port of the last run is taken: the server listens on a new one", "port", prefer)
@@ -307,9 +307,20 @@ func (e *embeddedServer) startNATS() (*natsserver.Server, error) {
 	return startNATS(e.home, e.host, e.port, e.maxStore, e.engineID, e.ids, e.o.Sync == "always", e.logger)
 }
 
-// errNotListening: the embedded server did not listen, its port most likely
-// taken.
-var errNotListening = errors.New("did not listen: its log says why")
+// errNotStarted: the embedded server did not start (its port taken, or its store
+// unusable).
+var errNotStarted = errors.New("did not start: its log says why")
+
+// portTaken says whether host:port is taken now: why a start there failed, or
+// another cause, which a start on another port would meet again.
+func portTaken(host string, port int) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+	if err != nil {
+		return true
+	}
+	l.Close()
+	return false
+}
 
 // startNATS starts the embedded server with its three users: the engine, the
 // workers and the clients, each with its permissions (permissions.go).
@@ -342,13 +353,13 @@ func startNATS(home, host string, port int, maxStore int64, engine serverhome.Cr
 	}
 	ns.SetLoggerV2(natsLogger{logger.With("component", "nats")}, false, false, false)
 	ns.Start()
-	if ns.Addr() == nil { // it listens before Start returns, or never
+	if ns.Addr() == nil { // it listens last before Start returns, or never
 		ns.Shutdown()
-		return nil, fmt.Errorf("embedded NATS on %s: %w", net.JoinHostPort(host, strconv.Itoa(max(port, 0))), errNotListening)
+		return nil, fmt.Errorf("embedded NATS on %s: %w", net.JoinHostPort(host, strconv.Itoa(max(port, 0))), errNotStarted)
 	}
 	if !ns.ReadyForConnections(30 * time.Second) {
 		ns.Shutdown()
-		return nil, errors.New("embedded NATS did not start (is the port in use?)")
+		return nil, errors.New("embedded NATS was not ready for connections within 30 s")
 	}
 	return ns, nil
 }
