@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The bgtask binary (and bgtask-shim, the small parent of each command) in an image for engines and workers. Workers run commands with
+# The bgtask binary (and bgtask-shim, the small parent of the commands) in an image for engines and workers. Workers run commands with
 # bash in the login environment of the image's user: add what your tasks need
 # (compilers, git, ...) in an image built FROM this one.
 FROM golang:1.26-bookworm AS build
@@ -7,11 +7,8 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
-# bgtask without cgo; bgtask-shim with it (the image's gcc, and glibc in the image it
-# runs in), so that a long-running command's shim hibernates (workers/shim/waiter).
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath -o /out/ ./cmd/bgtask \
- && go build -trimpath -o /out/ ./cmd/bgtask-shim
+    CGO_ENABLED=0 go build -trimpath -o /out/ ./cmd/bgtask ./cmd/bgtask-shim
 
 FROM debian:bookworm-slim
 RUN apt-get update \

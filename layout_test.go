@@ -47,9 +47,8 @@ var layout = map[string]rule{
 	"internal/serverhome":   {imports: []string{"internal/secretenv"}},
 	"engine/sinks":          {imports: []string{"engine", "events", "internal/secretenv"}, tests: []string{"internal/testkit"}},
 	"projections":           {imports: []string{"engine", "events", "internal/testsignal"}, tests: []string{"events/eventstest"}},
-	"workers":               {imports: []string{"engine", "events", "internal/proc", "internal/secretenv", "workers/shim"}, tests: []string{"events/eventstest", "internal/testkit", "projections", "workers/shim/waiter"}},
-	"workers/shim":          {tests: []string{"internal/testkit", "workers/shim/waiter"}},
-	"workers/shim/waiter":   {imports: []string{"workers/shim"}},
+	"workers":               {imports: []string{"engine", "events", "internal/proc", "internal/secretenv", "workers/shim"}, tests: []string{"events/eventstest", "internal/testkit", "projections"}},
+	"workers/shim":          {tests: []string{"internal/testkit"}},
 	"agents/internal/setup": {imports: []string{"internal/serverhome"}},
 	"agents/claudecode":     {imports: []string{"agents/internal/setup", "client"}, tests: []string{"client/clienttest", "events", "internal/testkit"}},
 	"agents/codex":          {imports: []string{"agents/internal/setup", "client"}, tests: []string{"client/clienttest", "events", "internal/testkit"}},
@@ -58,7 +57,7 @@ var layout = map[string]rule{
 	"agents/openclaw":       {imports: []string{"agents/internal/setup", "client", "internal/serverhome"}, tests: []string{"client/clienttest"}},
 	"internal/bench":        {imports: []string{"engine", "engine/api", "events", "internal/proc", "projections", "workers"}},
 	"cmd/bgtask":            {all: true},
-	"cmd/bgtask-shim":       {imports: []string{"workers/shim", "workers/shim/waiter"}},
+	"cmd/bgtask-shim":       {imports: []string{"workers/shim"}},
 	"integration":           {tests: []string{"engine", "events", "events/eventstest", "internal/proc", "internal/testkit", "projections", "workers/shim"}},
 }
 

@@ -56,10 +56,7 @@ func TestEachExecSinkRunsOnceBesideTheWorkersShims(t *testing.T) {
 
 // A descriptor the server inherited (a pipe its caller reads, as $(...) makes)
 // reaches none of its shims, which outlive it: the pipe's reader sees its end once
-// the server is gone, while the task's shim and command go on. A shim that
-// hibernates drops such a descriptor as it execs the waiter, a second into its
-// run: it is the portable build (-tags bgtask_portable), whose shims stay in Go,
-// where this fails for sure without the fix.
+// the server is gone, while the task's shim and command go on.
 func TestNoShimHoldsADescriptorTheServerInherited(t *testing.T) {
 	t.Parallel()
 	home, dir := t.TempDir(), t.TempDir()

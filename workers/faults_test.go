@@ -393,7 +393,7 @@ func TestAWorkerThatDiedWhileItsShimStartedWaitsForTheShim(t *testing.T) {
 	b.spawnAs(t, id, "stable")
 	// The shim is slow to start: it waits for the file shim-go.
 	gate := filepath.Join(dir, "shim-go")
-	shim := []string{"sh", "-c", `while [ ! -e "$0" ]; do sleep 0.01; done; exec "$1" shim "$2"`, gate, os.Args[0]}
+	shim := []string{"sh", "-c", `while [ ! -e "$0" ]; do sleep 0.01; done; exec "$1" shim`, gate, os.Args[0]}
 	launched, err := workers.StartRunAndDie(shim, filepath.Join(state, "runs", id+"-1"), id, 1, spec)
 	if err != nil {
 		t.Fatal(err)

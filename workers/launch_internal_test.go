@@ -3,6 +3,7 @@ package workers
 import (
 	"errors"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,8 +13,8 @@ import (
 	"github.com/bgtask/bgtask/workers/shim"
 )
 
-// A shim that can neither start the command nor record why tells the worker on
-// its stderr, which the worker reads until the start is recorded.
+// A shim that can neither start the command nor record why tells the worker
+// why, and the hand returns it.
 func TestAShimThatCannotRecordItsStartSaysWhy(t *testing.T) {
 	self, err := os.Executable()
 	if err != nil {
@@ -26,60 +27,38 @@ func TestAShimThatCannotRecordItsStartSaysWhy(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(dir, shim.ExitFile+".tmp"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	err = launchShim([]string{self, "shim"}, dir, shimRun{Path: "/bin/true", Args: []string{"true"}, Dir: dir})
+	s := &shims{cmd: []string{self, "shim"}, log: slog.New(slog.DiscardHandler)}
+	defer s.close()
+	err = s.hand(dir, shimRun{Path: "/bin/true", Args: []string{"true"}, Dir: dir})
 	if err == nil || !strings.Contains(err.Error(), "reserve the exit file") || !strings.Contains(err.Error(), "is a directory") {
-		t.Fatalf("launch = %v, want the shim's reasons: no room reserved for the exit file, none written", err)
+		t.Fatalf("hand = %v, want the shim's reasons: no room reserved for the exit file, none written", err)
+	}
+	// The shim goes on: the next run starts.
+	next := t.TempDir()
+	if err := s.hand(next, shimRun{Path: "/bin/true", Args: []string{"true"}, Dir: next}); err != nil || !recorded(next) {
+		t.Fatalf("the next hand = %v, recorded %v; want its start recorded", err, recorded(next))
 	}
 }
 
-// A shim started while its task's spawn is appended starts nothing if the spawn is
-// not the worker's: cancelled, it ends without the command having run.
-func TestAShimCancelledBeforeItsRunStartsNothing(t *testing.T) {
+// A run that cannot be sent (here its directory is gone, and with it the start
+// lock) is not waited for: the hand returns why.
+func TestARunNotSentIsNotWaitedFor(t *testing.T) {
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir, ran := t.TempDir(), filepath.Join(t.TempDir(), "ran")
-	run := shimRun{Path: "/bin/sh", Args: []string{"sh", "-c", `touch "$0"`, ran}, Dir: dir, Env: []string{"PATH=/usr/bin:/bin"}}
-	s, err := startShim([]string{self, "shim"}, dir, run)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.cancel() // returns once the shim has ended
-	if _, err := os.Stat(ran); err == nil {
-		t.Fatal("the command of a cancelled shim ran")
-	}
-	for _, f := range []string{shim.StartingFile, shim.PIDFile, shim.ExitFile} {
-		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
-			t.Errorf("a cancelled shim wrote %s", f)
-		}
-	}
-	if shimAlive(dir) {
-		t.Error("a cancelled shim still holds the run's start lock")
-	}
-}
-
-// A shim that could not be sent its run (here its directory is gone, and with it
-// the start lock) ends with nothing started, and the hand returns why: the run's
-// slot is not held for ever by a shim waiting for the rest of its run.
-func TestAShimNotSentItsRunEndsAndTheHandReturns(t *testing.T) {
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(t.TempDir(), "gone")
-	s, err := startShim([]string{self, "shim"}, dir, shimRun{Path: "/bin/true", Args: []string{"true"}, Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := &shims{cmd: []string{self, "shim"}, log: slog.New(slog.DiscardHandler)}
+	defer s.close()
 	handed := make(chan error, 1)
-	go func() { handed <- s.hand() }()
+	go func() {
+		handed <- s.hand(filepath.Join(t.TempDir(), "gone"), shimRun{Path: "/bin/true", Args: []string{"true"}, Dir: t.TempDir()})
+	}()
 	select {
 	case err = <-handed:
 	case <-time.After(10 * time.Second):
-		s.sh.sock.Close() // lets the hand and the shim end
+		s.close() // lets the hand end
 		<-handed
-		t.Fatal("the hand still waits, after 10 s, on a shim that was never sent its run")
+		t.Fatal("the hand still waits, after 10 s, for a run that was never sent")
 	}
 	if err == nil || !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("hand = %v, want the send's error: the run's directory does not exist", err)

@@ -7,7 +7,6 @@ import (
 
 	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/workers/shim"
-	_ "github.com/bgtask/bgtask/workers/shim/waiter" // its shims hibernate, as bgtask-shim's do
 )
 
 // TestMain doubles as the shim: workers without a bgtask-shim beside their binary

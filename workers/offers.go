@@ -103,11 +103,10 @@ func (w *Worker) take(ctx context.Context, id string) (events.OfferReply, *run, 
 		return events.OfferReply{Reason: events.DeclineError}, nil, logAt
 	}
 	r := &run{w: w, state: armed, cancelled: make(chan struct{})}
-	// The run's directory is written, and its shim started, while its spawn is
-	// appended: the shim starts the command once handed its environment, after the
-	// spawn is in the log. A worker that stops in between finds a run whose shim
-	// never started, as it would had it stopped after the spawn, and settles it
-	// from the log.
+	// The run's directory is written while its spawn is appended; the shim is
+	// handed the run after the spawn is in the log. A worker that stops in between
+	// finds a run no shim took, as it would had it stopped after the spawn, and
+	// settles it from the log.
 	ready := make(chan preparedRun, 1)
 	if armed.Spec.Process == nil {
 		epoch := armed.Epoch + 1
@@ -119,9 +118,6 @@ func (w *Worker) take(ctx context.Context, id string) (events.OfferReply, *run, 
 	held, err := r.claim(ctx)
 	if p, ok := <-ready; ok {
 		r.prepared = &p
-	}
-	if !held {
-		r.dropPrepared()
 	}
 	switch {
 	case held:
@@ -138,20 +134,11 @@ func (w *Worker) take(ctx context.Context, id string) (events.OfferReply, *run, 
 	}
 }
 
-// prepareFirst readies the first run of a task being taken: its shim started
-// first, whose start then goes on while the run's files are written.
+// prepareFirst readies the first run of a task being taken: its program found
+// and its directory written.
 func (w *Worker) prepareFirst(dir string, epoch uint64, run shimRun, spec engine.Spec) (p preparedRun) {
 	p.epoch = epoch
-	if p.run, p.err = resolveRun(run, spec); p.err != nil {
-		return p
-	}
-	if p.shim, p.err = w.shimFor(dir, p.run); p.err != nil {
-		return p
-	}
-	if p.err = writeRun(dir, p.run); p.err != nil {
-		p.shim.cancel()
-		p.shim = nil
-	}
+	p.run, p.err = prepareRun(dir, run, spec)
 	return p
 }
 

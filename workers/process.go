@@ -1,16 +1,11 @@
 package workers
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -43,13 +38,13 @@ type process struct {
 	stopped chan struct{}
 }
 
-// launchProcess hands a prepared run (prepareRun) to its shim, and watches the
-// command it starts.
-func launchProcess(n *notifier, started *startingShim) (*process, error) {
-	if err := started.hand(); err != nil {
+// launchProcess hands a prepared run (prepareRun) in dir to the worker's shim,
+// and watches the command it starts.
+func launchProcess(n *notifier, shims *shims, dir string, run shimRun) (*process, error) {
+	if err := shims.hand(dir, run); err != nil {
 		return nil, err
 	}
-	return awaitShim(n, started.dir, nil)
+	return awaitShim(n, dir, nil)
 }
 
 // prepareRun writes what the shim of a run needs into its directory, and returns
@@ -102,63 +97,6 @@ func writeRun(dir string, run shimRun) error {
 	return shim.WriteWhole(filepath.Join(dir, runFile), data)
 }
 
-// startingShim is the shim of a prepared run, which starts no command until it is
-// handed the run (hand): a task's shim starts while its spawn is appended, and its
-// command once the spawn is in the log. It is a shim started for the run in a
-// session of its own, or an idle one whose run is over (spareShims).
-type startingShim struct {
-	dir     string
-	shimCmd []string
-	run     shimRun
-	env     []byte
-	sh      *liveShim
-	out     *os.File    // a started shim's stdout and stderr, until it lets go of them
-	spares  *spareShims // where the shim goes once its run is over; nil: it ends then
-}
-
-// liveShim is a shim process this worker started, and its end of the shim's stdin.
-type liveShim struct {
-	proc  *os.Process
-	pidfd int
-	sock  *os.File // a socket (shim.EnvironFD; see shim.receiveRun)
-	idle  time.Time
-}
-
-// startShim starts a shim for a prepared run.
-func startShim(shimCmd []string, dir string, run shimRun) (*startingShim, error) {
-	path, err := exec.LookPath(shimCmd[0])
-	if err != nil {
-		return nil, fmt.Errorf("start the shim: %w", err)
-	}
-	ours, theirs, err := socketPair()
-	if err != nil {
-		return nil, err
-	}
-	defer theirs.Close()
-	out, in, err := os.Pipe()
-	if err != nil {
-		ours.Close()
-		return nil, err
-	}
-	defer in.Close()
-	// Started directly, not through a process that detaches it: one program start
-	// less in every task's start. The shim is this process's child until it ends,
-	// and reapShims collects it then through the pidfd the start opens; if the
-	// worker ends first, init does.
-	s := &startingShim{dir: dir, shimCmd: shimCmd, run: run, env: shim.JoinEnviron(run.Env), out: out, sh: &liveShim{pidfd: -1, sock: ours}}
-	s.sh.proc, err = os.StartProcess(path, append(slices.Clone(shimCmd), "--idle-ns="+strconv.FormatInt(int64(shimIdleAfter), 10)), &os.ProcAttr{
-		Env:   ShimEnviron(os.Environ()),
-		Files: []*os.File{theirs, in, in},
-		Sys:   shimAttr(&s.sh.pidfd),
-	})
-	if err != nil {
-		ours.Close()
-		out.Close()
-		return nil, fmt.Errorf("start the shim: %w", err)
-	}
-	return s, nil
-}
-
 // lockRun takes a run's start lock: its directory, which a lock file would be
 // one more file made and removed with every run.
 func lockRun(dir string) (*os.File, error) {
@@ -173,109 +111,12 @@ func lockRun(dir string) (*os.File, error) {
 	return lock, nil
 }
 
-// hand gives the shim the run, and returns once the shim has recorded how the
-// command's start went, or has ended. A spare says it is recorded on its socket
-// (shim.Recorded); a shim started for the run lets go of its output, which it
-// also says why on if it ends first.
-func (s *startingShim) hand() error { return s.handed(s.send()) }
-
-// send sends the shim its run, with the run's start lock.
-func (s *startingShim) send() error {
-	return s.sh.send(s.dir, s.run.shimArgs(s.dir, len(s.env)), s.env)
-}
-
-// handed is the rest of hand once the run is sent to the shim (sent is how that
-// went): it waits for the shim's record of the start.
-func (s *startingShim) handed(sent error) error {
-	var said []byte
-	var ok bool
-	if sent != nil {
-		// The shim has part of its run or none, and waits for the rest: without
-		// its socket it starts nothing and ends, letting go of its output.
-		s.sh.sock.Close()
-	}
-	if s.out != nil {
-		said, _ = io.ReadAll(s.out)
-		s.out.Close()
-		ok = sent == nil && recorded(s.dir)
-	} else {
-		ok = sent == nil && s.sh.await(shim.Recorded, time.Time{})
-	}
-	if ok {
-		if s.out != nil { // a shim started for the run: this process reaps it
-			adoptShim(s.sh.proc, shimRef(s.sh.proc, s.sh.pidfd))
-		}
-		s.afterRun()
-		return nil
-	}
-	s.sh.sock.Close()
-	if s.out == nil {
-		// A spare that ended before it took the run (its wait for one was over)
-		// leaves it to a shim started for it.
-		if recorded(s.dir) || exists(filepath.Join(s.dir, shim.StartingFile)) {
-			return nil // awaitShim tells what became of the command
-		}
-		fresh, err := startShim(s.shimCmd, s.dir, s.run)
-		if err != nil {
-			return err
-		}
-		fresh.spares = s.spares
-		return fresh.hand()
-	}
-	// It ended, or is ending, without a record of the start: awaitShim tells what
-	// became of the command; a shim that could not even begin says why.
-	closeShimRef(s.sh.pidfd)
-	state, err := s.sh.proc.Wait()
-	if sent != nil {
-		return sent
-	}
-	if err == nil && state.ExitCode() > 0 && !exists(filepath.Join(s.dir, shim.StartingFile)) {
-		return fmt.Errorf("start the shim: %v: %s", state, bytes.TrimSpace(said))
-	}
-	return nil
-}
-
-// afterRun has the shim, once its run is over, wait among the spares for the next
-// one; or end, where there are none or the run lasts past spareRunsWithin.
-func (s *startingShim) afterRun() {
-	sh, spares := s.sh, s.spares // not s: the run's environment is not kept while it runs
-	if spares == nil || !spares.running(sh) {
-		sh.sock.Close()
-		return
-	}
-	by := time.Now().Add(spareRunsWithin)
-	go func() {
-		if sh.await(shim.Idle, by) {
-			sh.idle = time.Now()
-			spares.put(sh)
-		} else {
-			spares.forget(sh)
-		}
-	}()
-}
-
-// cancel ends a shim that was handed nothing: a shim started for the run reads
-// less than the whole environment, starts nothing, and is waited for; a spare
-// goes back.
-func (s *startingShim) cancel() {
-	if s.out == nil {
-		s.spares.put(s.sh)
-		return
-	}
-	s.sh.sock.Close()
-	_, _ = io.Copy(io.Discard, s.out)
-	s.out.Close()
-	closeShimRef(s.sh.pidfd)
-	_, _ = s.sh.proc.Wait()
-}
-
 // ShimEnviron is the shim's own environment: the worker's without its
-// credentials (secretenv.Names; the command may read its shim's environment), with one
-// Go scheduler thread (GOMAXPROCS=1). A shim waits, one goroutine at a time; with GOMAXPROCS
-// unset, the Go runtime of every shim start reads the cgroup's CPU limit, sets up
-// a scheduler for each CPU and starts a goroutine that follows the limit, which
-// is a tenth or so of a shim's start. The command's own environment is not this
-// but the run's (in run.json), which the shim reads on its stdin.
+// credentials (secretenv.Names; a command may read its shim's environment), with
+// one Go scheduler thread (GOMAXPROCS=1): a shim's work is one loop, and with
+// GOMAXPROCS unset the Go runtime would set up a scheduler for each CPU and a
+// goroutine that follows the cgroup's CPU limit. A command's own environment is
+// not this but its run's (in run.json), which the shim reads on its stdin.
 func ShimEnviron(env []string) []string {
 	env = slices.DeleteFunc(secretenv.Without(env), func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") })
 	return append(env, "GOMAXPROCS=1")
@@ -293,9 +134,9 @@ func exists(path string) bool {
 }
 
 // shimChildren are the shims this process started that have not been reaped, by
-// a reference each (shimRef): on Linux a pidfd, opened by their start. A shim ends after its run's exit is
-// recorded, often after the worker stopped watching it; until someone waits for
-// it, it stays a zombie. The same process runs other children (exec sinks, result
+// a reference each (shimRef): on Linux a pidfd, opened by their start. A shim
+// ends after its last run is over, often after the worker let go of it; until
+// someone waits for it, it stays a zombie. The same process runs other children (exec sinks, result
 // commands, the login shell) that os/exec waits for: a wait by PID, or for any
 // child, could take one of those, and os/exec's wait would then fail with ECHILD
 // while the program's work was done, and be retried. A pidfd names its process

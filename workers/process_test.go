@@ -204,17 +204,19 @@ func TestCancelKillsACommandThatIgnoresTERMAfterTheGrace(t *testing.T) {
 	}
 }
 
-// A worker starts each shim as its own child: when the shim ends, after its run's
-// exit is recorded, the worker reaps it, and no zombie is left behind.
+// A worker starts its shim as its own child: when the shim ends, once the
+// worker let go of it and its last run is over, the worker reaps it, and no
+// zombie is left behind.
 func TestEndedShimsAreReaped(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.startWorker(t, workers.Config{})
+	w := b.startWorker(t, workers.Config{})
 	dir := t.TempDir()
 	id := b.arm(t, engine.Spec{Command: `echo $PPID > shim`, Cwd: dir})
 	b.waitFor(t, id, 20*time.Second, "ended", ended)
 	shim := readPID(t, filepath.Join(dir, "shim"))
-	testkit.Eventually(t, 20*time.Second, "the shim ended after its run", func() bool {
+	workers.LetGoOfShim(w)
+	testkit.Eventually(t, 20*time.Second, "the shim let go of ended", func() bool {
 		state, _, ok := procStat(shim)
 		return !ok || dead(state)
 	})
@@ -287,8 +289,6 @@ func TestAShimRunsWithOneSchedulerThread(t *testing.T) {
 	state, dir := t.TempDir(), t.TempDir()
 	b.startWorker(t, workers.Config{StateDir: state})
 	id := b.arm(t, engine.Spec{Command: `printenv GOMAXPROCS > gomaxprocs; while [ ! -e gate ]; do sleep 0.02; done`, Cwd: dir})
-	// The shim's PIDs, as soon as it wrote them: a second after the start it
-	// hibernates into the waiter, which the first tick would come beside.
 	var pids runPIDs
 	testkit.Eventually(t, 20*time.Second, "the run's pid.json", func() bool {
 		var err error
@@ -315,4 +315,40 @@ func TestAShimRunsWithOneSchedulerThread(t *testing.T) {
 	if out, _ := os.ReadFile(filepath.Join(dir, "gomaxprocs")); len(out) != 0 && os.Getenv("GOMAXPROCS") == "" {
 		t.Errorf("the command inherited GOMAXPROCS=%s from its shim", out)
 	}
+}
+
+// The shim holds none of its worker's stdin, stdout and stderr: it outlives the
+// worker, and whoever reads the worker's output (a pipe: a supervisor, a test
+// harness, $(...)) would see no end while the shim kept its runs.
+func TestTheShimHoldsNoneOfTheWorkersStandardFiles(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	state, dir := t.TempDir(), t.TempDir()
+	b.startWorker(t, workers.Config{StateDir: state})
+	id := b.arm(t, engine.Spec{Command: `while [ ! -e gate ]; do sleep 0.02; done`, Cwd: dir})
+	var pids runPIDs
+	testkit.Eventually(t, 20*time.Second, "the run's pid.json", func() bool {
+		var err error
+		pids, err = readRunPIDs(filepath.Join(state, "runs", id+"-1"))
+		return err == nil
+	})
+	ours := map[string]bool{}
+	for fd := range 3 {
+		if target, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd)); err == nil && target != os.DevNull {
+			ours[target] = true
+		}
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pids.Shim.PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range fds {
+		if target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pids.Shim.PID, fd.Name())); err == nil && ours[target] {
+			t.Errorf("the shim's descriptor %s is the worker's %s", fd.Name(), target)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "gate"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor(t, id, 20*time.Second, "ended", ended)
 }

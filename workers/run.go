@@ -45,21 +45,11 @@ type run struct {
 	prepared *preparedRun
 }
 
-// preparedRun is a run directory written by prepareRun for the run at epoch, and
-// its shim, started and waiting to be handed the run.
+// preparedRun is a run directory written by prepareRun for the run at epoch.
 type preparedRun struct {
 	epoch uint64
 	run   shimRun
-	shim  *startingShim
 	err   error
-}
-
-// dropPrepared ends the shim of a prepared run no run was handed to.
-func (r *run) dropPrepared() {
-	if p := r.prepared; p != nil && p.shim != nil {
-		p.shim.cancel()
-	}
-	r.prepared = nil
 }
 
 func (r *run) cancel() { r.cancelOnce.Do(func() { close(r.cancelled) }) }
@@ -116,7 +106,6 @@ func (r *run) resync(ctx context.Context) bool {
 func (r *run) execute(ctx context.Context, logAt offsets, first func(*offsets) bool) {
 	w, id := r.w, r.state.ID
 	defer w.release(id) // held by whoever started the run
-	defer r.dropPrepared()
 	for respawn := first(&logAt); respawn; respawn = r.runOnce(ctx, &logAt) {
 		dir := w.runDir(id, r.state.Epoch+1)
 		if err := writeIntent(dir); err != nil {
@@ -221,13 +210,10 @@ func (r *run) runOnce(ctx context.Context, logAt *offsets) (respawn bool) {
 		return false
 	}
 	dir := w.runDir(id, r.state.Epoch)
-	run, started, err := r.prepare(dir, *logAt)
-	if err == nil && started == nil {
-		started, err = w.shimFor(dir, run)
-	}
+	run, err := r.prepare(dir, *logAt)
 	var proc *process
 	if err == nil {
-		proc, err = launchProcess(w.notify, started)
+		proc, err = launchProcess(w.notify, w.shims, dir, run)
 	}
 	// The run's directory goes once its end is in the log, not before: a worker that
 	// stops in between finds it at its next start and settles the task from it.
@@ -276,15 +262,14 @@ func (r *run) shimRun(dir string, epoch uint64, logAt offsets) shimRun {
 }
 
 // prepare writes the directory of the current run for its shim, unless take
-// wrote it already (and started its shim, then returned too).
-func (r *run) prepare(dir string, logAt offsets) (shimRun, *startingShim, error) {
+// wrote it already.
+func (r *run) prepare(dir string, logAt offsets) (shimRun, error) {
 	if p := r.prepared; p != nil && p.epoch == r.state.Epoch {
 		r.prepared = nil
-		return p.run, p.shim, p.err
+		return p.run, p.err
 	}
-	r.dropPrepared()
-	run, err := prepareRun(dir, r.shimRun(dir, r.state.Epoch, logAt), r.state.Spec)
-	return run, nil, err
+	r.prepared = nil
+	return prepareRun(dir, r.shimRun(dir, r.state.Epoch, logAt), r.state.Spec)
 }
 
 // foundAgain is what a worker finds of a run its previous process watched.

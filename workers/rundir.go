@@ -1,7 +1,7 @@
 package workers
 
-// A run's directory, STATE/runs/<task>-<epoch>, is where a worker and the shim of
-// one run of a task meet, and what a restarted worker finds the run again by. Who
+// A run's directory, STATE/runs/<task>-<epoch>, is where a worker and its shim
+// meet for one run of a task, and what a restarted worker finds the run again by. Who
 // writes each file, when, and what a reader may take from it:
 //
 //	(the directory)  the worker, before it appends the spawn (writeIntent), its
@@ -40,7 +40,8 @@ package workers
 //	                 or once a worker could not record the exit at once
 //	                 (shim.KeepExit); a crash of the host may leave one that
 //	                 does not decode, which counts as none. The shim's end
-//	                 without it: the run is lost.
+//	                 without it: the worker writes it, where it learns how the
+//	                 command ended (adoptCommand), or the run is lost.
 //	stop.json        stopDecision, by the worker, atomically and durably before
 //	                 it stops a command for a rule or leaves it running after a
 //	                 match: a worker killed meanwhile finishes the same decision
@@ -53,8 +54,8 @@ package workers
 // exit on disk, whatever else the directory holds or lacks: its command may
 // have started before the host went down, and must not run a second time.
 //
-// Until the start is recorded (pid.json, or a start error in exit.json) the shim's
-// stdout and stderr are a pipe the worker reads (startingShim.hand). A worker removes
+// The shim answers each run on its stdin once the start is recorded (pid.json, or
+// a start error in exit.json), or with why nothing could be (shims.hand). A worker removes
 // the directory once the run's end is in the log (a run watched to its end through
 // the sweeper, sweepDelay later), or, at its next start, when the log says the run
 // is not its own (reattach), which removes then too whatever else STATE/runs holds
@@ -74,7 +75,7 @@ import (
 	"github.com/bgtask/bgtask/workers/shim"
 )
 
-// runDir is where the shim of one run of a task keeps its files.
+// runDir is where one run of a task keeps its files.
 func (w *Worker) runDir(taskID string, epoch uint64) string {
 	return filepath.Join(w.cfg.StateDir, "runs", taskID+"-"+strconv.FormatUint(epoch, 10))
 }

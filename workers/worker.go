@@ -133,8 +133,8 @@ type Worker struct {
 	notify *notifier
 	// finished removes the directories of runs whose end is recorded.
 	finished sweeper
-	// spares are the shims whose runs have ended, waiting for another.
-	spares *spareShims
+	// shims is the shim that runs the worker's commands.
+	shims *shims
 
 	liveness *events.Liveness
 }
@@ -200,7 +200,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, store events.Store, cfg Config) 
 		cfg: cfg, host: hostname(), nc: nc, js: js, store: store,
 		slots: make(chan struct{}, cfg.MaxTasks), runs: map[string]*run{}, taking: map[string]bool{},
 		state: events.WorkerStarting, started: time.Now().UTC(), drained: make(chan struct{}),
-		finished: sweeper{delay: sweepDelay}, spares: &spareShims{max: min(cfg.MaxTasks, maxSpareShims)},
+		finished: sweeper{delay: sweepDelay}, shims: &shims{cmd: cfg.Shim, log: cfg.Base.Logger},
 	}
 	w.env = sync.OnceValue(func() []string {
 		if cfg.Env != nil {
@@ -316,7 +316,7 @@ func (w *Worker) abort(err error) error {
 	w.unsubscribe()
 	w.notify.close()
 	w.finished.flush()
-	w.spares.close()
+	w.shims.close()
 	return err
 }
 
@@ -324,10 +324,10 @@ func (w *Worker) abort(err error) error {
 // shims, and the resolution of the login environment that makes it ready.
 func (w *Worker) startLoops(ctx context.Context) {
 	w.wg.Go(func() { w.heartbeat(ctx) })
-	// Each shim ends after its run's exit is recorded, when the worker may watch it
-	// no more: it is reaped when its end is signalled, as are the orphans the
-	// worker adopts as a subreaper (the commands of shims that died, and what
-	// they leave).
+	// A shim ends after its last run is over, when the worker may watch it no
+	// more: it is reaped when its end is signalled, as are the orphans the worker
+	// adopts as a subreaper (the commands of a shim that died, and what they
+	// leave).
 	becomeSubreaper()
 	ended := make(chan os.Signal, 1)
 	signal.Notify(ended, syscall.SIGCHLD)
@@ -392,7 +392,7 @@ func (w *Worker) Stop() {
 	w.wg.Wait()
 	w.notify.close()
 	w.finished.flush()
-	w.spares.close()
+	w.shims.close()
 	ctx, cancel := context.WithTimeout(context.Background(), appendTimeout)
 	defer cancel()
 	var err error

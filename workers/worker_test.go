@@ -1,6 +1,7 @@
 package workers_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -928,61 +929,62 @@ func TestTheFirstTickIsLeftOutWhenTheCommandHasEnded(t *testing.T) {
 	})
 }
 
-// A run that lasts is not waited on to free its shim for the next run: the
-// worker lets go of the shim while the command runs (no goroutine of its own
-// for each running task), and the shim ends with its run, whose exit is kept.
-func TestALongRunsShimIsNotKeptAsASpare(t *testing.T) {
+// One shim is the parent of all the worker's commands that run at once: no
+// process of bgtask's own runs per command. Killed, it loses no run's exit where
+// the worker is their subreaper and learns how each ends (elsewhere each is
+// lost, once); and the next run goes to a shim started for it.
+func TestOneShimRunsAllTheWorkersCommands(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	w := b.startWorker(t, workers.Config{StateDir: t.TempDir()})
-	dir := t.TempDir()
-	id := b.arm(t, engine.Spec{Command: "while [ ! -e go ]; do sleep 0.05; done; exit 5", Cwd: dir})
-	b.waitFor(t, id, 20*time.Second, "started", hasPID)
-	testkit.Eventually(t, 20*time.Second, "the worker no longer waiting on the shim", func() bool { return workers.BusyShims(w) == 0 })
-	if st, err := engine.Load(context.Background(), b.store, id); err != nil || st.Phase != engine.PhaseRunning {
-		t.Fatalf("the task is %s (%v), want still running", st.Phase, err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if st := b.waitFor(t, id, 20*time.Second, "ended", ended); st.Run == nil || st.Run.ExitCode != 5 {
-		t.Fatalf("ended %+v, want exit code 5", st.Run)
-	}
-	if n := workers.SpareShims(w); n != 0 {
-		t.Fatalf("%d spare shims after a long run, want none", n)
-	}
-}
-
-// A shim whose run is over takes the worker's next run: the second task's command
-// is a child of the first task's shim. One killed while it waits leaves the next
-// run to a shim started for it, and the run goes on as any other.
-func TestAShimWhoseRunIsOverTakesTheNextOne(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	w := b.startWorker(t, workers.Config{StateDir: t.TempDir()})
-	parentOf := func() int {
+	b.startWorker(t, workers.Config{StateDir: t.TempDir()})
+	gate := filepath.Join(t.TempDir(), "go")
+	parentOf := func(dir string) int {
 		t.Helper()
-		id := b.arm(t, engine.Spec{Command: "echo $PPID", Cwd: t.TempDir()})
-		s := b.waitFor(t, id, 20*time.Second, "ended", ended)
-		if s.Run == nil || s.Run.ExitCode != 0 || len(s.Run.Tail) != 1 {
-			t.Fatalf("ended %+v, want exit 0 and its parent's PID", s.Run)
-		}
-		pid, err := strconv.Atoi(s.Run.Tail[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		testkit.Eventually(t, 10*time.Second, "its shim idle", func() bool { return workers.SpareShims(w) == 1 })
+		var pid int
+		testkit.Eventually(t, 20*time.Second, "the command's parent written", func() bool {
+			data, err := os.ReadFile(filepath.Join(dir, "ppid"))
+			if err != nil || !bytes.HasSuffix(data, []byte("\n")) {
+				return false
+			}
+			pid, err = strconv.Atoi(strings.TrimSpace(string(data)))
+			return err == nil
+		})
 		return pid
 	}
-	first := parentOf()
-	if second := parentOf(); second != first {
-		t.Fatalf("the second task ran under shim %d, want the first's, %d, which was idle", second, first)
+	var ids []string
+	shims := map[int]bool{}
+	for code := range 3 {
+		dir := t.TempDir()
+		ids = append(ids, b.arm(t, engine.Spec{Command: fmt.Sprintf(`echo $PPID > ppid; while [ ! -e %q ]; do sleep 0.02; done; exit %d`, gate, code+3), Cwd: dir}))
+		shims[parentOf(dir)] = true
 	}
-	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+	if len(shims) != 1 {
+		t.Fatalf("the running commands' parents are %v, want one shim", shims)
+	}
+	for shim := range shims {
+		if err := syscall.Kill(shim, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		testkit.Eventually(t, 10*time.Second, "the killed shim gone", func() bool { return !alive(shim) })
+	}
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	testkit.Eventually(t, 10*time.Second, "the killed shim gone", func() bool { return !alive(first) })
-	if third := parentOf(); third == first {
-		t.Fatalf("the third task ran under the killed shim %d", third)
+	for i, id := range ids {
+		st := b.waitFor(t, id, 20*time.Second, "ended", ended)
+		switch {
+		case !workers.CanAdopt && st.Status != engine.StatusLost:
+			t.Errorf("task %d ended %s, want lost: no subreaper here learns how a dead shim's command ends", i, st.Status)
+		case workers.CanAdopt && (st.Run == nil || st.Run.ExitCode != i+3):
+			t.Errorf("task %d ended %s %+v, want exit code %d", i, st.Status, st.Run, i+3)
+		}
+	}
+	dir := t.TempDir()
+	id := b.arm(t, engine.Spec{Command: "echo $PPID > ppid", Cwd: dir})
+	if st := b.waitFor(t, id, 20*time.Second, "ended", ended); st.Run == nil || st.Run.ExitCode != 0 {
+		t.Fatalf("the run after the shim's death ended %s %+v, want exit code 0", st.Status, st.Run)
+	}
+	if next := parentOf(dir); shims[next] {
+		t.Fatalf("the run after the shim's death ran under the killed shim %d", next)
 	}
 }

@@ -19,7 +19,7 @@ import (
 
 func main() {
 	// A descriptor bgtask inherited (a pipe its caller reads, say) would otherwise
-	// pass to each shim, which outlives the server by design, and whoever reads
+	// pass to the shim, which outlives the server by design, and whoever reads
 	// that pipe would see no end while a task ran.
 	shim.KeepInherited()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

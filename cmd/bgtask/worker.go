@@ -48,11 +48,12 @@ tasks whose placement names each of its --label labels (host aside), so
 environment of the user running the worker; tick events are appended while it
 runs and an exited event when it ends.
 
-Each command runs under a shim (bgtask-shim, installed beside this binary; else
-this binary in shim mode: 13.8 MiB of RSS per running task against 2.5 MiB) in
-a session of its own, so stopping the worker (SIGINT, SIGTERM, even kill -9) leaves its commands
-running; the next start with the same --state-dir watches them again and records
-the exits that happened meanwhile, once. Any number of workers may run, each with
+The worker's commands run under its shim (bgtask-shim, installed beside this
+binary; else this binary in shim mode, which holds more memory), one process
+for all of them, in a session of its own: stopping the worker (SIGINT, SIGTERM,
+even kill -9) leaves its commands running, and the next start with the same
+--state-dir watches them again and records the exits that happened meanwhile,
+once. A shim killed leaves its commands to the worker, which records their exits. Any number of workers may run, each with
 its own state directory; each task is taken by exactly one of them.
 
 Draining: 'bgtask worker drain ID', SIGUSR1, or --drain at start make the worker
@@ -126,12 +127,12 @@ stopped or restarted. Prints what it still runs. 'bgtask workers' lists the ids.
 	return cmd
 }
 
-// shimCmd is the shim mode the worker starts every command through.
+// shimCmd is the shim mode the worker starts its commands through.
 func shimCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "shim --dir=DIR [...] -- PROGRAM ARGV0 [ARG...]",
-		Short: "Run one command as its shim (started by workers without bgtask-shim)",
-		// The shim's arguments are its own (package shim), the command's among them.
+		Use:   "shim",
+		Short: "Keep a worker's commands (started by workers without bgtask-shim)",
+		// The shim reads its runs on its stdin; its arguments are its own (package shim).
 		DisableFlagParsing: true,
 		Hidden:             true,
 		RunE: func(_ *cobra.Command, args []string) error {

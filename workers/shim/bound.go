@@ -12,10 +12,10 @@ import "syscall"
 // hole and skips it: the output in it is dropped, and counted, as the log drops
 // what it cannot keep. A file system that cannot punch holes keeps all of it.
 //
-// A Go shim looks at the files on a timer, sooner the faster they grow; a
-// hibernated one (package waiter) once the kernel says a file in the run
-// directory was written to (dnotify), at the same pace at most, so that a
-// command that prints nothing costs it nothing.
+// The shim looks at the files once the kernel says a file in the run directory
+// was written to (outputWatch), at most at the pace below, so that a command
+// that prints nothing costs it nothing; in the portable build, on a timer at
+// that pace.
 
 // OutputKeepBytes is how much of the end of each output file the shim keeps. It
 // is more than the worker keeps behind what it has read, for a restart to read

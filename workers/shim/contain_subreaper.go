@@ -7,81 +7,76 @@ import "syscall"
 // Containment with a subreaper: Linux's. The tag bgtask_portable selects the
 // containment by process group instead (contain_group.go), which macOS has.
 
-// adoptOrphans makes the shim its command's subreaper: orphans of the command
-// become the shim's children, not init's, so the whole tree stays under it.
+// adoptOrphans makes the shim its commands' subreaper: orphans of a command
+// become the shim's children, not init's, so that the shim can stop them when
+// the command ends (markedChildren).
 func adoptOrphans() {
 	_, _, _ = syscall.RawSyscall6(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0, 0, 0, 0)
 }
 
 // commandAttr puts the command in its own process group. It does not die with
-// the shim: a shim killed leaves its command to the worker that started the shim,
-// a subreaper, which learns how it ends (workers.adoptCommand).
+// the shim: a shim killed leaves its commands to the worker that started the
+// shim, a subreaper, which learns how they end (workers.adoptCommand).
 func commandAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
 
-// stopLeftovers ends what the command (process group pgid) left running.
-func stopLeftovers(pgid int, grace int64) { stopOrphans(grace) }
-
-// stopOrphans ends what the command left running when it exited: processes it
-// started in the background, in its process group or in a session of their own
-// (setsid, a daemon's double fork). Their parents have ended, so they are the
-// shim's children now (it is their subreaper). Each gets TERM, and KILL once grace
-// (nanoseconds) has passed; their own children come to the shim in turn when they
-// end.
-func stopOrphans(grace int64) {
-	self := syscall.Getpid()
-	killAt := monotonic() + grace
-	termed := map[int]bool{}
-	for {
-		for {
-			var ws syscall.WaitStatus
-			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
-			if err == syscall.ECHILD {
-				return // no child left
-			}
-			if err == syscall.EINTR {
-				continue
-			}
-			if err != nil || pid <= 0 {
-				break // children left, none ended
-			}
-		}
-		// A child is not reaped but here, so its PID cannot name another process
-		// between this look and the signal.
-		kill := monotonic() >= killAt
-		for _, pid := range childrenOf(self) {
-			switch {
-			case kill:
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			case !termed[pid]:
-				_ = syscall.Kill(pid, syscall.SIGTERM)
-				termed[pid] = true
-			}
-		}
-		sleep(20e6)
-	}
-}
-
-// childrenOf lists the processes whose parent is pid, from /proc.
-func childrenOf(pid int) []int {
-	proc, err := open("/proc", syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
-	if err != nil {
+// markedChildren are the shim's children, other than the commands it runs, whose
+// environment holds marker (RunEnv=NAME): what the command of run NAME left
+// running outside its process group (setsid, a daemon's double fork), come to
+// the shim as their parents ended. One that cleared its environment is not
+// found, and goes on once the shim ends.
+func (k *keeper) markedChildren(marker []byte) []int {
+	if marker == nil {
 		return nil
 	}
-	defer syscall.Close(proc)
-	var names []string
-	buf := make([]byte, 8192)
-	for {
-		n, err := syscall.ReadDirent(proc, buf)
-		if err == syscall.EINTR {
-			continue
+	var found []int
+	for _, pid := range childrenOf(k.self.PID) {
+		if k.runs[pid] == nil && hasEntry(pid, marker) {
+			found = append(found, pid)
 		}
-		if err != nil || n <= 0 {
-			break
-		}
-		_, _, names = syscall.ParseDirent(buf[:n], -1, names)
 	}
+	return found
+}
+
+// hasEntry says whether the environment of process pid holds the entry kv.
+func hasEntry(pid int, kv []byte) bool {
+	env, err := readFile("/proc/" + string(appendInt(nil, int64(pid))) + "/environ")
+	if err != nil {
+		return false
+	}
+	for _, entry := range splitNUL(env) {
+		if entry == string(kv) {
+			return true
+		}
+	}
+	return false
+}
+
+// childrenOf lists the processes whose parent is pid: from its threads' lists of
+// children, where the kernel keeps them (CONFIG_PROC_CHILDREN), else from all of
+// /proc.
+func childrenOf(pid int) []int {
+	task := "/proc/" + string(appendInt(nil, int64(pid))) + "/task"
+	tids := listDir(task)
 	var out []int
-	for _, name := range names {
+	for _, tid := range tids {
+		list, err := readFile(task + "/" + tid + "/children")
+		if err != nil {
+			return childrenInProc(pid)
+		}
+		for _, field := range splitFields(list, len(list)) {
+			if child, ok := parseUint(field); ok {
+				out = append(out, int(child))
+			}
+		}
+	}
+	return out
+}
+
+// childrenInProc lists the processes whose parent is pid, from each process's
+// /proc/PID/stat.
+func childrenInProc(pid int) []int {
+	var out []int
+	for _, name := range listDir("/proc") {
 		child, ok := parseUint(name)
 		if !ok {
 			continue
@@ -91,4 +86,25 @@ func childrenOf(pid int) []int {
 		}
 	}
 	return out
+}
+
+// listDir lists the names in the directory at path.
+func listDir(path string) []string {
+	dir, err := open(path, syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if err != nil {
+		return nil
+	}
+	defer syscall.Close(dir)
+	var names []string
+	buf := make([]byte, 8192)
+	for {
+		n, err := syscall.ReadDirent(dir, buf)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil || n <= 0 {
+			return names
+		}
+		_, _, names = syscall.ParseDirent(buf[:n], -1, names)
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,21 +62,18 @@ func TestAFullDiskKeepsTheCommandsExit(t *testing.T) {
 	}
 	env := JoinEnviron([]string{"PATH=" + os.Getenv("PATH")})
 	r := Run{Dir: run, Cwd: "/", Path: sh, Args: []string{"sh", "-c", `while [ ! -e "$0" ]; do sleep 0.01; done; exit 3`, gate}, EnvBytes: int64(len(env))}
-	out, in, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
-	sock, cmd := testShim(t, 0, in)
-	in.Close()
+	sock, cmd := testShim(t, nil)
 	sendRun(t, sock, r, env, 1<<20)
+	if !says(sock, Recorded) {
+		t.Fatal("no start recorded")
+	}
+	sock.Close() // the shim ends once the run is over
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-done
 	})
-	_, _ = io.ReadAll(out) // until the shim lets go of its output: the start is recorded
 	if _, err := os.Stat(filepath.Join(run, PIDFile)); err != nil {
 		t.Fatalf("the command's start is not recorded: %v", err)
 	}

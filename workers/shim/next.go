@@ -6,39 +6,38 @@ import (
 )
 
 // A shim reads its runs on its standard input (EnvironFD), a socket, on which it
-// also answers: it can then take its worker's next run once its own is over, so
-// that a short task does not pay for the start and the end of a program of its
-// own. The two speak:
+// also answers. The two speak:
 //
 //	worker → shim  a run     its arguments' length (4 bytes, little-endian) with the
 //	                         run's start lock (SCM_RIGHTS), its arguments
 //	                         (ShimArgs, each NUL-terminated), its environment
 //	                         (EnvBytes, JoinEnviron)
-//	shim → worker  Recorded  the run's start is recorded (releaseOutput)
-//	shim → worker  Idle      the run is over: its exit is written, what the command
-//	                         left is stopped, its start lock closed
+//	shim → worker  Recorded  the run's start is recorded: its PIDs, or its start
+//	                         error in the exit file
+//	shim → worker  Failed    nothing is recorded, and why: its length (4 bytes,
+//	                         little-endian), the text
+//
+// Each run has one answer or the other, in the order the runs came.
 //
 // A run comes whole or not at all: a worker that dies handing it over leaves a
-// shim that reads less, starts nothing and ends, and whose end frees the lock.
-// One run at a time, each with its own lock, held until the run is over: a lock
-// found free means that no shim works on the run, or ever will.
+// shim that reads less, starts nothing of it and takes no run more. Each run
+// has its own lock, which the shim holds until the run is over (its exit written,
+// what its command left stopped): a lock found free means that no shim works on
+// the run, or ever will.
 const (
 	Recorded = 'R'
-	Idle     = 'I'
+	Failed   = 'F'
 )
 
 // Protocol names how a worker and a shim speak, which `bgtask-shim --protocol`
 // prints: a worker uses a bgtask-shim of another build only if it says the same.
-const Protocol = "bgtask-shim protocol 2: runs on stdin"
+const Protocol = "bgtask-shim protocol 3: many runs at once on stdin"
 
-// receiveRun waits until the monotonic time until (-1: for ever) for a run. It
-// returns no run, and no error, where none came in that time, or the worker
-// closed its end; and an error where a run came in part.
-func receiveRun(until int64) (r Run, env []string, lock int, err error) {
+// receiveRun reads the run the worker sends, once EnvironFD can be read. It
+// returns no run, and no error, where the worker closed its end; and an error
+// where a run came in part.
+func receiveRun() (r Run, env []string, lock int, err error) {
 	const name = "the run on standard input"
-	if !awaitReadable(EnvironFD, until) {
-		return r, nil, -1, nil
-	}
 	var head [4]byte
 	n, lock, err := receiveLock(EnvironFD, head[:])
 	if err != nil || n == 0 {

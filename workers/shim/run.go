@@ -22,41 +22,19 @@ type Run struct {
 	EnvBytes int64
 }
 
-const synopsis = "bgtask-shim [--idle-ns=N]"
+const synopsis = "bgtask-shim"
 
 const usage = synopsis + `
 
-Reads bgtask runs on standard input, a socket, one at a time: each the run's
-arguments (--dir=DIR --env-bytes=N [--cwd=DIR] [--deadline-unix-ns=N]
+Reads bgtask runs on standard input, a socket: each the run's arguments
+(--dir=DIR --env-bytes=N [--cwd=DIR] [--deadline-unix-ns=N]
 [--stall-after-ns=N] [--kill-grace-ns=N] -- PROGRAM ARGV0 [ARG...]), its
 environment (NUL-separated NAME=value, N bytes in all; fewer, and no command
-starts) and its start lock. Runs PROGRAM as the command of the run in DIR and
-records its PIDs and its exit there; then, with --idle-ns, waits that long for
-another run. Workers start it; it is no command for people.
+starts) and its start lock. Runs PROGRAM as the command of the run in DIR,
+beside the others, and records its PIDs and its exit there; ends once standard
+input is closed and the last command has ended. Workers start it; it is no
+command for people.
 `
-
-// parseIdle reads the shim's own arguments: how long it waits for another run
-// once one is over, in nanoseconds (0: it does not).
-func parseIdle(args []string) (int64, error) {
-	var idle int64
-	for _, arg := range args {
-		value, ok := cutPrefix(arg, "--idle-ns=")
-		if ok {
-			idle, ok = parseInt64(value)
-		}
-		if !ok {
-			return 0, errors.New("shim: argument " + arg + ": usage: " + synopsis)
-		}
-	}
-	return idle, nil
-}
-
-func cutPrefix(s, prefix string) (string, bool) {
-	if len(s) < len(prefix) || s[:len(prefix)] != prefix {
-		return s, false
-	}
-	return s[len(prefix):], true
-}
 
 // ShimArgs are the shim's arguments for r: flags, then "--", the program and its argv.
 func (r Run) ShimArgs() []string {

@@ -1,30 +1,27 @@
-// Package shim is the command's real parent. Each run has a shim of its own, in
-// a new session, so it outlives the worker: a worker that stops, is killed or
-// upgraded leaves its commands running. The shim starts the command in its own
-// process group with stdout and stderr going straight to files (nothing copies
-// them, so nothing can block the command), enforces the deadline and the stall
-// kill, keeps the output files within their bound on disk (bound.go), reaps the
-// command, and writes the exit file atomically. Everything it
-// knows is in its arguments and its run directory, whose files are named below.
-// Who writes each of them, when, and what a reader may take from it is told in
-// one place, at the top of workers/rundir.go.
+// Package shim is the real parent of the commands a worker runs. A worker starts
+// one shim, in a session of its own, and hands it each run it starts; the shim
+// keeps them all in one loop (keeper.go), so that no process of bgtask's own
+// lives per command. It starts each command in its own process group with
+// stdout and stderr going straight to files (nothing copies them, so nothing can
+// block the command), enforces the deadline and the stall kill, keeps the output
+// files within their bound on disk (bound.go), reaps the command, writes the exit
+// file atomically, and stops what the command left behind. The shim outlives its
+// worker: a worker that stops, is killed or upgraded leaves its commands running
+// under it, and the shim ends once the worker is gone and the last of its runs
+// is over. A shim killed leaves its commands to the worker, their subreaper,
+// which learns how they end (workers.adoptCommand). Everything the shim knows of
+// a run is in what the worker sent and in the run's directory, whose files are
+// named below. Who writes each of them, when, and what a reader may take from it
+// is told in one place, at the top of workers/rundir.go.
 //
-// The worker starts the shim directly in a new session and reaps it when it ends.
-// One shim lives per running task, so its size is what a running task costs; it
-// starts with a task unless one whose run is over takes the task (receiveRun), so
-// its start is part of many tasks' starts: the package
-// calls the kernel through package syscall alone, without os, time, strconv or
-// the reflection-based packages: a Go program's text is resident whole in each of
-// its processes here, and those packages would add about a quarter to a shim's RSS
-// and to the time a short command takes under it.
-// It runs as its own small binary, bgtask-shim, or as `bgtask shim` where that is
-// missing. A shim whose command runs long hibernates (hibernate.go): it becomes a
-// waiter in C, which holds a tenth of a Go shim's memory, until the command ends.
+// The package calls the kernel through package syscall alone, without os, time,
+// strconv or the reflection-based packages: the shim is a small program, started
+// with each worker, and holds little memory of its own beside its runs'. It runs
+// as its own binary, bgtask-shim, or as `bgtask shim` where that is missing.
 package shim
 
 import (
 	"errors"
-	"sync"
 	"syscall"
 )
 
@@ -36,6 +33,12 @@ const (
 	PIDFile      = "pid.json"
 	ExitFile     = "exit.json"
 )
+
+// RunEnv names the run (its directory's name, <task>-<epoch>) in its command's
+// environment, which every process the command starts inherits: the shim stops
+// by it what a command left behind outside its process group, and a worker what
+// the command of a dead shim left.
+const RunEnv = "BGTASK_RUN"
 
 // Why the shim stopped a command, in Exit.StoppedBy.
 const (
@@ -49,12 +52,9 @@ const (
 	CrashAfterStart = "shim-after-start" // the command started, its PID not recorded
 )
 
-// Main runs a shim with its arguments: --idle-ns=N at most. It reads its runs on
-// its standard input (receiveRun), one at a time, and returns when a run's
-// command has ended and its exit file is written, and no other run came within
-// the idle time. Meanwhile, once a command's start is recorded (its PIDs, or its
-// start error), it lets go of its stdout and stderr: the worker that started it
-// reads them until then. A shim that hibernated comes back with --woken (hibernate.go).
+// Main runs a shim with its arguments, which are none: it reads its runs on its
+// standard input (receiveRun) and keeps them until the worker closes its end
+// and the last run is over.
 func Main(args []string) error {
 	if len(args) == 1 && (args[0] == "--help" || args[0] == "-h") {
 		return writeAll(1, []byte("usage: "+usage))
@@ -62,139 +62,19 @@ func Main(args []string) error {
 	if len(args) == 1 && args[0] == "--protocol" {
 		return writeAll(1, []byte(Protocol+"\n"))
 	}
-	if len(args) > 0 && args[0] == wokenFlag {
-		c, ended, err := parseWoken(args[1:])
-		if err != nil {
-			return err
-		}
-		c.args = len(args)
-		if more, err := runOver(c.lock, c.resume(ended), c.idleAfter); !more {
-			return err
-		}
-		return serve(len(args), c.idleAfter, monotonic()+c.idleAfter)
+	if len(args) > 0 {
+		return errors.New("shim: argument " + args[0] + ": usage: " + synopsis)
 	}
-	idleAfter, err := parseIdle(args)
+	// The commands' orphans are the shim's to stop, not init's; descriptors the
+	// worker inherited (a pipe its caller reads) must not reach a command that
+	// outlives it: its reader would never see EOF.
+	adoptOrphans()
+	KeepInherited()
+	k, err := newKeeper()
 	if err != nil {
 		return err
 	}
-	return serve(len(args), idleAfter, -1)
-}
-
-// serve takes runs until none comes by the monotonic time until (-1: for ever),
-// then in idleAfter after each run. args is how many arguments the shim has.
-func serve(args int, idleAfter, until int64) error {
-	// A run comes whole, or the worker that started this shim died handing it over:
-	// then nothing is recorded and no command starts, and the run is one whose shim
-	// never started, which the worker starts at its next start (in the same boot of
-	// the host).
-	for ; ; until = monotonic() + idleAfter {
-		run, env, lock, err := receiveRun(until)
-		if err != nil || run.Dir == "" {
-			return err
-		}
-		if more, err := runOver(lock, run.supervise(env, running{lock: lock, idleAfter: idleAfter, args: args}), idleAfter); !more {
-			return err
-		}
-	}
-}
-
-// runOver ends a run whose exit is written (or failed to be, err): it lets go of
-// its start lock and, where the shim waits for another run, says so to the
-// worker. It says whether the shim waits.
-func runOver(lock int, err error, idleAfter int64) (bool, error) {
-	syscall.Close(lock) // no shim works on the run any more
-	if err != nil || idleAfter <= 0 || writeAll(EnvironFD, []byte{Idle}) != nil {
-		return false, err
-	}
-	return true, nil
-}
-
-// running is a run whose command has started: what the shim needs until its end
-// is recorded, all of which a hibernation carries to the shim that wakes.
-type running struct {
-	Run                // Dir, Deadline, StallAfter and KillGrace are used
-	pid       int      // the command's, and its process group's
-	startedAt int64    // Unix nanoseconds
-	exit      exitFile // its reserved exit file
-	lock      int      // the run's start lock
-	idleAfter int64    // the shim's --idle-ns
-	args      int      // how many of the shim's command line are its own arguments
-	output    outputSeen
-	// outputKeep is how much of the end of each output file is kept
-	// (OutputKeepBytes, bound.go); 0: the files are not bounded.
-	outputKeep int64
-	looked     outputLook // the last look at the output's bound
-}
-
-// outputSeen is what the stall watch saw of the command's output: its size, and
-// when (monotonic nanoseconds) that size was first seen.
-type outputSeen struct{ size, since int64 }
-
-// supervise runs the command to its end, c holding what the shim has for it. The
-// worker started the shim in a session of its own, so that the shim outlives
-// the worker and no signal to the worker's process group reaches it.
-func (r Run) supervise(env []string, c running) error {
-	adoptOrphans()
-	started := wallClock()
-	// The exit file's blocks are taken now, before anything runs: a disk that
-	// fills while the command runs must not lose how it ended.
-	exitFile, reserveErr := reserveExit(r.Dir)
-	defer exitFile.close()
-	// A start that failed is recorded in the exit file; if even that fails, the
-	// error goes to the worker on the shim's stderr, which it still reads.
-	fail := func(err error) error {
-		if werr := exitFile.write(exitRecord{startError: err.Error(), startedAt: started, endedAt: wallClock()}); werr != nil {
-			return errors.New(err.Error() + "; and its record: " + werr.Error())
-		}
-		releaseOutput()
-		return nil
-	}
-	if reserveErr != nil {
-		return fail(errors.New("reserve the exit file, so that a full disk cannot lose the command's exit: " + reserveErr.Error()))
-	}
-	// Descriptors the worker inherited (a pipe its caller reads) must not reach a
-	// command that outlives it: its reader would never see EOF.
-	KeepInherited()
-	reap, err := newReaper()
-	if err != nil {
-		return fail(err)
-	}
-	defer reap.close()
-	pid, err := r.start(env)
-	if err != nil {
-		return fail(err)
-	}
-	if crash, _ := syscall.Getenv(CrashEnv); crash == CrashAfterStart {
-		_ = syscall.Kill(syscall.Getpid(), syscall.SIGKILL)
-		select {} // the signal is on its way
-	}
-	self, _ := ProcStart(syscall.Getpid())
-	child, _ := ProcStart(pid)
-	pids := pidsRecord{shim: ProcRef{PID: syscall.Getpid(), Start: self}, command: ProcRef{PID: pid, Start: child}, startedAt: started}
-	go reap.wait(pid)
-	// Not made durable: after a crash of the host nothing it names is alive, and a
-	// missing pid.json beside the starting file says the same (the shim died).
-	if err := writeFile(join(r.Dir, PIDFile), pids.appendJSON(nil), notDurable); err != nil {
-		// Unwatchable: stop it rather than leave it running unknown.
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
-		<-reap.exited
-		return fail(errors.New("record the command's pid: " + err.Error()))
-	}
-	releaseOutput()
-	c.Run, c.pid, c.startedAt, c.exit = r, pid, started, exitFile
-	c.output = outputSeen{r.outputSize(), monotonic()}
-	if canPunch {
-		c.outputKeep, c.looked = OutputKeepBytes, outputLook{c.output.since, c.output.size}
-	}
-	return c.end(c.watch(reap))
-}
-
-// end records how the command ended and stops what it left.
-func (c running) end(stoppedBy string, ws syscall.WaitStatus) error {
-	err := c.exit.write(exitOf(ws, stoppedBy, c.startedAt, wallClock()))
-	// The exit is recorded: nothing waits for what the command left behind.
-	stopLeftovers(c.pid, max(c.KillGrace, 1e9))
-	return err
+	return k.serve()
 }
 
 // start starts the command with its stdin on /dev/null and its output appended
@@ -326,127 +206,6 @@ func (e exitFile) close() {
 	if e.fd >= 0 {
 		syscall.Close(e.fd)
 	}
-}
-
-// releaseOutput tells the worker that the command's start is recorded: it points
-// the shim's stdout and stderr, a pipe the worker reads until it closes, at
-// /dev/null, and says so on EnvironFD, a socket (receiveRun).
-func releaseOutput() {
-	if devnull, err := open("/dev/null", syscall.O_WRONLY, 0); err == nil {
-		_ = dup(devnull, 1)
-		_ = dup(devnull, 2)
-		syscall.Close(devnull)
-	}
-	_ = writeAll(EnvironFD, []byte{Recorded})
-}
-
-// reaper waits for every child, the command and the orphans reparented to the
-// shim, and passes on the command's status when it ends.
-type reaper struct {
-	// mu is held while a child is reaped, and by a hibernation from its last look
-	// at ended to its exec: a status reaped is passed on before any exec.
-	mu     sync.Mutex
-	ended  [2]int // a pipe, written once the command's status is on exited
-	exited chan syscall.WaitStatus
-}
-
-func newReaper() (*reaper, error) {
-	r := &reaper{exited: make(chan syscall.WaitStatus, 1)}
-	if err := pipeCloexec(r.ended[:]); err != nil {
-		return nil, errors.New("pipe: " + err.Error())
-	}
-	return r, nil
-}
-
-func (r *reaper) close() {
-	syscall.Close(r.ended[0])
-	syscall.Close(r.ended[1])
-}
-
-// wait reaps children until the command (pid) has ended.
-func (r *reaper) wait(pid int) {
-	for {
-		awaitChild()
-		r.mu.Lock()
-		var ws syscall.WaitStatus
-		got, err := syscall.Wait4(-1, &ws, reapFlags, nil)
-		if err != syscall.EINTR && (err != nil || got == pid) {
-			// The wake-up first: once the status is received, ended may be closed.
-			_ = writeAll(r.ended[1], []byte{1})
-			r.exited <- ws
-			r.mu.Unlock()
-			return
-		}
-		r.mu.Unlock()
-	}
-}
-
-// hibernateAfter is how long a command runs under a Go shim before the shim
-// hibernates: a short task keeps its shim, which may take the worker's next run.
-const hibernateAfter = 1e9
-
-// watch waits for the command to end, stopping its process group when its
-// deadline passes or it stalls, and says which did. Meanwhile it keeps the output
-// files within their bound (bound.go). A shim that can hibernates once the
-// command has run hibernateAfter.
-func (c *running) watch(reap *reaper) (string, syscall.WaitStatus) {
-	stallCheck := int64(-1)
-	if c.StallAfter > 0 {
-		stallCheck = max(c.StallAfter/10, 50e6)
-	}
-	hibernateAt, boundAt := int64(-1), int64(-1)
-	if hibernation {
-		hibernateAt = monotonic() + hibernateAfter
-	}
-	if c.outputKeep > 0 {
-		boundAt = c.looked.at + boundPoll
-	}
-	stop := func(by string) (string, syscall.WaitStatus) {
-		_ = syscall.Kill(-c.pid, syscall.SIGTERM)
-		if !awaitReadable(reap.ended[0], monotonic()+max(c.KillGrace, 1e9)) {
-			_ = syscall.Kill(-c.pid, syscall.SIGKILL)
-		}
-		return by, <-reap.exited
-	}
-	for {
-		until := earliest(hibernateAt, boundAt)
-		if c.Deadline != 0 {
-			left := c.Deadline - wallClock()
-			if left <= 0 {
-				return stop(StoppedByDeadline)
-			}
-			until = earliest(until, monotonic()+left)
-		}
-		if stallCheck > 0 {
-			until = earliest(until, monotonic()+stallCheck)
-		}
-		if awaitReadable(reap.ended[0], until) {
-			return "", <-reap.exited
-		}
-		now := monotonic()
-		if c.StallAfter > 0 {
-			if size := c.outputSize(); size != c.output.size {
-				c.output = outputSeen{size, now}
-			} else if now-c.output.since >= c.StallAfter {
-				return stop(StoppedByStall)
-			}
-		}
-		if boundAt >= 0 && now >= boundAt {
-			boundAt = c.boundOutput(now)
-		}
-		if hibernateAt >= 0 && now >= hibernateAt {
-			c.hibernate(reap) // returns if it did not
-			hibernateAt = -1
-		}
-	}
-}
-
-// earliest is the earlier of two monotonic times, where -1 is none.
-func earliest(a, b int64) int64 {
-	if a < 0 || b >= 0 && b < a {
-		return b
-	}
-	return a
 }
 
 // outputSize is how much the command has written to its output files.

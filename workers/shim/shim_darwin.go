@@ -61,20 +61,3 @@ func allocate(fd int, size int64) error { return syscall.EOPNOTSUPP }
 const canPunch = false
 
 func punchHole(fd int, length int64) error { return syscall.EOPNOTSUPP }
-
-func dup(from, to int) error { return syscall.Dup2(from, to) }
-
-// onMainThread is true: macOS has no waiter.
-func onMainThread() bool { return true }
-
-// commandLine is this process's name and arguments.
-func commandLine() ([]string, error) { return os.Args, nil }
-
-func clearCloexec(fd int) {
-	_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_SETFD, 0)
-}
-
-// reapFlags make the reap of a child wait for one: nothing hibernates here.
-const reapFlags = 0
-
-func awaitChild() {}

@@ -1,9 +1,6 @@
 package shim
 
-import (
-	"syscall"
-	"unsafe"
-)
+import "syscall"
 
 // Args are this process's arguments after its name, for a main without package
 // os (which is where Go keeps them), from the kernel's copy.
@@ -14,10 +11,6 @@ func Args() ([]string, error) {
 	}
 	return args[1:], nil
 }
-
-// onMainThread says whether the calling goroutine runs on the process's main
-// thread, the one a hibernation execs from (EnableHibernation).
-func onMainThread() bool { return syscall.Gettid() == syscall.Getpid() }
 
 // commandLine is this process's name and arguments, from the kernel's copy.
 func commandLine() ([]string, error) {
@@ -50,21 +43,4 @@ func punchHole(fd int, length int64) error {
 		return syscall.EOPNOTSUPP
 	}
 	return err
-}
-
-func dup(from, to int) error { return syscall.Dup3(from, to, 0) }
-
-func clearCloexec(fd int) {
-	_, _, _ = syscall.RawSyscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_SETFD, 0)
-}
-
-// reapFlags make the reap of a child not wait: awaitChild has waited.
-const reapFlags = syscall.WNOHANG
-
-// awaitChild waits until a child has ended, and leaves it to be reaped
-// (WNOWAIT): a hibernation must not exec between a status reaped and passed on.
-func awaitChild() {
-	const pAll, wExited, wNowait = 0, 4, 0x1000000
-	var info [128]byte // siginfo_t
-	_, _, _ = syscall.Syscall6(syscall.SYS_WAITID, pAll, 0, uintptr(unsafe.Pointer(&info)), wExited|wNowait, 0, 0)
 }

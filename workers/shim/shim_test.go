@@ -183,7 +183,7 @@ func TestAShimGivenPartOfItsEnvironmentStartsNothing(t *testing.T) {
 		dir, marker := t.TempDir(), filepath.Join(t.TempDir(), "ran")
 		r := Run{Dir: dir, Cwd: "/", Path: sh, Args: []string{"sh", "-c", `echo "$MARK" > "$0"`, marker}, EnvBytes: int64(len(env))}
 		var said bytes.Buffer
-		sock, cmd := testShim(t, 0, &said)
+		sock, cmd := testShim(t, &said)
 		sendRun(t, sock, r, given, 1<<20)
 		sock.Close()
 		err := cmd.Wait()

@@ -37,21 +37,29 @@ func pollMillis(nanos int64) int {
 	return int(min((nanos+999_999)/1e6, 1<<30))
 }
 
-// awaitReadable waits until fd can be read, or the monotonic clock reaches until
-// (no limit if it is negative), and says whether fd can be read.
-func awaitReadable(fd int, until int64) bool {
+// awaitReadable waits until one of fds can be read (or is closed at its other
+// end), or the monotonic clock reaches until (no limit if it is negative), and
+// says which can. A negative fd is none, never ready.
+func awaitReadable(fds []int, until int64) []bool {
+	pfds := make([]unix.PollFd, len(fds))
+	for i, fd := range fds {
+		pfds[i] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	}
+	ready := make([]bool, len(fds))
 	for {
 		timeout := -1
 		if until >= 0 {
 			timeout = pollMillis(max(until-monotonic(), 0))
 		}
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, timeout)
+		n, err := unix.Poll(pfds, timeout)
 		switch {
 		case err == nil && n > 0:
-			return true
+			for i := range pfds {
+				ready[i] = pfds[i].Revents != 0
+			}
+			return ready
 		case err == nil && until >= 0 && monotonic() >= until:
-			return false
+			return ready
 		case err != nil && err != syscall.EINTR:
 			sleep(10e6)
 		}

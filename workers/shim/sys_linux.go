@@ -34,26 +34,35 @@ func sleep(nanos int64) {
 	}
 }
 
-// awaitReadable waits until fd can be read, or the monotonic clock reaches until
-// (no limit if it is negative), and says whether fd can be read.
-func awaitReadable(fd int, until int64) bool {
-	pfd := struct {
+// awaitReadable waits until one of fds can be read (or is closed at its other
+// end), or the monotonic clock reaches until (no limit if it is negative), and
+// says which can. A negative fd is none, never ready.
+func awaitReadable(fds []int, until int64) []bool {
+	type pollFd struct {
 		fd      int32
 		events  int16
 		revents int16
-	}{fd: int32(fd), events: pollIn}
+	}
+	pfds := make([]pollFd, len(fds))
+	for i, fd := range fds {
+		pfds[i] = pollFd{fd: int32(fd), events: pollIn}
+	}
+	ready := make([]bool, len(fds))
 	for {
 		var timeout *syscall.Timespec
 		if until >= 0 {
 			ts := syscall.NsecToTimespec(max(until-monotonic(), 0))
 			timeout = &ts
 		}
-		n, _, errno := syscall.Syscall6(syscall.SYS_PPOLL, uintptr(unsafe.Pointer(&pfd)), 1, uintptr(unsafe.Pointer(timeout)), 0, 0, 0)
+		n, _, errno := syscall.Syscall6(syscall.SYS_PPOLL, uintptr(unsafe.Pointer(&pfds[0])), uintptr(len(pfds)), uintptr(unsafe.Pointer(timeout)), 0, 0, 0)
 		switch {
 		case errno == 0 && n > 0:
-			return true
+			for i := range pfds {
+				ready[i] = pfds[i].revents != 0
+			}
+			return ready
 		case errno == 0 && until >= 0 && monotonic() >= until:
-			return false
+			return ready
 		case errno != 0 && errno != syscall.EINTR:
 			// Not seen; the Go runtime's signals are EINTR. Keep waiting, not spinning.
 			sleep(10e6)
