@@ -615,6 +615,21 @@ func (tr *trial) pids(file string, i int) []int {
 	return out
 }
 
+// commandPIDs are the commands of task i's runs: the first PID of each line of
+// its pids file ("$$ $PPID").
+func (tr *trial) commandPIDs(i int) []int {
+	var out []int
+	data, _ := os.ReadFile(tr.path("pids", i))
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		if f := strings.Fields(line); len(f) > 0 {
+			if pid, err := strconv.Atoi(f[0]); err == nil {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
 // killCommands ends whatever a failed trial left: its commands, their shims and
 // their orphans.
 func (tr *trial) killCommands() {
@@ -727,20 +742,23 @@ func (tr *trial) check() {
 	if len(problems) > 0 {
 		tr.fail(sums, strings.Join(problems, "\n"))
 	}
-	left := []string{"pids", "orphans"}
-	if portableEnabled {
-		// Without a subreaper (bgtask_portable, as on macOS) an orphan in a session of
-		// its own outlives a command that exited (docs/platforms.md): only the
-		// commands and their groups must be gone, and the trial ends the orphans.
-		left = left[:1]
-		defer tr.killCommands()
-	}
 	for i := range tr.plan.tasks {
-		for _, file := range left {
-			for _, pid := range tr.pids(file, i) {
-				testkit.Eventually(t, 30*time.Second, fmt.Sprintf("process %d of task %d (from %s) gone (seed %d)", pid, i, file, tr.plan.seed),
-					func() bool { return processGone(pid) })
+		// The commands, not their shims ($PPID in pids), which live as long as their
+		// workers. Without a subreaper (bgtask_portable, as on macOS) an orphan in a
+		// session of its own outlives a command that exited (docs/platforms.md): only
+		// the commands and their groups must be gone, and the trial ends the orphans.
+		left, orphans := tr.commandPIDs(i), tr.pids("orphans", i)
+		if !portableEnabled {
+			left = append(left, orphans...)
+		}
+		for _, pid := range orphans {
+			if portableEnabled {
+				defer func() { _ = syscall.Kill(pid, syscall.SIGKILL) }()
 			}
+		}
+		for _, pid := range left {
+			testkit.Eventually(t, 30*time.Second, fmt.Sprintf("process %d of task %d gone (seed %d)", pid, i, tr.plan.seed),
+				func() bool { return processGone(pid) })
 		}
 	}
 	tr.step("no process left")
