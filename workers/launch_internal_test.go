@@ -84,7 +84,7 @@ func TestABgtaskShimOfAnotherProtocolIsNotUsed(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, "bgtask-shim"), []byte(c.script), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if _, ok := LightShim(exe); ok != c.use {
+		if _, ok := lightShim(exe); ok != c.use {
 			t.Errorf("bgtask-shim %q: used %v, want %v", c.script, ok, c.use)
 		}
 	}

@@ -25,17 +25,17 @@ import (
 // the memory of all of bgtask.
 func DefaultShim() []string {
 	if exe, err := os.Executable(); err == nil {
-		if light, ok := LightShim(exe); ok {
+		if light, ok := lightShim(exe); ok {
 			return []string{light}
 		}
 	}
 	return []string{selfExe, "shim"}
 }
 
-// LightShim is bgtask-shim beside the bgtask binary exe, if it is there and
+// lightShim is bgtask-shim beside the bgtask binary exe, if it is there and
 // speaks this worker's protocol (shim.Protocol): one left from another build
 // would start no run this worker hands it.
-func LightShim(exe string) (string, bool) {
+func lightShim(exe string) (string, bool) {
 	light := filepath.Join(filepath.Dir(exe), "bgtask-shim")
 	info, err := os.Stat(light)
 	if err != nil || !info.Mode().IsRegular() || info.Mode()&0o111 == 0 {

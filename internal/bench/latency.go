@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -391,12 +389,6 @@ func runStart(ctx context.Context, r *runner, s *Scenario) error {
 			}
 		}
 		if mode == "always" {
-			shim := r.shim()
-			wall, _, err := startCost(ctx, 20, workers.ShimEnviron(os.Environ()), shim[0], append(shim[1:], "--help")...)
-			if err != nil {
-				return err
-			}
-			s.add("  one start of the shim, "+filepath.Base(shim[0])+", wall (in a worker's shim environment)", "ms", summarize(wall, true))
 			overhead := row.Bgtask.Median - row.Baseline.Median
 			s.target("overhead p50 ≤ 5 ms", overhead <= 5, "p50 %s ms against %s ms: %s ms more",
 				num(row.Bgtask.Median), num(row.Baseline.Median), num(overhead))

@@ -3,9 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -34,18 +32,12 @@ func runThroughput(ctx context.Context, r *runner, s *Scenario) error {
 		}
 		peer = nil // measured beside the durable default only
 	}
-	// What a process start costs: each task's shim, started as a worker starts it,
-	// then bash.
-	shim := r.shim()
-	_, shimCPU, err := startCost(ctx, 20, workers.ShimEnviron(os.Environ()), shim[0], append(shim[1:], "--help")...)
-	if err != nil {
-		return err
-	}
+	// What a process start costs here: each task's is bash's.
 	_, bashCPU, err := startCost(ctx, 20, nil, "bash", "-c", "true")
 	if err != nil {
 		return err
 	}
-	s.compare("CPU of one start of the shim, "+filepath.Base(shim[0])+" (in a worker's shim environment)", "ms", summarize(shimCPU, true), "bash -c true", summarize(bashCPU, true))
+	s.add("CPU of one start of bash -c true", "ms", summarize(bashCPU, true))
 	return nil
 }
 
@@ -113,15 +105,6 @@ func throughputOf(ctx context.Context, r *runner, s *Scenario, mode string, peer
 		s.target(fmt.Sprintf("≥ 1.0× task-spooler's throughput, tsp -S %d (--sync always, issue 23)", parallel), *vsPeer.Ratio >= 1, "%s×; %s", num(*vsPeer.Ratio), r.processStart)
 	}
 	return nil
-}
-
-// shim is the command the bench's workers start shims with: bgtask-shim beside
-// the binary, or else the binary in shim mode.
-func (r *runner) shim() []string {
-	if light, ok := workers.LightShim(r.opts.Exe); ok {
-		return []string{light}
-	}
-	return []string{r.opts.Exe, "shim"}
 }
 
 // tasksRate registers n tasks running `true` and returns tasks per second from
