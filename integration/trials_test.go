@@ -891,7 +891,7 @@ func (tr *trial) mayLoseWhat() string {
 	switch tr.plan.fault {
 	case faultShimKill:
 		if portableEnabled {
-			return fmt.Sprintf("task %d once (its shim is killed)", tr.plan.shimTarget)
+			return fmt.Sprintf("each task the shim of task %d kept once (the shim is killed)", tr.plan.shimTarget)
 		}
 	case faultWorkerGone:
 		return "each task of the worker kept away past its lease, once"
@@ -901,11 +901,12 @@ func (tr *trial) mayLoseWhat() string {
 
 // mayLose reports whether the trial's fault can make task i lost: its worker was
 // gone past its lease, or its shim was killed where the worker cannot adopt its
-// command (bgtask_portable).
+// command (bgtask_portable). A shim keeps all its worker's runs: killed, it
+// loses each of them there, and task i's run may have been one.
 func (tr *trial) mayLose(i int, lost events.Lost) bool {
 	switch tr.plan.fault {
 	case faultShimKill:
-		return portableEnabled && i == tr.plan.shimTarget
+		return portableEnabled && strings.HasPrefix(lost.Reason, "the shim of its run died")
 	case faultWorkerGone:
 		return lost.Worker == workerID(0)
 	}
