@@ -18,8 +18,6 @@ func shimAttr(*int) *syscall.SysProcAttr { return &syscall.SysProcAttr{Setsid: t
 // shimRef is what names a shim in shimChildren: its PID.
 func shimRef(proc *os.Process, _ int) int { return proc.Pid }
 
-func closeShimRef(int) {}
-
 // reapShim reaps the shim pid if it has ended.
 func reapShim(pid int) bool {
 	var ws syscall.WaitStatus

@@ -18,9 +18,6 @@ func shimAttr(pidfd *int) *syscall.SysProcAttr {
 // shimRef is what names a shim in shimChildren: its pidfd.
 func shimRef(proc *os.Process, pidfd int) int { return pidfd }
 
-// closeShimRef gives back the pidfd of a shim not adopted.
-func closeShimRef(pidfd int) { _ = unix.Close(pidfd) }
-
 // reapShim reaps the shim of pidfd if it has ended, and then closes pidfd.
 func reapShim(pidfd int) bool {
 	var info unix.Siginfo
