@@ -106,8 +106,13 @@ func (s *shims) shim() (*liveShim, error) {
 	if s.closed {
 		return nil, errWorkerStopping
 	}
-	if s.live != nil && !s.live.gone() {
-		return s.live, nil
+	if s.live != nil {
+		if !s.live.gone() {
+			return s.live, nil
+		}
+		// It ended, or stopped taking runs: what it still says is no longer read.
+		s.live.letGo()
+		s.live = nil
 	}
 	sh, err := startShim(s.cmd, s.log)
 	if err != nil {
@@ -219,10 +224,7 @@ func (sh *liveShim) post(dir string, args []string, env []byte) (<-chan error, e
 	return answer, nil
 }
 
-// write writes a run's message to the shim, with the lock beside it: in one
-// call, which the kernel takes whole where the socket has room, so that the
-// shim never waits in the middle of a run for the rest (the worker stopped, say)
-// while other runs' timers are due.
+// write writes a run's message to the shim, with the lock beside it.
 func (sh *liveShim) write(lock *os.File, msg []byte) error {
 	raw, err := sh.sock.SyscallConn()
 	if err != nil {

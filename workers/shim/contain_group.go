@@ -19,6 +19,6 @@ func adoptOrphans() {}
 // (RunEnv).
 func commandAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
 
-// markedChildren is none: without a subreaper, what a command left outside its
-// process group is not the shim's child.
-func (k *keeper) markedChildren([]byte) []int { return nil }
+// strays are none: without a subreaper, what a command left outside its process
+// group is not the shim's child.
+func (k *keeper) strays([]byte) []int { return nil }

@@ -9,7 +9,7 @@ import "syscall"
 
 // adoptOrphans makes the shim its commands' subreaper: orphans of a command
 // become the shim's children, not init's, so that the shim can stop them when
-// the command ends (markedChildren).
+// the command ends (strays).
 func adoptOrphans() {
 	_, _, _ = syscall.RawSyscall6(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0, 0, 0, 0)
 }
@@ -19,18 +19,21 @@ func adoptOrphans() {
 // shim, a subreaper, which learns how they end (workers.adoptCommand).
 func commandAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
 
-// markedChildren are the shim's children, other than the commands it runs, whose
-// environment holds marker (RunEnv=NAME): what the command of run NAME left
-// running outside its process group (setsid, a daemon's double fork), come to
-// the shim as their parents ended. One that cleared its environment is not
-// found, and goes on once the shim ends.
-func (k *keeper) markedChildren(marker []byte) []int {
-	if marker == nil {
-		return nil
+// strays are the shim's children an ended command may have left running outside
+// its process group (setsid, a daemon's double fork), come to the shim as their
+// parents ended: those, other than the commands it runs, whose environment holds
+// the run's marker (RunEnv=NAME); and once no command runs, all of them, since
+// no command that runs can have left them: a process that cleared its
+// environment, wrote its title over it, or whose environment cannot be read
+// (setuid, not dumpable) is stopped then.
+func (k *keeper) strays(marker []byte) []int {
+	children := childrenOf(k.self.PID)
+	if len(k.runs) == 0 {
+		return children
 	}
 	var found []int
-	for _, pid := range childrenOf(k.self.PID) {
-		if k.runs[pid] == nil && hasEntry(pid, marker) {
+	for _, pid := range children {
+		if marker != nil && k.runs[pid] == nil && hasEntry(pid, marker) {
 			found = append(found, pid)
 		}
 	}

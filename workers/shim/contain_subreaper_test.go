@@ -72,3 +72,37 @@ func TestAShimStopsOnlyWhatTheEndedCommandLeft(t *testing.T) {
 		t.Error("what the other command left runs on once its run is over")
 	}
 }
+
+// What a command left that carries no marker (its environment cleared) cannot be
+// told from what another running command left: it is stopped once no command of
+// the shim runs.
+func TestAShimStopsAnUnmarkedLeftoverOnceNothingRuns(t *testing.T) {
+	tmp := t.TempDir()
+	gate, otherGate := fifo(t), fifo(t)
+	leftEnv, otherEnv := runEnv("left"), runEnv("other")
+	left := shRun(t, leftEnv, `(env -i setsid sleep 60 & echo $! > "$0"); read x < "$1"`, filepath.Join(tmp, "left"), gate)
+	other := shRun(t, otherEnv, `read x < "$0"`, otherGate)
+	var said bytes.Buffer
+	sock, cmd := testShim(t, &said)
+	for _, r := range []struct {
+		Run
+		env []byte
+	}{{left, leftEnv}, {other, otherEnv}} {
+		sendRun(t, sock, r.Run, r.env, 1<<20)
+		if !says(sock, Recorded) {
+			t.Fatalf("no start recorded: %s", said.Bytes())
+		}
+	}
+	leftPID := readPID(t, filepath.Join(tmp, "left"))
+	goOn(t, gate)
+	testkit.Eventually(t, 20*time.Second, "the first run over", func() bool { return lockFree(t, left.Dir) })
+	goOn(t, otherGate)
+	testkit.Eventually(t, 20*time.Second, "the other run over", func() bool { return lockFree(t, other.Dir) })
+	if syscall.Kill(leftPID, 0) == nil {
+		t.Error("an unmarked leftover runs on once no command of its shim runs")
+	}
+	sock.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the shim ended with %v: %s", err, said.Bytes())
+	}
+}

@@ -11,8 +11,10 @@ import (
 // end of what the command left behind. One goroutine works on it (serve), in a
 // loop that sleeps until the worker hands a run, a child ends, a command's
 // output changes or a run's next timer is due: a run costs the shim its entry
-// here, a few descriptors and no goroutine. Another goroutine only reaps
-// children (reapChildren).
+// here, a few descriptors and no goroutine. Two more goroutines only wait: one
+// reaps children (reapChildren), one reads the runs the worker sends (receive),
+// so that the loop never waits on the worker in the middle of a run's message
+// while other runs' timers are due.
 type keeper struct {
 	self   ProcRef // the shim, as each run's pid.json names it
 	worker bool    // the worker's end of EnvironFD is open: runs may come
@@ -22,11 +24,32 @@ type keeper struct {
 	// processes that are being stopped; each holds its start lock until then.
 	leaving []*running
 	output  outputWatch
-	wake    [2]int // a pipe, written to once a child is reaped
+	wake    [2]int // a pipe, written to once a child is reaped or a run came
 	reaped  reapedChildren
+	inbox   inbox
 }
 
-// reapedChildren pass the statuses of reaped children from reapChildren to serve.
+// inbox passes the runs receive reads to serve.
+type inbox struct {
+	mu   sync.Mutex
+	runs []receivedRun
+	// over is set once no run comes any more: the worker closed its end, or
+	// failed is why the shim takes no run more.
+	over   bool
+	failed error
+}
+
+type receivedRun struct {
+	run  Run
+	env  []string
+	lock int
+}
+
+// reapedChildren pass the statuses of reaped children from reapChildren to
+// serve. A child is reaped and its status listed under mu, which serve holds
+// while it starts a command, and while it signals children by their PIDs: a
+// PID taken by a command is not one whose old status waits unlisted, and a PID
+// serve signals names the child it looked at.
 type reapedChildren struct {
 	mu   sync.Mutex
 	list []reapedChild
@@ -70,8 +93,9 @@ type running struct {
 	boundAt, boundNext int64
 	watch              int // the output watch on the run's directory; -1: none
 
-	sweepAt int64 // leaving: when to look for what the command left again
-	termed  bool  // leaving: what it left has had TERM
+	sweepAt   int64 // leaving: when to look for what the command left again
+	termed    bool  // leaving: what it left has had TERM
+	groupGone bool  // leaving: its process group was found empty
 }
 
 // outputSeen is what the stall watch saw of the command's output: its size, and
@@ -97,59 +121,104 @@ func newKeeper() (*keeper, error) {
 	start, _ := ProcStart(syscall.Getpid())
 	k.self = ProcRef{PID: syscall.Getpid(), Start: start}
 	go k.reapChildren()
+	go k.receive()
 	return k, nil
 }
 
 // serve keeps the runs until the worker is gone and the last is over. It returns
-// an error where a run came in part: the worker died handing it over.
+// why it took no run more, where that was no close of the worker's end: a run
+// came in part (the worker died handing it over), or the socket failed.
 func (k *keeper) serve() error {
-	var failed error
 	for k.worker || len(k.runs) > 0 || len(k.leaving) > 0 {
-		fds := []int{k.wake[0], k.output.fd, -1}
-		if k.worker {
-			fds[2] = EnvironFD
-		}
-		ready := awaitReadable(fds, k.nextDue())
+		ready := awaitReadable([]int{k.wake[0], k.output.fd}, k.nextDue())
 		if ready[0] {
 			drain(k.wake[0])
 		}
-		k.takeReaped()
+		k.takeReaped(k.reaped.take())
 		if ready[1] {
 			k.output.changed()
 		}
-		if ready[2] {
-			run, env, lock, err := receiveRun()
-			switch {
-			case err != nil:
-				failed, k.worker = err, false
-			case run.Dir == "":
-				k.worker = false
-			default:
-				k.begin(run, env, lock)
-			}
-		}
+		k.takeRuns()
 		k.tick(monotonic(), wallClock())
 	}
-	return failed
+	return k.inbox.failed
+}
+
+// receive reads the runs the worker sends until it closes its end, or until a
+// run cannot be read whole; the shim then takes no run more, and closes its end
+// (EnvironFD becomes /dev/null), so that the worker, which waits for an answer
+// to each run it sent, learns that none comes.
+func (k *keeper) receive() {
+	for {
+		run, env, lock, err := receiveRun()
+		k.inbox.mu.Lock()
+		switch {
+		case err != nil:
+			k.inbox.over, k.inbox.failed = true, err
+			nullify(EnvironFD)
+		case run.Dir == "":
+			k.inbox.over = true
+		default:
+			k.inbox.runs = append(k.inbox.runs, receivedRun{run, env, lock})
+		}
+		over := k.inbox.over
+		k.inbox.mu.Unlock()
+		_, _ = syscall.Write(k.wake[1], []byte{1})
+		if over {
+			return
+		}
+	}
+}
+
+// takeRuns starts the runs received, and notes that none comes any more.
+func (k *keeper) takeRuns() {
+	k.inbox.mu.Lock()
+	runs, over := k.inbox.runs, k.inbox.over
+	k.inbox.runs = nil
+	k.inbox.mu.Unlock()
+	for _, r := range runs {
+		k.begin(r.run, r.env, r.lock)
+	}
+	if over {
+		k.worker = false
+	}
 }
 
 // reapChildren reaps every child of the shim, the commands and the orphans
-// they left (the shim is their subreaper), and passes their statuses to serve.
+// they left (the shim is their subreaper), and lists their statuses for serve.
 func (k *keeper) reapChildren() {
 	for {
-		var ws syscall.WaitStatus
-		pid, err := syscall.Wait4(-1, &ws, 0, nil)
-		switch {
-		case err == syscall.EINTR:
-		case err != nil: // no child, ECHILD
-			<-k.reaped.started
-		default:
+		none := !awaitChild()
+		if !none {
 			k.reaped.mu.Lock()
-			k.reaped.list = append(k.reaped.list, reapedChild{pid, ws})
+			for {
+				var ws syscall.WaitStatus
+				pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+				if err == syscall.EINTR {
+					continue
+				}
+				none = err == syscall.ECHILD
+				if err != nil || pid <= 0 {
+					break
+				}
+				k.reaped.list = append(k.reaped.list, reapedChild{pid, ws})
+			}
 			k.reaped.mu.Unlock()
 			_, _ = syscall.Write(k.wake[1], []byte{1})
 		}
+		if none {
+			<-k.reaped.started // no child: wait for one to start
+		}
 	}
+}
+
+// take returns the statuses listed since the last take.
+func (r *reapedChildren) take() []reapedChild {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	list := r.list
+	r.list = nil
+	return list
 }
 
 // begin starts the command of a run, records its PIDs, and says to the worker
@@ -174,9 +243,14 @@ func (k *keeper) begin(r Run, env []string, lock int) {
 		fail(errors.New("reserve the exit file, so that a full disk cannot lose the command's exit: " + reserveErr.Error()))
 		return
 	}
-	// The reaper passes on no status before serve takes the next: the command is
-	// in runs before its end can be.
+	// The statuses reaped before the start are taken first: a PID the command
+	// takes may be that of a command just reaped, whose status must end its own
+	// run. The command is in runs before serve takes its status.
+	k.reaped.mu.Lock()
+	k.takeReaped(k.reaped.list)
+	k.reaped.list = nil
 	pid, err := r.start(env)
+	k.reaped.mu.Unlock()
 	if err != nil {
 		fail(err)
 		return
@@ -228,11 +302,7 @@ func (k *keeper) awaitOutput(c *running) {
 
 // takeReaped ends the runs whose commands were reaped. The others reaped are
 // orphans the commands left, which leave nothing to do.
-func (k *keeper) takeReaped() {
-	k.reaped.mu.Lock()
-	list := k.reaped.list
-	k.reaped.list = nil
-	k.reaped.mu.Unlock()
+func (k *keeper) takeReaped(list []reapedChild) {
 	for _, child := range list {
 		if c := k.runs[child.pid]; c != nil {
 			delete(k.runs, child.pid)
@@ -386,8 +456,8 @@ func say(line string) { _ = writeAll(2, []byte(line+"\n")) }
 
 // sweep signals what the command of an ended run left running, and says whether
 // it found any: the members of its process group, and its orphans outside it
-// where the shim is their subreaper (markedChildren). They have TERM at the
-// first sweep, KILL from the run's killAt on; between, they are only looked for.
+// where the shim is their subreaper (strays). They have TERM at the first sweep,
+// KILL from the run's killAt on; between, they are only looked for.
 func (k *keeper) sweep(c *running, now int64) bool {
 	var sig syscall.Signal
 	switch {
@@ -397,10 +467,17 @@ func (k *keeper) sweep(c *running, now int64) bool {
 		sig = syscall.SIGTERM
 	}
 	c.termed = true
-	// The group number is not reused while a member lives; once it is empty, the
-	// number may name the group of a command this shim started since.
-	found := k.runs[c.pid] == nil && syscall.Kill(-c.pid, sig) == nil
-	for _, pid := range k.markedChildren(c.marker) {
+	found := false
+	// A group's number is not reused while a member lives; once the group is
+	// found empty, it is not signalled again, as its number may come to name
+	// another group.
+	if !c.groupGone {
+		c.groupGone = k.runs[c.pid] != nil || syscall.Kill(-c.pid, sig) != nil
+		found = !c.groupGone
+	}
+	k.reaped.mu.Lock() // no child is reaped between its look and its signal
+	defer k.reaped.mu.Unlock()
+	for _, pid := range k.strays(c.marker) {
 		if syscall.Kill(pid, sig) == nil {
 			found = true
 		}

@@ -293,3 +293,50 @@ func TestACommandOutlivesItsShim(t *testing.T) {
 		t.Fatalf("the command %+v died with its shim", p.Command)
 	}
 }
+
+// A run the shim cannot read (its arguments make no run) ends what the shim
+// takes: it closes its end of the socket, so that the worker, which waits for an
+// answer to each run it sent, learns that none comes; the runs it has go on to
+// their end.
+func TestAShimThatCannotReadARunClosesItsEnd(t *testing.T) {
+	env := runEnv("unread")
+	gate := fifo(t)
+	long := shRun(t, env, `read x < "$0"; exit 7`, gate)
+	var said bytes.Buffer
+	sock, cmd := testShim(t, &said)
+	sendRun(t, sock, long, env, 1<<20)
+	if !says(sock, Recorded) {
+		t.Fatalf("no start recorded: %s", said.Bytes())
+	}
+	bad := Run{Dir: t.TempDir()}
+	lock, err := os.Open(bad.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	args := []byte("bogus\x00")
+	msg := append(binary.LittleEndian.AppendUint32(nil, uint32(len(args))), args...)
+	if err := syscall.Sendmsg(int(sock.Fd()), msg, syscall.UnixRights(int(lock.Fd())), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan bool, 1)
+	go func() { closed <- !says(sock, Recorded) }()
+	select {
+	case ok := <-closed:
+		if !ok {
+			t.Fatal("the shim answered a run it could not read")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the shim kept its end open, 10 s after a run it could not read")
+	}
+	if lockFree(t, long.Dir) {
+		t.Fatal("the running run's lock is free")
+	}
+	goOn(t, gate)
+	if err := cmd.Wait(); err == nil || !strings.Contains(said.String(), "bogus") {
+		t.Errorf("the shim ended with %v: %s; want the error that names the argument", err, said.Bytes())
+	}
+	if e := readExit(t, long.Dir); e.ExitCode != 7 {
+		t.Errorf("the running run's exit %+v, want code 7", e)
+	}
+}

@@ -17,7 +17,9 @@ import (
 //	shim → worker  Failed    nothing is recorded, and why: its length (4 bytes,
 //	                         little-endian), the text
 //
-// Each run has one answer or the other, in the order the runs came.
+// Each run has one answer or the other, in the order the runs came, unless the
+// shim cannot read a run: it then takes no run more and closes its end, and the
+// runs after the last answer are not its.
 //
 // A run comes whole or not at all: a worker that dies handing it over leaves a
 // shim that reads less, starts nothing of it and takes no run more. Each run

@@ -1,6 +1,9 @@
 package shim
 
-import "syscall"
+import (
+	"syscall"
+	"unsafe"
+)
 
 // Args are this process's arguments after its name, for a main without package
 // os (which is where Go keeps them), from the kernel's copy.
@@ -43,4 +46,25 @@ func punchHole(fd int, length int64) error {
 		return syscall.EOPNOTSUPP
 	}
 	return err
+}
+
+// awaitChild waits until a child has ended, and leaves it to be reaped
+// (WNOWAIT); false where the shim has no child.
+func awaitChild() bool {
+	const pAll, wExited, wNowait = 0, 4, 0x1000000
+	for {
+		var info [128]byte // siginfo_t
+		_, _, errno := syscall.Syscall6(syscall.SYS_WAITID, pAll, 0, uintptr(unsafe.Pointer(&info)), wExited|wNowait, 0, 0)
+		if errno != syscall.EINTR {
+			return errno != syscall.ECHILD
+		}
+	}
+}
+
+// nullify points fd at /dev/null.
+func nullify(fd int) {
+	if devnull, err := open("/dev/null", syscall.O_RDWR, 0); err == nil {
+		_ = syscall.Dup3(devnull, fd, 0)
+		syscall.Close(devnull)
+	}
 }
