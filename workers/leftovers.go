@@ -22,16 +22,24 @@ const leftoversLimit = 5 * time.Second
 // stopLeftovers ends what the command of the run in dir left running when its
 // shim died: every process with the run's marker in its environment gets TERM,
 // and KILL once grace has passed, until none is left; each is signalled once its
-// marker is checked again (signalMarked). Those this process adopted (a
-// subreaper: the shim died while this worker watched) are reaped at the end.
+// marker is checked again (signalMarked). None is left once two looks in a row
+// find none: a command whose shim died as it started it may be in the middle of
+// its exec, where the kernel shows no environment yet. Those this process
+// adopted (a subreaper: the shim died while this worker watched) are reaped at
+// the end.
 func stopLeftovers(dir string, grace time.Duration) {
 	marker := []byte("\x00" + runMarker(dir) + "\x00")
 	start := time.Now()
 	termed := map[int]bool{}
-	for {
+	for looks := 0; ; {
 		kill := time.Since(start) >= grace
 		found := markedProcesses(marker)
-		if len(found) == 0 || time.Since(start) >= grace+leftoversLimit {
+		if len(found) == 0 {
+			looks++
+		} else {
+			looks = 0
+		}
+		if looks == 2 || time.Since(start) >= grace+leftoversLimit {
 			reapAdopted() // those that were this process's, adopted when their shim died
 			return
 		}
