@@ -263,7 +263,7 @@ func (k *keeper) begin(r Run, env []string, lock int) {
 		_ = syscall.Kill(syscall.Getpid(), syscall.SIGKILL)
 		select {} // the signal is on its way
 	}
-	c := &running{Run: r, pid: pid, startedAt: started, exit: exit, lock: lock, marker: runMarker(env), stallAt: -1, boundAt: -1, watch: -1}
+	c := &running{Run: r, pid: pid, startedAt: started, exit: exit, lock: lock, marker: markerOf(env), stallAt: -1, boundAt: -1, watch: -1}
 	k.runs[pid] = c
 	child, _ := ProcStart(pid)
 	pids := pidsRecord{shim: k.self, command: ProcRef{PID: pid, Start: child}, startedAt: started}
@@ -325,9 +325,9 @@ func (k *keeper) end(c *running, ws syscall.WaitStatus) {
 	}
 	c.exit.close()
 	k.output.forget(c)
-	// The exit is recorded: nothing waits for what the command left behind.
+	// The exit is recorded: nothing waits for what the command left behind. Its
+	// first sweep is due at once (sweepAt 0).
 	c.killAt = monotonic() + max(c.KillGrace, 1e9)
-	c.sweepAt = 0
 	k.leaving = append(k.leaving, c)
 }
 
@@ -336,8 +336,10 @@ func (k *keeper) end(c *running, ws syscall.WaitStatus) {
 func (k *keeper) tick(now, wall int64) {
 	for _, c := range k.runs {
 		c.tick(now, wall)
+		if c.boundAt >= 0 && now >= c.boundAt {
+			k.bound(c, now)
+		}
 	}
-	k.boundDue(now)
 	k.leaving = slices.DeleteFunc(k.leaving, func(c *running) bool {
 		if now < c.sweepAt {
 			return false
@@ -351,8 +353,8 @@ func (k *keeper) tick(now, wall int64) {
 	})
 }
 
-// tick stops the command where its deadline passed or it stalled, kills it where
-// it outlived TERM by its grace, and bounds its output when a look is due.
+// tick stops the command where its deadline passed or it stalled, and kills it
+// where it outlived TERM by its grace.
 func (c *running) tick(now, wall int64) {
 	if c.stoppedBy != "" {
 		if !c.killed && now >= c.killAt {
@@ -404,18 +406,15 @@ func (k *keeper) nextDue() int64 {
 	return due
 }
 
-// boundDue bounds the output of the runs whose look is due.
-func (k *keeper) boundDue(now int64) {
-	for _, c := range k.runs {
-		if c.boundAt >= 0 && now >= c.boundAt && c.outputKeep > 0 {
-			c.boundNext = c.boundOutput(now)
-			if c.boundNext < 0 {
-				c.boundAt = -1
-				continue
-			}
-			k.awaitOutput(c)
-		}
+// bound bounds a run's output, and says when to look again: once its output
+// changes, or never where the file system cannot free part of a file.
+func (k *keeper) bound(c *running, now int64) {
+	c.boundNext = c.boundOutput(now)
+	if c.boundNext < 0 {
+		c.boundAt = -1
+		return
 	}
+	k.awaitOutput(c)
 }
 
 // earliest is the earlier of two monotonic times, where -1 is none.
@@ -426,8 +425,8 @@ func earliest(a, b int64) int64 {
 	return a
 }
 
-// runMarker is the RunEnv entry of a command's environment, or nil.
-func runMarker(env []string) []byte {
+// markerOf is the RunEnv entry of a command's environment, or nil.
+func markerOf(env []string) []byte {
 	for _, kv := range env {
 		if len(kv) > len(RunEnv) && kv[:len(RunEnv)+1] == RunEnv+"=" {
 			return []byte(kv)
@@ -451,7 +450,7 @@ func binary32(b []byte, n int) []byte {
 	return append(b, byte(n), byte(n>>8), byte(n>>16), byte(n>>24))
 }
 
-// say writes a line on the shim's stderr, which is its worker's.
+// say writes a line on the shim's stderr, which its worker logs.
 func say(line string) { _ = writeAll(2, []byte(line+"\n")) }
 
 // sweep signals what the command of an ended run left running, and says whether
