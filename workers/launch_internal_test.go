@@ -89,3 +89,33 @@ func TestABgtaskShimOfAnotherProtocolIsNotUsed(t *testing.T) {
 		}
 	}
 }
+
+// A run handed to a shim that ends as it comes, without taking it, goes to a
+// shim started for it, and starts.
+func TestARunHandedToAShimThatEndedGoesToANewOne(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours, theirs, err := socketPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { // a shim that reads the run, drops it with its lock, and ends
+		_, _ = theirs.Read(make([]byte, 1<<16))
+		theirs.Close()
+	}()
+	said, stderr, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr.Close()
+	ended := &liveShim{sock: ours, said: said}
+	go ended.hear()
+	s := &shims{cmd: []string{self, "shim"}, log: slog.New(slog.DiscardHandler), live: ended}
+	defer s.close()
+	dir := t.TempDir()
+	if err := s.hand(dir, shimRun{Path: "/bin/true", Args: []string{"true"}, Dir: dir}); err != nil || !recorded(dir) {
+		t.Fatalf("hand = %v, recorded %v; want the run started by a new shim", err, recorded(dir))
+	}
+}

@@ -78,25 +78,36 @@ type liveShim struct {
 var errShimEnded = errors.New("the shim ended")
 
 // hand sends a prepared run in dir to the shim, and returns once the shim has
-// recorded how the command's start went, or has ended: awaitShim then tells
-// which. A shim that ended before it took the run (it was ending as the run
-// came) leaves it to one started for it.
+// answered, or has ended: awaitShim then tells what became of the run. A shim
+// that ended before it took the run (it was ending as the run came) leaves it
+// to one started for it.
 func (s *shims) hand(dir string, run shimRun) error {
 	env := shim.JoinEnviron(run.Env)
 	args := run.shimArgs(dir, len(env))
-	for try := 0; ; try++ {
-		sh, err := s.shim()
-		if err != nil {
-			return err
-		}
-		err = sh.send(dir, args, env)
-		if err != errShimEnded || try > 0 || recorded(dir) || exists(filepath.Join(dir, shim.StartingFile)) || shimAlive(dir) {
-			if err == errShimEnded {
-				return nil
-			}
-			return err
-		}
+	err := s.send(dir, args, env)
+	if err == errShimEnded && !taken(dir) {
+		err = s.send(dir, args, env)
 	}
+	if err == errShimEnded {
+		return nil
+	}
+	return err
+}
+
+// send sends a run to the live shim, started if there is none, and waits for
+// its answer.
+func (s *shims) send(dir string, args []string, env []byte) error {
+	sh, err := s.shim()
+	if err != nil {
+		return err
+	}
+	return sh.send(dir, args, env)
+}
+
+// taken says whether a shim took the run in dir: it recorded its start, began
+// it, or holds its lock (works on it, or is still to read it from the socket).
+func taken(dir string) bool {
+	return recorded(dir) || exists(filepath.Join(dir, shim.StartingFile)) || shimAlive(dir)
 }
 
 // shim returns the live shim, started if there is none.
