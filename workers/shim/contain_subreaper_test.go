@@ -42,15 +42,8 @@ func TestAShimStopsOnlyWhatTheEndedCommandLeft(t *testing.T) {
 	other := shRun(t, otherEnv, `(setsid sleep 60 & echo $! > "$0"); exec sleep 60`, filepath.Join(tmp, "other"))
 	var said bytes.Buffer
 	sock, cmd := testShim(t, &said)
-	for _, r := range []struct {
-		Run
-		env []byte
-	}{{left, leftEnv}, {other, otherEnv}} {
-		sendRun(t, sock, r.Run, r.env, 1<<20)
-		if !says(sock, Recorded) {
-			t.Fatalf("no start recorded: %s", said.Bytes())
-		}
-	}
+	handRun(t, sock, left, leftEnv, &said)
+	handRun(t, sock, other, otherEnv, &said)
 	leftPID, otherPID := readPID(t, filepath.Join(tmp, "left")), readPID(t, filepath.Join(tmp, "other"))
 	goOn(t, gate)
 	testkit.Eventually(t, 20*time.Second, "the ended run over", func() bool { return lockFree(t, left.Dir) })
@@ -84,15 +77,8 @@ func TestAShimStopsAnUnmarkedLeftoverOnceNothingRuns(t *testing.T) {
 	other := shRun(t, otherEnv, `read x < "$0"`, otherGate)
 	var said bytes.Buffer
 	sock, cmd := testShim(t, &said)
-	for _, r := range []struct {
-		Run
-		env []byte
-	}{{left, leftEnv}, {other, otherEnv}} {
-		sendRun(t, sock, r.Run, r.env, 1<<20)
-		if !says(sock, Recorded) {
-			t.Fatalf("no start recorded: %s", said.Bytes())
-		}
-	}
+	handRun(t, sock, left, leftEnv, &said)
+	handRun(t, sock, other, otherEnv, &said)
 	leftPID := readPID(t, filepath.Join(tmp, "left"))
 	goOn(t, gate)
 	testkit.Eventually(t, 20*time.Second, "the first run over", func() bool { return lockFree(t, left.Dir) })

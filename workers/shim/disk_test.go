@@ -63,10 +63,7 @@ func TestAFullDiskKeepsTheCommandsExit(t *testing.T) {
 	env := JoinEnviron([]string{"PATH=" + os.Getenv("PATH")})
 	r := Run{Dir: run, Cwd: "/", Path: sh, Args: []string{"sh", "-c", `while [ ! -e "$0" ]; do sleep 0.01; done; exit 3`, gate}, EnvBytes: int64(len(env))}
 	sock, cmd := testShim(t, nil)
-	sendRun(t, sock, r, env, 1<<20)
-	if !says(sock, Recorded) {
-		t.Fatal("no start recorded")
-	}
+	handRun(t, sock, r, env, nil)
 	sock.Close() // the shim ends once the run is over
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()

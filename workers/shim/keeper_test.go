@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -55,9 +56,22 @@ func says(sock *os.File, want byte) bool {
 	}
 }
 
+// handRun hands the shim a run whole and fails the test unless it says the
+// start is recorded; said is what the shim wrote, for the failure (nil: none).
+func handRun(t *testing.T, sock *os.File, r Run, env []byte, said *bytes.Buffer) {
+	t.Helper()
+	sendRun(t, sock, r, env, 1<<20)
+	if !says(sock, Recorded) {
+		var out []byte
+		if said != nil {
+			out = said.Bytes()
+		}
+		t.Fatalf("%s: the shim did not say the run's start was recorded: %s", r.Dir, out)
+	}
+}
+
 // sendRun hands the shim a run with its directory's start lock, taken as a
-// worker takes it: all of it, or
-// the first part bytes of what follows the lock.
+// worker takes it: all of it, or the first part bytes of what follows the lock.
 func sendRun(t *testing.T, sock *os.File, r Run, env []byte, part int) {
 	t.Helper()
 	lock, err := os.Open(r.Dir)
@@ -179,22 +193,15 @@ func lockFree(t *testing.T, dir string) bool {
 func TestAShimKeepsManyRunsAtOnce(t *testing.T) {
 	env := runEnv("many")
 	gate := fifo(t)
-	long, three, four := shRun(t, env, `read x < "$0"; exit 7`, gate), shRun(t, env, "exit 3"), shRun(t, env, "exit 4")
+	long, three, four := shRun(t, env, `echo $PPID; read x < "$0"; exit 7`, gate), shRun(t, env, "echo $PPID; exit 3"), shRun(t, env, "echo $PPID; exit 4")
 	var said bytes.Buffer
 	sock, cmd := testShim(t, &said)
 	for _, r := range []Run{long, three, four} {
-		sendRun(t, sock, r, env, 1<<20)
-		if !says(sock, Recorded) {
-			t.Fatalf("the shim did not say a run's start was recorded: %s", said.Bytes())
-		}
+		handRun(t, sock, r, env, &said)
 	}
 	for _, r := range []Run{long, three, four} {
-		p := readPIDs(t, r.Dir)
-		if p.Shim.PID != cmd.Process.Pid {
+		if p := readPIDs(t, r.Dir); p.Shim.PID != cmd.Process.Pid {
 			t.Fatalf("%s: pid.json names shim %d, want %d", r.Dir, p.Shim.PID, cmd.Process.Pid)
-		}
-		if _, ppid, _, err := procStat(p.Command.PID); err == nil && ppid != cmd.Process.Pid {
-			t.Errorf("%s: the command's parent is %d, want the shim %d", r.Dir, ppid, cmd.Process.Pid)
 		}
 	}
 	for _, r := range []struct {
@@ -217,6 +224,11 @@ func TestAShimKeepsManyRunsAtOnce(t *testing.T) {
 	if e := readExit(t, long.Dir); e.ExitCode != 7 || !e.StartedAt.Equal(readPIDs(t, long.Dir).StartedAt) {
 		t.Errorf("the long run's exit %+v, want code 7, started as pid.json says", e)
 	}
+	for _, r := range []Run{long, three, four} {
+		if ppid, _ := os.ReadFile(filepath.Join(r.Dir, StdoutFile)); string(ppid) != strconv.Itoa(cmd.Process.Pid)+"\n" {
+			t.Errorf("%s: the command's parent was %q, want the shim, %d", r.Dir, ppid, cmd.Process.Pid)
+		}
+	}
 	if !lockFree(t, long.Dir) {
 		t.Error("the long run's lock is held once the shim ended")
 	}
@@ -229,10 +241,7 @@ func TestAShimHandedPartOfARunStartsNothing(t *testing.T) {
 	whole, part := shRun(t, env, "exit 3"), shRun(t, env, "exit 5")
 	var said bytes.Buffer
 	sock, cmd := testShim(t, &said)
-	sendRun(t, sock, whole, env, 1<<20)
-	if !says(sock, Recorded) {
-		t.Fatalf("no start recorded: %s", said.Bytes())
-	}
+	handRun(t, sock, whole, env, &said)
 	sendRun(t, sock, part, env, 5)
 	sock.Close()
 	if err := cmd.Wait(); err == nil || !strings.Contains(said.String(), "not whole") {
@@ -256,10 +265,7 @@ func TestAShimKeepsEachRunsTimers(t *testing.T) {
 	var said bytes.Buffer
 	sock, cmd := testShim(t, &said)
 	for _, r := range []Run{deadline, stall} {
-		sendRun(t, sock, r, env, 1<<20)
-		if !says(sock, Recorded) {
-			t.Fatalf("no start recorded: %s", said.Bytes())
-		}
+		handRun(t, sock, r, env, &said)
 	}
 	sock.Close()
 	if err := cmd.Wait(); err != nil {
@@ -281,10 +287,7 @@ func TestACommandOutlivesItsShim(t *testing.T) {
 	env := runEnv("outlives")
 	r := shRun(t, env, "exec sleep 60")
 	sock, cmd := testShim(t, nil)
-	sendRun(t, sock, r, env, 1<<20)
-	if !says(sock, Recorded) {
-		t.Fatal("no start recorded")
-	}
+	handRun(t, sock, r, env, nil)
 	p := readPIDs(t, r.Dir)
 	defer func() { _ = syscall.Kill(p.Command.PID, syscall.SIGKILL) }()
 	_ = cmd.Process.Kill()
@@ -304,10 +307,7 @@ func TestAShimThatCannotReadARunClosesItsEnd(t *testing.T) {
 	long := shRun(t, env, `read x < "$0"; exit 7`, gate)
 	var said bytes.Buffer
 	sock, cmd := testShim(t, &said)
-	sendRun(t, sock, long, env, 1<<20)
-	if !says(sock, Recorded) {
-		t.Fatalf("no start recorded: %s", said.Bytes())
-	}
+	handRun(t, sock, long, env, &said)
 	bad := Run{Dir: t.TempDir()}
 	lock, err := os.Open(bad.Dir)
 	if err != nil {
