@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -194,7 +193,7 @@ func startOpenClaw(t *testing.T) *openclawGateway {
 	oc := &openclawGateway{t: t, model: newOpenClawModel(t), home: t.TempDir(), user: t.TempDir(), workspace: t.TempDir(), openclaw: openclaw}
 	oc.serverArgs = []string{"--retry-base", "250ms"}
 	oc.server = oc.startBgtask()
-	oc.port = freePort(t)
+	oc.port = testkit.FreePort(t)
 	state := filepath.Join(oc.user, ".openclaw")
 	writeClaudeJSON(t, filepath.Join(state, "openclaw.json"), map[string]any{
 		"gateway": map[string]any{"mode": "local", "port": oc.port, "bind": "loopback", "auth": map[string]any{"mode": "token", "token": "gateway-token-0123456789"}},
@@ -231,17 +230,6 @@ func startOpenClaw(t *testing.T) *openclawGateway {
 func (oc *openclawGateway) startBgtask() *proc {
 	oc.t.Helper()
 	return startServer(oc.t, oc.home, oc.serverArgs...)
-}
-
-// freePort is a loopback port nothing listens on now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // startGateway starts the gateway, in a process group of its own, and returns

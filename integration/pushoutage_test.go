@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"net"
 	"net/http"
 	"slices"
@@ -17,18 +18,6 @@ import (
 type keyReceiver struct {
 	mu   sync.Mutex
 	keys []string
-}
-
-// freeAddr is a loopback address nothing listens on (until a test does).
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
 }
 
 // listenKeys starts a keyReceiver on addr until the test ends.
@@ -63,7 +52,7 @@ func (r *keyReceiver) received() []string {
 func TestAPushOutlivesAReceiversOutageAndAServerRestart(t *testing.T) {
 	t.Parallel()
 	home := t.TempDir()
-	addr := freeAddr(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
 	// 10ms doubled: the 9th attempt comes about 2.5 s after the first.
 	server := startServer(t, home, "--retry-base", "10ms")
 	id := add(t, home, "--webhook", "http://"+addr+"/hook", "--", "echo outage")

@@ -58,7 +58,7 @@ func TestACleanRestartKeepsThePort(t *testing.T) {
 // does not try again on another port, and says so at once.
 func TestAStoreThatCannotStartIsNotTakenForATakenPort(t *testing.T) {
 	home := t.TempDir()
-	if err := serverhome.RememberPort(home, serverhome.PortFile, freeTCPPort(t)); err != nil {
+	if err := serverhome.RememberPort(home, serverhome.PortFile, testkit.FreePort(t)); err != nil {
 		t.Fatal(err)
 	}
 	// A file where the store's directory goes.
@@ -70,17 +70,6 @@ func TestAStoreThatCannotStartIsNotTakenForATakenPort(t *testing.T) {
 	if err == nil || strings.Contains(log.String(), "the port of the last run is taken") {
 		t.Fatalf("server with no store: %v\n%s", err, log.String())
 	}
-}
-
-// freeTCPPort is a port no one listens on, as of now.
-func freeTCPPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // A server refuses, naming the option, what the command line got wrong, before

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/bgtask/bgtask/engine"
 	"github.com/bgtask/bgtask/events"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 var testSecret = []byte("0123456789abcdef0123456789abcdef")
@@ -229,13 +231,7 @@ func TestWebhookRedirectIsNotFollowed(t *testing.T) {
 
 func TestWebhookRefusedConnectionIsRetried(t *testing.T) {
 	t.Parallel()
-	// A port that was just free: nothing listens there.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "http://" + l.Addr().String() + "/hook"
-	l.Close()
+	url := fmt.Sprintf("http://127.0.0.1:%d/hook", testkit.FreePort(t)) // nothing listens there
 
 	o := push(t, context.Background(), webhookSink(url), testWakeup(), 1)
 	if o.OK || o.Permanent || o.HTTPStatus != 0 || o.Error == "" {

@@ -12,6 +12,7 @@ package testkit
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"testing"
 	"time"
@@ -75,4 +76,16 @@ func ShimOrTests(shimMain func(args []string) error) goleak.Option {
 		os.RemoveAll(home)
 		os.Exit(code)
 	})
+}
+
+// FreePort is a loopback TCP port nothing listens on now (another process may
+// take it before the test does).
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
