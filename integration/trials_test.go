@@ -496,11 +496,12 @@ func (tr *trial) openWhileDown(part, parts int) {
 		if !tr.plan.tasks[i].kind.exits() {
 			continue
 		}
-		// Each line is a run's command and its shim; a shim whose run is over may
-		// take another, and has let go of this task's run directory.
-		for k, pid := range tr.pids("pids", i) {
+		// A shim whose run is over keeps the worker's other runs, and has let go
+		// of this task's run directory.
+		for _, run := range tr.runs(i) {
+			command, shim := run[0], run[1]
 			testkit.Eventually(tr.t, 30*time.Second, fmt.Sprintf("task %d's command ended after its gate opened", i), func() bool {
-				return processGone(pid) || k%2 == 1 && !holdsFileOf(pid, "/runs/"+tr.ids[i]+"-")
+				return processGone(command) && (processGone(shim) || !holdsFileOf(shim, "/runs/"+tr.ids[i]+"-"))
 			})
 		}
 	}
@@ -600,46 +601,42 @@ func (tr *trial) inject() {
 	}
 }
 
-// pids reads the first field (the command's shell) of each line of file.N; the
-// second field (its shim) with pidPairs.
-func (tr *trial) pids(file string, i int) []int {
+// runs are the command and the shim of each run of task i, a line each of
+// pids.N ("$$ $PPID").
+func (tr *trial) runs(i int) [][2]int { return pidPairs(tr.path("pids", i)) }
+
+// orphans are the processes task i's commands left on purpose, a line each of
+// orphans.N.
+func (tr *trial) orphans(i int) []int {
 	var out []int
-	data, _ := os.ReadFile(tr.path(file, i))
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		for _, f := range strings.Fields(line) {
-			if pid, err := strconv.Atoi(f); err == nil {
-				out = append(out, pid)
-			}
+	data, _ := os.ReadFile(tr.path("orphans", i))
+	for _, f := range strings.Fields(string(data)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			out = append(out, pid)
 		}
 	}
 	return out
 }
 
-// commandPIDs are the commands of task i's runs: the first PID of each line of
-// its pids file ("$$ $PPID").
-func (tr *trial) commandPIDs(i int) []int {
-	var out []int
-	data, _ := os.ReadFile(tr.path("pids", i))
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		if f := strings.Fields(line); len(f) > 0 {
-			if pid, err := strconv.Atoi(f[0]); err == nil {
-				out = append(out, pid)
-			}
-		}
-	}
-	return out
-}
+// killOrphans ends what task i's commands left on purpose.
+func (tr *trial) killOrphans(i int) { killAll(tr.orphans(i)) }
 
-// killCommands ends whatever a failed trial left: its commands, their shims and
-// their orphans.
+// killCommands ends whatever a failed trial left: its commands and their
+// orphans. A shim ends once its worker is gone and its commands have ended.
 func (tr *trial) killCommands() {
 	for i := range tr.plan.tasks {
-		for _, file := range []string{"pids", "orphans"} {
-			for _, pid := range tr.pids(file, i) {
-				if !processGone(pid) {
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
+		tr.killOrphans(i)
+		for _, run := range tr.runs(i) {
+			killAll(run[:1])
+		}
+	}
+}
+
+// killAll kills the processes of pids that are still there.
+func killAll(pids []int) {
+	for _, pid := range pids {
+		if !processGone(pid) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
 }
@@ -747,14 +744,14 @@ func (tr *trial) check() {
 		// workers. Without a subreaper (bgtask_portable, as on macOS) an orphan in a
 		// session of its own outlives a command that exited (docs/platforms.md): only
 		// the commands and their groups must be gone, and the trial ends the orphans.
-		left, orphans := tr.commandPIDs(i), tr.pids("orphans", i)
-		if !portableEnabled {
-			left = append(left, orphans...)
+		var left []int
+		for _, run := range tr.runs(i) {
+			left = append(left, run[0])
 		}
-		for _, pid := range orphans {
-			if portableEnabled {
-				defer func() { _ = syscall.Kill(pid, syscall.SIGKILL) }()
-			}
+		if portableEnabled {
+			defer tr.killOrphans(i)
+		} else {
+			left = append(left, tr.orphans(i)...)
 		}
 		for _, pid := range left {
 			testkit.Eventually(t, 30*time.Second, fmt.Sprintf("process %d of task %d gone (seed %d)", pid, i, tr.plan.seed),
