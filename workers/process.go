@@ -111,13 +111,13 @@ func lockRun(dir string) (*os.File, error) {
 	return lock, nil
 }
 
-// ShimEnviron is the shim's own environment: the worker's without its
+// shimEnviron is the shim's own environment: the worker's without its
 // credentials (secretenv.Names; a command may read its shim's environment), with
 // one Go scheduler thread (GOMAXPROCS=1): a shim's work is one loop, and with
 // GOMAXPROCS unset the Go runtime would set up a scheduler for each CPU and a
 // goroutine that follows the cgroup's CPU limit. A command's own environment is
 // not this but its run's (in run.json), which the shim reads on its stdin.
-func ShimEnviron(env []string) []string {
+func shimEnviron(env []string) []string {
 	env = slices.DeleteFunc(secretenv.Without(env), func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") })
 	return append(env, "GOMAXPROCS=1")
 }

@@ -180,7 +180,7 @@ func startShim(shimCmd []string, log *slog.Logger) (*liveShim, error) {
 	defer stderr.Close()
 	pidfd := -1
 	proc, err := os.StartProcess(path, slices.Clone(shimCmd), &os.ProcAttr{
-		Env:   ShimEnviron(os.Environ()),
+		Env:   shimEnviron(os.Environ()),
 		Files: []*os.File{theirs, devnull, stderr},
 		Sys:   shimAttr(&pidfd),
 	})

@@ -302,7 +302,7 @@ var ErrUnknownScenario = errors.New("unknown scenario")
 
 // processStart measures what a start of bash -c true costs on this machine.
 func processStart(ctx context.Context) (ProcessStart, error) {
-	wall, cpu, err := startCost(ctx, 21, nil, "bash", "-c", "true")
+	wall, cpu, err := startCost(ctx, 21, "bash", "-c", "true")
 	if err != nil {
 		return ProcessStart{}, fmt.Errorf("measure a process start: %w", err)
 	}

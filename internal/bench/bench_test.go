@@ -16,7 +16,6 @@ import (
 
 	"github.com/bgtask/bgtask/events"
 	"github.com/bgtask/bgtask/projections"
-	"github.com/bgtask/bgtask/workers"
 )
 
 // BenchmarkTaskHistory builds the history of one finished task with the engine's
@@ -111,17 +110,6 @@ func TestGeneratedStreamPassesTheAudit(t *testing.T) {
 	rep := audit.Report()
 	if len(rep.Violations) > 0 || rep.Fired != tasks || rep.Events != count {
 		t.Fatalf("audit: %d events, %d fired, violations %+v", rep.Events, rep.Fired, rep.Violations)
-	}
-}
-
-// The shim's start is measured in the environment a worker starts it in.
-func TestStartCostRunsInTheEnvironmentGiven(t *testing.T) {
-	env := append(os.Environ(), "BGTASK_BENCH_TEST=given")
-	if _, _, err := startCost(context.Background(), 1, env, "sh", "-c", `test "$BGTASK_BENCH_TEST" = given`); err != nil {
-		t.Fatalf("the command did not get the environment given: %v", err)
-	}
-	if _, _, err := startCost(context.Background(), 1, workers.ShimEnviron(os.Environ()), "sh", "-c", `test "$GOMAXPROCS" = 1`); err != nil {
-		t.Fatalf("the shim's environment has no GOMAXPROCS=1: %v", err)
 	}
 }
 

@@ -242,13 +242,11 @@ func (m *machineUse) measure(n int, work func() error) error {
 	return nil
 }
 
-// startCost runs a short command n times in environment env (nil: the bench's)
-// and returns the wall and CPU time of each run, in milliseconds: what starting a
-// process of it costs.
-func startCost(ctx context.Context, n int, env []string, name string, args ...string) (wall, cpu []float64, err error) {
+// startCost runs a short command n times and returns the wall and CPU time of
+// each run, in milliseconds: what starting a process of it costs.
+func startCost(ctx context.Context, n int, name string, args ...string) (wall, cpu []float64, err error) {
 	for range n {
 		cmd := exec.CommandContext(ctx, name, args...)
-		cmd.Env = env
 		start := time.Now()
 		if err := cmd.Run(); err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", name, err)

@@ -32,12 +32,6 @@ func runThroughput(ctx context.Context, r *runner, s *Scenario) error {
 		}
 		peer = nil // measured beside the durable default only
 	}
-	// What a process start costs here: each task's is bash's.
-	_, bashCPU, err := startCost(ctx, 20, nil, "bash", "-c", "true")
-	if err != nil {
-		return err
-	}
-	s.add("CPU of one start of bash -c true", "ms", summarize(bashCPU, true))
 	return nil
 }
 
