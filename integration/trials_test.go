@@ -890,6 +890,7 @@ func (tr *trial) mayLoseWhat() string {
 		if portableEnabled {
 			return fmt.Sprintf("each task the shim of task %d kept once (the shim is killed)", tr.plan.shimTarget)
 		}
+		return fmt.Sprintf("each task the shim of task %d was starting when it was killed, once", tr.plan.shimTarget)
 	case faultWorkerGone:
 		return "each task of the worker kept away past its lease, once"
 	}
@@ -898,12 +899,16 @@ func (tr *trial) mayLoseWhat() string {
 
 // mayLose reports whether the trial's fault can make task i lost: its worker was
 // gone past its lease, or its shim was killed where the worker cannot adopt its
-// command (bgtask_portable). A shim keeps all its worker's runs: killed, it
-// loses each of them there, and task i's run may have been one.
+// command (bgtask_portable), or while it started task i's command, before it
+// recorded the PID. A shim keeps all its worker's runs, and the trial kills it
+// as the others start: task i's run may have been one.
 func (tr *trial) mayLose(i int, lost events.Lost) bool {
 	switch tr.plan.fault {
 	case faultShimKill:
-		return portableEnabled && strings.HasPrefix(lost.Reason, "the shim of its run died")
+		if portableEnabled {
+			return strings.HasPrefix(lost.Reason, "the shim of its run died")
+		}
+		return strings.HasPrefix(lost.Reason, "the shim of its run died while it started the command")
 	case faultWorkerGone:
 		return lost.Worker == workerID(0)
 	}

@@ -496,8 +496,8 @@ func TestAShimKilledBeforeItRecordedThePIDLosesTheRun(t *testing.T) {
 	dir := t.TempDir()
 	id := b.arm(t, engine.Spec{Command: `echo $$ > pid; exec sleep 600`, Cwd: dir})
 	st := b.waitFor(t, id, 20*time.Second, "ended", ended)
-	if st.Status != engine.StatusLost || st.Reason != workers.ReasonShimDied {
-		t.Fatalf("ended %s (%q), want lost because its shim died", st.Status, st.Reason)
+	if st.Status != engine.StatusLost || st.Reason != workers.ReasonShimDiedStarting {
+		t.Fatalf("ended %s (%q), want lost because its shim died while it started the command", st.Status, st.Reason)
 	}
 	// Not by the PID it writes: killed at once, it may have made the file and
 	// never written to it. Its working directory is this test's alone.

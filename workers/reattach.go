@@ -88,7 +88,7 @@ func (w *Worker) reattachRun(ctx context.Context, dir string, hostRestarted bool
 	case errors.Is(perr, errShimDied):
 		log.Error("the shim of a run died while it started the command", "task", sr.TaskID)
 		stopLeftovers(dir, w.cfg.KillGrace)
-		if r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDied}) {
+		if r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDiedStarting}) {
 			_ = os.RemoveAll(dir)
 		}
 	case perr != nil:

@@ -17,10 +17,17 @@ import (
 	"github.com/bgtask/bgtask/workers/shim"
 )
 
-// ReasonShimDied is the reason of a task lost because the shim of its run died
-// without recording how the command ended, and the worker could not learn it
-// (adoptCommand); what was left of the command is killed.
-const ReasonShimDied = "the shim of its run died without recording how the command ended; what was left of the command was killed"
+// The reasons of a task lost because the shim of its run died; what was left of
+// the command is killed.
+const (
+	// ReasonShimDied: the shim died without recording how the command ended, and
+	// the worker could not learn it (adoptCommand).
+	ReasonShimDied = "the shim of its run died without recording how the command ended; what was left of the command was killed"
+	// ReasonShimDiedStarting: the shim died while it started the command, before
+	// it recorded the command's PID, which no one else knows. One shim starts all
+	// of a worker's runs, so a shim killed loses each run it was starting.
+	ReasonShimDiedStarting = "the shim of its run died while it started the command, before it recorded its PID; what was left of the command was killed"
+)
 
 // ReasonHostRestarted is the reason of a task lost to a restart of its worker's
 // host while its command was starting: whether it started is not known, and it
@@ -220,7 +227,7 @@ func (r *run) runOnce(ctx context.Context, logAt *offsets) (respawn bool) {
 	if errors.Is(err, errShimDied) {
 		stopLeftovers(dir, w.cfg.KillGrace)
 		log.Error("the shim of a run died while it started the command", "task", id)
-		if r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDied}) {
+		if r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDiedStarting}) {
 			_ = os.RemoveAll(dir)
 		}
 		return false
