@@ -46,11 +46,9 @@ func TestACopySkipsOutputFreedBeforeItWasRead(t *testing.T) {
 	}
 	n := newNotifier(slog.New(slog.DiscardHandler))
 	defer n.close()
-	done := make(chan struct{})
-	close(done)
 	var got copied
 	file := &growingFile{path: path, w: &got}
-	if copyGrowing(n, []*growingFile{file}, done); file.offset != int64(len(output)) {
+	if copyGrowing(n, []*growingFile{file}).stop(); file.offset != int64(len(output)) {
 		t.Fatalf("copied up to %d, want %d", file.offset, len(output))
 	}
 	if got.skipped != freed || !bytes.Equal(got.data.Bytes(), output[freed:]) {

@@ -12,8 +12,8 @@ package workers
 // that wait for a record in it and given back with the last of them or with the
 // directory, and each output file while its copier waits for it to grow.
 //
-// An event only hurries a look; it is never the truth. Waiters read their files
-// again after each wake-up, and look anyway every safetyPoll: on filesystems where
+// An event only hurries a look; it is never the truth. A look reads the files
+// again, and a waiter has one anyway every safetyPoll: on filesystems where
 // inotify does not fire (a network filesystem written from another host), and for
 // a pidfd the kernel is too old to give. When the kernel drops events
 // (IN_Q_OVERFLOW) every waiter looks again. A waiter that has no watch (no inotify,
@@ -42,8 +42,8 @@ const (
 	unwatchedPoll = 20 * time.Millisecond
 )
 
-// notifier wakes the goroutines of a worker that wait for files of its runs to
-// change, over one inotify instance.
+// notifier calls the looks of a worker's runs at files that changed, over one
+// inotify instance.
 type notifier struct {
 	log *slog.Logger
 	// How often waiters look with no event: safetyPoll and unwatchedPoll, but tests
@@ -69,7 +69,7 @@ type kernelWatch struct {
 }
 
 // close ends the notifier. Waiters still open poll from now on, and no process
-// end wakes them.
+// end calls their looks.
 func (n *notifier) close() {
 	n.ends.close()
 	n.shutdown()
@@ -98,16 +98,16 @@ func (n *notifier) forget(x *kernelWatch, wake bool) {
 			w.watch = nil
 		}
 		if wake {
-			w.notify()
+			w.look()
 		}
 	}
 }
 
-// watch returns a waiter that wakes when one of the named records lands in dir.
-// It is armed on return: a record that lands after it is never missed, so a
-// caller looks for its records after watch, then waits.
-func (n *notifier) watch(dir string, names ...string) *waiter {
-	w := &waiter{n: n, names: names, wake: make(chan struct{}, 1)}
+// watch returns a waiter that calls look when one of the named records lands in
+// dir. It is armed on return: a record that lands after it is never missed, so a
+// caller looks for its records after watch, and after each call.
+func (n *notifier) watch(look func(), dir string, names ...string) *waiter {
+	w := &waiter{n: n, names: names, look: look}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.add(w, dir, recordMask)
@@ -115,12 +115,12 @@ func (n *notifier) watch(dir string, names ...string) *waiter {
 }
 
 // watchGrowth returns a waiter for files that grow, the output files of a run,
-// woken when any of them grows: arm it before each look.
-func (n *notifier) watchGrowth(paths ...string) *waiter {
-	w := &waiter{n: n, wake: make(chan struct{}, 1)}
+// that calls look when any of them grows: arm it before each look.
+func (n *notifier) watchGrowth(look func(), paths ...string) *waiter {
+	w := &waiter{n: n, look: look}
 	for _, path := range paths {
-		// A waiter of its own on each file's watch, sharing the wake-up.
-		w.files = append(w.files, &waiter{n: n, path: path, wake: w.wake})
+		// A waiter of its own on each file's watch, with the same look.
+		w.files = append(w.files, &waiter{n: n, path: path, look: look})
 	}
 	return w
 }
@@ -165,29 +165,23 @@ func (n *notifier) leave(w *waiter) {
 	}
 }
 
-// waiter is one goroutine's wait for some files of a run to change.
+// waiter is a wait for some files of a run to change, which calls its look when
+// they may have: no goroutine waits.
 type waiter struct {
 	n      *notifier
-	names  []string      // the records it waits for in a directory
-	path   string        // or the file it waits to grow
-	files  []*waiter     // or the files, each with a path, it waits for any of to grow
-	wake   chan struct{} // holds one wake-up: those that come before it is taken are one
-	watch  *kernelWatch  // under n.mu; nil when polled
-	warned bool          // under n.mu: said once that it cannot be watched
-	timer  *time.Timer
+	names  []string     // the records it waits for in a directory
+	path   string       // or the file it waits to grow
+	files  []*waiter    // or the files, each with a path, it waits for any of to grow
+	look   func()       // must not block: the notifier calls it with its watches locked
+	watch  *kernelWatch // under n.mu; nil when polled
+	warned bool         // under n.mu: said once that it cannot be watched
+	poll   *time.Timer  // calls look when the poll is due
 
 	process *endWatch // if the waiter also waits for a process to end
 }
 
-func (w *waiter) notify() {
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
-}
-
 // arm watches a growing file for its next write. Called before each look at the
-// file, so a write after the look wakes the wait that follows it.
+// file, so a write the look misses calls the next.
 func (w *waiter) arm() {
 	w.n.mu.Lock()
 	defer w.n.mu.Unlock()
@@ -196,22 +190,14 @@ func (w *waiter) arm() {
 	}
 }
 
-// wait returns true when the waiter's files may have changed (an event, or the
-// poll's time) and false when stop is closed.
-func (w *waiter) wait(stop <-chan struct{}) bool {
+// looked has look called again once the poll is due, if no event calls it
+// first: called after each look.
+func (w *waiter) looked() {
 	every := w.pollEvery()
-	if w.timer == nil {
-		w.timer = time.NewTimer(every)
+	if w.poll == nil {
+		w.poll = time.AfterFunc(every, w.look)
 	} else {
-		w.timer.Reset(every)
-	}
-	select {
-	case <-w.wake:
-		return true
-	case <-w.timer.C:
-		return true
-	case <-stop:
-		return false
+		w.poll.Reset(every)
 	}
 }
 
@@ -241,17 +227,17 @@ func (w *waiter) pollEvery() time.Duration {
 	return w.n.safety
 }
 
-// watchProcess wakes the waiter when process p ends too. A shim that dies without
+// watchProcess has the waiter call its look when process p ends too. A shim that dies without
 // its exit file (killed) changes nothing in its directory; its pidfd turns readable
 // when it ends.
 func (w *waiter) watchProcess(p shim.ProcRef) {
-	w.process = w.n.ends.watch(p, w.notify)
+	w.process = w.n.ends.watch(p, w.look)
 }
 
 // close gives the waiter's watches back.
 func (w *waiter) close() {
-	if w.timer != nil {
-		w.timer.Stop()
+	if w.poll != nil {
+		w.poll.Stop()
 	}
 	w.process.close()
 	w.n.mu.Lock()

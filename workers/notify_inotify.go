@@ -54,7 +54,7 @@ func (n *notifier) readEvents() {
 	}
 }
 
-// dispatch wakes the waiters of the events in buf, each a struct inotify_event:
+// dispatch calls the looks of the waiters of the events in buf, each a struct inotify_event:
 // wd, mask, cookie and len, then len bytes of NUL-padded file name.
 func (n *notifier) dispatch(buf []byte) {
 	n.mu.Lock()
@@ -73,7 +73,7 @@ func (n *notifier) dispatch(buf []byte) {
 		case mask&unix.IN_Q_OVERFLOW != 0:
 			for _, x := range n.watches {
 				for w := range x.waiters {
-					w.notify()
+					w.look()
 				}
 			}
 		case x == nil:
@@ -83,7 +83,7 @@ func (n *notifier) dispatch(buf []byte) {
 		default:
 			for w := range x.waiters {
 				if w.wants(name) {
-					w.notify()
+					w.look()
 				}
 			}
 			if x.oneshot {

@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,9 +36,36 @@ func newTestNotifier(t *testing.T) *notifier {
 	return n
 }
 
-// woken waits for a waiter's wake-up itself, which only an event or the end of
-// its watch gives, never a poll.
-func woken(t *testing.T, w *waiter, what string) {
+// testWaiter is a waiter whose calls of its look land in wake, which holds one.
+type testWaiter struct {
+	*waiter
+	wake chan struct{}
+}
+
+// watchRecords is n.watch, for a test.
+func watchRecords(n *notifier, dir string, names ...string) testWaiter {
+	wake := make(chan struct{}, 1)
+	return testWaiter{n.watch(wakeInto(wake), dir, names...), wake}
+}
+
+// watchGrowing is n.watchGrowth, for a test.
+func watchGrowing(n *notifier, paths ...string) testWaiter {
+	wake := make(chan struct{}, 1)
+	return testWaiter{n.watchGrowth(wakeInto(wake), paths...), wake}
+}
+
+func wakeInto(wake chan struct{}) func() {
+	return func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// woken waits for a waiter's call itself, which only an event or the end of its
+// watch gives, never a poll.
+func woken(t *testing.T, w testWaiter, what string) {
 	t.Helper()
 	select {
 	case <-w.wake:
@@ -93,7 +119,7 @@ func renameInto(t *testing.T, dir, name string) {
 func TestNotifierWakesForItsRecords(t *testing.T) {
 	n := newTestNotifier(t)
 	dir := t.TempDir()
-	exit, pids := n.watch(dir, shim.ExitFile), n.watch(dir, shim.PIDFile)
+	exit, pids := watchRecords(n, dir, shim.ExitFile), watchRecords(n, dir, shim.PIDFile)
 	defer exit.close()
 	defer pids.close()
 
@@ -120,9 +146,9 @@ func TestNotifierWakesAGrowthWaiterOncePerArm(t *testing.T) {
 	appendTo(t, path, "")
 	// A record waiter in the same directory: once it is woken, every event queued
 	// before its record has been dispatched.
-	barrier := n.watch(dir, shim.ExitFile)
+	barrier := watchRecords(n, dir, shim.ExitFile)
 	defer barrier.close()
-	grown := n.watchGrowth(path)
+	grown := watchGrowing(n, path)
 	defer grown.close()
 
 	appendTo(t, path, "before the arm\n")
@@ -158,15 +184,15 @@ func TestNotifierSharesOneWatchPerDirectory(t *testing.T) {
 	n := newTestNotifier(t)
 	const dirs = 1000 // as many runs as a worker may have
 	var paths []string
-	var exits, pids []*waiter
+	var exits, pids []testWaiter
 	for i := range dirs {
 		dir := filepath.Join(t.TempDir(), fmt.Sprint(i))
 		if err := os.Mkdir(dir, 0o700); err != nil {
 			t.Fatal(err)
 		}
 		paths = append(paths, dir)
-		exits = append(exits, n.watch(dir, shim.ExitFile))
-		pids = append(pids, n.watch(dir, shim.PIDFile))
+		exits = append(exits, watchRecords(n, dir, shim.ExitFile))
+		pids = append(pids, watchRecords(n, dir, shim.PIDFile))
 	}
 	if got := kernelWatches(t, n); got != dirs {
 		t.Fatalf("%d kernel watches for %d directories, want one each", got, dirs)
@@ -197,7 +223,7 @@ func TestNotifierForgetsARemovedDirectory(t *testing.T) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	w := n.watch(dir, shim.ExitFile)
+	w := watchRecords(n, dir, shim.ExitFile)
 	defer w.close()
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
@@ -213,9 +239,9 @@ func TestNotifierForgetsARemovedDirectory(t *testing.T) {
 
 func TestNotifierOverflowWakesEveryWaiter(t *testing.T) {
 	n := newTestNotifier(t)
-	var waiters []*waiter
+	var waiters []testWaiter
 	for range 3 {
-		w := n.watch(t.TempDir(), shim.ExitFile)
+		w := watchRecords(n, t.TempDir(), shim.ExitFile)
 		defer w.close()
 		waiters = append(waiters, w)
 	}
@@ -231,7 +257,7 @@ func TestNotifierOverflowWakesEveryWaiter(t *testing.T) {
 
 func TestNotifierCloseTurnsWaitersToPolling(t *testing.T) {
 	n := newNotifier(slog.New(slog.DiscardHandler))
-	w := n.watch(t.TempDir(), shim.ExitFile)
+	w := watchRecords(n, t.TempDir(), shim.ExitFile)
 	n.close()
 	if target, _ := os.Readlink("/proc/self/fd/" + strconv.Itoa(n.fd)); target == "anon_inode:inotify" {
 		t.Fatal("the inotify instance is still open")
@@ -241,7 +267,7 @@ func TestNotifierCloseTurnsWaitersToPolling(t *testing.T) {
 		t.Fatalf("a waiter of a closed notifier looks every %s, want %s", got, unwatchedPoll)
 	}
 	w.close()
-	late := n.watch(t.TempDir(), shim.ExitFile)
+	late := watchRecords(n, t.TempDir(), shim.ExitFile)
 	defer late.close()
 	if got := late.pollEvery(); got != unwatchedPoll {
 		t.Fatalf("a waiter made after close looks every %s, want %s", got, unwatchedPoll)
@@ -269,7 +295,7 @@ func startSleep(t *testing.T) (*exec.Cmd, shim.ProcRef) {
 func TestWaiterWakesWhenItsProcessEnds(t *testing.T) {
 	n := newTestNotifier(t)
 	cmd, ref := startSleep(t)
-	w := n.watch(t.TempDir(), shim.ExitFile)
+	w := watchRecords(n, t.TempDir(), shim.ExitFile)
 	defer w.close()
 	w.watchProcess(ref)
 	if len(w.wake) != 0 {
@@ -278,7 +304,7 @@ func TestWaiterWakesWhenItsProcessEnds(t *testing.T) {
 	_ = cmd.Process.Kill() // not reaped: a zombie has ended too
 	woken(t, w, "process killed")
 
-	reused := n.watch(t.TempDir(), shim.ExitFile)
+	reused := watchRecords(n, t.TempDir(), shim.ExitFile)
 	defer reused.close()
 	_, other := startSleep(t)
 	other.Start++ // the PID, but another process than the one meant
@@ -291,13 +317,13 @@ func TestWaiterWakesWhenItsProcessEnds(t *testing.T) {
 func TestProcessEndsShareOneGoroutine(t *testing.T) {
 	n := newTestNotifier(t)
 	const procs = 20
-	cmds, waiters := make([]*exec.Cmd, procs), make([]*waiter, procs)
+	cmds, waiters := make([]*exec.Cmd, procs), make([]testWaiter, procs)
 	dir := t.TempDir()
 	before := runtime.NumGoroutine()
 	for i := range procs {
 		var ref shim.ProcRef
 		cmds[i], ref = startSleep(t)
-		waiters[i] = n.watch(dir, shim.ExitFile)
+		waiters[i] = watchRecords(n, dir, shim.ExitFile)
 		defer waiters[i].close()
 		waiters[i].watchProcess(ref)
 	}
@@ -442,34 +468,32 @@ func (c chunks) Write(p []byte) (int, error) {
 
 func (c chunks) Skip(n int64) { c <- fmt.Sprintf("[%d bytes skipped]", n) }
 
-// Copies waiting for output hold no buffer of their own: they borrow one for each
-// look at the file.
-func TestCopiesWaitingForOutputHoldNoBuffer(t *testing.T) {
+// Copies waiting for output hold no buffer of their own, and no goroutine: they
+// borrow a buffer for each look at the file, and a look runs when it grew.
+func TestCopiesWaitingForOutputHoldNoBufferNorGoroutine(t *testing.T) {
 	const copies = 100
 	n := newTestNotifier(t)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer close(done)
 	var before runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
+	goroutines := runtime.NumGoroutine()
 	looked := make(chunks, copies)
 	for range copies {
 		path := filepath.Join(t.TempDir(), shim.StdoutFile)
 		appendTo(t, path, "x")
-		wg.Go(func() { copyGrowing(n, []*growingFile{{path: path, w: looked}}, done) })
+		c := copyGrowing(n, []*growingFile{{path: path, w: looked}})
+		defer c.stop()
 	}
 	for range copies {
 		<-looked // each has read what there was, and goes on to wait
 	}
-	// Each puts its buffer back a moment after it read.
+	// Each puts its buffer back, and its goroutine ends, a moment after it read.
 	limit := int64(copies * copyBufferBytes / 4)
-	testkit.Eventually(t, 10*time.Second, fmt.Sprintf("%d copies waiting for output holding under %d bytes of heap", copies, limit), func() bool {
+	testkit.Eventually(t, 10*time.Second, fmt.Sprintf("%d copies waiting for output holding under %d bytes of heap and no goroutine", copies, limit), func() bool {
 		runtime.GC() // twice at least: a pool keeps what it holds through one
 		var now runtime.MemStats
 		runtime.ReadMemStats(&now)
-		return int64(now.HeapAlloc)-int64(before.HeapAlloc) < limit
+		return int64(now.HeapAlloc)-int64(before.HeapAlloc) < limit && runtime.NumGoroutine() <= goroutines
 	})
 }
 
@@ -477,12 +501,9 @@ func TestCopyGrowingFollowsWrites(t *testing.T) {
 	n := newTestNotifier(t)
 	path := filepath.Join(t.TempDir(), shim.StdoutFile)
 	appendTo(t, path, "before\n")
-	got, done, copied := make(chunks, 10), make(chan struct{}), make(chan int64)
-	go func() {
-		file := &growingFile{path: path, w: got}
-		copyGrowing(n, []*growingFile{file}, done)
-		copied <- file.offset
-	}()
+	got := make(chunks, 10)
+	file := &growingFile{path: path, w: got}
+	c := copyGrowing(n, []*growingFile{file})
 	next := func(want string) {
 		t.Helper()
 		select {
@@ -498,9 +519,9 @@ func TestCopyGrowingFollowsWrites(t *testing.T) {
 	appendTo(t, path, "after\n")
 	next("after\n")
 	appendTo(t, path, "last")
-	close(done)
-	if offset := <-copied; offset != int64(len("before\nafter\nlast")) {
-		t.Fatalf("copied up to %d", offset)
+	c.stop()
+	if file.offset != int64(len("before\nafter\nlast")) {
+		t.Fatalf("copied up to %d", file.offset)
 	}
 	next("last")
 }
@@ -524,9 +545,7 @@ func TestCopyGrowingTakesTheFilesInTurn(t *testing.T) {
 	appendTo(t, stderr, "an error\n")
 	var order []string
 	files := []*growingFile{{path: stdout, w: turns{"stdout", &order}}, {path: stderr, w: turns{"stderr", &order}}}
-	done := make(chan struct{})
-	close(done)
-	copyGrowing(n, files, done)
+	copyGrowing(n, files).stop()
 	if want := []string{"stdout", "stderr", "stdout", "stdout", "stdout"}; !slices.Equal(order, want) {
 		t.Fatalf("writes from %v, want %v", order, want)
 	}

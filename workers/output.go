@@ -172,14 +172,23 @@ type growingFile struct {
 	ended bool // a read failed: copied no further
 }
 
-// copyGrowing copies files that a command is still writing (a run's output
-// files) into their writers, from their offsets, until done is closed and they
-// hold nothing more; their offsets say where it reached. One goroutine copies
-// all of a run's files, each a buffer at a time in turn, so that a command that
-// floods one never holds up the other: a goroutine for each would cost every
-// running task another stack. What the shim freed before it was read is
-// skipped, not copied: it reads as zeros.
-func copyGrowing(n *notifier, files []*growingFile, done <-chan struct{}) {
+// copier copies files that a command is still writing (a run's output files)
+// into their writers, from their offsets, until stop; their offsets say where
+// it reached. One look copies all of a run's files, each a buffer at a time in
+// turn, so that a command that floods one never holds up the other. A look runs
+// when a file grew (looks): no goroutine waits for a quiet command's output.
+// What the shim freed before it was read is skipped, not copied: it reads as
+// zeros.
+type copier struct {
+	files  []*growingFile
+	grown  *waiter
+	looks  looks
+	looked time.Time // when the last look began
+}
+
+// copyGrowing starts copying files as they grow.
+func copyGrowing(n *notifier, files []*growingFile) *copier {
+	c := &copier{files: files}
 	var paths []string
 	for _, g := range files {
 		f, err := os.Open(g.path)
@@ -187,19 +196,34 @@ func copyGrowing(n *notifier, files []*growingFile, done <-chan struct{}) {
 			g.ended = true // no output, or the run is gone
 			continue
 		}
-		defer f.Close()
 		g.file = f
 		paths = append(paths, g.path)
 	}
-	grown := n.watchGrowth(paths...)
-	defer grown.close()
-	final := false
-	var looked time.Time
+	c.grown = n.watchGrowth(c.looks.call, paths...)
+	c.looks.start(c.look) // what the files hold already
+	return c
+}
+
+// look copies what the files hold, at most one look each outputGather.
+func (c *copier) look() (again bool) {
+	if wait := outputGather - time.Since(c.looked); wait > 0 {
+		time.Sleep(wait)
+	}
+	c.looked = time.Now()
+	c.grown.arm() // before the look: a write the look misses calls the next
+	again = c.copyAll()
+	c.grown.looked()
+	return again
+}
+
+// copyAll copies all that the files hold, and reports false once none of them
+// can be read any more.
+func (c *copier) copyAll() (copying bool) {
+	buf := copyBuffers.Get().(*[copyBufferBytes]byte)
+	defer copyBuffers.Put(buf)
 	for {
-		grown.arm() // before the look: a write the look misses wakes the wait after it
-		buf := copyBuffers.Get().(*[copyBufferBytes]byte)
 		copying, more := false, false
-		for _, g := range files {
+		for _, g := range c.files {
 			if g.ended {
 				continue
 			}
@@ -207,23 +231,27 @@ func copyGrowing(n *notifier, files []*growingFile, done <-chan struct{}) {
 			g.offset, err = copyNext(g.file, g.offset, buf[:], g.w)
 			if err != nil && !errors.Is(err, io.EOF) {
 				g.ended = true
-				grown.stopWatching(g.path)
+				c.grown.stopWatching(g.path)
 				continue
 			}
 			copying, more = true, more || err == nil
 		}
-		copyBuffers.Put(buf)
-		switch {
-		case !copying:
-			return
-		case more: // a file filled the buffer: the next turn, at once
-			continue
-		case final:
-			return
+		if !more { // else a file filled the buffer: the next turn, at once
+			return copying
 		}
-		// One more look once done: output written since the last one.
-		final = !grown.wait(done) || !pause(outputGather-time.Since(looked), done)
-		looked = time.Now()
+	}
+}
+
+// stop copies what the files hold once no look runs any more, and closes them:
+// the command has ended, or the worker lets go of the run.
+func (c *copier) stop() {
+	c.looks.stop()
+	c.copyAll()
+	c.grown.close()
+	for _, g := range c.files {
+		if g.file != nil {
+			g.file.Close()
+		}
 	}
 }
 
@@ -250,7 +278,7 @@ func copyNext(f *os.File, offset int64, buf []byte, w OutputWriter) (int64, erro
 	return offset, err
 }
 
-// copyBuffers lend copyGrowing its buffer for one look at a time (writers copy
+// copyBuffers lend a copier its buffer for one look at a time (writers copy
 // what they are given): a new 64 KiB buffer for each output file of each run was
 // a third of all a burst of short tasks allocated (1.2 GB for 10,000 tasks), and
 // a copy spends most of its life waiting for output, with no need of one.
@@ -263,21 +291,6 @@ const copyBufferBytes = 64 << 10
 // each look reading all it wrote meanwhile, rather than once for each of its writes.
 // Output after a quiet spell is read at once.
 const outputGather = time.Millisecond
-
-// pause waits for d, and reports false if done is closed first.
-func pause(d time.Duration, done <-chan struct{}) bool {
-	if d <= 0 {
-		return true
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-done:
-		return false
-	case <-t.C:
-		return true
-	}
-}
 
 // lastBytes returns up to n bytes of a file that end at offset.
 func lastBytes(path string, offset, n int64) []byte {

@@ -35,7 +35,11 @@ type process struct {
 	adopted bool
 	failure string // the shim could not run or wait for the command
 	quit    chan struct{}
-	stopped chan struct{}
+	// looks looks at the exit file and the shim when they may have changed, until
+	// the exit is known or the worker lets go of the run; then release.
+	looks   looks
+	changes *waiter
+	release sync.Once
 }
 
 // launchProcess hands a prepared run (prepareRun) in dir to the worker's shim,
@@ -238,49 +242,55 @@ func shimAlive(dir string) bool {
 // endedProcess is a run whose exit file, exit, is all that is left of it: ended,
 // with no process to watch or signal.
 func endedProcess(dir string, exit shimExit) *process {
-	p := &process{dir: dir, exited: make(chan struct{}), commandEnded: make(chan struct{}), quit: make(chan struct{}), stopped: make(chan struct{})}
+	p := &process{dir: dir, exited: make(chan struct{}), commandEnded: make(chan struct{}), quit: make(chan struct{})}
 	p.take(exit)
 	close(p.exited)
 	close(p.commandEnded)
-	close(p.stopped)
+	p.looks.stop()
 	return p
 }
 
 // attachProcess watches a run that a shim started, with the PIDs it recorded in
 // its directory: after a start, or after the worker restarted.
 func attachProcess(n *notifier, dir string, pids shimPIDs) *process {
-	p := &process{dir: dir, pids: pids, exited: make(chan struct{}), commandEnded: make(chan struct{}), quit: make(chan struct{}), stopped: make(chan struct{})}
+	p := &process{dir: dir, pids: pids, exited: make(chan struct{}), commandEnded: make(chan struct{}), quit: make(chan struct{})}
 	p.commandWatch = n.ends.watch(p.pids.Command, func() { close(p.commandEnded) })
-	// Armed before the first look: an exit that lands in between still wakes it.
-	changes := n.watch(dir, shim.ExitFile)
-	changes.watchProcess(p.pids.Shim)
-	go p.watch(changes)
+	// Armed before the first look: an exit that lands in between still calls one.
+	p.changes = n.watch(p.looks.call, dir, shim.ExitFile)
+	p.changes.watchProcess(p.pids.Shim)
+	p.looks.start(p.look)
 	return p
 }
 
-// watch waits for the exit file, the truth of how the command ended (the shim
-// writes it once it has reaped the command), or for the shim's end without it.
-func (p *process) watch(changes *waiter) {
-	defer close(p.stopped)
-	defer p.commandWatch.close()
-	defer changes.close()
-	for {
-		if p.readExit() {
-			close(p.exited)
-			return
-		}
-		// The exit file may have landed just before the shim ended.
-		if !p.pids.Shim.Alive() && !p.readExit() {
-			if !p.adoptCommand() {
-				return // the worker stops; the next start watches the command again
-			}
-			close(p.exited)
-			return
-		}
-		if !changes.wait(p.quit) {
-			return
-		}
+// look looks for the exit file, the truth of how the command ended (the shim
+// writes it once it has reaped the command), and for the shim's end without it.
+// It reports false once exited is closed, or the worker stopped meanwhile.
+func (p *process) look() (again bool) {
+	if p.readExit() {
+		close(p.exited)
+		p.stopWatching()
+		return false
 	}
+	// The exit file may have landed just before the shim ended.
+	if !p.pids.Shim.Alive() && !p.readExit() {
+		if p.adoptCommand() {
+			close(p.exited)
+		} // else the worker stops; the next start watches the command again
+		p.stopWatching()
+		return false
+	}
+	p.changes.looked()
+	return true
+}
+
+// stopWatching gives back the watches of the exit file and of the processes.
+func (p *process) stopWatching() {
+	p.release.Do(func() {
+		if p.changes != nil {
+			p.changes.close()
+		}
+		p.commandWatch.close()
+	})
 }
 
 // adoptCommand follows a command whose shim died before it wrote the exit file:
@@ -365,7 +375,8 @@ func (p *process) detach() {
 	default:
 		close(p.quit)
 	}
-	<-p.stopped
+	p.looks.stop()
+	p.stopWatching()
 }
 
 // stop ends the command's whole process group: TERM, then KILL after grace.

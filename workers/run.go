@@ -339,8 +339,8 @@ type watcher struct {
 	unsaved    atomic.Pointer[stopDecision]
 	id         string       // the task's: decide runs in the copy of the output, which must not read the run's state
 	lastOutput atomic.Int64 // when the command last printed, in Unix nanoseconds
-	copyDone   chan struct{}
-	copying    sync.WaitGroup
+	copying    *copier      // nil once stopped
+	bounds     []*boundOutput
 }
 
 func (r *run) newWatcher(proc *process, run shimRun, logAt *offsets, fileAt offsets, decided *stopDecision) *watcher {
@@ -356,7 +356,6 @@ func (r *run) newWatcher(proc *process, run shimRun, logAt *offsets, fileAt offs
 			stderr: w.logs.Writer(id, events.Stderr, logAt.stderr),
 			logAt:  logAt,
 		},
-		copyDone: make(chan struct{}),
 	}
 	x.lastOutput.Store(time.Now().UnixNano())
 	tailOut, tailErr := x.tail.Stream(), x.tail.Stream()
@@ -386,30 +385,32 @@ func (r *run) newWatcher(proc *process, run shimRun, logAt *offsets, fileAt offs
 	return x
 }
 
-// copy copies what the command prints into its output files, from fileAt, where
+// copy copies what the command prints from its output files, from fileAt, where
 // the log stands in them, until stopCopying.
 func (x *watcher) copy(fileAt offsets, stdout, stderr output) {
-	x.copying.Go(func() {
-		files := []*growingFile{
-			{path: filepath.Join(x.proc.dir, shim.StdoutFile), offset: fileAt.stdout, w: stdout},
-			{path: filepath.Join(x.proc.dir, shim.StderrFile), offset: fileAt.stderr, w: stderr},
-		}
-		for _, f := range files {
-			bound := newBoundOutput(f.path, f.offset, f.w, x.r.w.cfg.Base.Logger)
-			defer bound.close()
-			f.w = bound
-		}
-		copyGrowing(x.r.w.notify, files, x.copyDone)
-	})
+	files := []*growingFile{
+		{path: filepath.Join(x.proc.dir, shim.StdoutFile), offset: fileAt.stdout, w: stdout},
+		{path: filepath.Join(x.proc.dir, shim.StderrFile), offset: fileAt.stderr, w: stderr},
+	}
+	for _, f := range files {
+		bound := newBoundOutput(f.path, f.offset, f.w, x.r.w.cfg.Base.Logger)
+		x.bounds = append(x.bounds, bound)
+		f.w = bound
+	}
+	x.copying = copyGrowing(x.r.w.notify, files)
 }
 
+// stopCopying copies what the output files hold, and then no more. Only the
+// run's own goroutine calls it.
 func (x *watcher) stopCopying() {
-	select {
-	case <-x.copyDone:
-	default:
-		close(x.copyDone)
+	if x.copying == nil {
+		return
 	}
-	x.copying.Wait()
+	x.copying.stop()
+	x.copying = nil
+	for _, b := range x.bounds {
+		b.close()
+	}
 }
 
 // firstTickAfter is how long a command runs before its first tick, at most.

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -987,4 +988,31 @@ func TestOneShimRunsAllTheWorkersCommands(t *testing.T) {
 	if next := parentOf(dir); shims[next] {
 		t.Fatalf("the run after the shim's death ran under the killed shim %d", next)
 	}
+}
+
+// A task whose command runs and prints nothing costs its worker one goroutine,
+// its watch: its output and its exit are looked at when they change, by none
+// that waits for them.
+func TestAQuietTaskCostsItsWorkerOneGoroutine(t *testing.T) {
+	b := setup(t)
+	b.startWorker(t, workers.Config{TickInterval: time.Hour})
+	running := func(s engine.State) bool { return s.PID > 0 }
+	// The first task starts what the worker keeps for all (its shim's, its watches').
+	first := b.arm(t, engine.Spec{Command: "sleep 600"})
+	b.waitFor(t, first, 20*time.Second, "running", running)
+	t.Cleanup(func() { b.cancel(t, first) })
+	base := runtime.NumGoroutine()
+	const tasks = 20
+	var ids []string
+	for range tasks {
+		id := b.arm(t, engine.Spec{Command: "sleep 600"})
+		t.Cleanup(func() { b.cancel(t, id) })
+		ids = append(ids, id)
+	}
+	for _, id := range ids {
+		b.waitFor(t, id, 20*time.Second, "running", running)
+	}
+	testkit.Eventually(t, 10*time.Second, fmt.Sprintf("%d quiet tasks more with a goroutine more each, at most", tasks), func() bool {
+		return runtime.NumGoroutine()-base <= tasks
+	})
 }
