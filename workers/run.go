@@ -477,10 +477,10 @@ func (x *watcher) follow(ctx context.Context, started bool) (respawn bool) {
 		case <-firstTick:
 			firstTick = nil
 			if !x.proc.ended() {
-				err = x.r.record(ctx, engine.Tick{PID: x.proc.pids.Command.PID})
+				err = x.recordAside(ctx, engine.Tick{PID: x.proc.pids.Command.PID})
 			}
 		case <-ticker.C:
-			err = x.r.record(ctx, engine.Tick{OutputBytes: x.tail.Bytes()})
+			err = x.recordAside(ctx, engine.Tick{OutputBytes: x.tail.Bytes()})
 		case <-noticeDue:
 			err = x.sendNotice(ctx)
 		case <-x.r.cancelled:
@@ -499,6 +499,18 @@ func (x *watcher) follow(ctx context.Context, started bool) (respawn bool) {
 	return false
 }
 
+// recordAside records c on a goroutine of its own, and waits for it. An append
+// runs deep (the engine, JetStream, JSON) and grows the stack of the goroutine it
+// runs on to 16 or 32 KiB; the run's goroutine waits for as long as the command
+// runs, and would keep that stack until a GC shrinks it, more than anything else
+// a sleeping task costs the worker. The goroutine that appends ends with the
+// append, and its stack is freed with it.
+func (x *watcher) recordAside(ctx context.Context, c engine.Command) error {
+	done := make(chan error, 1)
+	go func() { done <- x.r.record(ctx, c) }()
+	return <-done
+}
+
 // sendNotice records the notice that is due, if any. One the engine refuses (the
 // rule's count reached) ends the notices of the run.
 func (x *watcher) sendNotice(ctx context.Context) error {
@@ -506,7 +518,7 @@ func (x *watcher) sendNotice(ctx context.Context) error {
 	if !ok {
 		return nil
 	}
-	err := x.r.record(ctx, n)
+	err := x.recordAside(ctx, n)
 	if errors.Is(err, engine.ErrWrongPhase) {
 		x.r.w.cfg.Base.Logger.Warn("notice refused: no more notices for this run", "task", x.r.state.ID, "err", err)
 		x.notices.stop()
