@@ -236,7 +236,14 @@ func geminiTools(t *testing.T) (geminiBin, tmuxBin string) {
 
 // typePrompt types text into the TUI, once no turn runs there, and submits it.
 // Keys sent with Enter in one go are taken for a paste, whose Enter is a
-// newline: Enter goes on its own, once the screen shows the text.
+// newline: Enter goes on its own, once the screen shows the text, and not
+// within fastReturn of it.
+// fastReturn is more than the time within which the TUI takes an Enter read
+// after a typed key for a newline, not a submission (the Gemini CLI's
+// FAST_RETURN_TIMEOUT, 30 ms): the screen shows the text as soon as the TUI has
+// read it, and an Enter sent then may be read within that time.
+const fastReturn = 200 * time.Millisecond
+
 func typePrompt(t *testing.T, tmux func(...string) (string, error), text string) {
 	t.Helper()
 	testkit.Eventually(t, 30*time.Second, "no turn running in the TUI", func() bool {
@@ -250,6 +257,7 @@ func typePrompt(t *testing.T, tmux func(...string) (string, error), text string)
 		screen, _ := tmux("capture-pane", "-p")
 		return strings.Contains(screen, "* "+text) || strings.Contains(screen, "> "+text)
 	})
+	time.Sleep(fastReturn)
 	if out, err := tmux("send-keys", "Enter"); err != nil {
 		t.Fatalf("tmux send-keys: %v: %s", err, out)
 	}
