@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/workers/shim"
 )
 
@@ -38,6 +39,11 @@ func TestAShimThatCannotRecordItsStartSaysWhy(t *testing.T) {
 	if err := s.hand(next, shimRun{Path: "/bin/true", Args: []string{"true"}, Dir: next}); err != nil || !recorded(next) {
 		t.Fatalf("the next hand = %v, recorded %v; want its start recorded", err, recorded(next))
 	}
+	// The shim writes its exit file into the directory once it ends: not while
+	// the test removes the directory.
+	testkit.Eventually(t, 10*time.Second, "the next run's exit recorded", func() bool {
+		return exists(filepath.Join(next, shim.ExitFile))
+	})
 }
 
 // A run that cannot be sent (here its directory is gone, and with it the start
