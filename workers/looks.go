@@ -59,7 +59,8 @@ func (l *looks) run() {
 	}
 }
 
-// stop starts no look more, and returns once the one that runs, if any, is over.
+// stop starts no look more, and returns once none runs: a look called for just
+// before it may still run before it returns.
 func (l *looks) stop() {
 	l.mu.Lock()
 	l.over = true

@@ -211,8 +211,9 @@ func (c *copier) look() (again bool) {
 	}
 	c.looked = time.Now()
 	c.grown.arm() // before the look: a write the look misses calls the next
-	again = c.copyAll()
-	c.grown.looked()
+	if again = c.copyAll(); again {
+		c.grown.looked()
+	}
 	return again
 }
 

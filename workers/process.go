@@ -246,7 +246,6 @@ func endedProcess(dir string, exit shimExit) *process {
 	p.take(exit)
 	close(p.exited)
 	close(p.commandEnded)
-	p.looks.stop()
 	return p
 }
 
