@@ -134,7 +134,10 @@ func (k *keeper) serve() error {
 		if ready[0] {
 			drain(k.wake[0])
 		}
-		k.takeReaped(k.reaped.take())
+		k.reaped.mu.Lock()
+		reaped := k.reaped.take()
+		k.reaped.mu.Unlock()
+		k.takeReaped(reaped)
 		if ready[1] {
 			k.output.changed()
 		}
@@ -188,34 +191,39 @@ func (k *keeper) takeRuns() {
 // they left (the shim is their subreaper), and lists their statuses for serve.
 func (k *keeper) reapChildren() {
 	for {
-		none := !awaitChild()
-		if !none {
-			k.reaped.mu.Lock()
-			for {
-				var ws syscall.WaitStatus
-				pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
-				if err == syscall.EINTR {
-					continue
-				}
-				none = err == syscall.ECHILD
-				if err != nil || pid <= 0 {
-					break
-				}
-				k.reaped.list = append(k.reaped.list, reapedChild{pid, ws})
-			}
-			k.reaped.mu.Unlock()
-			_, _ = syscall.Write(k.wake[1], []byte{1})
-		}
-		if none {
+		if !awaitChild() || !k.reapEnded() {
 			<-k.reaped.started // no child: wait for one to start
 		}
 	}
 }
 
-// take returns the statuses listed since the last take.
+// reapEnded reaps the children that have ended, lists their statuses and wakes
+// serve if there were any; false once the shim has no child.
+func (k *keeper) reapEnded() (children bool) {
+	k.reaped.mu.Lock()
+	had := len(k.reaped.list)
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil || pid <= 0 {
+			children = err == nil
+			break
+		}
+		k.reaped.list = append(k.reaped.list, reapedChild{pid, ws})
+	}
+	reaped := len(k.reaped.list) > had
+	k.reaped.mu.Unlock()
+	if reaped {
+		_, _ = syscall.Write(k.wake[1], []byte{1})
+	}
+	return children
+}
+
+// take returns the statuses listed since the last take; reaped.mu is held.
 func (r *reapedChildren) take() []reapedChild {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	list := r.list
 	r.list = nil
 	return list
@@ -247,8 +255,7 @@ func (k *keeper) begin(r Run, env []string, lock int) {
 	// takes may be that of a command just reaped, whose status must end its own
 	// run. The command is in runs before serve takes its status.
 	k.reaped.mu.Lock()
-	k.takeReaped(k.reaped.list)
-	k.reaped.list = nil
+	k.takeReaped(k.reaped.take())
 	pid, err := r.start(env)
 	k.reaped.mu.Unlock()
 	if err != nil {
