@@ -68,16 +68,15 @@ func TestLooksEndWhenALookSaysSoAndStopWaitsForTheLook(t *testing.T) {
 		return true
 	})
 	<-inLook
-	stopped := make(chan struct{})
-	go func() { m.stop(); close(stopped) }()
-	select {
-	case <-stopped:
-		t.Fatal("stop returned while a look ran")
-	case <-time.After(50 * time.Millisecond):
-	}
+	stoppedAfterLook := make(chan bool, 1)
+	go func() { m.stop(); stoppedAfterLook <- finished.Load() }()
+	testkit.Eventually(t, 10*time.Second, "stop called", func() bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.over
+	})
 	close(release)
-	<-stopped
-	if !finished.Load() {
-		t.Fatal("stop returned before the look ended")
+	if !<-stoppedAfterLook {
+		t.Fatal("stop returned while a look ran")
 	}
 }
