@@ -605,6 +605,15 @@ func (tr *trial) inject() {
 // pids.N ("$$ $PPID").
 func (tr *trial) runs(i int) [][2]int { return pidPairs(tr.path("pids", i)) }
 
+// commands are the commands of task i's runs.
+func (tr *trial) commands(i int) []int {
+	var out []int
+	for _, run := range tr.runs(i) {
+		out = append(out, run[0])
+	}
+	return out
+}
+
 // orphans are the processes task i's commands left on purpose, a line each of
 // orphans.N.
 func (tr *trial) orphans(i int) []int {
@@ -626,9 +635,7 @@ func (tr *trial) killOrphans(i int) { killAll(tr.orphans(i)) }
 func (tr *trial) killCommands() {
 	for i := range tr.plan.tasks {
 		tr.killOrphans(i)
-		for _, run := range tr.runs(i) {
-			killAll(run[:1])
-		}
+		killAll(tr.commands(i))
 	}
 }
 
@@ -744,10 +751,7 @@ func (tr *trial) check() {
 		// workers. Without a subreaper (bgtask_portable, as on macOS) an orphan in a
 		// session of its own outlives a command that exited (docs/platforms.md): only
 		// the commands and their groups must be gone, and the trial ends the orphans.
-		var left []int
-		for _, run := range tr.runs(i) {
-			left = append(left, run[0])
-		}
+		left := tr.commands(i)
 		if portableEnabled {
 			defer tr.killOrphans(i)
 		} else {
