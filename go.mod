@@ -3,6 +3,7 @@ module github.com/bgtask/bgtask
 go 1.26.8
 
 require (
+	filippo.io/edwards25519 v1.2.0
 	github.com/google/jsonschema-go v0.4.3
 	github.com/google/uuid v1.6.0
 	github.com/modelcontextprotocol/go-sdk v1.8.0

@@ -68,32 +68,28 @@ type Credentials struct {
 	Seed string `json:"nkey_seed"`
 }
 
-func (c Credentials) keyPair() (nkeys.KeyPair, error) {
-	return nkeys.FromSeed([]byte(c.Seed))
-}
-
 // PublicKey is the nkey user the embedded server knows this identity by.
 func (c Credentials) PublicKey() (string, error) {
-	kp, err := c.keyPair()
+	key, err := newLoginKey(c.Seed)
 	if err != nil {
 		return "", err
 	}
-	return kp.PublicKey()
+	return key.PublicKey()
 }
 
 // NATSOption authenticates a connection by signing the server's nonce. The seed
 // is held (secretenv.Hold): no command gets it, under any name.
 func (c Credentials) NATSOption() (nats.Option, error) {
-	kp, err := c.keyPair()
+	key, err := newLoginKey(c.Seed)
 	if err != nil {
 		return nil, err
 	}
 	secretenv.Hold(c.Seed)
-	pub, err := kp.PublicKey()
+	pub, err := key.PublicKey()
 	if err != nil {
 		return nil, err
 	}
-	return nats.Nkey(pub, kp.Sign), nil
+	return nats.Nkey(pub, key.Sign), nil
 }
 
 // NewCredentials generates a user nkey.
@@ -162,7 +158,7 @@ func ReadCredentials(home string) (Credentials, error) {
 	if err := json.Unmarshal(data, &creds); err != nil || creds.Seed == "" {
 		return creds, fmt.Errorf("%s is damaged: remove it and restart the server to generate new credentials", filepath.Join(home, CredentialsFile))
 	}
-	if _, err := creds.keyPair(); err != nil {
+	if _, err := newLoginKey(creds.Seed); err != nil {
 		return creds, fmt.Errorf("%s is damaged (%v): remove it and restart the server to generate new credentials", filepath.Join(home, CredentialsFile), err)
 	}
 	return creds, nil
@@ -175,7 +171,7 @@ func ReadSeedFile(path string) (Credentials, error) {
 		return Credentials{}, err
 	}
 	creds := Credentials{Seed: strings.TrimSpace(string(data))}
-	if _, err := creds.keyPair(); err != nil {
+	if _, err := newLoginKey(creds.Seed); err != nil {
 		return Credentials{}, fmt.Errorf("%s is damaged (%v): remove it and restart the server to generate a new one", path, err)
 	}
 	return creds, nil

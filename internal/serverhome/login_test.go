@@ -1,0 +1,120 @@
+package serverhome
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/nats-io/nkeys"
+)
+
+// A login key must sign exactly as crypto/ed25519 signs with the key nkeys
+// derives from the same seed: the server verifies with that key.
+func TestALoginKeySignsAsEd25519Does(t *testing.T) {
+	for i := range 300 {
+		raw := make([]byte, ed25519.SeedSize)
+		msg := make([]byte, i%97)
+		rand.Read(raw)
+		rand.Read(msg)
+		seed, err := nkeys.EncodeSeed(nkeys.PrefixByteUser, raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, err := newLoginKey(string(seed))
+		if err != nil {
+			t.Fatal(err)
+		}
+		kp, err := nkeys.FromSeed(seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantPub, _ := kp.PublicKey()
+		if pub, err := key.PublicKey(); err != nil || pub != wantPub {
+			t.Fatalf("seed %x: public key %q, %v; nkeys says %q", raw, pub, err, wantPub)
+		}
+		want, _ := kp.Sign(msg)
+		got, err := key.Sign(msg)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("seed %x, message %x: signature %x, %v; crypto/ed25519 signs %x", raw, msg, got, err, want)
+		}
+	}
+}
+
+func TestALoginKeyKeepsTheSeedsKindOfKey(t *testing.T) {
+	kp, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := kp.Seed()
+	key, err := newLoginKey(string(seed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := kp.PublicKey()
+	if got, _ := key.PublicKey(); got != want {
+		t.Fatalf("public key %q, want %q", got, want)
+	}
+}
+
+func TestCredentialsThatAreNoSeedAreRefused(t *testing.T) {
+	for _, seed := range []string{"", "SUAGARBAGE", "UAD2TDUOFUPGE3KF7D6V2YBWVCBP6BJFKUQY6AFUVGMSCBRTIAXRJBBS"} {
+		if _, err := (Credentials{Seed: seed}).NATSOption(); err == nil {
+			t.Errorf("seed %q: no error", seed)
+		}
+	}
+}
+
+// BenchmarkFirstLogin is what a command that connects once pays to sign: the
+// public key and one signature in a process of its own, by the login key and by
+// nkeys (crypto/ed25519), less the start of that process.
+func BenchmarkFirstLogin(b *testing.B) {
+	if os.Getenv("BGTASK_LOGIN_CHILD") != "" {
+		b.Skip("a child of this benchmark")
+	}
+	seed, _ := nkeys.EncodeSeed(nkeys.PrefixByteUser, make([]byte, ed25519.SeedSize))
+	for _, by := range []string{"none", "login-key", "nkeys"} {
+		b.Run(by, func(b *testing.B) {
+			for b.Loop() {
+				cmd := exec.Command(os.Args[0], "-test.run=^TestLoginChild$", "-test.count=1")
+				cmd.Env = append(os.Environ(), "BGTASK_LOGIN_CHILD="+by, "BGTASK_LOGIN_SEED="+string(seed))
+				if out, err := cmd.CombinedOutput(); err != nil {
+					b.Fatalf("%v: %s", err, out)
+				}
+			}
+		})
+	}
+}
+
+// TestLoginChild signs once as BenchmarkFirstLogin's child asks.
+func TestLoginChild(t *testing.T) {
+	seed := os.Getenv("BGTASK_LOGIN_SEED")
+	switch os.Getenv("BGTASK_LOGIN_CHILD") {
+	case "":
+		t.Skip("run by BenchmarkFirstLogin")
+	case "login-key":
+		key, err := newLoginKey(seed)
+		if err == nil {
+			_, err = key.PublicKey()
+		}
+		if err == nil {
+			_, err = key.Sign([]byte("nonce"))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	case "nkeys":
+		kp, err := nkeys.FromSeed([]byte(seed))
+		if err == nil {
+			_, err = kp.PublicKey()
+		}
+		if err == nil {
+			_, err = kp.Sign([]byte("nonce"))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
