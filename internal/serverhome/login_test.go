@@ -6,6 +6,8 @@ import (
 	"crypto/rand"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/nkeys"
@@ -116,5 +118,33 @@ func TestLoginChild(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+func TestADamagedSeedOnDiskIsRefusedSayingWhere(t *testing.T) {
+	home := t.TempDir()
+	for name, data := range map[string]string{
+		CredentialsFile: `{"nkey_seed": "SUAGARBAGE"}`,
+		ClientSeedFile:  "SUAGARBAGE\n",
+	} {
+		if err := os.WriteFile(filepath.Join(home, name), []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := ReadCredentials(home); err == nil || !strings.Contains(err.Error(), CredentialsFile+" is damaged") {
+		t.Errorf("ReadCredentials: %v", err)
+	}
+	if _, err := ReadSeedFile(filepath.Join(home, ClientSeedFile)); err == nil || !strings.Contains(err.Error(), ClientSeedFile+" is damaged") {
+		t.Errorf("ReadSeedFile: %v", err)
+	}
+	creds, err := NewCredentials()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(home, CredentialsFile), []byte(`{"nkey_seed": "`+creds.Seed+`"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ReadCredentials(home); err != nil || got != creds {
+		t.Errorf("ReadCredentials of a good seed: %v, %v", got, err)
 	}
 }

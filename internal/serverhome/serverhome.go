@@ -77,6 +77,13 @@ func (c Credentials) PublicKey() (string, error) {
 	return key.PublicKey()
 }
 
+// decodes checks the seed without deriving its key, which costs a connect's
+// signature: a command that reads the credentials connects with them at most once.
+func (c Credentials) decodes() error {
+	_, _, err := nkeys.DecodeSeed([]byte(c.Seed))
+	return err
+}
+
 // NATSOption authenticates a connection by signing the server's nonce. The seed
 // is held (secretenv.Hold): no command gets it, under any name.
 func (c Credentials) NATSOption() (nats.Option, error) {
@@ -158,7 +165,7 @@ func ReadCredentials(home string) (Credentials, error) {
 	if err := json.Unmarshal(data, &creds); err != nil || creds.Seed == "" {
 		return creds, fmt.Errorf("%s is damaged: remove it and restart the server to generate new credentials", filepath.Join(home, CredentialsFile))
 	}
-	if _, err := newLoginKey(creds.Seed); err != nil {
+	if err := creds.decodes(); err != nil {
 		return creds, fmt.Errorf("%s is damaged (%v): remove it and restart the server to generate new credentials", filepath.Join(home, CredentialsFile), err)
 	}
 	return creds, nil
@@ -171,7 +178,7 @@ func ReadSeedFile(path string) (Credentials, error) {
 		return Credentials{}, err
 	}
 	creds := Credentials{Seed: strings.TrimSpace(string(data))}
-	if _, err := newLoginKey(creds.Seed); err != nil {
+	if err := creds.decodes(); err != nil {
 		return Credentials{}, fmt.Errorf("%s is damaged (%v): remove it and restart the server to generate a new one", path, err)
 	}
 	return creds, nil
