@@ -241,10 +241,8 @@ func TestARunWithItsExitOnDiskAndNoPIDsEndsAsItsExitSays(t *testing.T) {
 	state, dir := t.TempDir(), t.TempDir()
 	id, runDir := takenBeforeARestart(t, b, state, dir, "")
 	exit := `{"exit_code":7,"started_at":"2026-12-01T10:00:00Z","ended_at":"2026-12-01T10:00:01Z"}`
-	for name, data := range map[string]string{"exit.json": exit, "starting": ""} {
-		if err := os.WriteFile(filepath.Join(runDir, name), []byte(data), 0o600); err != nil {
-			t.Fatal(err)
-		}
+	if err := os.WriteFile(filepath.Join(runDir, "exit.json"), []byte(exit), 0o600); err != nil {
+		t.Fatal(err)
 	}
 	b.startWorker(t, workers.Config{ID: "stable", StateDir: state})
 	end := b.waitFor(t, id, 20*time.Second, "ended", ended)

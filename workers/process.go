@@ -215,7 +215,7 @@ func awaitShim(n *notifier, dir string, waiting func()) (*process, error) {
 			if p, err, ok := outcome(); ok {
 				return p, err
 			}
-			if _, err := os.Stat(filepath.Join(dir, shim.StartingFile)); err == nil {
+			if _, err := os.Stat(filepath.Join(dir, shim.ExitTempFile)); err == nil {
 				return nil, errShimDied
 			}
 			return nil, errShimNotStarted

@@ -24,11 +24,11 @@ package workers
 //	                 had its shim started (errShimNotStarted). It holds the
 //	                 command's environment, which the worker hands the shim on its
 //	                 stdin (shim.EnvironFD) and a result command runs in.
-//	exit.json.tmp    the shim, before the command starts: the exit file's blocks,
-//	                 so that a full disk loses no exit.
-//	starting         the shim, just before it starts the command. Beside it,
-//	                 with no pid.json and the lock free: the shim died starting
-//	                 it, and the command may run unrecorded (errShimDied).
+//	exit.json.tmp    the shim, just before it starts the command: the exit
+//	                 file's blocks, so that a full disk loses no exit. Renamed
+//	                 to exit.json at the end. Found with no pid.json and the
+//	                 lock free: the shim died starting the command, which may
+//	                 run unrecorded (errShimDied).
 //	pid.json         shimPIDs, by the shim, once the command started, whole (by
 //	                 rename) but not durable: after a crash of the host nothing it
 //	                 names is alive. Its PIDs come with start times, so a reused

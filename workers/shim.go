@@ -107,7 +107,7 @@ func (s *shims) send(dir string, args []string, env []byte) error {
 // taken says whether a shim took the run in dir: it recorded its start, began
 // it, or holds its lock (works on it, or is still to read it from the socket).
 func taken(dir string) bool {
-	return recorded(dir) || exists(filepath.Join(dir, shim.StartingFile)) || shimAlive(dir)
+	return recorded(dir) || exists(filepath.Join(dir, shim.ExitTempFile)) || shimAlive(dir)
 }
 
 // shim returns the live shim, started if there is none.

@@ -236,9 +236,7 @@ func (k *keeper) begin(r Run, env []string, lock int) {
 	answer := []byte{Recorded}
 	defer func() { _ = writeAll(EnvironFD, answer) }()
 	started := wallClock()
-	// The exit file's blocks are taken now, before anything runs: a disk that
-	// fills while the command runs must not lose how it ended.
-	exit, reserveErr := reserveExit(r.Dir)
+	exit := exitFile{dir: r.Dir, fd: -1} // reserved by start
 	fail := func(err error) {
 		if werr := exit.write(exitRecord{startError: err.Error(), startedAt: started, endedAt: wallClock()}); werr != nil {
 			why := err.Error() + "; and its record: " + werr.Error()
@@ -247,16 +245,12 @@ func (k *keeper) begin(r Run, env []string, lock int) {
 		exit.close()
 		syscall.Close(lock)
 	}
-	if reserveErr != nil {
-		fail(errors.New("reserve the exit file, so that a full disk cannot lose the command's exit: " + reserveErr.Error()))
-		return
-	}
 	// The statuses reaped before the start are taken first: a PID the command
 	// takes may be that of a command just reaped, whose status must end its own
 	// run. The command is in runs before serve takes its status.
 	k.reaped.mu.Lock()
 	k.takeReaped(k.reaped.take())
-	pid, err := r.start(env)
+	pid, err := r.start(env, &exit)
 	k.reaped.mu.Unlock()
 	if err != nil {
 		fail(err)
@@ -275,7 +269,7 @@ func (k *keeper) begin(r Run, env []string, lock int) {
 	child, _ := ProcStart(pid)
 	pids := pidsRecord{shim: k.self, command: ProcRef{PID: pid, Start: child}, startedAt: started}
 	// Not made durable: after a crash of the host nothing it names is alive, and a
-	// missing pid.json beside the starting file says the same (the shim died).
+	// missing pid.json beside the exit's temp file says the same (the shim died).
 	if err := writeFile(join(r.Dir, PIDFile), pids.appendJSON(nil), notDurable); err != nil {
 		// Unwatchable: stop it rather than leave it running unknown.
 		c.failed = "record the command's pid: " + err.Error()

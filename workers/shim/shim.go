@@ -29,9 +29,9 @@ import (
 const (
 	StdoutFile   = "stdout"
 	StderrFile   = "stderr"
-	StartingFile = "starting"
 	PIDFile      = "pid.json"
 	ExitFile     = "exit.json"
+	ExitTempFile = ExitFile + ".tmp"
 )
 
 // RunEnv names the run (its directory's name, <task>-<epoch>) in its command's
@@ -78,8 +78,8 @@ func Main(args []string) error {
 }
 
 // start starts the command with its stdin on /dev/null and its output appended
-// to the run's files.
-func (r Run) start(env []string) (pid int, err error) {
+// to the run's files, and reserves its exit file just before (exit).
+func (r Run) start(env []string, exit *exitFile) (pid int, err error) {
 	var files [3]int // stdin, stdout, stderr
 	for i, f := range []struct {
 		path  string
@@ -94,13 +94,14 @@ func (r Run) start(env []string) (pid int, err error) {
 		}
 		defer syscall.Close(files[i])
 	}
-	// From here on the command may be running before its PIDs are recorded: a worker
-	// that finds this file and no pid.json knows the shim died starting it.
-	starting, err := open(join(r.Dir, StartingFile), syscall.O_WRONLY|syscall.O_CREAT|syscall.O_TRUNC, 0o600)
-	if err != nil {
-		return 0, err
+	// The exit file's blocks are taken before anything runs: a disk that fills
+	// while the command runs must not lose how it ended. Its temp file also marks
+	// the start: from here on the command may be running before its PIDs are
+	// recorded, and a worker that finds the temp file and no pid.json knows the
+	// shim died starting it.
+	if *exit, err = reserveExit(r.Dir); err != nil {
+		return 0, errors.New("reserve the exit file, so that a full disk cannot lose the command's exit: " + err.Error())
 	}
-	syscall.Close(starting)
 	pid, err = syscall.ForkExec(r.Path, r.Args, &syscall.ProcAttr{
 		Dir:   r.Cwd,
 		Env:   env,
@@ -130,7 +131,7 @@ type exitFile struct {
 // file of its own, where the disk has room.
 func reserveExit(dir string) (exitFile, error) {
 	e := exitFile{dir: dir, fd: -1}
-	tmp := join(dir, ExitFile) + ".tmp"
+	tmp := join(dir, ExitTempFile)
 	fd, err := open(tmp, syscall.O_RDWR|syscall.O_CREAT|syscall.O_TRUNC, 0o600)
 	if err != nil {
 		return e, err
@@ -166,7 +167,7 @@ func (e exitFile) write(exit exitRecord) error {
 		}
 		return writeFile(path, exit.appendJSON(nil), mode)
 	}
-	tmp := path + ".tmp"
+	tmp := join(e.dir, ExitTempFile)
 	if err := overwrite(e.fd, tmp, exit.appendJSON(nil)); err != nil {
 		return err
 	}
