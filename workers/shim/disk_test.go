@@ -99,3 +99,34 @@ func TestAFullDiskKeepsTheCommandsExit(t *testing.T) {
 		t.Fatalf("exit file %q (%v), want exit code 3", data, err)
 	}
 }
+
+// A start that a full disk refuses before anything runs leaves no mark of a start
+// (the exit's temp file): a worker that found one would take the run for one its
+// shim died starting, and lose it, where it may start it again.
+func TestAStartRefusedByAFullDiskLeavesNoMarkOfAStart(t *testing.T) {
+	disk := mountTmpfs(t, 1<<20)
+	run, ran := filepath.Join(disk, "run"), filepath.Join(t.TempDir(), "ran")
+	if err := os.Mkdir(run, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	fill(t, disk)
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := JoinEnviron(nil)
+	r := Run{Dir: run, Cwd: "/", Path: sh, Args: []string{"sh", "-c", `: >"$0"`, ran}, EnvBytes: int64(len(env))}
+	sock, _ := testShim(t, nil)
+	sendRun(t, sock, r, env, 1<<20)
+	if !says(sock, Failed) {
+		t.Fatal("the shim did not say it could record nothing of the run")
+	}
+	for _, name := range []string{ExitTempFile, ExitFile, PIDFile} {
+		if _, err := os.Stat(filepath.Join(run, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after the refused start: %v, want none", name, err)
+		}
+	}
+	if _, err := os.Stat(ran); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the command ran: %v", err)
+	}
+}

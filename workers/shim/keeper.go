@@ -239,6 +239,10 @@ func (k *keeper) begin(r Run, env []string, lock int) {
 	exit := exitFile{dir: r.Dir, fd: -1} // reserved by start
 	fail := func(err error) {
 		if werr := exit.write(exitRecord{startError: err.Error(), startedAt: started, endedAt: wallClock()}); werr != nil {
+			// Nothing was forked: the temp file left would mark a start, and a
+			// worker that finds it would take the run for one whose shim died
+			// starting its command, where it may start it again.
+			_ = syscall.Unlink(join(r.Dir, ExitTempFile))
 			why := err.Error() + "; and its record: " + werr.Error()
 			answer = append(binary32(append(answer[:0], Failed), len(why)), why...)
 		}

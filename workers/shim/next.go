@@ -33,7 +33,7 @@ const (
 
 // Protocol names how a worker and a shim speak, which `bgtask-shim --protocol`
 // prints: a worker uses a bgtask-shim of another build only if it says the same.
-const Protocol = "bgtask-shim protocol 3: many runs at once on stdin"
+const Protocol = "bgtask-shim protocol 4: many runs at once on stdin, a start marked by the exit's temp file"
 
 // receiveRun reads the run the worker sends, once EnvironFD can be read. It
 // returns no run, and no error, where the worker closed its end; and an error

@@ -78,8 +78,16 @@ func Main(args []string) error {
 }
 
 // start starts the command with its stdin on /dev/null and its output appended
-// to the run's files, and reserves its exit file just before (exit).
+// to the run's files, having reserved its exit file first (exit).
 func (r Run) start(env []string, exit *exitFile) (pid int, err error) {
+	// The exit file's blocks are taken before anything runs: a disk that fills
+	// while the command runs must not lose how it ended. Its temp file also marks
+	// the start: from here on the command may be running before its PIDs are
+	// recorded, and a worker that finds the temp file and no pid.json knows the
+	// shim died starting it.
+	if *exit, err = reserveExit(r.Dir); err != nil {
+		return 0, errors.New("reserve the exit file, so that a full disk cannot lose the command's exit: " + err.Error())
+	}
 	var files [3]int // stdin, stdout, stderr
 	for i, f := range []struct {
 		path  string
@@ -93,14 +101,6 @@ func (r Run) start(env []string, exit *exitFile) (pid int, err error) {
 			return 0, err
 		}
 		defer syscall.Close(files[i])
-	}
-	// The exit file's blocks are taken before anything runs: a disk that fills
-	// while the command runs must not lose how it ended. Its temp file also marks
-	// the start: from here on the command may be running before its PIDs are
-	// recorded, and a worker that finds the temp file and no pid.json knows the
-	// shim died starting it.
-	if *exit, err = reserveExit(r.Dir); err != nil {
-		return 0, errors.New("reserve the exit file, so that a full disk cannot lose the command's exit: " + err.Error())
 	}
 	pid, err = syscall.ForkExec(r.Path, r.Args, &syscall.ProcAttr{
 		Dir:   r.Cwd,
