@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"os"
 	"strings"
 
@@ -10,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/bgtask/bgtask/internal/secretenv"
+	"github.com/bgtask/bgtask/internal/serverhome"
 )
 
 // natsAuth is how a connection to a NATS deployment of your own authenticates:
@@ -113,15 +113,9 @@ func nkeyOption(file string) (nats.Option, error) {
 	if err != nil {
 		return nil, usageErr("--nkey: %v", err)
 	}
-	seed := strings.TrimSpace(string(data))
-	kp, err := nkeys.FromSeed([]byte(seed))
+	opt, err := serverhome.Credentials{Seed: strings.TrimSpace(string(data))}.NATSOption()
 	if err != nil {
 		return nil, usageErr("--nkey %s: not an nkey seed: %v", file, err)
 	}
-	secretenv.Hold(seed)
-	pub, err := kp.PublicKey()
-	if err != nil {
-		return nil, fmt.Errorf("--nkey %s: %w", file, err)
-	}
-	return nats.Nkey(pub, kp.Sign), nil
+	return opt, nil
 }

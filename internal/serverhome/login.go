@@ -21,11 +21,15 @@ type loginKey struct {
 	public []byte
 }
 
-// newLoginKey decodes an nkey seed.
+// newLoginKey decodes an nkey seed. A curve key's seed (X25519) is refused, as
+// nkeys refuses to sign with it.
 func newLoginKey(seed string) (loginKey, error) {
 	prefix, raw, err := nkeys.DecodeSeed([]byte(seed))
 	if err != nil {
 		return loginKey{}, err
+	}
+	if prefix == nkeys.PrefixByteCurve {
+		return loginKey{}, nkeys.ErrInvalidCurveKeyOperation
 	}
 	h := sha512.Sum512(raw)
 	secret, err := edwards25519.NewScalar().SetBytesWithClamping(h[:32])

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -61,8 +62,43 @@ func TestALoginKeyKeepsTheSeedsKindOfKey(t *testing.T) {
 	}
 }
 
+// RFC 8032's first two test vectors (section 7.1): the key from the secret, the
+// signature of the message.
+func TestALoginKeySignsRFC8032sVectors(t *testing.T) {
+	for _, v := range []struct{ secret, public, message, signature string }{
+		{"9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60",
+			"d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a", "",
+			"e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b"},
+		{"4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb",
+			"3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c", "72",
+			"92a009a9f0d4cab8720e820b5f642540a2b27b5416503f8fb3762223ebdb69da085ac1e43e15996e458f3613d0f11d8c387b2eaeb4302aeeb00d291612bb0c00"},
+	} {
+		secret, _ := hex.DecodeString(v.secret)
+		message, _ := hex.DecodeString(v.message)
+		seed, err := nkeys.EncodeSeed(nkeys.PrefixByteUser, secret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, err := newLoginKey(string(seed))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := hex.EncodeToString(key.public); got != v.public {
+			t.Errorf("secret %s: public key %s, want %s", v.secret, got, v.public)
+		}
+		if sig, err := key.Sign(message); err != nil || hex.EncodeToString(sig) != v.signature {
+			t.Errorf("secret %s: signature %x (%v), want %s", v.secret, sig, err, v.signature)
+		}
+	}
+}
+
 func TestCredentialsThatAreNoSeedAreRefused(t *testing.T) {
-	for _, seed := range []string{"", "SUAGARBAGE", "UAD2TDUOFUPGE3KF7D6V2YBWVCBP6BJFKUQY6AFUVGMSCBRTIAXRJBBS"} {
+	curve, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	curveSeed, _ := curve.Seed()
+	for _, seed := range []string{"", "SUAGARBAGE", "UAD2TDUOFUPGE3KF7D6V2YBWVCBP6BJFKUQY6AFUVGMSCBRTIAXRJBBS", string(curveSeed)} {
 		if _, err := (Credentials{Seed: seed}).NATSOption(); err == nil {
 			t.Errorf("seed %q: no error", seed)
 		}
