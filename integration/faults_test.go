@@ -40,6 +40,9 @@ func TestAKilledShimLeavesItsCommandRunningAndItsExitIsRecordedOnce(t *testing.T
 			makeGate(t, dir, "end")
 			id := add(t, home, "--cwd", dir, "--", `echo $$ $PPID >> pids; `+gate("end")+`echo ended; exit 5`)
 			pid, shim := waitPIDPair(t, filepath.Join(dir, "pids"))
+			// The command runs before its shim records its PID; a shim killed in
+			// between loses the run (TestAShimKilledBeforeItRecordedThePIDLosesTheRun).
+			testkit.Eventually(t, 30*time.Second, "the command's start recorded", func() bool { return show(t, home, id).PID == pid })
 			if tc.away {
 				srv.stop(syscall.SIGKILL)
 			}
