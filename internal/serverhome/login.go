@@ -32,10 +32,7 @@ func newLoginKey(seed string) (loginKey, error) {
 		return loginKey{}, nkeys.ErrInvalidCurveKeyOperation
 	}
 	h := sha512.Sum512(raw)
-	secret, err := edwards25519.NewScalar().SetBytesWithClamping(h[:32])
-	if err != nil {
-		return loginKey{}, err
-	}
+	secret, _ := edwards25519.NewScalar().SetBytesWithClamping(h[:32]) // fails only for a length other than 32
 	public := new(edwards25519.Point).ScalarMult(secret, edwards25519.NewGeneratorPoint()).Bytes()
 	return loginKey{prefix: prefix, secret: secret, salt: h[32:], public: public}, nil
 }
@@ -47,23 +44,20 @@ func (k loginKey) PublicKey() (string, error) {
 }
 
 // Sign signs msg as ed25519.Sign does with the key nkeys derives from the seed.
+// It never fails; its error is the one a NATS signature handler returns.
 func (k loginKey) Sign(msg []byte) ([]byte, error) {
-	h := sha512.New()
-	h.Write(k.salt)
-	h.Write(msg)
-	r, err := edwards25519.NewScalar().SetUniformBytes(h.Sum(nil))
-	if err != nil {
-		return nil, err
-	}
+	r := hashToScalar(k.salt, msg)
 	R := new(edwards25519.Point).ScalarMult(r, edwards25519.NewGeneratorPoint()).Bytes()
-	h.Reset()
-	h.Write(R)
-	h.Write(k.public)
-	h.Write(msg)
-	challenge, err := edwards25519.NewScalar().SetUniformBytes(h.Sum(nil))
-	if err != nil {
-		return nil, err
-	}
-	S := edwards25519.NewScalar().MultiplyAdd(challenge, k.secret, r)
+	S := edwards25519.NewScalar().MultiplyAdd(hashToScalar(R, k.public, msg), k.secret, r)
 	return append(R, S.Bytes()...), nil
+}
+
+// hashToScalar is the SHA-512 of parts, reduced modulo the group's order.
+func hashToScalar(parts ...[]byte) *edwards25519.Scalar {
+	h := sha512.New()
+	for _, p := range parts {
+		h.Write(p)
+	}
+	s, _ := edwards25519.NewScalar().SetUniformBytes(h.Sum(nil)) // fails only for a length other than 64
+	return s
 }
