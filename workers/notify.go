@@ -234,8 +234,11 @@ func (w *waiter) watchProcess(p shim.ProcRef) {
 	w.process = w.n.ends.watch(p, w.look)
 }
 
-// close gives the waiter's watches back.
+// close gives the waiter's watches back; a nil waiter has none.
 func (w *waiter) close() {
+	if w == nil {
+		return
+	}
 	if w.poll != nil {
 		w.poll.Stop()
 	}

@@ -285,9 +285,7 @@ func (p *process) look() (again bool) {
 // stopWatching gives back the watches of the exit file and of the processes.
 func (p *process) stopWatching() {
 	p.release.Do(func() {
-		if p.changes != nil {
-			p.changes.close()
-		}
+		p.changes.close()
 		p.commandWatch.close()
 	})
 }

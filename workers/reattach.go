@@ -86,11 +86,7 @@ func (w *Worker) reattachRun(ctx context.Context, dir string, hostRestarted bool
 		}
 		w.resume(ctx, r, logAt, func(logAt *offsets) bool { return r.runOnce(ctx, logAt) })
 	case errors.Is(perr, errShimDied):
-		log.Error("the shim of a run died while it started the command", "task", sr.TaskID)
-		stopLeftovers(dir, w.cfg.KillGrace)
-		if r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDiedStarting}) {
-			_ = os.RemoveAll(dir)
-		}
+		r.loseStarted(ctx, dir)
 	case perr != nil:
 		// The command could not start (its start error), or its PIDs cannot be read.
 		if r.recordEnd(ctx, engine.Fail{Reason: perr.Error()}) {

@@ -225,11 +225,7 @@ func (r *run) runOnce(ctx context.Context, logAt *offsets) (respawn bool) {
 	// The run's directory goes once its end is in the log, not before: a worker that
 	// stops in between finds it at its next start and settles the task from it.
 	if errors.Is(err, errShimDied) {
-		stopLeftovers(dir, w.cfg.KillGrace)
-		log.Error("the shim of a run died while it started the command", "task", id)
-		if r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDiedStarting}) {
-			_ = os.RemoveAll(dir)
-		}
+		r.loseStarted(ctx, dir)
 		return false
 	}
 	if err != nil {
@@ -704,6 +700,16 @@ func (r *run) stallAction(spec engine.Spec) string {
 		return engine.OnStallKill
 	}
 	return spec.OnStall
+}
+
+// loseStarted loses the run in dir, whose shim died while it started the command
+// (errShimDied): the command may run, unrecorded, and is stopped first.
+func (r *run) loseStarted(ctx context.Context, dir string) {
+	r.w.cfg.Base.Logger.Error("the shim of a run died while it started the command", "task", r.state.ID)
+	stopLeftovers(dir, r.w.cfg.KillGrace)
+	if r.recordEnd(ctx, engine.Lose{Reason: ReasonShimDiedStarting}) {
+		_ = os.RemoveAll(dir)
+	}
 }
 
 // recordEnd records the end of a run: its exit, a failure to start, or a lost run. The end of a run must not be lost to an
